@@ -1,0 +1,80 @@
+"""Every workflow of the monorepo. `nox -l` lists them.
+
+- tests      the whole test suite (real processes, descriptors, sandbox, browser)
+- lint       ruff, plus actionlint on the CI workflows when it is installed
+- typecheck  mypy over the three distributions
+- demo       twenty jobs through one warm model service
+- conform    the conformance kit on the reference module
+- browser    only the browser tests
+- e2e        the harness scenarios (`nox -s e2e -- --backend local`)
+- bench      the benchmarks (`nox -s bench -- --quick`)
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import nox
+
+nox.options.sessions = ["tests"]
+nox.options.reuse_existing_virtualenvs = True
+
+PACKAGES = ["-e", "sdk", "-e", "agent", "-e", "ui-pages"]
+TEST_DEPS = ["pytest>=7", "pytest-timeout", "hypothesis", "playwright", "requests"]
+TEST_PATHS = ["sdk/tests", "agent/tests", "ui-pages/tests", "harness/tests"]
+
+
+def _install(session: nox.Session, *extra: str) -> None:
+    session.install(*PACKAGES, *extra)
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    _install(session, *TEST_DEPS)
+    session.run("pytest", *(session.posargs or TEST_PATHS))
+
+
+@nox.session
+def browser(session: nox.Session) -> None:
+    _install(session, *TEST_DEPS)
+    session.run("pytest", "-m", "browser", *(session.posargs or TEST_PATHS))
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    session.install("ruff")
+    session.run("ruff", "check", ".")
+    if shutil.which("actionlint"):
+        session.run("actionlint", external=True)
+    else:
+        session.log("actionlint not installed: workflows not checked")
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    _install(session, "mypy", "types-requests")
+    session.run("mypy")
+
+
+@nox.session
+def demo(session: nox.Session) -> None:
+    _install(session)
+    session.run("oarbank-agent", "demo", *session.posargs)
+
+
+@nox.session
+def conform(session: nox.Session) -> None:
+    _install(session)
+    session.run("oarbank-sdk", "conform", *(session.posargs or ["examples/modelserver"]))
+
+
+@nox.session
+def e2e(session: nox.Session) -> None:
+    _install(session, "requests", "docker")
+    session.run("python", "-m", "harness", *session.posargs)
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    _install(session, "requests")
+    session.run("python", "-m", "harness.bench", *session.posargs)

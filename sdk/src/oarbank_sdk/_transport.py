@@ -1,0 +1,113 @@
+"""How handles travel: the one seam between the endpoint protocol and the operating system.
+
+On Linux and macOS a handle value is ``fd:<n>``; streams are ``socketpair(AF_UNIX,
+SOCK_STREAM)`` ends and descriptors ride along a message with SCM_RIGHTS. Windows (``handle:<n>``,
+duplicated pipe handles) plugs in here as another ``Transport`` without touching callers.
+
+Standard library only: the service side of the SDK imports this.
+"""
+
+from __future__ import annotations
+
+import array
+import os
+import socket
+import sys
+from typing import Protocol
+
+__all__ = ["Transport", "PosixTransport", "current", "UnsupportedHandle"]
+
+# How many descriptors one receive may carry. The protocol attaches at most one per message,
+# but a hostile peer may attach more: room for several lets us receive and close them all
+# rather than have the kernel truncate silently.
+_MAX_FDS_PER_RECV = 16
+
+
+class UnsupportedHandle(ValueError):
+    """A handle value this platform cannot open (wrong scheme, not a number, not a socket)."""
+
+
+class Transport(Protocol):
+    scheme: str
+
+    def parse(self, value: str) -> int:
+        """``fd:<n>`` -> n. Raises ``UnsupportedHandle``."""
+
+    def format(self, handle: int) -> str:
+        """n -> ``fd:<n>``."""
+
+    def open_stream(self, handle: int) -> socket.socket:
+        """Wrap an inherited or received handle as a connected stream (takes ownership)."""
+
+    def send(self, sock: socket.socket, data: bytes, attach: int | None = None) -> int:
+        """Send ``data`` with ``attach`` travelling along; returns bytes sent (may be partial
+        on a non-blocking socket; the handle goes with the first byte)."""
+
+    def recv(self, sock: socket.socket, bufsize: int) -> tuple[bytes, list[int]]:
+        """Receive data and any handles that came with it (close-on-exec, owned by caller)."""
+
+    def inheritable_kwargs(self, handle: int) -> dict:
+        """``subprocess.Popen`` keyword arguments that pass ``handle`` to a child."""
+
+
+class PosixTransport:
+    scheme = "fd"
+
+    def parse(self, value: str) -> int:
+        prefix = self.scheme + ":"
+        if not isinstance(value, str) or not value.startswith(prefix):
+            raise UnsupportedHandle(f"handle {value!r} is not of the form '{prefix}<n>'")
+        digits = value[len(prefix) :]
+        if not digits.isdigit():
+            raise UnsupportedHandle(f"handle {value!r}: '{digits}' is not a descriptor number")
+        return int(digits)
+
+    def format(self, handle: int) -> str:
+        return f"{self.scheme}:{handle}"
+
+    def open_stream(self, handle: int) -> socket.socket:
+        try:
+            sock = socket.socket(fileno=handle)
+        except OSError as exc:
+            raise UnsupportedHandle(f"descriptor {handle} is not an open socket ({exc})") from None
+        if sock.family != socket.AF_UNIX or sock.type != socket.SOCK_STREAM:
+            sock.detach()
+            raise UnsupportedHandle(f"descriptor {handle} is not a unix stream socket")
+        sock.set_inheritable(False)
+        return sock
+
+    def send(self, sock: socket.socket, data: bytes, attach: int | None = None) -> int:
+        if attach is None:
+            return sock.send(data)
+        fds = array.array("i", [attach])
+        return sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+
+    def recv(self, sock: socket.socket, bufsize: int) -> tuple[bytes, list[int]]:
+        flags = getattr(socket, "MSG_CMSG_CLOEXEC", 0)
+        data, ancdata, msg_flags, _ = sock.recvmsg(
+            bufsize, socket.CMSG_SPACE(_MAX_FDS_PER_RECV * array.array("i").itemsize), flags
+        )
+        fds: list[int] = []
+        for level, kind, payload in ancdata:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                arr = array.array("i")
+                usable = len(payload) - (len(payload) % arr.itemsize)
+                arr.frombytes(payload[:usable])
+                fds.extend(arr)
+        if not flags:  # platforms without MSG_CMSG_CLOEXEC (macOS): set it right away
+            for fd in fds:
+                os.set_inheritable(fd, False)
+        if msg_flags & getattr(socket, "MSG_CTRUNC", 0) and not fds:
+            # The kernel dropped descriptors it could not fit; nothing of ours leaked.
+            pass
+        return data, fds
+
+    def inheritable_kwargs(self, handle: int) -> dict:
+        return {"pass_fds": (handle,), "close_fds": True}
+
+
+def current() -> Transport:
+    """The transport of this operating system."""
+    if sys.platform == "win32":  # pragma: no cover - the Windows transport is a later issue
+        raise NotImplementedError("Windows pipe handles are not implemented yet")
+    return PosixTransport()

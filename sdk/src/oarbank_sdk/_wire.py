@@ -1,0 +1,277 @@
+"""The endpoint wire format (contract section 3), shared by the SDK and the agent.
+
+Rules this module enforces:
+
+- one JSON object per line, UTF-8, at most ``MAX_LINE`` bytes per line (newline excluded);
+- every message has exactly the fields of the contract's table, with the right types;
+- a peer's malformed line raises ``WireError`` (code ``bad_request``) naming what is wrong.
+
+Pure functions and a line splitter: no sockets here. Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "MAX_LINE",
+    "WireError",
+    "LineSplitter",
+    "encode",
+    "decode",
+    "Connect",
+    "Received",
+    "Ok",
+    "Refusal",
+    "Hello",
+    "Connection",
+    "Accepted",
+    "Ended",
+    "parse_from_job",
+    "parse_from_service",
+    "parse_reply_to_job",
+    "parse_to_service",
+    "REFUSAL_CODES",
+]
+
+MAX_LINE = 4096
+
+# Refusal codes the agent may send on a connector (contract section 3).
+REFUSAL_CODES = ("service_unavailable", "rate_limited", "bad_pid", "bad_request")
+
+
+class WireError(ValueError):
+    """A line that breaks the wire format. ``code`` is the refusal code to answer with."""
+
+    def __init__(self, detail: str, code: str = "bad_request") -> None:
+        super().__init__(detail)
+        self.code = code
+        self.detail = detail
+
+
+def encode(msg: dict[str, Any]) -> bytes:
+    """One message as a line (compact JSON + ``\\n``). Raises ``WireError`` if over the cap."""
+    line = json.dumps(msg, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    if len(line) > MAX_LINE:
+        raise WireError(f"message of {len(line)} bytes exceeds the {MAX_LINE}-byte line cap")
+    return line + b"\n"
+
+
+def decode(line: bytes) -> dict[str, Any]:
+    """Parse one line (without its newline) into a JSON object, or raise ``WireError``."""
+    if len(line) > MAX_LINE:
+        raise WireError(f"line of {len(line)} bytes exceeds the {MAX_LINE}-byte cap")
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise WireError(f"line is not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise WireError(f"line is not JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise WireError(f"message must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+class LineSplitter:
+    """Accumulates bytes from a stream and yields complete lines.
+
+    ``feed`` raises ``WireError`` as soon as an unfinished line passes ``MAX_LINE``: a peer
+    cannot make us buffer without bound.
+    """
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[bytes]:
+        self._buf += data
+        lines: list[bytes] = []
+        while True:
+            nl = self._buf.find(b"\n")
+            if nl < 0:
+                break
+            lines.append(bytes(self._buf[:nl]))
+            del self._buf[: nl + 1]
+        if len(self._buf) > MAX_LINE:
+            self._buf.clear()
+            raise WireError(f"line exceeds the {MAX_LINE}-byte cap")
+        return lines
+
+    @property
+    def pending(self) -> int:
+        """Bytes of an unfinished line (a peer that closed mid-message leaves some)."""
+        return len(self._buf)
+
+
+# --- messages ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Connect:
+    """connector, job -> agent: ``{"op": "connect", "pid": n}``."""
+
+    pid: int
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"op": "connect", "pid": self.pid}
+
+
+@dataclass(frozen=True)
+class Received:
+    """connector, job -> agent: ``{"op": "received", "conn": n}`` once it holds its end."""
+
+    conn: int
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"op": "received", "conn": self.conn}
+
+
+@dataclass(frozen=True)
+class Ok:
+    """connector, agent -> job: ``{"ok": true, "conn": n}``, the job's end attached."""
+
+    conn: int
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"ok": True, "conn": self.conn}
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """connector, agent -> job: ``{"ok": false, "error": code, "detail": text}``."""
+
+    error: str
+    detail: str
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"ok": False, "error": self.error, "detail": self.detail}
+
+
+@dataclass(frozen=True)
+class Hello:
+    """channel, service -> agent: ``{"op": "hello", "pid": n}``, exactly once, first."""
+
+    pid: int
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"op": "hello", "pid": self.pid}
+
+
+@dataclass(frozen=True)
+class Connection:
+    """channel, agent -> service: ``{"op": "connection", "conn": n, "attempt": id}``."""
+
+    conn: int
+    attempt: str
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"op": "connection", "conn": self.conn, "attempt": self.attempt}
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """channel, service -> agent: ``{"op": "accepted", "conn": n}`` once it holds its end."""
+
+    conn: int
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"op": "accepted", "conn": self.conn}
+
+
+@dataclass(frozen=True)
+class Ended:
+    """channel, agent -> service: ``{"op": "ended", "attempt": id}``."""
+
+    attempt: str
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"op": "ended", "attempt": self.attempt}
+
+
+def _int_field(msg: dict[str, Any], key: str, what: str) -> int:
+    if key not in msg:
+        raise WireError(f"{what}: missing field {key!r}")
+    value = msg[key]
+    # bool is an int subclass in Python; JSON true is not a number.
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise WireError(f"{what}: field {key!r} must be an integer, got {_json_type(value)}")
+    if value < 0:
+        raise WireError(f"{what}: field {key!r} must not be negative")
+    return value
+
+
+def _str_field(msg: dict[str, Any], key: str, what: str) -> str:
+    if key not in msg:
+        raise WireError(f"{what}: missing field {key!r}")
+    value = msg[key]
+    if not isinstance(value, str):
+        raise WireError(f"{what}: field {key!r} must be a string, got {_json_type(value)}")
+    return value
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    return "object"
+
+
+def _op(msg: dict[str, Any]) -> str:
+    op = msg.get("op")
+    if op is None:
+        raise WireError("message has no 'op' field")
+    if not isinstance(op, str):
+        raise WireError(f"field 'op' must be a string, got {_json_type(op)}")
+    return op
+
+
+def parse_from_job(msg: dict[str, Any]) -> Connect | Received:
+    """A connector message from a job. Raises ``WireError`` for anything else."""
+    op = _op(msg)
+    if op == "connect":
+        return Connect(_int_field(msg, "pid", "connect"))
+    if op == "received":
+        return Received(_int_field(msg, "conn", "received"))
+    raise WireError(f"unknown op {op!r} on a connector (expected 'connect' or 'received')")
+
+
+def parse_from_service(msg: dict[str, Any]) -> Hello | Accepted:
+    """A channel message from a service. Raises ``WireError`` for anything else."""
+    op = _op(msg)
+    if op == "hello":
+        return Hello(_int_field(msg, "pid", "hello"))
+    if op == "accepted":
+        return Accepted(_int_field(msg, "conn", "accepted"))
+    raise WireError(f"unknown op {op!r} on a channel (expected 'hello' or 'accepted')")
+
+
+def parse_reply_to_job(msg: dict[str, Any]) -> Ok | Refusal:
+    """The agent's answer to a ``connect``."""
+    ok = msg.get("ok")
+    if ok is True:
+        return Ok(_int_field(msg, "conn", "ok reply"))
+    if ok is False:
+        error = _str_field(msg, "error", "refusal")
+        detail = msg.get("detail", "")
+        return Refusal(error, detail if isinstance(detail, str) else str(detail))
+    raise WireError("reply has no boolean 'ok' field")
+
+
+def parse_to_service(msg: dict[str, Any]) -> Connection | Ended:
+    """A channel message from the agent."""
+    op = _op(msg)
+    if op == "connection":
+        return Connection(_int_field(msg, "conn", "connection"), _str_field(msg, "attempt", "connection"))
+    if op == "ended":
+        return Ended(_str_field(msg, "attempt", "ended"))
+    raise WireError(f"unknown op {op!r} from the agent (expected 'connection' or 'ended')")
