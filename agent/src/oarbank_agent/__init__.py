@@ -1,0 +1,1 @@
+"""oarbank-agent: the node agent."""

@@ -1,0 +1,1 @@
+"""oarbank-ui: the portal side."""
