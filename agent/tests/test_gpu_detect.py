@@ -1,0 +1,47 @@
+"""GPU API detection: real probes in child processes on this machine, and the watchdog."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from oarbank_agent import gpu_detect
+
+
+def test_detection_on_this_machine_reports_no_gpu_and_does_not_hang() -> None:
+    # This machine has no GPU driver: every probe must come back "absent" with a reason,
+    # quickly, and the result must list no API.
+    start = time.monotonic()
+    found = gpu_detect.detect(timeout_s=20)
+    assert time.monotonic() - start < 20
+    assert found.apis == ()
+    assert found.source == "detected"
+    assert set(found.probes) == {"cuda", "rocm", "vulkan", "opencl"}
+    assert all(v.startswith("absent: ") for v in found.probes.values()), found.probes
+
+
+def test_a_hanging_probe_is_cut_by_the_watchdog(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Stand-in for a driver whose init never returns: the probe child sleeps forever.
+    real_popen = subprocess.Popen
+
+    def hanging(argv, **kw):
+        if argv[-2:] == ["--probe", "cuda"]:
+            argv = [sys.executable, "-c", "import time; time.sleep(3600)"]
+        return real_popen(argv, **kw)
+
+    monkeypatch.setattr(gpu_detect.subprocess, "Popen", hanging)
+    start = time.monotonic()
+    found = gpu_detect.detect(timeout_s=1.0)
+    assert time.monotonic() - start < 5
+    assert "did not answer within 1 s" in found.probes["cuda"]
+    assert "cuda" not in found.apis
+
+
+def test_override_is_validated() -> None:
+    assert gpu_detect.from_override("cuda,vulkan").apis == ("cuda", "vulkan")
+    assert gpu_detect.from_override("none").apis == ()
+    with pytest.raises(ValueError, match="unknown GPU API quantum"):
+        gpu_detect.from_override("cuda,quantum")
