@@ -214,8 +214,8 @@ def _probe_opencl() -> tuple[bool, str]:
     gpus = 0
     for p in platforms:
         count = ctypes.c_uint32(0)
-        cl_device_type_gpu = ctypes.c_uint64(1 << 2)
-        if lib.clGetDeviceIDs(ctypes.c_void_p(p), cl_device_type_gpu, 0, None, ctypes.byref(count)) == 0:
+        gpu_type = ctypes.c_uint64(1 << 2)  # CL_DEVICE_TYPE_GPU
+        if lib.clGetDeviceIDs(ctypes.c_void_p(p), gpu_type, 0, None, ctypes.byref(count)) == 0:
             gpus += count.value
     if gpus < 1:
         return False, "no OpenCL GPU device"
@@ -236,7 +236,7 @@ def _probe_metal() -> tuple[bool, str]:
 def _probe_directml() -> tuple[bool, str]:
     if sys.platform != "win32":
         return False, "not Windows"
-    system32 = os.path.join(os.environ.get("SystemRoot", r"C:\Windows"), "System32")
+    system32 = os.path.join(os.environ.get("SYSTEMROOT", r"C:\Windows"), "System32")
     if not os.path.exists(os.path.join(system32, "DirectML.dll")):
         return False, "DirectML.dll missing"
     ctypes.WinDLL("d3d12")  # type: ignore[attr-defined]
