@@ -1,0 +1,113 @@
+"""Load and check a module's ``oarbank-module.toml`` (contract section 1).
+
+``load(path)`` returns a ``Manifest`` or raises ``ManifestError`` listing every problem, each
+with a key path (``services[0].endpoint``) and a message a person can act on.
+``check(path)`` returns the same without raising. ``expand_exec`` turns a manifest argv into
+one to run: ``python`` -> the interpreter, ``{bundle}`` -> the bundle's absolute path.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from ._manifest_check import GPU_APIS, PLATFORMS
+from ._manifest_check import build as _build
+from ._manifest_model import (
+    MANIFEST_FILE,
+    Gpu,
+    Manifest,
+    ManifestError,
+    Problem,
+    Restart,
+    Runner,
+    Service,
+    Stage,
+    UiEntry,
+)
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+__all__ = [
+    "GPU_APIS",
+    "MANIFEST_FILE",
+    "PLATFORMS",
+    "Gpu",
+    "Manifest",
+    "ManifestError",
+    "Problem",
+    "Restart",
+    "Runner",
+    "Service",
+    "Stage",
+    "UiEntry",
+    "check",
+    "expand_exec",
+    "load",
+    "manifest_path",
+]
+
+_AT = re.compile(r"\(at line (\d+), column (\d+)\)\s*$")
+
+
+def manifest_path(path: str | Path) -> Path:
+    """The toml file for ``path``: the path itself, or ``<dir>/oarbank-module.toml``."""
+    p = Path(path)
+    return p / MANIFEST_FILE if p.is_dir() else p
+
+
+def check(path: str | Path) -> tuple[Manifest | None, list[Problem]]:
+    """``(manifest, [])`` when valid, else ``(None, problems)``; never raises for bad input."""
+    toml = manifest_path(path)
+    try:
+        data = toml.read_bytes()
+    except FileNotFoundError:
+        where = Path(path)
+        if where.is_dir():
+            return None, [Problem(MANIFEST_FILE, f"no {MANIFEST_FILE} in {where}")]
+        return None, [Problem(MANIFEST_FILE, f"{where} does not exist")]
+    except OSError as e:
+        return None, [Problem(MANIFEST_FILE, f"cannot read {toml}: {e.strerror or e}")]
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return None, [Problem("toml", f"not UTF-8 text (byte {e.start}): TOML files are UTF-8")]
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        return None, [_syntax_problem(str(e))]
+    bundle = toml.resolve().parent
+    return _build(doc, toml, bundle)
+
+
+def load(path: str | Path) -> Manifest:
+    """The module's manifest; raises ``ManifestError`` (every problem listed) when invalid."""
+    manifest, problems = check(path)
+    if manifest is None:
+        raise ManifestError(manifest_path(path), problems)
+    return manifest
+
+
+def expand_exec(
+    argv: Sequence[str], bundle: str | Path, python: str = sys.executable
+) -> list[str]:
+    """Element 0 ``python`` -> ``python`` (the interpreter); ``{bundle}`` anywhere -> the
+    bundle's absolute path. Plain text replacement: other braces are left alone."""
+    root = str(Path(bundle).resolve())
+    out = [a.replace("{bundle}", root) for a in argv]
+    if out and argv[0] == "python":
+        out[0] = python
+    return out
+
+
+def _syntax_problem(message: str) -> Problem:
+    m = _AT.search(message)
+    if m:
+        text = _AT.sub("", message).strip()
+        return Problem("toml", f"syntax error at line {m.group(1)}, column {m.group(2)}: {text}")
+    return Problem("toml", f"syntax error: {message}")
