@@ -72,9 +72,9 @@ def _is_number(v: Any) -> bool:
 class Reader:
     """Collects problems; every ``get_*`` returns the value, or ``default`` after a problem."""
 
-    def __init__(self, table_word: str = "table") -> None:
+    def __init__(self, table_word: str = "a table") -> None:
         self.problems: list[Problem] = []
-        # "table" for TOML, "object" for JSON: the word people see in messages.
+        # "a table" for TOML, "an object" for JSON: the word people see in messages.
         self.table_word = table_word
 
     def add(self, key: str, message: str) -> None:
@@ -110,7 +110,7 @@ class Reader:
         if value is MISSING:
             return default
         if not isinstance(value, dict):
-            self._wrong(path, f"a {self.table_word}", value)
+            self._wrong(path, self.table_word, value)
             return default
         return value
 

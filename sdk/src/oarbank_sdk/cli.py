@@ -1,0 +1,98 @@
+"""The ``oarbank-sdk`` command line.
+
+- ``oarbank-sdk check PATH...``: check manifests (module folder or its toml) and the pages and
+  panels they list. Valid: ``<path>: ok <module id> <version>``; invalid: ``<path>: INVALID``
+  then one ``<key path>: <message>`` line per problem. Exit 0 all valid, 1 any invalid,
+  2 bad command line.
+- ``oarbank-sdk conform MODULE_DIR [--json]``: the conformance kit (``oarbank_sdk.conform``).
+
+Adding a subcommand: write ``_cmd_<name>(args) -> int`` and one ``_add_<name>(sub)`` that
+registers its arguments and sets ``func``; list it in ``_SUBCOMMANDS``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+__all__ = ["build_parser", "main"]
+
+
+# -- check ----------------------------------------------------------------------------------
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    from . import manifest as _manifest
+    from . import pages as _pages
+
+    status = 0
+    for path in args.paths:
+        found, problems = _manifest.check(Path(path))
+        if found is not None:
+            problems = _pages.check_module_pages(found)
+        if problems:
+            status = 1
+            print(f"{path}: INVALID")
+            for problem in problems:
+                print(f"{problem.key}: {problem.message}")
+        else:
+            assert found is not None
+            print(f"{path}: ok {found.id} {found.version}")
+    return status
+
+
+def _add_check(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "check",
+        help="check module manifests and their UI pages",
+        description="Check oarbank-module.toml (and the [ui] pages and panels it lists).",
+    )
+    p.add_argument("paths", nargs="+", metavar="PATH",
+                   help="a module folder or its oarbank-module.toml")
+    p.set_defaults(func=_cmd_check)
+
+
+# -- conform --------------------------------------------------------------------------------
+
+
+def _cmd_conform(args: argparse.Namespace) -> int:
+    # Imported lazily: the kit pulls in process and sandbox code that `check` does not need.
+    from .conform import run
+
+    return int(run(args.module_dir, json_output=args.json))
+
+
+def _add_conform(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "conform",
+        help="run the conformance kit on a module",
+        description="Start the module's services as an agent does and run its goldens and "
+        "service_specs through them.",
+    )
+    p.add_argument("module_dir", metavar="MODULE_DIR", help="the module folder")
+    p.add_argument("--json", action="store_true", help="print a machine-readable report")
+    p.set_defaults(func=_cmd_conform)
+
+
+# -- wiring ---------------------------------------------------------------------------------
+
+_SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_check, _add_conform]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="oarbank-sdk", description="oarbank module tools")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for add in _SUBCOMMANDS:
+        add(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)  # exits 2 with a usage message on a bad command line
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
