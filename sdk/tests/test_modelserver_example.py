@@ -1,0 +1,325 @@
+"""examples/modelserver with real processes: the test plays the agent.
+
+The service's ops run as real subprocesses in their own process groups with the contract's op
+environment; the channel is a real socketpair whose child end `start` passes on; connections
+are real socketpairs handed over the channel with SCM_RIGHTS (``oarbank_sdk._conform_host``,
+built on ``_wire``/``_transport``). The full agent's tests live in agent/tests.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from oarbank_sdk import _conform_host as host
+from oarbank_sdk.manifest import expand_exec, load
+
+BUNDLE = Path(__file__).resolve().parents[2] / "examples" / "modelserver"
+MANIFEST = load(BUNDLE)
+SERVICE_ARGV = expand_exec(list(MANIFEST.service("model").exec), BUNDLE)
+RUNNER_ARGV = expand_exec(list(MANIFEST.runner.exec), BUNDLE)
+LOAD_S = 0.6
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+class Service:
+    """One started `model` service: its node dirs, channel and process group."""
+
+    def __init__(self, settings: dict) -> None:
+        self.node = host.NodeDirs(MANIFEST.id, settings)
+        self.channel = host.Channel()
+        self.pgid: int | None = None
+
+    def op(self, name: str, timeout_s: float = 10.0) -> host.OpResult:
+        return host.run_op(SERVICE_ARGV, name, host.op_env(self.node, "model"), BUNDLE, timeout_s)
+
+    def start(self) -> host.OpResult:
+        env = host.op_env(self.node, "model")
+        env["OARBANK_ENDPOINT_CHANNEL"] = self.channel.env_value
+        r = host.run_op(SERVICE_ARGV, "start", env, BUNDLE, 10, pass_fds=(self.channel.child_fd,))
+        self.channel.close_child_end()
+        self.pgid = r.pid
+        return r
+
+    def wait_ready(self, timeout_s: float = 10.0) -> dict:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            doc = self.op("ready").doc
+            if (doc and doc.get("ready")) or time.monotonic() > deadline:
+                return doc or {}
+            time.sleep(0.05)
+
+    def hand(self, attempt: str = "att-1") -> socket.socket:
+        ours, theirs = socket.socketpair()
+        self.channel.hand(attempt, theirs)
+        ours.settimeout(10)
+        return ours
+
+    def loads(self) -> list[str]:
+        path = self.node.data / "model.loads"
+        return path.read_text().split() if path.exists() else []
+
+    def cleanup(self) -> None:
+        self.channel.close()
+        if self.pgid is not None:
+            host.end_group(self.pgid, grace_s=1)
+        self.node.cleanup()
+
+
+@pytest.fixture
+def service():
+    before = open_fds()
+    svc = Service({"load_s": LOAD_S, "slots": 3, "model_gb": 1.5})
+    try:
+        yield svc
+    finally:
+        svc.cleanup()
+    assert svc.pgid is None or host.group_pids(svc.pgid) == []
+    assert open_fds() == before
+
+
+@pytest.fixture
+def ready_service(service):
+    assert service.start().rc == 0
+    assert service.channel.wait_hello(10)
+    assert service.wait_ready()["ready"] is True
+    return service
+
+
+class EndpointHTTP(http.client.HTTPConnection):
+    """http.client over a connection the test handed the service."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        super().__init__("model", timeout=10)
+        self._handed = sock
+
+    def connect(self) -> None:
+        self.sock = self._handed
+
+
+def post(conn: http.client.HTTPConnection, path: str, body: bytes, method: str = "POST"):
+    conn.request(method, path, body=body, headers={"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    return resp.status, json.loads(resp.read())
+
+
+# --- ops -------------------------------------------------------------------------------------
+
+
+def test_fingerprint_reports_settings_and_defaults(service):
+    r = service.op("fingerprint")
+    assert r.rc == 0
+    assert r.doc == {
+        "service_protocol": {"supported": [1]},
+        "health": "healthy",
+        "pools": {"model": 3},
+        "reserve": {"mem_gb": 1.5},
+        "running": False,
+    }
+    service.node.settings_file.write_text("{}")
+    assert service.op("fingerprint").doc["pools"] == {"model": 4}
+    assert service.op("fingerprint").doc["reserve"] == {"mem_gb": 0.5}
+
+
+def test_bad_settings_fail_the_op_naming_the_setting(service):
+    service.node.settings_file.write_text(json.dumps({"slots": "four"}))
+    r = service.op("fingerprint")
+    assert r.rc == 1
+    assert "'slots' must be a positive integer" in r.stderr
+    service.node.settings_file.write_text("{not json")
+    r = service.op("start")
+    assert r.rc == 1 and "cannot read it as JSON" in r.stderr
+
+
+def test_start_without_channel_is_refused(service):
+    r = service.op("start")
+    assert r.rc == 1
+    assert "OARBANK_ENDPOINT_CHANNEL is not set" in r.stderr
+    assert service.op("status").doc == {"running": False, "ready": False}
+
+
+def test_hello_then_ready_only_after_the_model_loaded(service):
+    # A slow load (3 s) leaves room to observe the service between hello and loaded.
+    service.node.settings_file.write_text(json.dumps({"load_s": 3.0}))
+    r = service.start()
+    assert r.rc == 0 and r.doc == {"ok": True}
+    assert service.loads() == []  # start returned without waiting for the load
+    pid = service.channel.wait_hello(10)
+    assert pid is not None
+    # hello comes first, the load after it: right after hello the model is not loaded yet
+    assert service.op("ready").doc == {"running": True, "ready": False}
+    assert service.loads() == []
+    assert service.wait_ready()["ready"] is True
+    assert service.loads() == [str(pid)]
+    assert service.op("status").doc == {"running": True, "ready": True}
+    assert service.op("fingerprint").doc["running"] is True
+
+
+def test_start_is_idempotent(ready_service):
+    pid = ready_service.channel.hello_pid
+    env = host.op_env(ready_service.node, "model")
+    r = host.run_op(SERVICE_ARGV, "start", env, BUNDLE, 10)  # no channel: already running
+    assert r.rc == 0 and r.doc == {"ok": True}
+    time.sleep(LOAD_S + 0.2)
+    assert ready_service.loads() == [str(pid)]
+    assert ready_service.op("list_owned").doc == {"objects": []}
+
+
+# --- HTTP over handed connections --------------------------------------------------------------
+
+
+def test_generate_keep_alive_404_400_over_one_handed_connection(ready_service):
+    pid = ready_service.channel.hello_pid
+    conn = EndpointHTTP(ready_service.hand())
+    try:
+        status, doc = post(conn, "/v1/generate", b'{"prompt": "hello"}')
+        assert status == 200
+        assert doc == {"text": "olleh [2cf24dba]", "loads": 1, "pid": pid}
+        # same connection (keep-alive), same deterministic answer
+        assert post(conn, "/v1/generate", b'{"prompt": "hello"}') == (200, doc)
+        status, doc = post(conn, "/v1/nope", b"{}")
+        assert status == 404 and "/v1/nope" in doc["error"]
+        status, doc = post(conn, "/v1/generate", b"not json")
+        assert status == 400 and "not JSON" in doc["error"]
+        status, doc = post(conn, "/v1/generate", b"[1, 2]")
+        assert status == 400 and "JSON object" in doc["error"]
+        status, doc = post(conn, "/v1/generate", b'{"text": "hi"}')
+        assert status == 400 and "'prompt' must be a string, got missing" in doc["error"]
+        status, doc = post(conn, "/v1/generate", b'{"prompt": 7}')
+        assert status == 400 and "got a int" in doc["error"]
+        status, doc = post(conn, "/v1/generate", b"", method="GET")
+        assert status == 405
+        # the connection is still usable after every error
+        assert post(conn, "/v1/generate", b'{"prompt": "ab"}')[1]["text"].startswith("ba [")
+    finally:
+        conn.close()
+    # the service took its end: receipts arrived for the one handed connection
+    deadline = time.monotonic() + 5
+    while ready_service.channel.pending_receipts() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert ready_service.channel.pending_receipts() == 0
+    assert ready_service.channel.problems == []
+
+
+def test_ended_closes_that_attempts_connections(ready_service):
+    idle = ready_service.hand("att-ended")
+    other = ready_service.hand("att-other")
+    try:
+        time.sleep(0.2)
+        ready_service.channel.ended("att-ended")
+        assert idle.recv(1) == b""  # the service closed what was left of that attempt
+        conn = EndpointHTTP(other)
+        assert post(conn, "/v1/generate", b'{"prompt": "still"}')[0] == 200
+    finally:
+        idle.close()
+        other.close()
+
+
+# --- stopping --------------------------------------------------------------------------------
+
+
+def test_stop_ends_the_daemon_and_its_markers(ready_service):
+    pid = ready_service.channel.hello_pid
+    r = ready_service.op("stop", timeout_s=20)
+    assert r.rc == 0 and r.doc == {"ok": True, "escalated": False}
+    assert host.group_pids(ready_service.pgid) == []
+    assert not (ready_service.node.data / "model.pid").exists()
+    assert not (ready_service.node.data / "model.ready").exists()
+    assert ready_service.op("status").doc == {"running": False, "ready": False}
+    # idempotent
+    assert ready_service.op("stop").rc == 0
+    assert pid is not None
+
+
+def test_channel_eof_makes_the_daemon_exit(ready_service):
+    ready_service.channel.close()
+    deadline = time.monotonic() + 10
+    while host.group_pids(ready_service.pgid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert host.group_pids(ready_service.pgid) == []
+    assert ready_service.op("status").doc == {"running": False, "ready": False}
+
+
+# --- the runner ------------------------------------------------------------------------------
+
+
+def run_job(svc: Service, payload: object, attempt: str = "att-job", connector: bool = True):
+    conns = {"model": host.Connector(attempt, svc.channel)} if connector else {}
+    try:
+        return host.run_runner(RUNNER_ARGV, svc.node, attempt, "generate", payload, {"model": 1},
+                               conns, BUNDLE, timeout_s=60)
+    finally:
+        for c in conns.values():
+            c.close()
+        svc.channel.ended(attempt)
+
+
+def test_runner_sends_prompts_through_a_real_connector(ready_service):
+    prompts = [f"prompt {i}" for i in range(10)]
+    a = run_job(ready_service, {"prompts": prompts, "hold_s": 0.1})
+    assert a.rc == 0, a.stderr
+    assert a.result["envelope"] == 1
+    texts = a.result["payload"]["texts"]
+    assert len(texts) == 10 and texts[3].startswith("3 tpmorp [")
+    assert a.result["provenance"] == {"service_pids": [ready_service.channel.hello_pid], "loads": 1}
+    assert a.connects == 10 and a.refusals == []
+    assert not list(a.workdir.glob("result.json.tmp*"))
+
+
+def test_golden_files_match_the_service(ready_service):
+    for path in sorted((BUNDLE / "goldens").glob("*.json")):
+        golden = json.loads(path.read_text())
+        a = run_job(ready_service, golden["payload"], attempt=f"golden-{path.stem}")
+        assert a.rc == 0, a.stderr
+        assert a.result["payload"] == golden["expected"]["payload"], path.name
+
+
+@pytest.mark.parametrize(
+    ("payload", "detail"),
+    [
+        ([1], "payload must be a JSON object"),
+        ({"prompts": []}, "non-empty list"),
+        ({"prompts": ["a", 2]}, "payload.prompts[1] must be a string"),
+        ({"prompts": ["a"], "hold_s": -1}, "hold_s must be a non-negative number"),
+        ({"prompts": ["a"], "extra": 1}, "unknown payload key(s) ['extra']"),
+    ],
+)
+def test_runner_bad_payload_is_a_job_fault(ready_service, payload, detail):
+    a = run_job(ready_service, payload)
+    assert a.rc == 2
+    assert a.failure["fault"] == "job" and a.failure["reason"] == "bad_payload"
+    assert detail in a.failure["detail"]
+    assert a.connects == 0
+
+
+def test_runner_refused_endpoint_is_transient(service):
+    # Nothing started: the channel never said hello, so the connector refuses.
+    a = run_job(service, {"prompts": ["a"]})
+    assert a.rc == 75
+    assert a.failure["fault"] == "transient"
+    assert "service_unavailable" in a.failure["detail"]
+    assert a.result is None
+
+
+def test_runner_without_connector_names_the_variable(ready_service):
+    a = run_job(ready_service, {"prompts": ["a"]}, connector=False)
+    assert a.rc == 3
+    assert a.failure["fault"] == "host"
+    assert "OARBANK_SERVICE_MODEL is not set" in a.failure["detail"]
+
+
+def test_runner_doctor():
+    import subprocess
+
+    out = subprocess.run([*RUNNER_ARGV, "doctor", "--json"], capture_output=True, text=True,
+                         timeout=30, check=True)
+    assert json.loads(out.stdout)["ok"] is True
