@@ -412,7 +412,7 @@ def _cross_checks(
                 r.add(join(p, key), f'"{key}" on a service needs requires.core with a lower '
                       f'bound of at least 2.5 (e.g. ">=2.5,<3"); {got}')
 
-    raw_req = doc.get("requires") if isinstance(doc.get("requires"), dict) else {}
+    raw_req: dict[str, Any] = doc["requires"] if isinstance(doc.get("requires"), dict) else {}
     # A wrongly typed value was reported where it was read; here only missing or empty counts.
     if services and raw_req.get("service_protocol", MISSING) in (MISSING, []):
         r.add("requires.service_protocol", "required, non-empty, when services are declared "
