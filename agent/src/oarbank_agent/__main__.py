@@ -1,0 +1,9 @@
+"""``python -m oarbank_agent`` = ``oarbank-agent``."""
+
+from __future__ import annotations
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,328 @@
+"""The agent: wiring of modules, supervisor, broker, admission, jobs and the control socket.
+
+One asyncio loop. A job's life (each transition saved to its record before it matters):
+
+    queued --(tokens taken: admission)--> admitted --(its services ready)--> running
+    running --(exit 0 / 2 / 3 / other)--> succeeded | failed
+    running --(exit 75, attempts left)--> admitted --> running ...
+    any non-final --(agent stops)--> queued   (the record stays: a restarted agent resumes it)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from oarbank_sdk import manifest as mf
+
+from . import control, procs
+from .admission import Admission, Request
+from .modules import ModuleCtx, NodeInfo, load_module
+from .runner import run_attempt
+from .store import TERMINAL, JobRecord, JobStore
+from .supervisor import Supervisor, service_key
+
+__all__ = ["Agent", "ModuleSpec"]
+
+log = logging.getLogger("oarbank_agent")
+
+ModuleSpec = tuple[Path, dict[str, Any]]  # (module dir, settings)
+
+
+class Agent:
+    def __init__(self, state_dir: Path, node_id: str | None = None) -> None:
+        self.state_dir = state_dir.resolve()
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.node = NodeInfo.create(self.state_dir, node_id)
+        self.registry = procs.ProcessRegistry(self.state_dir)
+        self.store = JobStore(self.state_dir)
+        self.supervisor = Supervisor(self.node, self.registry)
+        self.admission = Admission()
+        self.modules: dict[str, ModuleCtx] = {}
+        self.jobs: dict[str, JobRecord] = {}
+        self._job_tasks: dict[str, asyncio.Task[None]] = {}
+        self._job_done: dict[str, list[asyncio.Future[None]]] = {}
+        self.on_change: list[Callable[[str], None]] = []  # heartbeat hook: service key changed
+        self.supervisor.on_change.append(self._service_changed)
+        self.supervisor.on_capacity.append(self._capacity_changed)
+        self.control = control.ControlServer(self.state_dir / control.SOCKET_NAME, self._request)
+        self.broker: Any = None
+        self._stop = asyncio.Event()
+
+    # --- modules --------------------------------------------------------------------------
+
+    def load_modules(self, specs: list[ModuleSpec]) -> list[str]:
+        """Load every module it can; an invalid one is refused with the checker's messages.
+        Returns the messages of the refused ones."""
+        refused = []
+        for path, settings in specs:
+            try:
+                ctx = load_module(path, self.state_dir, settings)
+            except mf.ManifestError as exc:
+                refused.append(str(exc))
+                continue
+            except OSError as exc:
+                refused.append(f"{path}: cannot load: {exc}")
+                continue
+            if ctx.id in self.modules:
+                refused.append(f"{path}: module {ctx.id} is already loaded from "
+                               f"{self.modules[ctx.id].manifest.bundle}")
+                continue
+            self.modules[ctx.id] = ctx
+            self.supervisor.add_module(ctx)
+        return refused
+
+    def find_module(self, name: str) -> ModuleCtx | None:
+        if name in self.modules:
+            return self.modules[name]
+        matches = [m for m in self.modules.values() if m.manifest.short_name == name]
+        return matches[0] if len(matches) == 1 else None
+
+    # --- report (heartbeat, status) -------------------------------------------------------
+
+    def report(self) -> dict[str, Any]:
+        return {"node_id": self.node.node_id, "hostname": self.node.hostname,
+                "time": time.time(),
+                "services": [self.supervisor.row(rt) for rt in self.supervisor.services.values()]}
+
+    def status(self) -> dict[str, Any]:
+        rep = self.report()
+        rep["jobs"] = [r.summary() for r in sorted(self.jobs.values(),
+                                                   key=lambda r: (r.submitted_at, r.seq))]
+        rep["state_dir"] = str(self.state_dir)
+        return rep
+
+    def _service_changed(self, key: str) -> None:
+        for cb in list(self.on_change):
+            try:
+                cb(key)
+            except Exception:
+                log.exception("on_change listener failed")
+
+    def _capacity_changed(self, key: str) -> None:
+        rt = self.supervisor.services[key]
+        for pool, n in self.supervisor.capacities(key).items():
+            self.admission.set_capacity(f"{rt.ctx.id}/{pool}", n)
+        self._admit()
+
+    # --- running --------------------------------------------------------------------------
+
+    async def run(self, ready: Callable[[], None] | None = None) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stop.set)
+        from .broker import Broker  # the broker engineer's module
+
+        left = await self.registry.end_leftovers()
+        for rec in left:
+            log.warning("ended a process group left by a previous agent: %s (%s, pgid %d)",
+                        rec.label, rec.kind, rec.pgid)
+        self.broker = Broker(self.supervisor)
+        self.supervisor.broker = self.broker
+        await asyncio.gather(*(self.supervisor.fingerprint(rt)
+                               for rt in self.supervisor.services.values()))
+        self._recover_jobs()
+        await self.control.start()
+        for rt in self.supervisor.services.values():
+            self.supervisor.poke(rt)  # `always` services start now
+        self._admit()
+        if ready:
+            ready()
+        try:
+            await self._stop.wait()
+        finally:
+            await self.shutdown()
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    async def shutdown(self) -> None:
+        await self.control.close()
+        tasks = list(self._job_tasks.values())
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.supervisor.shutdown()
+        if self.broker is not None:
+            await self.broker.aclose()
+
+    def _recover_jobs(self) -> None:
+        for rec in self.store.load_all():
+            self.jobs[rec.job_id] = rec
+            if rec.state in TERMINAL:
+                continue
+            ctx = self.modules.get(rec.module)
+            if ctx is None or ctx.manifest.stage(rec.stage) is None:
+                log.warning("job %s: module %s / stage %s is not loaded; left queued",
+                            rec.job_id, rec.module, rec.stage)
+                continue
+            # running|admitted (previous agent) -> queued
+            rec.state = "queued"
+            self.store.save(rec)
+            self._enqueue(rec, ctx)
+
+    def submit(self, module: str, stage: str, payload: dict[str, Any]) -> JobRecord:
+        ctx = self.find_module(module)
+        if ctx is None:
+            known = ", ".join(sorted(self.modules)) or "none"
+            raise control.ControlError("unknown_module",
+                                       f"unknown module {module!r} (loaded: {known})")
+        st = ctx.manifest.stage(stage)
+        if st is None:
+            known = ", ".join(s.name for s in ctx.manifest.stages) or "none"
+            raise control.ControlError("unknown_stage", f"module {ctx.id} has no stage "
+                                       f"{stage!r} (stages: {known})")
+        # (new) -> queued: on disk before anyone hears of it
+        rec = self.store.create(ctx.id, st.name, payload)
+        self.jobs[rec.job_id] = rec
+        self._enqueue(rec, ctx)
+        self._admit()
+        return rec
+
+    def _enqueue(self, rec: JobRecord, ctx: ModuleCtx) -> None:
+        st = ctx.manifest.stage(rec.stage)
+        assert st is not None
+        self.admission.enqueue(Request(
+            rec.job_id, {f"{ctx.id}/{p}": n for p, n in st.pools.items()},
+            tuple(f"{ctx.id}/{p}" for p in st.needs_pools)))
+
+    def _admit(self) -> None:
+        if self._stop.is_set():
+            return
+        for req in self.admission.admit():
+            rec = self.jobs[req.job_id]
+            # queued -> admitted (tokens taken)
+            rec.state = "admitted"
+            self.store.save(rec)
+            self._job_tasks[rec.job_id] = asyncio.create_task(self._run_job(rec),
+                                                              name=f"job {rec.job_id}")
+        self._update_users()
+
+    def _update_users(self) -> None:
+        for key, rt in self.supervisor.services.items():
+            users = sum(self.admission.holders(f"{rt.ctx.id}/{p}") for p in rt.svc.pools)
+            self.supervisor.set_users(key, users)
+
+    def _service_keys(self, ctx: ModuleCtx, stage: mf.Stage) -> list[str]:
+        keys = []
+        for pool in stage.pools:
+            svc = ctx.manifest.service_for_pool(pool)
+            if svc is not None and service_key(ctx.id, svc.name) not in keys:
+                keys.append(service_key(ctx.id, svc.name))
+        return keys
+
+    async def _run_job(self, rec: JobRecord) -> None:
+        ctx = self.modules[rec.module]
+        stage = ctx.manifest.stage(rec.stage)
+        assert stage is not None
+        try:
+            while True:
+                for key in self._service_keys(ctx, stage):
+                    if not await self.supervisor.await_ready(key):
+                        if self._stop.is_set():
+                            raise asyncio.CancelledError
+                        rt = self.supervisor.services[key]
+                        why = rt.st.error or rt.st.state.value
+                        self._finish(rec, "failed", None,
+                                     f"service_unavailable: {key} is {rt.st.state.value} ({why})")
+                        return
+                # admitted -> running
+                rec.attempts += 1
+                rec.state = "running"
+                attempt_id = f"{rec.job_id}.{rec.attempts}"
+                workdir = self.store.job_dir(rec.job_id) / f"a{rec.attempts}"
+                started = time.time()
+                rec.started_at = rec.started_at or started
+                self.store.save(rec)
+                outcome = await run_attempt(ctx, self.node, stage, job_id=rec.job_id,
+                                            payload=rec.payload, attempt_id=attempt_id,
+                                            workdir=workdir, broker=self.broker,
+                                            registry=self.registry)
+                rec.history.append({"attempt": rec.attempts, "attempt_id": attempt_id,
+                                    "started_at": started, "finished_at": time.time(),
+                                    "outcome": outcome.state, "exit_code": outcome.exit_code,
+                                    "reason": outcome.reason, "fault": outcome.fault})
+                if outcome.state == "retry" and rec.attempts < stage.max_attempts:
+                    # running -> admitted (transient failure, attempts left; tokens kept)
+                    rec.state = "admitted"
+                    rec.exit_code, rec.reason = outcome.exit_code, outcome.reason
+                    self.store.save(rec)
+                    continue
+                final = "succeeded" if outcome.state == "succeeded" else "failed"
+                reason = outcome.reason
+                if outcome.state == "retry":
+                    reason = f"{reason} (gave up after {rec.attempts} attempts)"
+                # running -> succeeded | failed
+                self._finish(rec, final, outcome.exit_code, reason, outcome.result)
+                return
+        except asyncio.CancelledError:
+            # admitted|running -> queued: the agent is stopping; the job is resumed later.
+            rec.state = "queued"
+            self.store.save(rec)
+            raise
+        finally:
+            self._job_tasks.pop(rec.job_id, None)
+            self.admission.release(rec.job_id)
+            if not self._stop.is_set():
+                self._admit()
+            self._update_users()
+
+    def _finish(self, rec: JobRecord, state: str, exit_code: int | None, reason: str | None,
+                result: dict[str, Any] | None = None) -> None:
+        rec.state, rec.exit_code, rec.reason, rec.result = state, exit_code, reason, result
+        rec.finished_at = time.time()
+        self.store.save(rec)
+        for f in self._job_done.pop(rec.job_id, []):
+            if not f.done():
+                f.set_result(None)
+
+    # --- control requests -----------------------------------------------------------------
+
+    async def _request(self, req: dict[str, Any]) -> dict[str, Any]:
+        op = req.get("op")
+        if op == "submit":
+            if self._stop.is_set():
+                raise control.ControlError("shutting_down", "the agent is stopping")
+            module, stage, payload = req.get("module"), req.get("stage"), req.get("payload")
+            if not isinstance(module, str) or not isinstance(stage, str):
+                raise control.ControlError("bad_request", "submit needs 'module' and 'stage'")
+            if not isinstance(payload, dict):
+                raise control.ControlError("bad_request", "'payload' must be a JSON object")
+            rec = self.submit(module, stage, payload)
+            return {"ok": True, "job_id": rec.job_id}
+        if op in ("wait", "job"):
+            rec = self._job(req.get("job_id"))
+            if op == "wait" and rec.state not in TERMINAL:
+                timeout = req.get("timeout")
+                if timeout is not None and (not isinstance(timeout, (int, float))
+                                            or isinstance(timeout, bool) or timeout < 0):
+                    raise control.ControlError("bad_request", "'timeout' must be seconds >= 0")
+                fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                self._job_done.setdefault(rec.job_id, []).append(fut)
+                try:
+                    await asyncio.wait_for(fut, timeout)
+                except asyncio.TimeoutError:
+                    return {"ok": False, "code": "timeout", "job": rec.public(),
+                            "error": f"job {rec.job_id} not finished after {timeout:g}s "
+                                     f"(state: {rec.state})"}
+            return {"ok": True, "job": rec.public()}
+        if op == "status":
+            return {"ok": True, "status": self.status()}
+        raise control.ControlError("bad_request", f"unknown op {op!r}")
+
+    def _job(self, job_id: Any) -> JobRecord:
+        if not isinstance(job_id, str) or job_id not in self.jobs:
+            raise control.ControlError("unknown_job", f"no job {job_id!r}")
+        return self.jobs[job_id]
+
+
+def configure_logging() -> None:
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+

@@ -1,0 +1,208 @@
+"""``oarbank-agent``: run | submit | status | demo.
+
+Exit codes: 0 success (``submit --wait``: the job succeeded); 1 the agent is not running, the
+job failed, or ``--timeout`` expired; 2 bad usage or input (malformed JSON, unknown module or
+stage): nothing queued.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from . import control
+
+__all__ = ["main", "build_parser"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="oarbank-agent", description="The oarbank node agent.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("run", help="run the agent in the foreground until SIGTERM/SIGINT")
+    r.add_argument("--state-dir", required=True, type=Path)
+    r.add_argument("--module", action="append", required=True, type=Path, dest="modules",
+                   metavar="MODULE_DIR")
+    r.add_argument("--node-id")
+    r.add_argument("--settings", action="append", default=[], metavar="MODULE=FILE",
+                   help="this node's settings (JSON object) for a module (id or short name)")
+
+    s = sub.add_parser("submit", help="submit a job to a running agent")
+    s.add_argument("--state-dir", required=True, type=Path)
+    s.add_argument("--module", required=True, help="module id or short name")
+    s.add_argument("--stage", required=True)
+    s.add_argument("--payload", required=True, help="the job's payload, a JSON object")
+    s.add_argument("--wait", action="store_true", help="wait and print the final job record")
+    s.add_argument("--timeout", type=float, help="with --wait: give up after this many seconds")
+
+    st = sub.add_parser("status", help="services and jobs of a running agent")
+    st.add_argument("--state-dir", required=True, type=Path)
+    st.add_argument("--json", action="store_true")
+
+    d = sub.add_parser("demo", help="twenty jobs through one warm model service")
+    d.add_argument("--jobs", type=int, default=20)
+    d.add_argument("--load-s", type=float, default=1.0)
+    d.add_argument("--json", action="store_true")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "run":
+        return cmd_run(args)
+    if args.command == "submit":
+        return cmd_submit(args)
+    if args.command == "status":
+        return cmd_status(args)
+    from .demo import run_demo
+
+    return run_demo(jobs=args.jobs, load_s=args.load_s, as_json=args.json)
+
+
+def _err(msg: str) -> None:
+    print(f"oarbank-agent: {msg}", file=sys.stderr)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .agent import Agent, configure_logging
+    from .modules import SettingsError, read_settings_arg
+
+    configure_logging()
+    settings: dict[str, dict[str, Any]] = {}
+    for arg in args.settings:
+        try:
+            name, value = read_settings_arg(arg)
+        except SettingsError as exc:
+            _err(str(exc))
+            return 2
+        settings[name] = value
+
+    def settings_for(path: Path) -> dict[str, Any]:
+        from oarbank_sdk import manifest as mf
+
+        try:
+            m = mf.load(path)
+        except mf.ManifestError:
+            return {}  # refused below with the checker's messages
+        return settings.get(m.id, settings.get(m.short_name, {}))
+
+    async def main_async() -> int:
+        agent = Agent(args.state_dir, args.node_id)
+        specs = [(p.resolve(), settings_for(p)) for p in args.modules]
+        for msg in agent.load_modules(specs):
+            print(msg, file=sys.stderr)
+        unknown = [n for n in settings
+                   if agent.find_module(n) is None and n not in agent.modules]
+        if unknown:
+            _err(f"--settings for a module that is not loaded: {', '.join(unknown)}")
+        if not agent.modules:
+            _err("no module could be loaded")
+
+        def ready() -> None:
+            mods = ",".join(sorted(agent.modules)) or "-"
+            print(f"oarbank-agent: ready node={agent.node.node_id} "
+                  f"control={agent.control.path} modules={mods}", flush=True)
+
+        await agent.run(ready)
+        return 0
+
+    return asyncio.run(main_async())
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    try:
+        payload = json.loads(args.payload)
+    except ValueError as exc:
+        _err(f"--payload is not valid JSON: {exc}")
+        return 2
+    if not isinstance(payload, dict):
+        _err(f"--payload must be a JSON object, got {type(payload).__name__}")
+        return 2
+    if args.timeout is not None and args.timeout < 0:
+        _err("--timeout must be >= 0")
+        return 2
+    try:
+        with control.Client(args.state_dir, timeout=30.0) as c:
+            reply = c.call({"op": "submit", "module": args.module, "stage": args.stage,
+                            "payload": payload})
+            if not reply.get("ok"):
+                _err(reply.get("error", "submit refused"))
+                return 2 if reply.get("code") in ("unknown_module", "unknown_stage",
+                                                  "bad_request") else 1
+            job_id = reply["job_id"]
+            if not args.wait:
+                print(job_id)
+                return 0
+            req: dict[str, Any] = {"op": "wait", "job_id": job_id}
+            if args.timeout is not None:
+                req["timeout"] = args.timeout
+            reply = c.call(req, timeout=None)
+    except control.AgentNotRunning as exc:
+        _err(str(exc))
+        return 1
+    except (OSError, ValueError) as exc:
+        _err(f"lost the agent: {exc}")
+        return 1
+    if not reply.get("ok"):
+        if reply.get("code") == "timeout":
+            _err(f"timed out after {args.timeout:g}s waiting for job {job_id} "
+                 f"(state: {reply.get('job', {}).get('state')}); it keeps running")
+        else:
+            _err(reply.get("error", "wait failed"))
+        return 1
+    job = reply["job"]
+    print(json.dumps(job))
+    return 0 if job.get("state") == "succeeded" else 1
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    try:
+        reply = control.request(args.state_dir, {"op": "status"})
+    except control.AgentNotRunning as exc:
+        _err(str(exc))
+        return 1
+    except (OSError, ValueError) as exc:
+        _err(f"lost the agent: {exc}")
+        return 1
+    if not reply.get("ok"):
+        _err(reply.get("error", "status failed"))
+        return 1
+    st = reply["status"]
+    if args.json:
+        print(json.dumps(st, indent=1))
+        return 0
+    print(f"node {st['node_id']}  host {st['hostname']}")
+    cols = ["module", "service", "lifecycle", "health", "running", "ready", "users", "withdrawn",
+            "error"]
+    rows = [[_cell(r.get(c)) for c in cols] for r in st["services"]]
+    _table(cols, rows)
+    print()
+    jcols = ["job_id", "module", "stage", "state", "attempts", "exit_code", "reason"]
+    _table(jcols, [[_cell(j.get(c)) for c in jcols] for j in st["jobs"]])
+    return 0
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    return str(v)
+
+
+def _table(cols: list[str], rows: list[list[str]]) -> None:
+    if not rows:
+        print("(no " + ("services" if "service" in cols else "jobs") + ")")
+        return
+    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]
+    print("  ".join(c.upper().ljust(w) for c, w in zip(cols, widths, strict=True)).rstrip())
+    for r in rows:
+        print("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

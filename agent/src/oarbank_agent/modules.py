@@ -1,0 +1,139 @@
+"""Loaded modules and the node's identity: what every op and runner environment is built from.
+
+A module's node-side files live under ``<state>/modules/<module id>/``:
+``data/`` (OARBANK_MODULE_DATA; ops get HOME and TMPDIR inside it), ``settings.json`` (this
+node's settings for the module, ``{}`` when none were given) and ``logs/`` (ops' and services'
+stderr, one file per service).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from oarbank_sdk import manifest as mf
+
+__all__ = ["NodeInfo", "ModuleCtx", "node_platform", "load_module", "SettingsError",
+           "read_settings_arg"]
+
+
+def node_platform() -> str:
+    """``<os>-<arch>`` as the contract spells it, e.g. ``linux-amd64``."""
+    osname = {"linux": "linux", "darwin": "darwin", "win32": "windows"}.get(sys.platform,
+                                                                           sys.platform)
+    machine = platform.machine().lower()
+    arch = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}.get(
+        machine, machine)
+    return f"{osname}-{arch}"
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    node_id: str
+    hostname: str
+    platform: str
+    state_dir: Path
+    limits_file: Path
+    tools_file: Path
+
+    @classmethod
+    def create(cls, state_dir: Path, node_id: str | None) -> NodeInfo:
+        hostname = socket.gethostname()
+        limits = state_dir / "limits.json"
+        tools = state_dir / "tools.json"
+        _write_json(limits, {"cpu": os.cpu_count() or 1, "mem_gb": _mem_gb()})
+        _write_json(tools, {"python": sys.executable})
+        return cls(node_id or hostname, hostname, node_platform(), state_dir, limits, tools)
+
+
+@dataclass
+class ModuleCtx:
+    manifest: mf.Manifest
+    root: Path  # <state>/modules/<id>
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def id(self) -> str:
+        return self.manifest.id
+
+    @property
+    def data_dir(self) -> Path:
+        return self.root / "data"
+
+    @property
+    def settings_file(self) -> Path:
+        return self.root / "settings.json"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.root / "logs"
+
+    def op_env(self, node: NodeInfo, service: str) -> dict[str, str]:
+        """The exact environment of every op (contract section 2); nothing else is inherited."""
+        return {
+            "OARBANK_MODULE_DATA": str(self.data_dir),
+            "OARBANK_MODULE": self.id,
+            "OARBANK_SERVICE": service,
+            "OARBANK_NODE_ID": node.node_id,
+            "OARBANK_PLATFORM": node.platform,
+            "OARBANK_SETTINGS_FILE": str(self.settings_file),
+            "OARBANK_LIMITS_FILE": str(node.limits_file),
+            "OARBANK_TOOLS_FILE": str(node.tools_file),
+            "HOME": str(self.data_dir / "home"),
+            "TMPDIR": str(self.data_dir / "tmp"),
+        }
+
+    def exec_argv(self, argv: tuple[str, ...] | list[str]) -> list[str]:
+        return mf.expand_exec(list(argv), self.manifest.bundle)
+
+
+class SettingsError(ValueError):
+    pass
+
+
+def read_settings_arg(arg: str) -> tuple[str, dict[str, Any]]:
+    """``MODULE=FILE`` -> (module id or short name, settings object). Raises SettingsError."""
+    name, sep, file = arg.partition("=")
+    if not sep or not name or not file:
+        raise SettingsError(f"--settings {arg!r}: expected MODULE=FILE")
+    try:
+        value = json.loads(Path(file).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise SettingsError(f"--settings {arg!r}: cannot read {file}: {exc.strerror}")
+    except ValueError as exc:
+        raise SettingsError(f"--settings {arg!r}: {file} is not JSON ({exc})")
+    if not isinstance(value, dict):
+        raise SettingsError(f"--settings {arg!r}: {file} must hold a JSON object")
+    return name, value
+
+
+def load_module(path: Path, state_dir: Path, settings: dict[str, Any]) -> ModuleCtx:
+    """Load and check a module; prepare its node-side folders. Raises ``ManifestError``."""
+    manifest = mf.load(path)
+    ctx = ModuleCtx(manifest, state_dir / "modules" / manifest.id, settings)
+    for d in (ctx.data_dir, ctx.data_dir / "home", ctx.data_dir / "tmp", ctx.log_dir):
+        d.mkdir(parents=True, exist_ok=True)
+    _write_json(ctx.settings_file, settings)
+    return ctx
+
+
+def _write_json(path: Path, value: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(value, indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _mem_gb() -> float:
+    try:
+        import psutil
+
+        return round(psutil.virtual_memory().total / 2**30, 2)
+    except Exception:  # pragma: no cover - psutil is a dependency; be robust anyway
+        return 0.0

@@ -1,0 +1,180 @@
+"""One attempt of a job: the runner protocol (contract section 4), effects only.
+
+argv ``<runner.exec...> run --spec <W>/spec.json --workdir <W> --out <W>/result.json``, the
+exact environment (nothing else inherited), its own process group, a connector per endpoint
+service whose pool the stage reserves, ``timeout_s`` -> SIGTERM to the group, SIGKILL after
+``stop_grace_s``. At the end: the group is ended, then the broker ends the attempt (connectors
+closed, ``ended`` sent to every service it reached). ``classify`` (pure) maps the exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from oarbank_sdk import manifest as mf
+
+from . import procs
+from .modules import ModuleCtx, NodeInfo
+from .supervisor import service_key
+
+if TYPE_CHECKING:
+    from .broker import Broker
+
+__all__ = ["Outcome", "classify", "runner_env", "run_attempt", "EXIT_JOB", "EXIT_HOST",
+           "EXIT_TRANSIENT"]
+
+EXIT_JOB = 2  # the spec can never succeed: not retried
+EXIT_HOST = 3  # a node dependency is missing
+EXIT_TRANSIENT = 75  # retried
+
+
+@dataclass(frozen=True)
+class Outcome:
+    state: str  # succeeded | failed | retry
+    exit_code: int | None
+    reason: str | None
+    result: dict[str, Any] | None = None
+    fault: str | None = None  # job | host | transient
+
+
+def _read_json(path: Path) -> tuple[Any, str | None]:
+    try:
+        return json.loads(path.read_text(encoding="utf-8")), None
+    except FileNotFoundError:
+        return None, f"{path.name} is missing"
+    except (OSError, ValueError) as exc:
+        return None, f"{path.name} is unreadable ({exc})"
+
+
+def classify(rc: int, timed_out: bool, workdir: Path, timeout_s: float) -> Outcome:
+    """Map how a runner ended to the attempt's outcome (contract section 4)."""
+    if timed_out:
+        return Outcome("failed", rc, f"timeout: the runner exceeded timeout_s={timeout_s:g}",
+                       fault="job")
+    if rc == 0:
+        result, err = _read_json(workdir / "result.json")
+        if err is None and isinstance(result, dict):
+            return Outcome("succeeded", 0, None, result)
+        return Outcome("failed", 0, f"exit 0 without a valid result.json: "
+                       f"{err or 'not a JSON object'}")
+    if rc in (EXIT_JOB, EXIT_HOST, EXIT_TRANSIENT):
+        failure, err = _read_json(workdir / "failure.json")
+        if err is None and isinstance(failure, dict):
+            what = str(failure.get("reason") or "unspecified")
+            detail = failure.get("detail")
+            reason = f"{what}: {detail}" if detail else what
+            fault = {EXIT_JOB: "job", EXIT_HOST: "host", EXIT_TRANSIENT: "transient"}[rc]
+            return Outcome("retry" if rc == EXIT_TRANSIENT else "failed", rc, reason,
+                           fault=fault)
+        return Outcome("failed", rc, f"runner exited with {rc} but {err or 'failure.json is not an object'}")
+    if rc < 0:
+        return Outcome("failed", rc, f"runner killed by signal {-rc}")
+    return Outcome("failed", rc, f"runner exited with {rc}")
+
+
+def runner_env(ctx: ModuleCtx, node: NodeInfo, stage: mf.Stage, attempt_id: str,
+               workdir: Path) -> dict[str, str]:
+    """The contract's runner environment, without the connectors (added per service)."""
+    env = dict(ctx.manifest.runner.env) if ctx.manifest.runner else {}
+    env.update({
+        "OARBANK_WORKDIR": str(workdir),
+        "OARBANK_TMP": str(workdir / "tmp"),
+        "TMPDIR": str(workdir / "tmp"),
+        "OARBANK_MODULE_DATA": str(ctx.data_dir),
+        "OARBANK_PLATFORM": node.platform,
+        "OARBANK_MODULE": ctx.id,
+        "OARBANK_ATTEMPT_ID": attempt_id,
+        "OARBANK_PROTOCOL": "1",
+        "OARBANK_SETTINGS_FILE": str(ctx.settings_file),
+        "PYTHONUTF8": "1",
+        "HOME": str(workdir / "home"),
+    })
+    for pool, n in stage.pools.items():
+        env[f"OARBANK_POOL_{pool.upper()}_TOKENS"] = str(n)
+    return env
+
+
+def endpoint_services(ctx: ModuleCtx, stage: mf.Stage) -> list[mf.Service]:
+    """Endpoint services of the same module whose pools the stage reserves (needs_pools
+    gives none)."""
+    out: list[mf.Service] = []
+    for pool in stage.pools:
+        svc = ctx.manifest.service_for_pool(pool)
+        if svc is not None and svc.endpoint and svc not in out:
+            out.append(svc)
+    return out
+
+
+async def run_attempt(ctx: ModuleCtx, node: NodeInfo, stage: mf.Stage, *, job_id: str,
+                      payload: dict[str, Any], attempt_id: str, workdir: Path, broker: Broker,
+                      registry: procs.ProcessRegistry) -> Outcome:
+    """Run one attempt to its end. On cancellation the attempt is ended (group, connectors,
+    ``ended``) before CancelledError propagates."""
+    runner = ctx.manifest.runner
+    if runner is None:
+        return Outcome("failed", None, f"module {ctx.id} declares no [runner]", fault="job")
+    for d in (workdir, workdir / "tmp", workdir / "home"):
+        d.mkdir(parents=True, exist_ok=True)
+    spec = {"job_id": job_id, "attempt_id": attempt_id, "stage": stage.name, "payload": payload}
+    (workdir / "spec.json").write_text(json.dumps(spec, indent=1), encoding="utf-8")
+    argv = ctx.exec_argv(runner.exec) + [
+        "run", "--spec", str(workdir / "spec.json"), "--workdir", str(workdir),
+        "--out", str(workdir / "result.json")]
+    env = runner_env(ctx, node, stage, attempt_id, workdir)
+    pass_fds: list[int] = []
+    proc = None
+    try:
+        for svc in endpoint_services(ctx, stage):
+            fd = broker.open_connector(attempt_id, service_key(ctx.id, svc.name))
+            env[svc.env_name] = f"fd:{fd}"
+            pass_fds.append(fd)
+        with open(workdir / "runner.log", "ab") as log:
+            try:
+                proc = await procs.spawn(argv, env=env, cwd=workdir, stdout=log, stderr=log,
+                                         pass_fds=tuple(pass_fds), registry=registry,
+                                         kind="runner", label=attempt_id)
+            except OSError as exc:
+                return Outcome("failed", None, f"cannot start the runner {argv[0]}: {exc}",
+                               fault="host")
+            finally:
+                broker.close_child_ends(attempt_id)  # only the runner holds them now
+        (workdir / "started_at").write_text(f"{time.time():.6f}\n")
+        timed_out = False
+        try:
+            rc = await asyncio.wait_for(proc.wait(), stage.timeout_s)
+        except asyncio.TimeoutError:
+            # running -> stopping (timeout_s): SIGTERM the group, SIGKILL after stop_grace_s
+            timed_out = True
+            rc = await _terminate(proc, runner.stop_grace_s)
+        return classify(rc, timed_out, workdir, stage.timeout_s)
+    except asyncio.CancelledError:
+        # Agent shutdown: end the attempt the same way as a timeout.
+        if proc is not None and proc.returncode is None:
+            await _terminate(proc, runner.stop_grace_s)
+        raise
+    finally:
+        if proc is None:
+            broker.close_child_ends(attempt_id)  # a connector opened, the runner never ran
+        else:
+            # Attempt over: whatever the runner left in its group goes too, then `ended`.
+            await procs.end_group(proc.pid, runner.stop_grace_s)
+            registry.remove(proc.pid)
+        broker.end_attempt(attempt_id)
+
+
+async def _terminate(proc: asyncio.subprocess.Process, grace_s: float) -> int:
+    procs.signal_group(proc.pid, signal.SIGTERM)
+    try:
+        return await asyncio.wait_for(proc.wait(), grace_s)
+    except asyncio.TimeoutError:
+        procs.signal_group(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            return await proc.wait()
+        return -signal.SIGKILL

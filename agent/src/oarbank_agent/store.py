@@ -1,0 +1,111 @@
+"""Job records: one JSON file per job, written atomically, so no submitted job is ever lost.
+
+Layout: ``<state>/jobs/<job id>/job.json`` (the record) and ``<state>/jobs/<job id>/a<n>/``
+(attempt n's workdir). A record is written (temp file, fsync, rename, fsync of the folder)
+before ``submit`` is answered, and again at every state change, so a restarted agent finds
+every job in its last known state (``load_all``) and can requeue what was not finished.
+
+Job states: ``queued`` -> ``admitted`` (tokens taken, waiting for its services) -> ``running``
+(an attempt's runner is up; back to ``admitted`` between retries) -> ``succeeded`` | ``failed``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import secrets
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["JobRecord", "JobStore", "TERMINAL", "new_job_id"]
+
+TERMINAL = ("succeeded", "failed")
+_seq = itertools.count()
+
+
+def new_job_id() -> str:
+    # Sortable by submission time, unique across agent restarts.
+    return f"j{time.strftime('%Y%m%d%H%M%S')}-{next(_seq):04d}-{secrets.token_hex(3)}"
+
+
+@dataclass
+class JobRecord:
+    job_id: str
+    module: str
+    stage: str
+    payload: dict[str, Any]
+    state: str = "queued"
+    attempts: int = 0
+    exit_code: int | None = None
+    reason: str | None = None
+    result: dict[str, Any] | None = None
+    submitted_at: float = field(default_factory=time.time)
+    seq: int = 0  # submission order, for FIFO across restarts
+    started_at: float | None = None  # first runner start
+    finished_at: float | None = None
+    history: list[dict[str, Any]] = field(default_factory=list)  # one entry per attempt
+
+    def public(self) -> dict[str, Any]:
+        """The shape ``submit --wait`` prints."""
+        return {"job_id": self.job_id, "module": self.module, "stage": self.stage,
+                "state": self.state, "attempts": self.attempts, "exit_code": self.exit_code,
+                "reason": self.reason, "result": self.result}
+
+    def summary(self) -> dict[str, Any]:
+        d = self.public()
+        d.pop("result")
+        d.update(submitted_at=self.submitted_at, started_at=self.started_at,
+                 finished_at=self.finished_at)
+        return d
+
+
+class JobStore:
+    def __init__(self, state_dir: Path) -> None:
+        self.dir = state_dir / "jobs"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._seq = 0
+
+    def job_dir(self, job_id: str) -> Path:
+        return self.dir / job_id
+
+    def save(self, rec: JobRecord) -> None:
+        d = self.job_dir(rec.job_id)
+        d.mkdir(parents=True, exist_ok=True)
+        path = d / "job.json"
+        tmp = d / "job.json.tmp"
+        data = json.dumps(asdict(rec), indent=1).encode("utf-8")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(dfd)  # the rename itself survives a crash
+        finally:
+            os.close(dfd)
+
+    def create(self, module: str, stage: str, payload: dict[str, Any]) -> JobRecord:
+        self._seq += 1
+        rec = JobRecord(new_job_id(), module, stage, payload, seq=self._seq)
+        self.save(rec)
+        return rec
+
+    def load_all(self) -> list[JobRecord]:
+        """Every readable record, in submission order. Unreadable ones are skipped (and kept
+        on disk for a person to look at)."""
+        out = []
+        for p in self.dir.glob("*/job.json"):
+            try:
+                d = json.loads(p.read_text(encoding="utf-8"))
+                out.append(JobRecord(**d))
+            except (OSError, ValueError, TypeError):
+                continue
+        out.sort(key=lambda r: (r.submitted_at, r.seq))
+        self._seq = max([self._seq, *(r.seq for r in out)])
+        return out

@@ -1,0 +1,394 @@
+"""The supervisor: performs what ``lifecycle.decide`` says, and reports back with ``apply``.
+
+Effects only. One ``ServiceRuntime`` per service; at most one effect task (start, stop or a
+failure's teardown) runs per service at a time, and ``poke`` asks the pure machine again when
+it is over, when users change, or when a timer (backoff, idle) fires. Nothing here sleeps to
+watch state: waits are on futures (hello, channel closed, readiness) and loop timers. The one
+thing polled is the ``ready`` op, because the contract offers no event for it.
+
+Start = channel pair from the broker + ``start`` op with the child end inherited + the hello +
+``ready`` true (first poll at once, then every 50 ms doubling up to 1 s), all within
+``start_timeout_s``. Stop order = ``stop`` op, close the channel, end the process group.
+This class is also the broker's ``ServiceGate``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from oarbank_sdk import manifest as mf
+
+from . import lifecycle as lc
+from . import ops, procs
+from .modules import ModuleCtx, NodeInfo
+
+if TYPE_CHECKING:
+    from .broker import Broker, Channel
+
+__all__ = ["Supervisor", "ServiceRuntime", "service_key"]
+
+log = logging.getLogger("oarbank_agent.supervisor")
+
+GROUP_GRACE_S = 5.0  # SIGTERM -> SIGKILL for a service's group at the end of the stop order
+READY_POLL_FIRST_S = 0.05
+READY_POLL_MAX_S = 1.0
+
+
+def service_key(module_id: str, service: str) -> str:
+    return f"{module_id}/{service}"
+
+
+class StartFailed(Exception):
+    pass
+
+
+@dataclass
+class ServiceRuntime:
+    key: str
+    ctx: ModuleCtx
+    svc: mf.Service
+    st: lc.ServiceState
+    health: str = "undetected"
+    fp_pools: dict[str, int] = field(default_factory=dict)  # from the last fingerprint
+    fp_running: bool = False
+    fp_error: str | None = None
+    channel: Channel | None = None
+    pgid: int | None = None
+    task: asyncio.Task[None] | None = None  # the effect in flight
+    watch: asyncio.Task[None] | None = None  # watches a ready service's channel
+    timer: asyncio.TimerHandle | None = None
+    waiters: list[asyncio.Future[bool]] = field(default_factory=list)
+    ready_at: float | None = None  # unix time of the last READY (tests compare with runners)
+
+    def busy(self) -> bool:
+        return self.task is not None and not self.task.done()
+
+
+class Supervisor:
+    def __init__(self, node: NodeInfo, registry: procs.ProcessRegistry) -> None:
+        self.node = node
+        self.registry = registry
+        self.broker: Broker | None = None  # set by the agent right after construction
+        self.services: dict[str, ServiceRuntime] = {}
+        self.on_change: list[Callable[[str], None]] = []  # fired on every service change
+        self.on_capacity: list[Callable[[str], None]] = []  # pools of a service changed
+        self.shutting_down = False
+
+    # --- set-up ---------------------------------------------------------------------------
+
+    def add_module(self, ctx: ModuleCtx) -> list[ServiceRuntime]:
+        added = []
+        for svc in ctx.manifest.services:
+            r = svc.restart
+            st = lc.ServiceState(svc.lifecycle, svc.idle_timeout_s, r.backoff_initial_s,
+                                 r.backoff_max_s, r.max_failures)
+            rt = ServiceRuntime(service_key(ctx.id, svc.name), ctx, svc, st)
+            self.services[rt.key] = rt
+            added.append(rt)
+        return added
+
+    # --- views ----------------------------------------------------------------------------
+
+    def capacities(self, key: str) -> dict[str, int]:
+        """pool name -> tokens this service offers now (0 while withdrawn)."""
+        rt = self.services[key]
+        withdrawn = rt.st.state is lc.State.WITHDRAWN
+        return {p: (0 if withdrawn else max(0, int(rt.fp_pools.get(p, 0)))) for p in rt.svc.pools}
+
+    def is_ready(self, rt: ServiceRuntime) -> bool:
+        if rt.st.state is not lc.State.READY:
+            return False
+        if rt.svc.endpoint:
+            return rt.channel is not None and bool(rt.channel.is_open)
+        return True
+
+    def row(self, rt: ServiceRuntime) -> dict[str, Any]:
+        """Contract section 6 row."""
+        s = rt.st.state
+        up = s in (lc.State.STARTING, lc.State.READY, lc.State.STOPPING)
+        return {
+            "module": rt.ctx.id,
+            "service": rt.svc.name,
+            "health": rt.health,
+            "running": up or (rt.svc.lifecycle == "manual" and rt.fp_running),
+            "ready": self.is_ready(rt),
+            "accepting": self.is_ready(rt) and not self.shutting_down,
+            "error": rt.st.error or rt.fp_error,
+            "held": None,
+            "disabled": False,
+            "withdrawn": s is lc.State.WITHDRAWN,
+            "gpu_api_missing": False,
+            "lifecycle": rt.svc.lifecycle,
+            "users": rt.st.users,
+            "endpoint": rt.svc.endpoint,
+        }
+
+    # --- inputs ---------------------------------------------------------------------------
+
+    def set_users(self, key: str, users: int) -> None:
+        rt = self.services[key]
+        if users == rt.st.users:
+            return
+        rt.st = lc.set_users(rt.st, users, time.time())
+        self._changed(rt)
+        self.poke(rt)
+
+    async def fingerprint(self, rt: ServiceRuntime) -> None:
+        res = await ops.run_op(rt.ctx, self.node, rt.svc.name, "fingerprint",
+                               timeout_s=ops.OP_TIMEOUTS["fingerprint"], registry=self.registry)
+        if res.ok and res.doc is not None:
+            doc = res.doc
+            health = doc.get("health")
+            rt.health = health if health in ("healthy", "unhealthy", "undetected") else "unhealthy"
+            pools = doc.get("pools") if isinstance(doc.get("pools"), dict) else {}
+            rt.fp_pools = {p: int(n) for p, n in pools.items()
+                           if isinstance(n, int) and not isinstance(n, bool) and n >= 0}
+            rt.fp_running = doc.get("running") is True
+            rt.fp_error = None
+            if rt.health != "healthy":
+                rt.fp_pools = {}  # an unhealthy service offers nothing
+        else:
+            rt.health = "unhealthy"
+            rt.fp_pools = {}
+            rt.fp_error = f"fingerprint failed: {res.error}"
+            log.warning("%s: %s", rt.key, rt.fp_error)
+        self._changed(rt)
+        for cb in self.on_capacity:
+            cb(rt.key)
+
+    # --- the decision loop ----------------------------------------------------------------
+
+    def poke(self, rt: ServiceRuntime) -> None:
+        """Ask the state machine what to do now and start doing it."""
+        if rt.timer is not None:
+            rt.timer.cancel()
+            rt.timer = None
+        if rt.busy():
+            return  # the effect in flight pokes again when it is over
+        now = time.time()
+        d = lc.decide(rt.st, now, shutting_down=self.shutting_down)
+        if d.action == "start":
+            rt.task = asyncio.create_task(self._start(rt), name=f"start {rt.key}")
+        elif d.action == "stop":
+            rt.task = asyncio.create_task(self._stop(rt, d.reason or "stop"),
+                                          name=f"stop {rt.key}")
+        elif d.action == "forget":
+            # BACKOFF -> STOPPED: no process to end, the pending restart is dropped.
+            self._transition(rt, lc.Event.FORGET)
+        elif d.wake_at is not None:
+            loop = asyncio.get_running_loop()
+            rt.timer = loop.call_at(loop.time() + max(0.0, d.wake_at - now), self.poke, rt)
+
+    def _after_effect(self, rt: ServiceRuntime) -> None:
+        rt.task = None
+        self.poke(rt)
+
+    def _transition(self, rt: ServiceRuntime, event: lc.Event, **kw: Any) -> None:
+        before = rt.st.state
+        rt.st = lc.apply(rt.st, event, time.time(), **kw)
+        log.info("%s: %s -> %s (%s)%s", rt.key, before.value, rt.st.state.value, event.value,
+                 f": {rt.st.error}" if event is lc.Event.FAILED and rt.st.error else "")
+        if rt.st.state is lc.State.READY:
+            rt.ready_at = time.time()
+            self._resolve_waiters(rt, True)
+        elif rt.st.state is lc.State.WITHDRAWN:
+            self._resolve_waiters(rt, False)
+            for cb in self.on_capacity:
+                cb(rt.key)  # a withdrawn service's pools count 0
+        self._changed(rt)
+
+    def _changed(self, rt: ServiceRuntime) -> None:
+        for cb in list(self.on_change):
+            try:
+                cb(rt.key)
+            except Exception:  # a listener's bug must not break supervision
+                log.exception("on_change listener failed")
+
+    def _resolve_waiters(self, rt: ServiceRuntime, value: bool) -> None:
+        waiters, rt.waiters = rt.waiters, []
+        for f in waiters:
+            if not f.done():
+                f.set_result(value)
+
+    # --- readiness: the broker's ServiceGate and the jobs' wait ---------------------------
+
+    def _hopeless(self, rt: ServiceRuntime | None) -> bool:
+        return (rt is None or self.shutting_down or rt.svc.lifecycle == "manual"
+                or rt.st.state is lc.State.WITHDRAWN)
+
+    async def wait_ready(self, service_key: str) -> bool:
+        """ServiceGate: True once ready; False if not within start_timeout_s, or never."""
+        rt = self.services.get(service_key)
+        if rt is None or self._hopeless(rt):
+            return False
+        if self.is_ready(rt):
+            return True
+        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        rt.waiters.append(fut)
+        try:
+            return await asyncio.wait_for(fut, rt.svc.start_timeout_s)
+        except asyncio.TimeoutError:
+            return False
+        finally:
+            with contextlib.suppress(ValueError):
+                rt.waiters.remove(fut)
+
+    async def await_ready(self, service_key: str) -> bool:
+        """For an admitted job: wait through starts and backoffs; False once withdrawn or the
+        agent is shutting down."""
+        rt = self.services.get(service_key)
+        while True:
+            if rt is None or self._hopeless(rt):
+                return False
+            if self.is_ready(rt):
+                return True
+            fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+            rt.waiters.append(fut)
+            try:
+                if await fut:
+                    continue  # re-check: the channel must still be open
+                return False
+            finally:
+                with contextlib.suppress(ValueError):
+                    rt.waiters.remove(fut)
+
+    # --- effects --------------------------------------------------------------------------
+
+    async def _start(self, rt: ServiceRuntime) -> None:
+        # STOPPED|BACKOFF -> STARTING
+        self._transition(rt, lc.Event.START)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + rt.svc.start_timeout_s
+        ch = None
+        try:
+            env: dict[str, str] = {}
+            pass_fds: tuple[int, ...] = ()
+            if rt.svc.endpoint:
+                assert self.broker is not None
+                ch = self.broker.open_channel(rt.key)
+                rt.channel = ch
+                env["OARBANK_ENDPOINT_CHANNEL"] = f"fd:{ch.child_fd}"
+                pass_fds = (ch.child_fd,)
+            res = await ops.run_op(rt.ctx, self.node, rt.svc.name, "start",
+                                   timeout_s=max(0.1, deadline - loop.time()),
+                                   registry=self.registry, extra_env=env, pass_fds=pass_fds,
+                                   after_spawn=ch.close_child_end if ch else None,
+                                   keep_group=True)
+            rt.pgid = res.pgid
+            if not res.ok:
+                raise StartFailed(res.error or "start failed")
+            await asyncio.wait_for(self._until_ready(rt, ch), max(0.0, deadline - loop.time()))
+        except (StartFailed, asyncio.TimeoutError) as exc:
+            error = str(exc) if isinstance(exc, StartFailed) else (
+                f"not ready within start_timeout_s={rt.svc.start_timeout_s:g}"
+                f" ({'no hello' if ch and not ch.hello.done() else 'ready never true'})")
+            await self._teardown(rt, run_stop=False)
+            # STARTING -> BACKOFF | WITHDRAWN
+            self._transition(rt, lc.Event.FAILED, error=error)
+            self._after_effect(rt)
+            return
+        except asyncio.CancelledError:
+            # Shutdown while starting: the full stop order, then STOPPED.
+            # STARTING -> STOPPING
+            self._transition(rt, lc.Event.STOP, reason="shutdown")
+            await self._teardown(rt, run_stop=True)
+            # STOPPING -> STOPPED
+            self._transition(rt, lc.Event.STOPPED)
+            raise
+        # STARTING -> READY (ready op true, hello, channel open)
+        self._transition(rt, lc.Event.READY)
+        if ch is not None:
+            rt.watch = asyncio.create_task(self._watch(rt, ch), name=f"watch {rt.key}")
+        self._after_effect(rt)
+
+    async def _until_ready(self, rt: ServiceRuntime, ch: Channel | None) -> None:
+        """Poll `ready` (at once, then 50 ms doubling to 1 s) and wait for the hello."""
+        delay = READY_POLL_FIRST_S
+        while True:
+            if ch is not None and ch.closed.done():
+                raise StartFailed(f"the service closed its channel: {ch.closed.result()}")
+            res = await ops.run_op(rt.ctx, self.node, rt.svc.name, "ready",
+                                   timeout_s=ops.OP_TIMEOUTS["ready"], registry=self.registry)
+            if res.ok and res.doc is not None and res.doc.get("ready") is True:
+                break
+            if ch is not None:
+                await asyncio.wait({ch.closed}, timeout=delay)
+            else:
+                await asyncio.sleep(delay)  # the contract's `ready` poll, nothing else
+            delay = min(delay * 2, READY_POLL_MAX_S)
+        if ch is not None:
+            await asyncio.wait({ch.hello, ch.closed}, return_when=asyncio.FIRST_COMPLETED)
+            if ch.closed.done() or not ch.is_open:
+                reason = ch.closed.result() if ch.closed.done() else "closed"
+                raise StartFailed(f"the service closed its channel: {reason}")
+
+    async def _watch(self, rt: ServiceRuntime, ch: Channel) -> None:
+        """A ready endpoint service closing its channel is a service failure."""
+        reason = await ch.closed
+        if rt.channel is not ch or rt.st.state is not lc.State.READY or rt.busy():
+            return  # we are stopping it ourselves
+        rt.task = asyncio.create_task(self._fail_running(rt, reason), name=f"fail {rt.key}")
+
+    async def _fail_running(self, rt: ServiceRuntime, reason: str) -> None:
+        # READY -> BACKOFF | WITHDRAWN (first, so nobody is told it is ready meanwhile)
+        self._transition(rt, lc.Event.FAILED, error=f"the service closed its channel: {reason}")
+        await self._teardown(rt, run_stop=False)
+        await self.fingerprint(rt)
+        self._after_effect(rt)
+
+    async def _stop(self, rt: ServiceRuntime, reason: str) -> None:
+        # READY -> STOPPING
+        self._transition(rt, lc.Event.STOP, reason=reason)
+        await self._teardown(rt, run_stop=True)
+        # STOPPING -> STOPPED
+        self._transition(rt, lc.Event.STOPPED)
+        if not self.shutting_down:
+            await self.fingerprint(rt)  # capacities may differ once it is down
+        self._after_effect(rt)
+
+    async def _teardown(self, rt: ServiceRuntime, *, run_stop: bool) -> None:
+        """Stop order: `stop` op (when asked), close the channel, end the process group."""
+        if rt.watch is not None and rt.watch is not asyncio.current_task():
+            rt.watch.cancel()
+        rt.watch = None
+        if run_stop:
+            res = await ops.run_op(rt.ctx, self.node, rt.svc.name, "stop",
+                                   timeout_s=rt.svc.stop_timeout_s, registry=self.registry)
+            if not res.ok:
+                log.warning("%s: %s", rt.key, res.error)
+        if rt.channel is not None:
+            rt.channel.close()
+            rt.channel = None
+        if rt.pgid is not None:
+            await procs.end_group(rt.pgid, GROUP_GRACE_S)
+            self.registry.remove(rt.pgid)
+            rt.pgid = None
+
+    # --- shutdown -------------------------------------------------------------------------
+
+    async def shutdown(self) -> None:
+        """Stop every service in contract stop order; forget pending restarts."""
+        self.shutting_down = True
+        for rt in self.services.values():
+            if rt.timer is not None:
+                rt.timer.cancel()
+                rt.timer = None
+            self._resolve_waiters(rt, False)
+        starting = [rt.task for rt in self.services.values()
+                    if rt.busy() and rt.st.state is lc.State.STARTING]
+        for t in starting:
+            assert t is not None
+            t.cancel()
+        pending = [rt.task for rt in self.services.values() if rt.busy()]
+        await asyncio.gather(*[t for t in pending if t is not None], return_exceptions=True)
+        for rt in self.services.values():
+            rt.task = None
+            self.poke(rt)  # READY -> stop, BACKOFF -> forget
+        pending = [rt.task for rt in self.services.values() if rt.busy()]
+        await asyncio.gather(*[t for t in pending if t is not None], return_exceptions=True)
