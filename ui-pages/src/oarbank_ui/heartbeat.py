@@ -1,0 +1,148 @@
+"""Heartbeat validation: what a node may post to ``/v1/heartbeat`` (contract section 6).
+
+Pure: ``parse_heartbeat`` takes the decoded JSON document and returns a ``Heartbeat`` or raises
+``HeartbeatError`` whose message names the first offending field (the portal answers 400 with it
+and changes nothing). Keys this portal does not know are accepted and kept in ``raw`` (a newer
+agent may report more), never acted upon.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Heartbeat", "HeartbeatError", "ServiceRow", "parse_heartbeat"]
+
+LIFECYCLES = ("on_demand", "always", "manual")
+MAX_SERVICES = 2000  # rows per heartbeat; far above any real node, bounds the work per post
+MAX_TEXT = 4096  # characters in any string field (an error message is the longest one)
+_SERVICE_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+_BOOL_FIELDS = ("running", "ready", "accepting", "disabled", "withdrawn", "gpu_api_missing",
+                "endpoint")
+
+
+class HeartbeatError(ValueError):
+    """A malformed heartbeat; ``str()`` is the reason sent back with the 400."""
+
+
+@dataclass(frozen=True)
+class ServiceRow:
+    module: str
+    service: str
+    health: str | None
+    running: bool
+    ready: bool
+    accepting: bool
+    error: str | None
+    held: str | None
+    disabled: bool
+    withdrawn: bool
+    gpu_api_missing: bool
+    lifecycle: str
+    users: int
+    endpoint: bool
+    raw: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    node_id: str
+    hostname: str
+    time: float
+    services: tuple[ServiceRow, ...]
+
+
+def _text(value: Any, where: str, *, nullable: bool = False, empty_ok: bool = False) -> str | None:
+    if value is None and nullable:
+        return None
+    if not isinstance(value, str):
+        want = "a string or null" if nullable else "a string"
+        raise HeartbeatError(f"{where}: must be {want}, got {_kind(value)}")
+    if not value and not empty_ok:
+        raise HeartbeatError(f"{where}: must not be empty")
+    if len(value) > MAX_TEXT:
+        raise HeartbeatError(f"{where}: longer than {MAX_TEXT} characters")
+    return value
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
+def _row(value: Any, where: str) -> ServiceRow:
+    if not isinstance(value, dict):
+        raise HeartbeatError(f"{where}: must be an object, got {_kind(value)}")
+    for key in ("module", "service", "lifecycle", "users", *_BOOL_FIELDS):
+        if key not in value:
+            raise HeartbeatError(f"{where}.{key}: missing")
+    module = _text(value["module"], f"{where}.module")
+    service = _text(value["service"], f"{where}.service")
+    assert module is not None and service is not None
+    if not _SERVICE_NAME.match(service):
+        raise HeartbeatError(f"{where}.service: {service!r} is not a service name "
+                             "(^[a-z][a-z0-9_]*$)")
+    flags: dict[str, bool] = {}
+    for key in _BOOL_FIELDS:
+        if not isinstance(value[key], bool):
+            raise HeartbeatError(f"{where}.{key}: must be true or false, got {_kind(value[key])}")
+        flags[key] = value[key]
+    lifecycle = value["lifecycle"]
+    if lifecycle not in LIFECYCLES:
+        raise HeartbeatError(f"{where}.lifecycle: must be one of {', '.join(LIFECYCLES)}, "
+                             f"got {lifecycle!r}")
+    users = value["users"]
+    if isinstance(users, bool) or not isinstance(users, int) or users < 0:
+        raise HeartbeatError(f"{where}.users: must be a whole number >= 0, got {users!r}")
+    return ServiceRow(
+        module=module,
+        service=service,
+        health=_text(value.get("health"), f"{where}.health", nullable=True),
+        error=_text(value.get("error"), f"{where}.error", nullable=True, empty_ok=True),
+        held=_text(value.get("held"), f"{where}.held", nullable=True),
+        lifecycle=lifecycle,
+        users=users,
+        raw=dict(value),
+        **flags,
+    )
+
+
+def parse_heartbeat(doc: Any) -> Heartbeat:
+    """Validate a decoded heartbeat; raises ``HeartbeatError`` naming what is wrong."""
+    if not isinstance(doc, dict):
+        raise HeartbeatError(f"heartbeat: must be a JSON object, got {_kind(doc)}")
+    for key in ("node_id", "hostname", "time", "services"):
+        if key not in doc:
+            raise HeartbeatError(f"{key}: missing")
+    node_id = _text(doc["node_id"], "node_id")
+    hostname = _text(doc["hostname"], "hostname")
+    assert node_id is not None and hostname is not None
+    t = doc["time"]
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+        raise HeartbeatError(f"time: must be unix seconds (a number >= 0), got {t!r}")
+    services = doc["services"]
+    if not isinstance(services, list):
+        raise HeartbeatError(f"services: must be a list, got {_kind(services)}")
+    if len(services) > MAX_SERVICES:
+        raise HeartbeatError(f"services: {len(services)} rows, at most {MAX_SERVICES}")
+    rows = tuple(_row(v, f"services[{i}]") for i, v in enumerate(services))
+    seen: set[tuple[str, str]] = set()
+    for i, row in enumerate(rows):
+        key = (row.module, row.service)
+        if key in seen:
+            raise HeartbeatError(f"services[{i}]: {row.module}/{row.service} reported twice")
+        seen.add(key)
+    return Heartbeat(node_id=node_id, hostname=hostname, time=float(t), services=rows)

@@ -1,0 +1,113 @@
+"""``oarbank-portal preview``: a module's pages drawn from its fixtures, before any node exists.
+
+Queries are answered from ``fixtures/ui/queries/<query>.json`` (a JSON list of rows, the same
+shape ``GET /v1/queries/<query>`` returns, so a fixture can be captured from a live portal);
+params filter rows by equality on the keys rows have. The result is static HTML in ``--out``:
+``index.html``, ``page-<id>.html``, ``panel-<id>.html`` and ``static/``; open it in a browser.
+Panels show the node given with ``--node`` (default: the first ``node_id`` in the fixtures).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import sys
+import time
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from oarbank_sdk.manifest import load
+
+from .html import Templates, clock_text
+from .modules import PageFileError, PortalModule
+from .render import RenderContext, build_view
+from .services_query import MAX_ROWS, QueryError
+
+__all__ = ["fixture_fetch", "write_preview"]
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def fixture_fetch(bundle: Path):  # type: ignore[no-untyped-def]
+    """A query runner over ``<bundle>/fixtures/ui/queries/<query>.json``."""
+
+    def fetch(query: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+        if not re.fullmatch(r"[a-z][a-z0-9_]*", query):
+            raise QueryError(f"bad query name {query!r}")
+        rel = f"fixtures/ui/queries/{query}.json"
+        try:
+            rows = json.loads((bundle / rel).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise QueryError(f"no fixture {rel}")
+        except (OSError, ValueError) as e:
+            raise QueryError(f"{rel}: {e}")
+        if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+            raise QueryError(f"{rel}: expected a JSON list of row objects")
+        for k, v in params.items():
+            rows = [r for r in rows if k not in r or r[k] == v]
+        return rows[:MAX_ROWS]
+
+    return fetch
+
+
+def _first_node(bundle: Path) -> str | None:
+    for f in sorted((bundle / "fixtures" / "ui" / "queries").glob("*.json")):
+        try:
+            rows = json.loads(f.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        for r in rows if isinstance(rows, list) else []:
+            if isinstance(r, dict) and isinstance(r.get("node_id"), str):
+                return str(r["node_id"])
+    return None
+
+
+def write_preview(module_dir: Path, out: Path, *, node: str | None = None) -> list[Path]:
+    """Write the preview; returns the files written. Raises ``ManifestError``."""
+    mod = PortalModule(load(module_dir))
+    bundle = mod.manifest.bundle
+    node = node or _first_node(bundle) or "preview-node"
+    templates = Templates(static="static", home="index.html")
+    out.mkdir(parents=True, exist_ok=True)
+    static = out / "static"
+    static.mkdir(exist_ok=True)
+    for name in ("portal.css",):
+        (static / name).write_bytes(resources.files("oarbank_ui").joinpath("static", name)
+                                    .read_bytes())
+    written: list[Path] = []
+    links = []
+    now = time.time()
+    for kind, entries in (("page", mod.manifest.pages), ("panel", mod.manifest.panels)):
+        for entry in entries:
+            target = out / f"{kind}-{_UNSAFE.sub('_', entry.id)}.html"
+            try:
+                doc, problems = mod.read(kind, entry)
+            except PageFileError as e:
+                print(f"oarbank-portal: {e}", file=sys.stderr)
+                html = templates.render("error.html", title=entry.title, message=str(e))
+            else:
+                for p in problems:
+                    print(f"oarbank-portal: warning: {p}", file=sys.stderr)
+                view = build_view(doc, RenderContext(fetch=fixture_fetch(bundle),
+                                                     node=node if kind == "panel" else None,
+                                                     now=now))
+                subtitle = f"preview of {mod.id} {mod.manifest.version} from fixtures"
+                if kind == "panel":
+                    subtitle += f" · node {node}"
+                html = templates.render(
+                    "page.html", title=view["title"] or entry.title, subtitle=subtitle,
+                    view=view, kind=kind, problems=[str(p) for p in problems], refresh_url=None,
+                    refresh_ms=0, rendered_at=clock_text(now), crumbs=[mod.short_name])
+            target.write_text(html, encoding="utf-8")
+            written.append(target)
+            links.append({"title": f"{kind}: {entry.title}", "href": target.name})
+    index = templates.render("index.html", title=f"Preview of {mod.id}", nodes=[],
+                             modules=[{"id": mod.id, "version": mod.manifest.version,
+                                       "description": mod.manifest.description,
+                                       "pages": links}])
+    (out / "index.html").write_text(index, encoding="utf-8")
+    written.insert(0, out / "index.html")
+    shutil.rmtree(out / "static" / "__pycache__", ignore_errors=True)
+    return written
