@@ -235,6 +235,12 @@ CASES = [
      edit("service_protocol = [1]", 'service_protocol = [1]\nui_contract = ">=1.2"')
      + '[ui]\npages = [{ id = "o", file = "o.json", icon = "x" }]\n',
      "ui.pages[0].icon", "unknown key"),
+    ("ui-pages-not-array",
+     edit("service_protocol = [1]", 'service_protocol = [1]\nui_contract = ">=1.2"')
+     + '[ui]\npages = "overview.json"\n',
+     "ui.pages", "expected an array of tables"),
+    ("stage-after-wrong-type", edit(STAGE_POOLS, STAGE_POOLS + "\nafter = [1]"),
+     "stages[0].after[0]", "expected a string"),
     ("unknown-key-ui", BASE + "[ui]\nwidgets = []\n", "ui.widgets", "unknown key"),
     ("unknown-key-devices", BASE + '[sandbox]\ndevices = { camera = "on" }\n',
      "sandbox.devices.camera", "unknown key"),

@@ -206,17 +206,21 @@ def _sandbox(r: Reader, sandbox: dict[str, Any]) -> bool:
     return gpu == "compute"
 
 
-def _array_of_tables(r: Reader, doc: dict[str, Any], key: str) -> list[tuple[str, dict]]:
-    value = doc.get(key, MISSING)
+def _array_of_tables(
+    r: Reader, table: dict[str, Any], key: str, prefix: str = ""
+) -> list[tuple[str, dict]]:
+    path = join(prefix, key)
+    value = table.get(key, MISSING)
     if value is MISSING:
         return []
     if not isinstance(value, list):
-        r.add(key, f"expected an array of tables ([[{key}]]), got {_d(value)}")
+        shown = f"[[{path}]]" if not prefix else "a list of tables"
+        r.add(path, f"expected an array of tables ({shown}), got {_d(value)}")
         return []
     out = []
     for i, item in enumerate(value):
-        if r.table(item, join(key, i)) is not None:
-            out.append((join(key, i), item))
+        if r.table(item, join(path, i)) is not None:
+            out.append((join(path, i), item))
     return out
 
 
@@ -309,7 +313,9 @@ def _stages(r: Reader, doc: dict[str, Any]) -> list[tuple[Stage, str]]:
             r.known_keys(rt, join(p, "retry"), RETRY_KEYS, "retry")
             max_attempts = r.positive_int(rt.get("max_attempts", MISSING),
                                           join(p, "retry.max_attempts"), 3)
-        r.string_list(t.get("after", MISSING), join(p, "after"))
+        after = t.get("after", MISSING)
+        if not isinstance(after, str):  # one stage name or a list of them
+            r.string_list(after, join(p, "after"))
         pools: dict[str, int] = {}
         needs: tuple[str, ...] = ()
         caps: tuple[str, ...] = ()
@@ -347,8 +353,7 @@ def _ui(r: Reader, doc: dict[str, Any]) -> tuple[tuple[UiEntry, ...], tuple[UiEn
     for kind in UI_KEYS:
         entries = []
         seen: dict[str, str] = {}
-        for p, t in _array_of_tables(r, ui, kind) if kind in ui else []:
-            p = "ui." + p
+        for p, t in _array_of_tables(r, ui, kind, prefix="ui"):
             r.known_keys(t, p, UI_ENTRY_KEYS, f"a [ui] {kind} entry")
             eid = r.string(r.get(t, "id", p, required=True), join(p, "id"), "", nonempty=True)
             file = r.string(r.get(t, "file", p, required=True), join(p, "file"), "",

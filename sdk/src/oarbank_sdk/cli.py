@@ -59,8 +59,14 @@ def _add_check(sub: argparse._SubParsersAction) -> None:
 
 def _cmd_conform(args: argparse.Namespace) -> int:
     # Imported lazily: the kit pulls in process and sandbox code that `check` does not need.
-    from .conform import run
-
+    try:
+        from .conform import run
+    except ModuleNotFoundError as e:
+        if e.name != f"{__package__}.conform":
+            raise
+        print("oarbank-sdk conform: the conformance kit is not in this installation",
+              file=sys.stderr)
+        return 2
     return int(run(args.module_dir, json_output=args.json))
 
 
