@@ -455,6 +455,44 @@ def test_service_unavailable_and_connects_wait_while_a_service_starts():
     run(scenario)
 
 
+def test_connects_queued_behind_a_starting_service_stay_bounded():
+    async def scenario():
+        gate = Gate(m__s=None)
+        broker = Broker(gate)
+        job = job_peer(broker, "a", "m/s")
+
+        def pipeline(n: int) -> None:
+            job.send(_wire.encode({"op": "connect", "pid": 1}) * n)
+
+        # 1,000 connects while the service starts: the broker queues at most 64 and leaves the
+        # rest unread in the socket (back-pressure), instead of growing its own memory.
+        writer = asyncio.create_task(asyncio.to_thread(pipeline, 1000))
+        await asyncio.sleep(0.3)
+        assert broker.stats()["queued_connects"] <= 64
+        _ch, svc = await ready_service(broker, "m/s")
+        gate.set("m/s", True)
+        await writer
+
+        def read_all() -> list[dict]:
+            replies = []
+            for _ in range(1000):
+                msg, fds = job.read()
+                for fd in fds:
+                    os.close(fd)
+                replies.append(msg)
+            return replies
+
+        replies = await asyncio.to_thread(read_all)
+        assert all(r["ok"] for r in replies[:64])
+        assert {r.get("error") for r in replies[64:]} <= {"rate_limited", None}
+        assert sum(1 for r in replies if r["ok"]) < 100
+        await broker.aclose()
+        job.close()
+        svc.close()
+
+    run(scenario)
+
+
 def test_gate_answering_false_after_a_wait_refuses():
     async def scenario():
         gate = Gate(m__s=None)
