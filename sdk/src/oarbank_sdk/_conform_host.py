@@ -152,6 +152,12 @@ def _last_json(text: str) -> dict | None:
     return None
 
 
+def _output_file(prefix: Path | None, suffix: str):
+    if prefix is None:
+        return tempfile.TemporaryFile()
+    return open(f"{prefix}{suffix}", "w+b")  # noqa: SIM115 (returned as a context manager)
+
+
 def run_op(
     argv: list[str],
     op: str,
@@ -160,11 +166,13 @@ def run_op(
     timeout_s: float,
     pass_fds: tuple[int, ...] = (),
     kill_group_on_timeout: bool = True,
+    output_prefix: Path | None = None,
 ) -> OpResult:
     """Run ``argv + [op]`` in a new process group; wait for the op itself (not for what it
     leaves running). stdout/stderr go to files, not pipes: a daemon that inherits them must
-    not keep us waiting for an end of file."""
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+    not keep us waiting for an end of file. With ``output_prefix`` the files are kept as
+    ``<prefix>.out`` / ``<prefix>.err`` (what a daemon writes there later can be read too)."""
+    with _output_file(output_prefix, ".out") as out, _output_file(output_prefix, ".err") as err:
         t0 = time.monotonic()
         proc = subprocess.Popen(
             [*argv, op],
