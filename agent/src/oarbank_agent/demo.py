@@ -57,6 +57,7 @@ class AgentProcess:
             argv += ["--settings", f"{name}={path}"]
         self.state_dir = state_dir
         self.log_path = log_path or state_dir.parent / "agent.log"
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")  # noqa: SIM115 (closed in stop())
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=self._log,
                                      stdin=subprocess.DEVNULL, start_new_session=True)

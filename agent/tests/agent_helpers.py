@@ -1,0 +1,177 @@
+"""Helpers for the agent tests: real agents (``oarbank-agent run`` subprocesses) on tmp state
+dirs, test modules written into tmp dirs, leftover-process detection."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from oarbank_agent import control
+from oarbank_agent.demo import AgentProcess
+
+MODFILES = Path(__file__).parent / "modfiles"
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "modelserver"
+
+
+# --- leftovers ----------------------------------------------------------------------------------
+
+
+def processes_referencing(path: Path) -> list[str]:
+    """Live processes whose command line, cwd or environment mentions ``path``."""
+    needle = str(path)
+    found = []
+    me = os.getpid()
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    continue
+            cmd = Path(f"/proc/{name}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            env = Path(f"/proc/{name}/environ").read_bytes().decode(errors="replace")
+            cwd = os.readlink(f"/proc/{name}/cwd")
+        except OSError:
+            continue
+        if needle in cmd or needle in env or cwd.startswith(needle):
+            found.append(f"{name}: {cmd.strip()[:200]}")
+    return found
+
+
+# --- modules ------------------------------------------------------------------------------------
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items()) + " }"
+    raise TypeError(v)
+
+
+def write_module(root: Path, *, module_id: str = "test.agent.echo",
+                 service: dict[str, Any] | None = None, stages: list[dict[str, Any]] | None = None,
+                 runner: dict[str, Any] | None = None, with_service: bool = True,
+                 extra: str = "") -> Path:
+    """A module using tests/modfiles/echo_service.py and echo_runner.py. ``service`` overrides
+    keys of the one `echo` service; ``stages`` replaces the default stages."""
+    root.mkdir(parents=True, exist_ok=True)
+    for f in ("echo_service.py", "echo_runner.py"):
+        shutil.copy(MODFILES / f, root / f)
+    svc = {"name": "echo", "exec": ["python", "-I", "{bundle}/echo_service.py"],
+           "lifecycle": "on_demand", "idle_timeout_s": 30, "start_timeout_s": 10,
+           "stop_timeout_s": 10, "endpoint": True, "provides": {"pools": ["echo"]}}
+    svc.update(service or {})
+    if stages is None:
+        stages = [{"name": "echo", "timeout_s": 60, "requires": {"pools": {"echo": 1}}},
+                  {"name": "plain", "timeout_s": 60}]
+    run = {"exec": ["python", "-I", "{bundle}/echo_runner.py"], "stop_grace_s": 2}
+    run.update(runner or {})
+    lines = ["manifest = 1", "", "[module]", f"id = {_toml_value(module_id)}",
+             'version = "0.0.1"', 'description = "agent test module"', "", "[requires]",
+             'core = ">=2.5,<3"', "runner_protocol = [1]"]
+    if with_service:
+        lines.append("service_protocol = [1]")
+    lines += ["", "[runner]"] + [f"{k} = {_toml_value(v)}" for k, v in run.items()]
+    for st in stages:
+        lines += ["", "[[stages]]"] + [f"{k} = {_toml_value(v)}" for k, v in st.items()]
+    if with_service:
+        lines += ["", "[[services]]"] + [f"{k} = {_toml_value(v)}" for k, v in svc.items()]
+    (root / "oarbank-module.toml").write_text("\n".join(lines) + "\n" + extra)
+    return root
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+# --- agents -------------------------------------------------------------------------------------
+
+
+class RunningAgent:
+    def __init__(self, root: Path, modules: list[Path], settings: dict[str, Any]) -> None:
+        self.root = root
+        self.state_dir = root / "state"
+        paths = {}
+        for name, value in settings.items():
+            p = root / f"settings-{name}.json"
+            p.write_text(json.dumps(value))
+            paths[name] = p
+        self.proc = AgentProcess(self.state_dir, modules, paths, node_id="test-node",
+                                 log_path=root / "agent.log", ready_timeout=60)
+        self.stopped = False
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def log(self) -> str:
+        return (self.root / "agent.log").read_text(errors="replace")
+
+    def module_data(self, module_id: str = "test.agent.echo") -> Path:
+        return self.state_dir / "modules" / module_id / "data"
+
+    def cli(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "oarbank_agent", *args], capture_output=True,
+                              text=True, timeout=timeout)
+
+    def submit(self, stage: str, payload: dict[str, Any], module: str = "echo") -> str:
+        reply = control.request(self.state_dir, {"op": "submit", "module": module,
+                                                 "stage": stage, "payload": payload})
+        assert reply["ok"], reply
+        return reply["job_id"]
+
+    def wait(self, job_id: str, timeout: float = 120) -> dict[str, Any]:
+        reply = control.request(self.state_dir, {"op": "wait", "job_id": job_id,
+                                                 "timeout": timeout}, timeout=timeout + 10)
+        assert reply["ok"], reply
+        return reply["job"]
+
+    def run_job(self, stage: str, payload: dict[str, Any], module: str = "echo") -> dict[str, Any]:
+        return self.wait(self.submit(stage, payload, module))
+
+    def status(self) -> dict[str, Any]:
+        return control.request(self.state_dir, {"op": "status"})["status"]
+
+    def service_row(self, service: str = "echo") -> dict[str, Any]:
+        return next(r for r in self.status()["services"] if r["service"] == service)
+
+    def wait_for(self, pred: Callable[[], bool], timeout: float = 30, what: str = "") -> None:
+        """Tests only: poll an observable condition of the running agent with a deadline."""
+        deadline = time.monotonic() + timeout
+        while not pred():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what or pred}")
+            time.sleep(0.05)
+
+    def fd_count(self) -> int:
+        return len(os.listdir(f"/proc/{self.pid}/fd"))
+
+    def stop(self) -> None:
+        if self.stopped:
+            return
+        self.stopped = True
+        rc = self.proc.stop()
+        assert rc == 0, f"agent exited with {rc}:\n{self.log()[-3000:]}"
+        left = processes_referencing(self.root)
+        assert not left, "left behind by the agent:\n" + "\n".join(left)
+        records = list((self.state_dir / "procs").glob("*.json"))
+        assert not records, f"process-group records not cleared: {records}"
+
+
