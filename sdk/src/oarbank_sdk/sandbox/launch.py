@@ -1,0 +1,87 @@
+"""The sandbox launcher: ``python -I -m oarbank_sdk.sandbox.launch [--net none] -- ARGV...``.
+
+Confines itself, verifies the confinement, then execs ARGV (same pid; the filter and
+no_new_privs are inherited by ARGV and every process it starts). It never runs ARGV
+unconfined:
+
+- exit 70 (``EXIT_SETUP_FAILED``): bad arguments, or confinement could not be set up or
+  verified; ARGV never ran. One line on stderr says why.
+- exit 71 (``EXIT_EXEC_FAILED``): confined, but ARGV could not be exec'd (not found, not
+  executable). One line on stderr says why.
+- anything else is ARGV's own exit status.
+
+Linux: see ``_linux``. macOS: execs ``sandbox-exec -p PROFILE ARGV...`` with the profile of
+``_seatbelt`` (writable: the working folder and $TMPDIR). Other platforms: exit 70.
+
+Test hook: ``OARBANK_SANDBOX_FAULT`` (see ``_policy.FAULT_ENV``) forces a setup failure.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from . import _policy
+
+__all__ = ["main"]
+
+_NAME = "oarbank-sandbox"
+
+
+def _fail(code: int, message: str) -> int:
+    # One line, whatever the message holds, so the agent can show it as a reason.
+    sys.stderr.write(f"{_NAME}: {' '.join(message.split())}\n")
+    sys.stderr.flush()
+    return code
+
+
+def main(args: list[str] | None = None) -> int:
+    try:
+        request = _policy.parse_launch_args(sys.argv[1:] if args is None else args)
+    except _policy.UsageError as exc:
+        return _fail(_policy.EXIT_SETUP_FAILED, f"setup failed: {exc}")
+    argv = list(request.argv)
+    fault = os.environ.get(_policy.FAULT_ENV) or None
+
+    if sys.platform.startswith("linux"):
+        from ._linux import SetupError, confine
+
+        try:
+            confine(request.net, fault)
+        except SetupError as exc:
+            return _fail(
+                _policy.EXIT_SETUP_FAILED, f"setup failed: {exc}; refusing to run {argv[0]!r} unconfined"
+            )
+        except Exception as exc:  # a bug or a broken binding is a setup failure too: fail closed
+            return _fail(
+                _policy.EXIT_SETUP_FAILED,
+                f"setup failed: unexpected {type(exc).__name__}: {exc}; "
+                f"refusing to run {argv[0]!r} unconfined",
+            )
+    elif sys.platform == "darwin":
+        from . import _seatbelt
+
+        if fault is not None or not os.access(_seatbelt.SANDBOX_EXEC, os.X_OK):
+            why = f"forced by {_policy.FAULT_ENV}" if fault else f"{_seatbelt.SANDBOX_EXEC} not found"
+            return _fail(
+                _policy.EXIT_SETUP_FAILED, f"setup failed: {why}; refusing to run {argv[0]!r} unconfined"
+            )
+        writable = [os.getcwd()] + ([os.environ["TMPDIR"]] if os.environ.get("TMPDIR") else [])
+        # sandbox-exec itself refuses to run ARGV when the profile does not compile.
+        argv = _seatbelt.command(argv, writable=[os.path.realpath(p) for p in writable])
+    else:
+        return _fail(
+            _policy.EXIT_SETUP_FAILED,
+            f"setup failed: no sandbox on platform {sys.platform}; refusing to run {argv[0]!r} unconfined",
+        )
+
+    sys.stdout.flush()
+    try:
+        os.execvp(argv[0], argv)
+    except OSError as exc:
+        return _fail(_policy.EXIT_EXEC_FAILED, f"exec failed: {argv[0]!r}: {exc.strerror or exc}")
+    return _policy.EXIT_EXEC_FAILED  # not reached: execvp returns only by raising
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,411 @@
+"""The sandbox launcher, for real: real launcher, real children and grandchildren, real sockets.
+
+Every escape attempt runs inside ``wrap([...])`` and must fail with EPERM/EACCES at the named
+operation; the same script run WITHOUT the sandbox must get through (or fail differently), so
+each assertion is one that could fail.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from oarbank_sdk import sandbox
+from oarbank_sdk.sandbox import _policy
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux sandbox")
+
+REFUSED = (errno.EPERM, errno.EACCES)
+TIMEOUT_S = 60
+
+# Runs inside the sandbox (and, as a control, outside it). Prints one JSON object: for each
+# scenario the operation that failed and its errno ({"op": null} = everything succeeded), plus
+# what /proc says about this process; with "grandchild" set it also runs itself as a child.
+ATTEMPTS = textwrap.dedent(
+    r"""
+    import ctypes, errno, json, os, socket, subprocess, sys
+
+    cfg = json.loads(sys.argv[1])
+
+    class Refused(Exception):
+        pass
+
+    def step(op, fn, *args):
+        try:
+            return fn(*args)
+        except OSError as exc:
+            raise Refused(op, exc.errno)
+
+    def held(name):
+        return socket.socket(fileno=os.dup(cfg[name]))
+
+    def tcp_listen_127():
+        s = step("socket", socket.socket, socket.AF_INET, socket.SOCK_STREAM)
+        step("bind", s.bind, ("127.0.0.1", 0))
+        step("listen", s.listen, 1)
+
+    def udp_bind_127():
+        s = step("socket", socket.socket, socket.AF_INET, socket.SOCK_DGRAM)
+        step("bind", s.bind, ("127.0.0.1", 0))
+
+    def unix_path_listen():
+        s = step("socket", socket.socket, socket.AF_UNIX, socket.SOCK_STREAM)
+        step("bind", s.bind, cfg["listen_path"])
+        step("listen", s.listen, 1)
+
+    def unix_abstract_listen():
+        s = step("socket", socket.socket, socket.AF_UNIX, socket.SOCK_STREAM)
+        step("bind", s.bind, "\0" + cfg["abstract_name"])
+        step("listen", s.listen, 1)
+
+    def connect_127():
+        s = step("socket", socket.socket, socket.AF_INET, socket.SOCK_STREAM)
+        step("connect", s.connect, ("127.0.0.1", cfg["tcp_port"]))
+
+    def connect_v6_loopback():
+        s = step("socket", socket.socket, socket.AF_INET6, socket.SOCK_STREAM)
+        step("connect", s.connect, ("::1", cfg["tcp6_port"]))
+
+    def connect_unix_outside():
+        s = step("socket", socket.socket, socket.AF_UNIX, socket.SOCK_STREAM)
+        step("connect", s.connect, cfg["outside_path"])
+
+    def socket_packet():
+        step("socket", socket.socket, socket.AF_PACKET, socket.SOCK_RAW)
+
+    def socket_netlink():
+        step("socket", socket.socket, socket.AF_NETLINK, socket.SOCK_RAW)
+
+    # Sockets created OUTSIDE and passed in: the filter must still refuse naming them,
+    # listening on them, or connecting them.
+    def held_inet_bind():
+        step("bind", held("held_inet").bind, ("127.0.0.1", 0))
+
+    def held_unix_listen():
+        step("listen", held("held_unix_a").listen, 1)
+
+    def held_unix_bind_abstract():
+        step("bind", held("held_unix_a").bind, "\0" + cfg["abstract_name"] + "-held")
+
+    def held_unix_connect_outside():
+        step("connect", held("held_unix_b").connect, cfg["outside_path"])
+
+    def socketpair_listen():
+        a, b = socket.socketpair()
+        step("listen", a.listen, 1)
+
+    def io_uring():
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.syscall.restype = ctypes.c_long
+        fd = libc.syscall(ctypes.c_long(425), ctypes.c_uint(1), ctypes.c_void_p(None))
+        if fd < 0:
+            raise Refused("io_uring_setup", ctypes.get_errno())
+        os.close(fd)
+
+    results = {}
+    for fn in (tcp_listen_127, udp_bind_127, unix_path_listen, unix_abstract_listen, connect_127,
+               connect_v6_loopback, connect_unix_outside, socket_packet, socket_netlink,
+               held_inet_bind, held_unix_listen, held_unix_bind_abstract,
+               held_unix_connect_outside, socketpair_listen, io_uring):
+        try:
+            fn()
+        except Refused as r:
+            results[fn.__name__] = {"op": r.args[0], "errno": r.args[1]}
+        else:
+            results[fn.__name__] = {"op": None, "errno": None}
+
+    a, b = socket.socketpair()
+    a.sendall(b"ping")
+    b.sendall(b"pong")
+    socketpair_ok = b.recv(4) == b"ping" and a.recv(4) == b"pong"
+
+    status = {}
+    for line in open("/proc/self/status"):
+        key, _, value = line.partition(":")
+        status[key] = value.strip()
+    out = {
+        "pid": os.getpid(),
+        "results": results,
+        "socketpair": socketpair_ok,
+        "NoNewPrivs": status["NoNewPrivs"],
+        "Seccomp": status["Seccomp"],
+        "netns": os.readlink("/proc/self/ns/net"),
+    }
+    if cfg.get("grandchild"):
+        sub = dict(cfg, grandchild=False)
+        fds = (cfg["held_inet"], cfg["held_unix_a"], cfg["held_unix_b"])
+        done = subprocess.run([sys.executable, "-I", __file__, json.dumps(sub)], pass_fds=fds,
+                              capture_output=True, text=True, timeout=60)
+        out["grandchild"] = json.loads(done.stdout) if done.returncode == 0 else done.stderr
+    print(json.dumps(out))
+    """
+)
+
+# scenario -> the operation the sandbox must refuse
+EXPECTED_REFUSAL = {
+    "tcp_listen_127": "socket",
+    "udp_bind_127": "socket",
+    "unix_path_listen": "socket",
+    "unix_abstract_listen": "socket",
+    "connect_127": "socket",
+    "connect_v6_loopback": "socket",
+    "connect_unix_outside": "socket",
+    "socket_packet": "socket",
+    "socket_netlink": "socket",
+    "held_inet_bind": "bind",
+    "held_unix_listen": "listen",
+    "held_unix_bind_abstract": "bind",
+    "held_unix_connect_outside": "connect",
+    "socketpair_listen": "listen",
+    "io_uring": "io_uring_setup",
+}
+
+
+def _run(argv: list[str], **kwargs) -> subprocess.CompletedProcess:
+    """Run in its own process group and make sure nothing of it outlives the call."""
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, **kwargs
+    )
+    try:
+        out, err = proc.communicate(timeout=TIMEOUT_S)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+@pytest.fixture
+def targets(tmp_path: Path):
+    """Real things to reach from inside: loopback TCP listeners (v4 and v6) and a unix socket
+    listening in a tmp folder, plus unbound sockets to pass in."""
+    opened: list[socket.socket] = []
+
+    def keep(s: socket.socket) -> socket.socket:
+        opened.append(s)
+        return s
+
+    tcp = keep(socket.create_server(("127.0.0.1", 0)))
+    tcp6 = keep(socket.create_server(("::1", 0), family=socket.AF_INET6))
+    outside_path = str(tmp_path / "outside.sock")
+    unix = keep(socket.socket(socket.AF_UNIX))
+    unix.bind(outside_path)
+    unix.listen(4)
+    held_inet = keep(socket.socket(socket.AF_INET))
+    held_unix_a = keep(socket.socket(socket.AF_UNIX))
+    held_unix_b = keep(socket.socket(socket.AF_UNIX))
+    for s in (held_inet, held_unix_a, held_unix_b):
+        s.set_inheritable(True)
+    cfg = {
+        "tcp_port": tcp.getsockname()[1],
+        "tcp6_port": tcp6.getsockname()[1],
+        "outside_path": outside_path,
+        "listen_path": str(tmp_path / "inside.sock"),
+        "abstract_name": f"oarbank-test-{os.getpid()}-{tmp_path.name}",
+        "held_inet": held_inet.fileno(),
+        "held_unix_a": held_unix_a.fileno(),
+        "held_unix_b": held_unix_b.fileno(),
+        "grandchild": True,
+    }
+    script = tmp_path / "attempts.py"
+    script.write_text(ATTEMPTS)
+    try:
+        yield cfg, script, {"tcp": tcp, "tcp6": tcp6, "unix": unix}
+    finally:
+        for s in opened:
+            s.close()
+
+
+def _attempt(cfg: dict, script: Path, confined: bool) -> dict:
+    argv = [sys.executable, "-I", str(script), json.dumps(cfg)]
+    fds = (cfg["held_inet"], cfg["held_unix_a"], cfg["held_unix_b"])
+    done = _run(sandbox.wrap(argv) if confined else argv, pass_fds=fds)
+    assert done.returncode == 0, f"attempt script failed: rc={done.returncode} {done.stderr}"
+    return json.loads(done.stdout)
+
+
+def _assert_refused(report: dict, who: str) -> None:
+    assert report["NoNewPrivs"] == "1", f"{who}: no_new_privs not set"
+    assert report["Seccomp"] == "2", f"{who}: no seccomp filter"
+    for scenario, op in EXPECTED_REFUSAL.items():
+        got = report["results"][scenario]
+        assert got["op"] is not None, f"{who}: {scenario} was NOT refused: every step succeeded"
+        assert got["op"] == op, f"{who}: {scenario}: expected {op}() refused, but {got['op']}() failed"
+        assert got["errno"] in REFUSED, (
+            f"{who}: {scenario}: {op}() failed with {errno.errorcode.get(got['errno'])}, not EPERM/EACCES"
+        )
+    assert report["socketpair"], f"{who}: socketpair() must keep working"
+
+
+def test_every_escape_is_refused_in_child_and_grandchild(targets) -> None:
+    cfg, script, servers = targets
+    report = _attempt(cfg, script, confined=True)
+    _assert_refused(report, "child")
+    grandchild = report["grandchild"]
+    assert isinstance(grandchild, dict), f"grandchild did not report: {grandchild}"
+    _assert_refused(grandchild, "grandchild")
+    assert grandchild["pid"] != report["pid"]
+    # Own network namespace (root can unshare here), inherited by the grandchild.
+    assert report["netns"] != os.readlink("/proc/self/ns/net")
+    assert grandchild["netns"] == report["netns"]
+    # Nothing got through to the outside listeners, and no socket file was created.
+    for name, server in servers.items():
+        server.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            server.accept()
+        server.setblocking(True)
+        assert name  # which listener is in the traceback if accept() succeeded
+    assert not Path(cfg["listen_path"]).exists()
+
+
+def test_same_script_gets_through_without_the_sandbox(targets) -> None:
+    """Control: unconfined, none of the scenarios is refused with EPERM/EACCES, so the
+    refusals above are the sandbox's doing."""
+    cfg, script, servers = targets
+    report = _attempt(dict(cfg, grandchild=False), script, confined=False)
+    assert report["Seccomp"] == "0"
+    for scenario, got in report["results"].items():
+        assert got["errno"] not in REFUSED, f"unconfined {scenario} was refused: {got}"
+    assert report["results"]["tcp_listen_127"]["op"] is None
+    assert report["results"]["connect_unix_outside"]["op"] is None
+    for server in servers.values():  # drain what the control connected
+        server.settimeout(5)
+    servers["tcp"].accept()[0].close()
+    servers["unix"].accept()[0].close()
+
+
+def test_python_isolated_mode_starts_under_the_filter() -> None:
+    done = _run(sandbox.wrap([sys.executable, "-I", "-c", "import sys, json, ssl; print('started')"]))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "started"
+    assert done.stderr == ""
+
+
+def test_launcher_execs_in_place_and_passes_exit_status_through() -> None:
+    code = "import os, sys; print(os.getpid(), sorted(os.listdir('/proc/self/fd'))); sys.exit(3)"
+    proc = subprocess.Popen(
+        sandbox.wrap([sys.executable, "-I", "-c", code]),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=TIMEOUT_S)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 3, err
+    pid, fds = out.split(" ", 1)
+    assert int(pid) == proc.pid, "the child must have the launcher's pid (same process group)"
+    # 0, 1, 2 and the listdir's own descriptor: the launcher leaks nothing into the child.
+    assert len(eval(fds)) == 4, f"unexpected descriptors in the child: {fds}"
+
+
+@pytest.mark.parametrize("fault", ["nnp", "seccomp", "verify", "no-such-fault"])
+def test_setup_failure_refuses_to_run_the_child(tmp_path: Path, fault: str) -> None:
+    marker = tmp_path / "child-ran"
+    code = f"open({str(marker)!r}, 'w').close()"
+    env = dict(os.environ, **{sandbox.FAULT_ENV: fault})
+    done = _run(sandbox.wrap([sys.executable, "-I", "-c", code]), env=env)
+    assert done.returncode == sandbox.EXIT_SETUP_FAILED == 70
+    assert not marker.exists(), "the child ran although setup failed"
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("oarbank-sandbox: setup failed:")
+    assert "unconfined" in lines[0]
+    if fault == "verify":  # the filter was skipped: /proc/self/status exposed it
+        assert "Seccomp is '0'" in lines[0]
+
+
+def test_without_fault_the_same_child_runs(tmp_path: Path) -> None:
+    """Control for the refusal test: the marker IS written when setup succeeds."""
+    marker = tmp_path / "child-ran"
+    done = _run(sandbox.wrap([sys.executable, "-I", "-c", f"open({str(marker)!r}, 'w').close()"]))
+    assert done.returncode == 0, done.stderr
+    assert marker.exists()
+
+
+@pytest.mark.parametrize(
+    "args, reason",
+    [
+        (["--net", "host", "--", "true"], "unsupported --net 'host'"),
+        (["true"], "missing '--'"),
+        (["--"], "no command given"),
+        (["--bogus", "--", "true"], "unknown argument '--bogus'"),
+    ],
+)
+def test_bad_launcher_arguments_are_a_setup_failure(args: list[str], reason: str) -> None:
+    done = _run([sys.executable, "-I", "-m", "oarbank_sdk.sandbox.launch", *args])
+    assert done.returncode == 70
+    assert reason in done.stderr
+    assert len(done.stderr.splitlines()) == 1
+
+
+def test_exec_failure_exits_71(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-program"
+    done = _run(sandbox.wrap([str(missing)]))
+    assert done.returncode == sandbox.EXIT_EXEC_FAILED == 71
+    assert done.stderr.startswith("oarbank-sandbox: exec failed:")
+    assert "No such file or directory" in done.stderr
+    not_exec = tmp_path / "not-executable"
+    not_exec.write_text("#!/bin/sh\n")
+    done = _run(sandbox.wrap([str(not_exec)]))
+    assert done.returncode == 71
+    assert "Permission denied" in done.stderr
+
+
+def test_capabilities_are_enforced_here() -> None:
+    caps = sandbox.capabilities(refresh=True)
+    assert set(caps) == set(sandbox.CAPABILITY_NAMES)
+    assert caps.pop("macos_seatbelt") == "unavailable"
+    assert caps == dict.fromkeys(caps, "enforced"), caps
+    assert sandbox.available()
+
+
+def test_capabilities_say_unavailable_when_the_launcher_cannot_confine(monkeypatch) -> None:
+    monkeypatch.setenv(sandbox.FAULT_ENV, "seccomp")
+    try:
+        caps = sandbox.capabilities(refresh=True)
+        assert caps == dict.fromkeys(sandbox.CAPABILITY_NAMES, "unavailable")
+        assert not sandbox.available()
+    finally:
+        monkeypatch.delenv(sandbox.FAULT_ENV)
+        sandbox.capabilities(refresh=True)
+
+
+def test_probe_run_unconfined_reports_nothing_enforced() -> None:
+    """The probe really tests: outside the launcher it finds nothing refused."""
+    done = _run([sys.executable, "-I", "-m", "oarbank_sdk.sandbox._probe", os.readlink("/proc/self/ns/net")])
+    assert done.returncode == 0, done.stderr
+    caps = _policy.derive_capabilities(json.loads(done.stdout), "linux")
+    assert caps == dict.fromkeys(sandbox.CAPABILITY_NAMES, "unavailable")
+
+
+def test_module_form_of_the_launcher_runs_a_confined_child() -> None:
+    code = "print(open('/proc/self/status').read().count('Seccomp:\\t2'))"
+    launch = [sys.executable, "-I", "-m", "oarbank_sdk.sandbox.launch", "--net", "none", "--"]
+    done = _run([*launch, sys.executable, "-I", "-c", code])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "1"
+
+
+def test_service_endpoint_does_not_import_the_sandbox() -> None:
+    code = (
+        "import sys, oarbank_sdk.service_endpoint; "
+        "print(sorted(m for m in sys.modules if m == 'pyseccomp' or m.startswith('oarbank_sdk.sandbox')))"
+    )
+    done = _run([sys.executable, "-I", "-c", code])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
