@@ -108,6 +108,7 @@ class RunningAgent:
     def __init__(self, root: Path, modules: list[Path], settings: dict[str, Any]) -> None:
         self.root = root
         self.state_dir = root / "state"
+        root.mkdir(parents=True, exist_ok=True)
         paths = {}
         for name, value in settings.items():
             p = root / f"settings-{name}.json"

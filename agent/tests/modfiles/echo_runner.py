@@ -79,12 +79,14 @@ def burst(n: int, window_s: float) -> dict:
     from oarbank_sdk import service_endpoint as ep
 
     outcomes = []
+    t0 = time.monotonic()
     for _ in range(n):
         try:
             ep.connect("echo").close()
             outcomes.append("ok")
         except ep.EndpointError as exc:
             outcomes.append(exc.code)
+    burst_s = time.monotonic() - t0
     ok_after = 0
     limited_after = 0
     end = time.monotonic() + window_s
@@ -97,7 +99,8 @@ def burst(n: int, window_s: float) -> dict:
                 raise
             limited_after += 1
             time.sleep(0.005)
-    return {"outcomes": outcomes, "ok_after": ok_after, "limited_after": limited_after}
+    return {"outcomes": outcomes, "burst_s": burst_s, "ok_after": ok_after,
+            "limited_after": limited_after}
 
 
 def main() -> int:

@@ -1,0 +1,166 @@
+"""Warm services through a real agent: sharing, readiness before runners, refusals, `ended`,
+idle stop, failures and withdrawal, descriptor hygiene."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from agent_helpers import EXAMPLE, read_jsonl, write_module
+
+
+def max_overlap(intervals: list[tuple[float, float]]) -> int:
+    points = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
+    best = cur = 0
+    for _, d in points:
+        cur += d
+        best = max(best, cur)
+    return best
+
+
+def test_eight_jobs_share_one_warm_model_with_four_tokens(start_agent) -> None:
+    agent = start_agent([EXAMPLE], {"modelserver": {"load_s": 0.5, "slots": 4}})
+    ids = [agent.submit("generate", {"prompts": [f"p{i}", "q"], "hold_s": 0.4},
+                        module="modelserver") for i in range(8)]
+    jobs = [agent.wait(j) for j in ids]
+    assert [j["state"] for j in jobs] == ["succeeded"] * 8, jobs
+    loads = (agent.module_data("dev.example.modelserver") / "model.loads").read_text().split()
+    assert len(loads) == 1
+    pids = {p for j in jobs for p in j["result"]["provenance"]["service_pids"]}
+    assert pids == {int(loads[0])}
+    # At most 4 at the same moment: the agent's attempt times bracket each runner process.
+    status = {j["job_id"]: j for j in agent.status()["jobs"]}
+    assert max_overlap([(status[i]["started_at"], status[i]["finished_at"]) for i in ids]) <= 4
+
+
+def test_runners_record_at_most_four_concurrent(start_agent, tmp_path: Path) -> None:
+    mod = write_module(tmp_path / "m")
+    agent = start_agent([mod], {"echo": {"slots": 4, "load_s": 0.3}})
+    ids = [agent.submit("echo", {"requests": 1, "sleep_s": 0.3}) for _ in range(8)]
+    assert all(agent.wait(j)["state"] == "succeeded" for j in ids)
+    runs = read_jsonl(agent.module_data() / "runs.jsonl")
+    start = {r["attempt"]: r["t"] for r in runs if r["event"] == "start"}
+    end = {r["attempt"]: r["t"] for r in runs if r["event"] == "end"}
+    assert len(start) == 8
+    assert max_overlap([(start[a], end[a]) for a in start]) == 4
+
+
+def test_no_runner_before_ready_and_hello(start_agent, echo_module: Path) -> None:
+    agent = start_agent([echo_module], {"echo": {"load_s": 0.5}})
+    ids = [agent.submit("echo", {"requests": 1}) for _ in range(3)]
+    assert all(agent.wait(j)["state"] == "succeeded" for j in ids)
+    events = read_jsonl(agent.module_data() / "events.jsonl")
+    hello = [e["t"] for e in events if e["event"] == "hello"]
+    ready = [e["t"] for e in events if e["event"] == "ready"]
+    ready_true = [e["t"] for e in events if e["event"] == "op" and e["op"] == "ready"]
+    assert len(hello) == len(ready) == 1
+    starts = [r["t"] for r in read_jsonl(agent.module_data() / "runs.jsonl")
+              if r["event"] == "start"]
+    assert len(starts) == 3
+    # The ready op that answered true ran after the daemon marked itself ready.
+    last_ready_op = max(t for t in ready_true if t >= ready[0])
+    assert min(starts) > max(hello[0], ready[0], last_ready_op)
+
+
+def test_unknown_op_and_rate_limit_through_a_real_runner(start_agent, echo_module: Path) -> None:
+    agent = start_agent([echo_module])
+    job = agent.run_job("echo", {"bad_op": True, "burst": 100, "rate_window_s": 2.0})
+    assert job["state"] == "succeeded", job
+    out = job["result"]["payload"]
+    assert out["bad_op"]["ok"] is False and out["bad_op"]["error"] == "bad_request"
+    outcomes = out["burst"]["outcomes"]
+    assert set(outcomes) == {"ok", "rate_limited"}
+    # 64 immediate connects pass; the bucket refills at 32/s while the burst itself runs
+    # (each connect is a round trip), so the first refusal comes at 65 plus that refill.
+    first_refusal = outcomes.index("rate_limited")
+    refill = int(out["burst"]["burst_s"] * 32) + 1
+    assert 64 <= first_refusal <= 64 + refill, (first_refusal, out["burst"]["burst_s"])
+    # Then about 32 a second: 2 s of trying gets roughly 64 through, far fewer than a burst.
+    assert 40 <= out["burst"]["ok_after"] <= 90, out["burst"]
+
+
+def test_ended_reaches_the_service_after_the_attempt(start_agent, echo_module: Path) -> None:
+    agent = start_agent([echo_module])
+    job = agent.run_job("echo", {"requests": 3, "keep_open": True})
+    plain = agent.run_job("plain", {})
+    assert job["state"] == plain["state"] == "succeeded"
+    attempt = f"{job['job_id']}.1"
+    events = read_jsonl(agent.module_data() / "events.jsonl")
+    agent.wait_for(lambda: any(e["event"] == "ended" for e in
+                               read_jsonl(agent.module_data() / "events.jsonl")), what="ended")
+    events = read_jsonl(agent.module_data() / "events.jsonl")
+    ended = [e for e in events if e["event"] == "ended"]
+    assert [e["attempt"] for e in ended] == [attempt]  # the plain job reached no service
+    assert ended[0]["connections"] == 3 and ended[0]["open_after"] == 0
+    conns = [e for e in events if e["event"] == "connection" and e["attempt"] == attempt]
+    assert len(conns) == 3
+    runner_end = next(r["t"] for r in read_jsonl(agent.module_data() / "runs.jsonl")
+                      if r["event"] == "end" and r["attempt"] == attempt)
+    assert ended[0]["t"] > runner_end
+
+
+def test_idle_stop_and_restart_on_demand(start_agent, tmp_path: Path) -> None:
+    mod = write_module(tmp_path / "m", service={"idle_timeout_s": 0.5})
+    agent = start_agent([mod])
+    assert agent.service_row()["running"] is False
+    assert agent.run_job("echo", {"requests": 1})["state"] == "succeeded"
+    agent.wait_for(lambda: not agent.service_row()["running"], what="idle stop")
+    row = agent.service_row()
+    assert row["users"] == 0 and row["ready"] is False and row["error"] is None
+    events = read_jsonl(agent.module_data() / "events.jsonl")
+    assert [e["op"] for e in events if e["event"] == "op" and e["op"] in ("start", "stop")] == \
+        ["start", "stop"]
+    # The next job starts it again.
+    again = agent.run_job("echo", {"requests": 1})
+    assert again["state"] == "succeeded"
+    assert len((agent.module_data() / "loads").read_text().split()) == 2
+
+
+def test_always_service_starts_with_the_agent(start_agent, tmp_path: Path) -> None:
+    mod = write_module(tmp_path / "m", service={"lifecycle": "always", "idle_timeout_s": 0.2})
+    agent = start_agent([mod])
+    agent.wait_for(lambda: agent.service_row()["ready"], what="always service ready")
+    time.sleep(0.5)  # longer than idle_timeout_s: an `always` service is not idle-stopped
+    assert agent.service_row()["ready"] is True
+
+
+def test_failing_service_backs_off_then_is_withdrawn(start_agent, tmp_path: Path) -> None:
+    mod = write_module(tmp_path / "m", service={
+        "restart": {"backoff_initial_s": 0.1, "backoff_max_s": 0.2, "max_failures": 3}})
+    agent = start_agent([mod], {"echo": {"start_fail": True}})
+    job = agent.run_job("echo", {"requests": 1})
+    assert job["state"] == "failed" and job["reason"].startswith("service_unavailable"), job
+    assert job["attempts"] == 0
+    row = agent.service_row()
+    assert row["withdrawn"] is True and "start exited with 1" in row["error"]
+    starts = [e["t"] for e in read_jsonl(agent.module_data() / "events.jsonl")
+              if e["event"] == "op" and e["op"] == "start"]
+    assert len(starts) == 3
+    # backoff 0.1 s, then 0.2 s (capped): the gaps grow
+    assert starts[1] - starts[0] >= 0.1 and starts[2] - starts[1] >= 0.2
+
+
+def test_service_closing_its_channel_is_restarted(start_agent, tmp_path: Path) -> None:
+    mod = write_module(tmp_path / "m", service={
+        "restart": {"backoff_initial_s": 0.1, "backoff_max_s": 1, "max_failures": 5}})
+    agent = start_agent([mod], {"echo": {"die_after_ready_s": 0.3}})
+    first = agent.run_job("echo", {"requests": 1, "sleep_s": 0.6})
+    assert first["state"] == "succeeded"
+    agent.wait_for(lambda: len([e for e in read_jsonl(agent.module_data() / "events.jsonl")
+                                if e["event"] == "hello"]) >= 2, what="a restart")
+    hellos = [e["pid"] for e in read_jsonl(agent.module_data() / "events.jsonl")
+              if e["event"] == "hello"]
+    assert len(set(hellos)) == len(hellos) >= 2  # a new daemon each time
+    assert "ready -> backoff (failed): the service closed its channel" in agent.log()
+
+
+def test_descriptor_count_returns_to_baseline(start_agent, tmp_path: Path) -> None:
+    mod = write_module(tmp_path / "m", service={"idle_timeout_s": 0.3})
+    agent = start_agent([mod])
+    before = agent.fd_count()
+    ids = [agent.submit("echo", {"requests": 4, "keep_open": i % 2 == 0}) for i in range(6)]
+    ids += [agent.submit("plain", {}) for _ in range(2)]
+    assert all(agent.wait(j)["state"] == "succeeded" for j in ids)
+    agent.wait_for(lambda: not agent.service_row()["running"], what="idle stop")
+    agent.wait_for(lambda: agent.fd_count() == before, timeout=5,
+                   what=f"fd count back to {before}")
