@@ -68,7 +68,7 @@ def listeners(pids: set[int] | list[int]) -> list[Listener]:
 
 
 def _socket_inodes(pid: int) -> set[str]:
-    inodes = set()
+    inodes: set[str] = set()
     try:
         names = os.listdir(f"/proc/{pid}/fd")
     except OSError:

@@ -112,9 +112,10 @@ def _refused_listen_evidence(paths: list[Path]) -> str | None:
         for i, line in enumerate(lines):
             if not _REFUSED.search(line):
                 continue
-            near = [x.strip() for x in lines[max(0, i - 6) : i + 1] if _NET_CALL.search(x)]
-            if near:
-                return f"{path.name}: {near[-1]} -> {line.strip()}"
+            near = [x.strip() for x in lines[max(0, i - 6) : i + 1]
+                    if _NET_CALL.search(x) and not x.strip().startswith('File "')]
+            if near:  # the first is the module's own call in a Python traceback
+                return f"{path.name}: {near[0]} -> {line.strip()}"
     return None
 
 
@@ -182,7 +183,9 @@ class ServiceUnderTest:
         while True:
             time.sleep(max(0.0, min(delay, deadline - time.monotonic())))
             r = self._op("ready", min(READY_OP_TIMEOUT_S, deadline - time.monotonic()))
-            last = r.doc if r.rc == 0 else f"exit {r.rc}: {r.tail(120)}"
+            if not r.timed_out or last is None:  # a poll cut short by the deadline says nothing
+                last = r.doc if r.rc == 0 else (
+                    "no answer before the deadline" if r.timed_out else f"exit {r.rc}: {r.tail(120)}")
             if r.rc == 0 and r.doc and r.doc.get("ready") is True:
                 break
             if ch.closed_reason or time.monotonic() >= deadline:
@@ -364,8 +367,9 @@ def _run_goldens(m: _manifest.Manifest, node: host.NodeDirs, sut: dict[str, Serv
         attempt = f"conform-golden-{i + 1}"
         connectors = {}
         for s in needed:
-            assert sut[s].channel is not None
-            connectors[s] = host.Connector(attempt, sut[s].channel)
+            ch = sut[s].channel
+            assert ch is not None  # a ready service has its channel
+            connectors[s] = host.Connector(attempt, ch)
         t0 = time.monotonic()
         try:
             a = host.run_runner(wrap(runner_argv), node, attempt, stage.name, g["payload"],

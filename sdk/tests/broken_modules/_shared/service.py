@@ -1,0 +1,112 @@
+"""One tiny endpoint service for every broken test module: MODE picks what is wrong with it.
+
+    python -I service.py MODE <op>        (the agent's ops)
+    python -I service.py MODE serve       (the daemon `start` leaves running)
+
+MODE: ok, listen_tcp, listen_unix, no_hello, never_ready, answer_500.
+HTTP: POST /echo {"prompt": s} -> 200 {"text": s.upper()} (500 for everything in answer_500).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from http.server import BaseHTTPRequestHandler
+from pathlib import Path
+
+from oarbank_sdk import service_endpoint as ep
+
+MODES = ("ok", "listen_tcp", "listen_unix", "no_hello", "never_ready", "answer_500")
+DATA = Path(os.environ.get("OARBANK_MODULE_DATA", "."))
+PID, READY, LOG = DATA / "service.pid", DATA / "service.ready", DATA / "service.log"
+
+
+def alive(path: Path) -> bool:
+    try:
+        os.kill(int(path.read_text()), 0)
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    mode = "ok"
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        status, answer = 404, {"error": "not found"}
+        if self.mode == "answer_500":
+            status, answer = 500, {"error": "broken on purpose"}
+        elif self.path == "/echo":
+            status, answer = 200, {"text": json.loads(body)["prompt"].upper()}
+        data = json.dumps(answer).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        pass
+
+
+def serve(mode: str) -> None:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    if mode == "no_hello":
+        while True:  # holds the channel, never says hello
+            time.sleep(1)
+    acc = ep.Acceptor()
+    held = []
+    if mode == "listen_tcp":  # the sandbox refuses this (PermissionError): the daemon dies
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        held.append(s)
+    elif mode == "listen_unix":
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.bind(str(DATA / "service.sock"))
+        s.listen()
+        held.append(s)
+    if mode != "never_ready":
+        READY.write_text("1")
+    Handler.mode = mode
+    ep.serve_http(Handler, acc)
+
+
+def main(mode: str, op: str) -> int:
+    if op == "serve":
+        serve(mode)
+        return 0
+    if op == "start":
+        if not alive(PID):
+            with open(LOG, "ab") as log:
+                proc = subprocess.Popen([sys.executable, "-I", __file__, mode, "serve"],
+                                        stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                        **ep.inherit_channel())
+            PID.write_text(str(proc.pid))
+        result: dict = {"ok": True}
+    elif op == "stop":
+        if alive(PID):
+            os.kill(int(PID.read_text()), signal.SIGTERM)
+        result = {"ok": True}
+    elif op in ("status", "ready"):
+        result = {"running": alive(PID), "ready": alive(PID) and READY.exists()}
+    elif op == "fingerprint":
+        result = {"service_protocol": {"supported": [1]}, "health": "healthy",
+                  "pools": {"echo": 2}, "reserve": {"mem_gb": 0.1}, "running": alive(PID)}
+    else:
+        result = {"objects": []} if op == "list_owned" else {"ok": True}
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 3 or sys.argv[1] not in MODES:
+        sys.exit(f"usage: service.py {{{','.join(MODES)}}} OP")
+    sys.exit(main(sys.argv[1], sys.argv[2]))

@@ -1,0 +1,222 @@
+"""`oarbank-sdk conform`: the reference module passes; each broken module fails with a line
+naming its problem. Real processes, channels, descriptors and (where the machine allows it)
+the real sandbox; nothing is faked.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from oarbank_sdk import conform
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "modelserver"
+BROKEN = Path(__file__).resolve().parent / "broken_modules"
+
+
+def sandbox_available() -> bool:
+    try:
+        from oarbank_sdk import sandbox
+    except ImportError:
+        return False
+    return sandbox.available()
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "oarbank_sdk", "conform", *args],
+                          capture_output=True, text=True, timeout=240, cwd=ROOT)
+
+
+def processes_of(bundle: Path) -> list[str]:
+    """Live processes started from ``bundle`` (its path is in their command line)."""
+    found = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        try:
+            if p.info["status"] != psutil.STATUS_ZOMBIE and str(bundle) in " ".join(p.info["cmdline"] or []):
+                found.append(f"{p.pid} {p.info['cmdline']}")
+        except psutil.Error:
+            continue
+    return found
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def in_process(bundle: Path, sandbox: bool | None) -> tuple[int, dict]:
+    """conform.run in this process: also checks that it released every descriptor."""
+    before = open_fds()
+    out = io.StringIO()
+    rc = conform.run(bundle, json_output=True, sandbox=sandbox, stream=out)
+    assert open_fds() == before
+    return rc, json.loads(out.getvalue())
+
+
+def failures(report: dict) -> dict[str, str]:
+    return {c["name"]: c["detail"] for c in report["checks"] if c["status"] == "FAIL"}
+
+
+# --- the reference module ----------------------------------------------------------------------
+
+
+def test_reference_module_passes_with_zero_failed():
+    done = cli(str(EXAMPLE))
+    lines = done.stdout.strip().splitlines()
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert re.fullmatch(r"dev\.example\.modelserver 0\.1\.0: \d+ passed, 0 failed, 0 skipped", lines[-1])
+    checks = lines[:-1]
+    assert all(re.match(r"(ok  |warn|skip) \S", line) for line in checks), checks
+    for expected in ("manifest", "service model: start", "service model: hello",
+                     "service model: ready", "service model: never listens (after ready)",
+                     "golden hello", "golden several_prompts", "spec generate",
+                     "spec unknown path is 404", "spec prompt missing is 400",
+                     "spec body not JSON is 400",
+                     "service model: never listens (after requests)", "service model: ended",
+                     "service model: channel protocol", "service model: stop",
+                     "service model: process group gone"):
+        assert any(line.startswith(f"ok   {expected}:") or line == f"ok   {expected}"
+                   for line in checks), (expected, checks)
+    # the daemon that said hello is gone
+    pid = int(re.search(r"hello: pid (\d+)", done.stdout).group(1))
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_reference_module_json_report():
+    done = cli(str(EXAMPLE), "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    assert report["module"] == "dev.example.modelserver" and report["version"] == "0.1.0"
+    assert report["failed"] == 0 and report["passed"] >= 15
+    assert {c["status"] for c in report["checks"]} <= {"ok", "warn", "skip"}
+    sandbox_line = next(c for c in report["checks"] if c["name"] == "sandbox")
+    if sandbox_available():
+        assert sandbox_line["status"] == "ok" and "seccomp_listen=enforced" in sandbox_line["detail"]
+    else:
+        assert sandbox_line["status"] == "warn" and "unconfined" in sandbox_line["detail"]
+
+
+def test_reference_module_passes_unconfined_too():
+    rc, report = in_process(EXAMPLE, sandbox=False)
+    assert rc == 0, failures(report)
+    assert report["failed"] == 0
+
+
+# --- broken modules ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def no_leftovers():
+    """Whatever a broken module started must be gone after conform."""
+    yield
+    assert processes_of(BROKEN) == []
+
+
+@pytest.mark.parametrize(
+    ("module", "expected"),
+    [
+        ("listens_tcp", {
+            "service echo: never listens (after ready)": r"pid \d+: TCP listening on 127\.0\.0\.1:\d+",
+            "service echo: never listens (after requests)": r"TCP listening on 127\.0\.0\.1:\d+",
+        }),
+        ("listens_unix", {
+            "service echo: never listens (after ready)": r"unix listening on /\S+/service\.sock",
+            "service echo: never listens (after requests)": r"unix listening on /\S+/service\.sock",
+        }),
+        ("no_hello", {"service echo: hello": r"no hello within start_timeout_s \(2 s\)"}),
+        ("never_ready", {
+            "service echo: ready": r"not true within start_timeout_s \(2 s\); last answer: "
+                                   r"\{\"running\": true, \"ready\": false\}",
+        }),
+        ("answers_500", {"spec echo": r"POST /echo: expected status 200, got 500"}),
+        ("golden_differs", {
+            "golden one": r'payload\.texts: expected \["A", "C"\], got \["A", "B"\]',
+        }),
+    ],
+)
+def test_broken_module_fails_naming_the_problem(module, expected, no_leftovers):
+    rc, report = in_process(BROKEN / module, sandbox=False)
+    assert rc == 1
+    got = failures(report)
+    assert set(got) == set(expected), got
+    for name, pattern in expected.items():
+        assert re.search(pattern, got[name]), (name, got[name])
+    assert report["failed"] == len(expected)
+
+
+def test_healthy_twin_of_the_broken_modules_passes(no_leftovers):
+    # The broken modules share one service and runner; with nothing broken they pass, so each
+    # failure above comes from what its module breaks, not from the shared code.
+    rc, report = in_process(BROKEN / "healthy", sandbox=False)
+    assert rc == 0, failures(report)
+
+
+@pytest.mark.skipif(not sandbox_available(), reason="this machine cannot run the sandbox "
+                    "(seccomp/no_new_privs unavailable): the unconfined variant above still runs")
+@pytest.mark.parametrize(("module", "call"), [("listens_tcp", "socket.AF_INET"),
+                                               ("listens_unix", "socket.AF_UNIX")])
+def test_sandbox_refused_listen_fails_the_never_listens_check(module, call, no_leftovers):
+    done = cli(str(BROKEN / module))
+    assert done.returncode == 1, done.stdout
+    fail_lines = [line for line in done.stdout.splitlines() if line.startswith("FAIL")]
+    listen = [line for line in fail_lines if "never listens" in line]
+    assert len(listen) == 1, done.stdout
+    assert "the sandbox refused a bind/listen" in listen[0]
+    assert call in listen[0] and "PermissionError" in listen[0]
+    assert done.stdout.strip().splitlines()[-1].startswith(f"dev.test.broken_{module} 0.0.1: ")
+    assert re.search(r": \d+ passed, 2 failed, 2 skipped$", done.stdout.strip())
+
+
+def test_invalid_manifest_stops_at_the_manifest_check(tmp_path):
+    (tmp_path / "oarbank-module.toml").write_text('manifest = 1\n[module]\nid = "x.y"\n'
+                                                  'version = "1"\ncolour = "red"\n')
+    rc, report = in_process(tmp_path, sandbox=False)
+    assert rc == 1
+    assert list(failures(report)) == ["manifest"]
+    assert "colour" in failures(report)["manifest"]
+    assert len(report["checks"]) == 1
+
+
+# --- what counts as listening ------------------------------------------------------------------
+
+_HOLDER = r"""
+import socket, sys, os, time
+held = []
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("127.0.0.1", 0)); held.append(s)
+a = socket.socket(socket.AF_UNIX); a.bind("\0oarbank-conform-test-%d" % os.getpid())
+a.listen(); held.append(a)
+t = socket.socket(socket.AF_INET6); t.bind(("::1", 0)); t.listen(); held.append(t)
+# not listening: a connected UDP socket, a socketpair, a TCP socket never bound
+c = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); c.connect(("127.0.0.1", 9)); held.append(c)
+held.extend(socket.socketpair()); held.append(socket.socket())
+print("ready", s.getsockname()[1], t.getsockname()[1], flush=True)
+time.sleep(60)
+"""
+
+
+def test_listeners_sees_udp_abstract_unix_and_tcp6_in_another_process():
+    from oarbank_sdk._listeners import listeners, related_pids
+
+    proc = subprocess.Popen([sys.executable, "-c", _HOLDER], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        _, udp_port, tcp6_port = proc.stdout.readline().split()
+        assert related_pids(proc.pid) == {proc.pid}
+        found = sorted(str(x) for x in listeners({proc.pid}))
+        assert found == sorted([
+            f"pid {proc.pid}: UDP bound 127.0.0.1:{udp_port}",
+            f"pid {proc.pid}: unix listening on @oarbank-conform-test-{proc.pid}",
+            f"pid {proc.pid}: TCP listening on [::1]:{tcp6_port}",
+        ])
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
