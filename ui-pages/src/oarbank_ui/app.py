@@ -121,6 +121,7 @@ class Portal:
         try:
             doc = json.loads(body)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            log.warning("heartbeat refused: not JSON (%s)", e)
             return _error(400, f"heartbeat: not JSON ({e})")
         try:
             hb = parse_heartbeat(doc)

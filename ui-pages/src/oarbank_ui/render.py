@@ -191,7 +191,7 @@ def format_cell(value: Any, ctype: Any, *, now: float, tones: Any = None,
 
 
 def _placeholder(text: str, detail: str = "") -> dict[str, Any]:
-    return {"kind": "placeholder", "text": text, "detail": detail}
+    return {"kind": "placeholder", "text": text, "detail": detail, "id": None}
 
 
 def _requires_gate(comp: dict[str, Any]) -> str | None:
@@ -357,8 +357,7 @@ def _component(comp: Any, ctx: RenderContext) -> dict[str, Any] | None:
         view = _link(comp, ctx)
     else:
         return None if drop else _placeholder(NOT_SUPPORTED, f"component type {ctype!s}")
-    if isinstance(comp.get("id"), str):
-        view["id"] = comp["id"]
+    view["id"] = comp["id"] if isinstance(comp.get("id"), str) else None
     return view
 
 

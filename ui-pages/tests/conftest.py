@@ -1,0 +1,182 @@
+"""Shared fixtures: heartbeat documents, a real `oarbank-portal serve` process, an HTTP client
+that speaks to it over loopback TCP or its unix socket."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "modelserver"
+MODULE_ID = "dev.example.modelserver"
+ARTIFACTS = REPO / ".artifacts"
+
+
+def service_row(**over: Any) -> dict[str, Any]:
+    row = {"module": MODULE_ID, "service": "model", "health": "healthy", "running": True,
+           "ready": True, "accepting": True, "error": None, "held": None, "disabled": False,
+           "withdrawn": False, "gpu_api_missing": False, "lifecycle": "on_demand", "users": 0,
+           "endpoint": True}
+    row.update(over)
+    return row
+
+
+def heartbeat(node_id: str, *rows: dict[str, Any], hostname: str | None = None,
+              t: float | None = None) -> dict[str, Any]:
+    return {"node_id": node_id, "hostname": hostname or f"host-{node_id}",
+            "time": time.time() if t is None else t, "services": list(rows)}
+
+
+@pytest.fixture
+def make_row() -> Callable[..., dict[str, Any]]:
+    return service_row
+
+
+@pytest.fixture
+def make_heartbeat() -> Callable[..., dict[str, Any]]:
+    return heartbeat
+
+
+class _UnixHTTPConnection(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(self.timeout)
+        s.connect(self._path)
+        self.sock = s
+
+
+@dataclass
+class Reply:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+    @property
+    def text(self) -> str:
+        return self.body.decode()
+
+
+def request(base: str, method: str, path: str, body: Any = None, *,
+            raw: bytes | None = None, headers: dict[str, str] | None = None,
+            timeout: float = 10.0) -> Reply:
+    """One request to ``base`` (``http://host:port`` or ``unix:/path``)."""
+    conn: http.client.HTTPConnection
+    if base.startswith("unix:"):
+        conn = _UnixHTTPConnection(base[5:], timeout)
+    else:
+        host, port = base[len("http://"):].rsplit(":", 1)
+        conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
+    try:
+        data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+        hdrs = dict(headers or {})
+        if data is not None:
+            hdrs.setdefault("Content-Type", "application/json")
+        conn.request(method, path, body=data, headers=hdrs)
+        r = conn.getresponse()
+        return Reply(r.status, {k.lower(): v for k, v in r.getheaders()}, r.read())
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def http_request() -> Callable[..., Reply]:
+    return request
+
+
+@dataclass
+class PortalProc:
+    url: str
+    proc: subprocess.Popen[bytes]
+    db: Path
+    log: Path
+
+    def get(self, path: str, **kw: Any) -> Reply:
+        return request(self.url, "GET", path, **kw)
+
+    def post_heartbeat(self, doc: Any) -> Reply:
+        return request(self.url, "POST", "/v1/heartbeat", doc)
+
+    def services(self, **params: str) -> list[dict[str, Any]]:
+        from urllib.parse import urlencode
+
+        params.setdefault("module", MODULE_ID)
+        r = self.get("/v1/queries/services?" + urlencode(params))
+        assert r.status == 200, r.text
+        return r.json()  # type: ignore[no-any-return]
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+    if proc.stdout:
+        proc.stdout.close()
+
+
+@pytest.fixture
+def start_portal(tmp_path: Path) -> Iterator[Callable[..., PortalProc]]:
+    """Start ``oarbank-portal serve`` (its own process group); stopped after the test."""
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(*modules: Path, unix: Path | None = None, listen: str = "127.0.0.1:0",
+              db: Path | None = None, refresh_s: float = 0.5) -> PortalProc:
+        db = db or tmp_path / "portal.db"
+        log = tmp_path / f"portal-{len(procs)}.log"
+        argv = [sys.executable, "-m", "oarbank_ui.cli", "serve", "--db", str(db),
+                "--refresh-s", str(refresh_s)]
+        for m in modules or (EXAMPLE,):
+            argv += ["--module", str(m)]
+        argv += ["--unix", str(unix)] if unix else ["--listen", listen]
+        with open(log, "wb") as errf:
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=errf,
+                                    start_new_session=True)
+        procs.append(proc)
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 20
+        line = b""
+        while not line.endswith(b"\n"):
+            left = deadline - time.monotonic()
+            if left <= 0 or proc.poll() is not None:
+                raise AssertionError(f"portal did not start: {log.read_text()}")
+            ready, _, _ = select.select([proc.stdout], [], [], left)
+            if ready:
+                chunk = os.read(proc.stdout.fileno(), 1)
+                if not chunk:
+                    raise AssertionError(f"portal exited: {log.read_text()}")
+                line += chunk
+        text = line.decode().strip()
+        assert text.startswith("oarbank-portal: serving on "), text
+        return PortalProc(text.rsplit(" ", 1)[1], proc, db, log)
+
+    try:
+        yield start
+    finally:
+        for p in procs:
+            _stop(p)

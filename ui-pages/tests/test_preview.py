@@ -1,0 +1,68 @@
+"""`oarbank-portal preview`: a module's pages from its fixtures, as static HTML."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "modelserver"
+
+
+def preview(module: Path, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "oarbank_ui.cli", "preview", str(module),
+                           "--out", str(out), *extra], capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_preview_of_the_example(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    r = preview(EXAMPLE, out)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == ""  # the example's pages pass the SDK's page checks
+    written = {Path(line).name for line in r.stdout.split()}
+    assert written == {"index.html", "page-overview.html", "panel-node.html"}
+    page = (out / "page-overview.html").read_text()
+    for text in ("node-a", "gpu-04", "held: preempt_memory", "starting"):
+        assert text in page
+    assert "portal.js" not in page  # static: nothing to refresh from
+    panel = (out / "panel-node.html").read_text()
+    assert "node node-a" in panel  # the first node in the fixtures
+    assert (out / "static" / "portal.css").is_file()
+    assert 'href="page-overview.html"' in (out / "index.html").read_text()
+
+
+def test_preview_panel_for_a_chosen_node(tmp_path: Path) -> None:
+    r = preview(EXAMPLE, tmp_path / "out", "--node", "node-b")
+    assert r.returncode == 0, r.stderr
+    panel = (tmp_path / "out" / "panel-node.html").read_text()
+    assert "idle" in panel and "node node-b" in panel
+
+
+def test_preview_without_fixture_shows_data_unavailable(tmp_path: Path) -> None:
+    mod = tmp_path / "modelserver"
+    shutil.copytree(EXAMPLE, mod, ignore=shutil.ignore_patterns("__pycache__"))
+    (mod / "fixtures" / "ui" / "queries" / "services.json").unlink()
+    r = preview(mod, tmp_path / "out")
+    assert r.returncode == 0, r.stderr
+    page = (tmp_path / "out" / "page-overview.html").read_text()
+    assert "data unavailable" in page
+    assert "no fixture fixtures/ui/queries/services.json" in page
+
+
+def test_preview_reports_page_problems(tmp_path: Path) -> None:
+    mod = tmp_path / "modelserver"
+    shutil.copytree(EXAMPLE, mod, ignore=shutil.ignore_patterns("__pycache__"))
+    page = mod / "ui" / "pages" / "overview.json"
+    page.write_text(page.read_text().replace('"requires": "1.2", ', ""))
+    r = preview(mod, tmp_path / "out")
+    assert r.returncode == 0
+    assert "ui/pages/overview.json: body[1].source.query" in r.stderr
+    assert "requires" in r.stderr
+
+
+def test_preview_of_an_invalid_module(tmp_path: Path) -> None:
+    r = preview(tmp_path, tmp_path / "out")
+    assert r.returncode == 2
+    assert "oarbank-module.toml" in r.stderr

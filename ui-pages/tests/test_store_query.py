@@ -1,0 +1,200 @@
+"""Heartbeat validation, the SQLite store and the `services` host query (contract section 6)."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from oarbank_ui.heartbeat import HeartbeatError, parse_heartbeat
+from oarbank_ui.services_query import COLUMNS, derive_state, derive_stopped_reason
+from oarbank_ui.store import HeartbeatStore
+
+MOD = "dev.example.modelserver"
+
+
+@pytest.fixture
+def store(tmp_path: Path):  # type: ignore[no-untyped-def]
+    s = HeartbeatStore(tmp_path / "hb.db")
+    yield s
+    s.close()
+
+
+def record(store: HeartbeatStore, doc: dict[str, Any]) -> None:
+    assert store.record(parse_heartbeat(doc)).applied
+
+
+# -- state and stopped_reason ---------------------------------------------------------------
+
+
+def test_state_from_running_and_ready() -> None:
+    assert derive_state(True, True) == "ready"
+    assert derive_state(True, False) == "starting"
+    assert derive_state(False, False) == "stopped"
+    assert derive_state(False, True) == "stopped"
+
+
+@pytest.mark.parametrize(
+    ("flags", "reason"),
+    [
+        ({"held": "preempt_memory", "disabled": True, "withdrawn": True, "gpu_api_missing": True},
+         "held: preempt_memory"),
+        ({"held": None, "disabled": True, "withdrawn": True, "gpu_api_missing": True},
+         "disabled"),
+        ({"held": None, "disabled": False, "withdrawn": True, "gpu_api_missing": True},
+         "withdrawn"),
+        ({"held": None, "disabled": False, "withdrawn": False, "gpu_api_missing": True},
+         "gpu api missing"),
+        ({"held": None, "disabled": False, "withdrawn": False, "gpu_api_missing": False},
+         "idle"),
+    ],
+)
+def test_stopped_reason_priority(flags: dict[str, Any], reason: str) -> None:
+    assert derive_stopped_reason(running=False, **flags) == reason
+    assert derive_stopped_reason(running=True, **flags) is None  # null while running
+
+
+# -- validation -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda d: d.pop("node_id"), "node_id: missing"),
+        (lambda d: d.update(node_id=""), "node_id: must not be empty"),
+        (lambda d: d.update(node_id=7), "node_id: must be a string, got a number"),
+        (lambda d: d.update(time="now"), "time: must be unix seconds"),
+        (lambda d: d.update(services={}), "services: must be a list, got an object"),
+        (lambda d: d["services"][0].pop("users"), "services[0].users: missing"),
+        (lambda d: d["services"][0].update(users=-1), "services[0].users: must be a whole number"),
+        (lambda d: d["services"][0].update(users=True), "services[0].users: must be a whole"),
+        (lambda d: d["services"][0].update(running="yes"),
+         "services[0].running: must be true or false, got a string"),
+        (lambda d: d["services"][0].update(lifecycle="sometimes"),
+         "services[0].lifecycle: must be one of on_demand, always, manual"),
+        (lambda d: d["services"][0].update(service="Model!"),
+         "services[0].service: 'Model!' is not a service name"),
+        (lambda d: d["services"][0].update(error=["x"]),
+         "services[0].error: must be a string or null, got a list"),
+        (lambda d: d["services"].append(dict(d["services"][0])),
+         f"services[1]: {MOD}/model reported twice"),
+        (lambda d: d["services"].__setitem__(0, "model"),
+         "services[0]: must be an object, got a string"),
+    ],
+)
+def test_malformed_heartbeat_names_the_field(make_heartbeat, make_row, mutate, message) -> None:  # type: ignore[no-untyped-def]
+    doc = make_heartbeat("n1", make_row())
+    mutate(doc)
+    with pytest.raises(HeartbeatError) as e:
+        parse_heartbeat(doc)
+    assert message in str(e.value)
+
+
+def test_not_an_object() -> None:
+    with pytest.raises(HeartbeatError, match="must be a JSON object, got a list"):
+        parse_heartbeat([])
+
+
+def test_unknown_keys_are_kept_not_refused(make_heartbeat, make_row) -> None:  # type: ignore[no-untyped-def]
+    doc = make_heartbeat("n1", make_row(future_field=1))
+    doc["jobs"] = []  # `status --json` shape: accepted
+    hb = parse_heartbeat(doc)
+    assert hb.services[0].raw["future_field"] == 1
+
+
+# -- store and query ------------------------------------------------------------------------
+
+
+def test_store_uses_wal(tmp_path: Path, store: HeartbeatStore) -> None:
+    db = sqlite3.connect(tmp_path / "hb.db")
+    try:
+        assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    finally:
+        db.close()
+
+
+def test_query_rows_have_exactly_the_contract_columns(store, make_heartbeat, make_row) -> None:  # type: ignore[no-untyped-def]
+    t = time.time()
+    record(store, make_heartbeat("node-a", make_row(users=2), hostname="gpu-01", t=t))
+    record(store, make_heartbeat("node-b", make_row(running=False, ready=False), t=t))
+    rows = store.services([MOD])
+    assert [tuple(r) for r in rows] == [COLUMNS, COLUMNS]
+    a, b = rows
+    assert a == {"node_id": "node-a", "hostname": "gpu-01", "service": "model",
+                 "health": "healthy", "state": "ready", "stopped_reason": None, "error": None,
+                 "gpu_api_missing": False, "lifecycle": "on_demand", "users": 2,
+                 "endpoint": True, "reported_at": t}
+    assert (b["state"], b["stopped_reason"]) == ("stopped", "idle")
+
+
+def test_latest_row_per_node_module_service_wins(store, make_heartbeat, make_row) -> None:  # type: ignore[no-untyped-def]
+    record(store, make_heartbeat("n1", make_row(running=True, ready=False), t=100.0))
+    record(store, make_heartbeat("n1", make_row(users=4), t=101.0))
+    rows = store.services([MOD])
+    assert len(rows) == 1
+    assert (rows[0]["state"], rows[0]["users"], rows[0]["reported_at"]) == ("ready", 4, 101.0)
+
+
+def test_an_older_report_does_not_undo_a_newer_one(store, make_heartbeat, make_row) -> None:  # type: ignore[no-untyped-def]
+    record(store, make_heartbeat("n1", make_row(users=4), t=200.0))
+    res = store.record(parse_heartbeat(make_heartbeat("n1", make_row(users=1), t=150.0)))
+    assert not res.applied and "older than the stored report" in res.reason
+    assert store.services([MOD])[0]["users"] == 4
+
+
+def test_a_report_is_the_nodes_whole_snapshot(store, make_heartbeat, make_row) -> None:  # type: ignore[no-untyped-def]
+    other = make_row(module="dev.example.other", service="db")
+    record(store, make_heartbeat("n1", make_row(), other, t=1.0))
+    record(store, make_heartbeat("n1", make_row(), t=2.0))  # module `other` no longer enabled
+    assert store.services(["dev.example.other"]) == []
+    assert len(store.services([MOD])) == 1
+
+
+def test_filters_and_other_modules(store, make_heartbeat, make_row) -> None:  # type: ignore[no-untyped-def]
+    for n in ("a", "b", "c"):
+        record(store, make_heartbeat(n, make_row(), make_row(service="tokenizer"),
+                                     make_row(module="dev.example.other", service="model")))
+    assert len(store.services([MOD])) == 6
+    assert [r["service"] for r in store.services([MOD], node_id="b")] == ["model", "tokenizer"]
+    assert [r["node_id"] for r in store.services([MOD], service="tokenizer")] == ["a", "b", "c"]
+    assert len(store.services([MOD], node_id="b", service="model")) == 1
+    assert store.services([MOD], node_id="zzz") == []
+    assert len(store.services(["dev.example.other"])) == 3
+
+
+def test_held_shows_why(store, make_heartbeat, make_row) -> None:  # type: ignore[no-untyped-def]
+    record(store, make_heartbeat("n1", make_row(running=False, ready=False, held="preempt_memory",
+                                                error="memory under the hard floor")))
+    row = store.services([MOD])[0]
+    assert row["stopped_reason"] == "held: preempt_memory"
+    assert row["error"] == "memory under the hard floor"
+
+
+def test_services_query_over_1000_nodes(store, make_heartbeat, make_row) -> None:  # type: ignore[no-untyped-def]
+    """1,000 nodes, two modules each: at most 200 rows come back, in node order, through the
+    primary key. The time is printed for the report (speed is the benchmark's business)."""
+    t = time.time()
+    for i in range(1000):
+        record(store, make_heartbeat(f"node-{i:04d}",
+                                     make_row(users=i % 5, running=i % 3 != 0, ready=i % 3 != 0),
+                                     make_row(module="dev.example.other", service="db"), t=t))
+    plan = store.query_plan(MOD)
+    assert "USING PRIMARY KEY" in plan or "USING INDEX" in plan, plan
+    timings = []
+    for _ in range(20):
+        t0 = time.perf_counter()
+        rows = store.services([MOD, "modelserver"])
+        timings.append(time.perf_counter() - t0)
+    assert len(rows) == 200
+    assert [r["node_id"] for r in rows] == [f"node-{i:04d}" for i in range(200)]
+    t0 = time.perf_counter()
+    one = store.services([MOD], node_id="node-0999", service="model")
+    filtered = time.perf_counter() - t0
+    assert len(one) == 1 and one[0]["state"] == "stopped"  # 999 % 3 == 0
+    timings.sort()
+    print(f"\nservices query over 1,000 nodes (2,000 rows): median {timings[10] * 1000:.2f} ms, "
+          f"max {timings[-1] * 1000:.2f} ms for 200 rows; node+service filter "
+          f"{filtered * 1000:.2f} ms")
