@@ -180,3 +180,77 @@ def start_portal(tmp_path: Path) -> Iterator[Callable[..., PortalProc]]:
     finally:
         for p in procs:
             _stop(p)
+
+
+# -- browser --------------------------------------------------------------------------------
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+
+
+@pytest.fixture(scope="module")
+def chromium() -> Iterator[Any]:
+    """Debian's Chromium, headless, driven by Playwright (one per test module)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+@dataclass
+class BrowserPage:
+    page: Any
+    dialogs: list[str]
+    console_errors: list[str]
+
+
+@pytest.fixture
+def browser_page(chromium: Any) -> Iterator[BrowserPage]:
+    """A fresh page; records any dialog (none may open) and console errors."""
+    ctx = chromium.new_context(viewport={"width": 1280, "height": 720})
+    page = ctx.new_page()
+    page.set_default_timeout(15_000)
+    dialogs: list[str] = []
+    errors: list[str] = []
+
+    def on_dialog(d: Any) -> None:
+        dialogs.append(d.message)
+        d.dismiss()
+
+    page.on("dialog", on_dialog)
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    try:
+        yield BrowserPage(page, dialogs, errors)
+    finally:
+        ctx.close()
+
+
+def table_cells(page: Any, table_id: str = "services") -> list[list[str]]:
+    """The rendered table's body cells as a person reads them."""
+    rows = page.locator(f'[data-id="{table_id}"] tbody tr')
+    return [rows.nth(i).locator("td").all_inner_texts() for i in range(rows.count())]
+
+
+@pytest.fixture
+def read_table() -> Callable[..., list[list[str]]]:
+    return table_cells
+
+
+@pytest.fixture
+def screenshot(request: pytest.FixtureRequest) -> Callable[[Any, str], Path]:
+    """Save a screenshot under .artifacts/ui-pages/ (git-ignored) and return its path."""
+
+    def shot(page: Any, name: str) -> Path:
+        out = ARTIFACTS / "ui-pages"
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / f"{name}.png"
+        page.screenshot(path=str(path), full_page=True)
+        print(f"\nscreenshot: {path}")
+        return path
+
+    return shot

@@ -100,6 +100,8 @@ class Portal:
                 return self.index()
             if parts == ["v1", "queries", "services"]:
                 return self.services_query(query)
+            if parts == ["favicon.ico"]:
+                return Response(204, b"", "image/x-icon")  # browsers ask; nothing to show
             if parts == ["v1", "nodes"]:
                 return _json(200, self.store.nodes())
             if len(parts) == 2 and parts[0] == "static":
