@@ -146,7 +146,8 @@ class Supervisor:
             doc = res.doc
             health = doc.get("health")
             rt.health = health if health in ("healthy", "unhealthy", "undetected") else "unhealthy"
-            pools = doc.get("pools") if isinstance(doc.get("pools"), dict) else {}
+            raw = doc.get("pools")
+            pools: dict[str, Any] = raw if isinstance(raw, dict) else {}
             rt.fp_pools = {p: int(n) for p, n in pools.items()
                            if isinstance(n, int) and not isinstance(n, bool) and n >= 0}
             rt.fp_running = doc.get("running") is True
@@ -323,7 +324,8 @@ class Supervisor:
                 await asyncio.sleep(delay)  # the contract's `ready` poll, nothing else
             delay = min(delay * 2, READY_POLL_MAX_S)
         if ch is not None:
-            await asyncio.wait({ch.hello, ch.closed}, return_when=asyncio.FIRST_COMPLETED)
+            waits: set[asyncio.Future[Any]] = {ch.hello, ch.closed}
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
             if ch.closed.done() or not ch.is_open:
                 reason = ch.closed.result() if ch.closed.done() else "closed"
                 raise StartFailed(f"the service closed its channel: {reason}")
