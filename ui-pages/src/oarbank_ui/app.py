@@ -199,13 +199,14 @@ class Portal:
         for n in self.store.nodes():
             panels = []
             for name in n["modules"]:
-                m = find_module(self.modules, name)
-                for p in (m.manifest.panels if m else ()):
+                pm = find_module(self.modules, name)
+                if pm is None:
+                    continue  # reported, but this portal has no folder (no panels) for it
+                for p in pm.manifest.panels:
                     panels.append({
-                        "title": f"{m.short_name}: {p.title}" if m else p.title,
+                        "title": f"{pm.short_name}: {p.title}",
                         "href": (f"/nodes/{quote(n['node_id'], safe='')}/modules/"
-                                 f"{quote(m.id, safe='') if m else ''}/panels/"
-                                 f"{quote(p.id, safe='')}"),
+                                 f"{quote(pm.id, safe='')}/panels/{quote(p.id, safe='')}"),
                     })
             nodes.append(n | {"panels": panels, "reported_ago": ago_text(now - n["reported_at"]),
                               "reported_iso": iso_text(n["reported_at"])})

@@ -141,8 +141,8 @@ def parse_heartbeat(doc: Any) -> Heartbeat:
     rows = tuple(_row(v, f"services[{i}]") for i, v in enumerate(services))
     seen: set[tuple[str, str]] = set()
     for i, row in enumerate(rows):
-        key = (row.module, row.service)
-        if key in seen:
+        pair = (row.module, row.service)
+        if pair in seen:
             raise HeartbeatError(f"services[{i}]: {row.module}/{row.service} reported twice")
-        seen.add(key)
+        seen.add(pair)
     return Heartbeat(node_id=node_id, hostname=hostname, time=float(t), services=rows)

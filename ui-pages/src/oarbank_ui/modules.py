@@ -17,7 +17,7 @@ try:  # page checking lives in the SDK; a portal without it still renders (it ne
 except ImportError:  # pragma: no cover - only with an older SDK
     _check_page_data = None
 
-__all__ = ["PageFileError", "PortalModule", "load_modules"]
+__all__ = ["ManifestError", "PageFileError", "PortalModule", "find_module", "load_modules"]
 
 
 class PageFileError(Exception):
@@ -81,5 +81,3 @@ def find_module(modules: dict[str, PortalModule], name: str) -> PortalModule | N
     by_short = [m for m in modules.values() if m.short_name == name]
     return by_short[0] if len(by_short) == 1 else None
 
-
-__all__ += ["find_module", "ManifestError"]

@@ -14,6 +14,7 @@ import re
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ __all__ = ["fixture_fetch", "write_preview"]
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
-def fixture_fetch(bundle: Path):  # type: ignore[no-untyped-def]
+def fixture_fetch(bundle: Path) -> Callable[[str, dict[str, Any]], list[dict[str, Any]]]:
     """A query runner over ``<bundle>/fixtures/ui/queries/<query>.json``."""
 
     def fetch(query: str, params: dict[str, Any]) -> list[dict[str, Any]]:

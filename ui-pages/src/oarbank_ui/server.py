@@ -30,7 +30,7 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = "oarbank-portal"
 
     def _portal(self) -> Portal:
-        return self.server.portal  # type: ignore[attr-defined, no-any-return]
+        return self.server.portal  # type: ignore[attr-defined]
 
     def _answer(self, method: str) -> None:
         url = urlsplit(self.path)
@@ -94,7 +94,7 @@ class PortalHTTPServer(ThreadingHTTPServer):
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://{host!s}:{port}"
 
 
 class PortalUnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
