@@ -80,14 +80,21 @@ class NoDelayHandler(GenerateHandler):
     disable_nagle_algorithm = True
 
 
+class _TunedHTTPServer(ThreadingHTTPServer):
+    # socketserver's listen backlog is 5: a burst of connects overflows it and the kernel
+    # drops SYNs (a 1 s retransmit each). A tuned server listens with a real backlog.
+    request_queue_size = 1024
+
+
 class _UnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
+    request_queue_size = 1024
 
 
 def start_baselines(unix_path: str) -> tuple[dict, list]:
     """Start the three baseline servers on daemon threads; (addresses, servers)."""
-    nodelay = ThreadingHTTPServer(("127.0.0.1", 0), NoDelayHandler)
-    naive = ThreadingHTTPServer(("127.0.0.1", 0), GenerateHandler)
+    nodelay = _TunedHTTPServer(("127.0.0.1", 0), NoDelayHandler)
+    naive = _TunedHTTPServer(("127.0.0.1", 0), GenerateHandler)
     unix = _UnixHTTPServer(unix_path, GenerateHandler)
     servers = [nodelay, naive, unix]
     for s in servers:

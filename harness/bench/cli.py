@@ -1,0 +1,84 @@
+"""The bench's command line: run the figures, print the table, write results.json.
+
+Exit codes: 0 every figure ran (targets missed are reported, not failed: they are goals);
+1 a figure could not run (its error is in results.json and the table); 2 bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from .config import FULL, QUICK, REPO
+from .context import Bench
+from .figures import FIGURES
+from .report import table, write_results
+
+__all__ = ["main", "run_bench"]
+
+SCHEMA = 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m harness.bench",
+                                description="Warm services against the alternatives.")
+    p.add_argument("--quick", action="store_true", help="fewer rounds (under a minute)")
+    p.add_argument("--out", type=Path, default=REPO / ".bench" / "results.json",
+                   help="results file (default: .bench/results.json)")
+    p.add_argument("--only", default="",
+                   help=f"comma-separated figures to run (default all): {', '.join(FIGURES)}")
+    p.add_argument("--keep", action="store_true", help="keep the temp dir (logs, state)")
+    return p
+
+
+def run_bench(quick: bool, only: list[str], keep: bool = False) -> dict[str, Any]:
+    params = QUICK if quick else FULL
+    results: dict[str, Any] = {
+        "schema": SCHEMA, "quick": quick, "started_at": time.time(),
+        "machine": {"python": platform.python_version(), "platform": platform.platform(),
+                    "cpus": os.cpu_count()},
+        "params": params.__dict__ | {"connect_parallel": list(params.connect_parallel)},
+        "figures": {},
+    }
+    bench = Bench(params, quick, keep)
+    try:
+        for key, fig in FIGURES.items():
+            if only and key not in only:
+                continue
+            t0 = time.monotonic()
+            print(f"bench: {fig.TITLE} ...", file=sys.stderr, flush=True)
+            try:
+                out = fig.run(bench)
+            except Exception as exc:
+                bench.failed = True
+                traceback.print_exc()
+                out = {"title": fig.TITLE, "metrics": {},
+                       "error": f"{type(exc).__name__}: {exc}"}
+            out["seconds"] = round(time.monotonic() - t0, 2)
+            results["figures"][key] = out
+    finally:
+        bench.close()
+    results["seconds"] = round(time.time() - results["started_at"], 2)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    only = [x.strip() for x in args.only.split(",") if x.strip()]
+    unknown = [x for x in only if x not in FIGURES]
+    if unknown:
+        print(f"bench: unknown figure(s) {', '.join(unknown)}; known: {', '.join(FIGURES)}",
+              file=sys.stderr)
+        return 2
+    results = run_bench(args.quick, only, args.keep)
+    write_results(args.out, results)
+    print(table(results))
+    print(f"\n{'quick' if args.quick else 'full'} bench: {results['seconds']:.1f}s; "
+          f"results in {args.out}")
+    return 1 if any(f.get("error") for f in results["figures"].values()) else 0

@@ -1,0 +1,75 @@
+"""Figure 3: connect handoff with 1, 8 and 32 attempts connecting at once (real attempts,
+released together from a file barrier), against loopback TCP connects from as many processes."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from ..context import MODULE_ID, Bench
+from ..stats import metric
+
+TITLE = "3. connect handoff"
+US = 1e6
+
+
+def _barrier(ready_dir: Path, n: int, go: Path, timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    while len(list(ready_dir.iterdir())) < n:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"only {len(list(ready_dir.iterdir()))} of {n} connecting "
+                               f"processes reached the barrier in {timeout:g}s")
+        time.sleep(0.01)
+    go.write_text("go")
+
+
+def _cps(results: list[dict[str, Any]]) -> float:
+    total = sum(len(r["latencies_s"]) for r in results)
+    span = max(r["last"] for r in results) - min(r["first"] for r in results)
+    return total / span if span > 0 else 0.0
+
+
+def run(b: Bench) -> dict[str, Any]:
+    p = b.params
+    agent = b.agent()
+    port = b.baseline_addrs()["tcp_nodelay"]
+    metrics: dict[str, Any] = {}
+    for n in p.connect_parallel:
+        ours: list[float] = []
+        base: list[float] = []
+        ours_cps: list[float] = []
+        base_cps: list[float] = []
+        for r in range(p.connect_rounds):
+            # brokered: n attempts
+            rd, go = b.tmp / f"c{n}-{r}-ready", b.tmp / f"c{n}-{r}-go"
+            rd.mkdir()
+            payload = {"mode": "connect", "count": p.connect_count, "ready_dir": str(rd),
+                       "go_file": str(go)}
+            ids = agent.submit(MODULE_ID, "bench", [payload] * n)
+            _barrier(rd, n, go)
+            jobs = agent.wait_all(ids)
+            bad = [j for j in jobs if j["state"] != "succeeded"]
+            if bad:
+                raise RuntimeError(f"connect job {bad[0]['job_id']}: {bad[0]['reason']}")
+            res = [j["result"]["payload"] for j in jobs]
+            ours += [x for r_ in res for x in r_["latencies_s"]]
+            ours_cps.append(_cps(res))
+            # loopback: n processes
+            rd, go = b.tmp / f"l{n}-{r}-ready", b.tmp / f"l{n}-{r}-go"
+            rd.mkdir()
+            procs = [b.client({"mode": "connect", "port": port, "count": p.connect_count,
+                               "ready_dir": str(rd), "go_file": str(go)}) for _ in range(n)]
+            _barrier(rd, n, go)
+            res = [b.client_result(pr) for pr in procs]
+            base += [x for r_ in res for x in r_["latencies_s"]]
+            base_cps.append(_cps(res))
+        targets = {"median": "<= 150", "p99": "<= 1000"} if n == 8 else None
+        metrics[f"connect_latency_{n}_parallel"] = metric(
+            ours, unit="us", scale=US, baseline=base, baseline_name="loopback TCP connect",
+            targets=targets)
+        metrics[f"connects_per_s_{n}_parallel"] = metric(
+            ours_cps, unit="conn/s", baseline=base_cps, baseline_name="loopback TCP connect",
+            with_p99=False)
+    return {"title": TITLE, "metrics": metrics,
+            "details": {"connects_per_attempt": p.connect_count, "rounds": p.connect_rounds}}

@@ -1,0 +1,74 @@
+"""Figure 6: job overhead. Trivial jobs (the runner writes its result and exits) submitted at
+once, against the same runner processes spawned directly at once; and one job at a time,
+submit to final record, against that runner's own spawn-to-exit time (the agent's share)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ..agentproc import BENCH_MODULE
+from ..context import MODULE_ID, Bench
+from ..stats import metric
+
+TITLE = "6. job overhead"
+MS = 1000.0
+
+
+def _direct(workdir: Path, i: int) -> subprocess.Popen[bytes]:
+    """The runner as the agent would start it, minus the agent."""
+    w = workdir / f"d{i}"
+    w.mkdir(parents=True)
+    (w / "spec.json").write_text(json.dumps({"job_id": f"d{i}", "attempt_id": f"d{i}.1",
+                                             "stage": "trivial", "payload": {}}))
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONUTF8": "1",
+           "HOME": str(w), "TMPDIR": str(w), "OARBANK_ATTEMPT_ID": f"d{i}.1"}
+    return subprocess.Popen([sys.executable, "-I", str(BENCH_MODULE / "bench_runner.py"), "run",
+                             "--spec", str(w / "spec.json"), "--workdir", str(w),
+                             "--out", str(w / "result.json")], env=env, cwd=w,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def _wait_direct(procs: list[subprocess.Popen[bytes]]) -> None:
+    for pr in procs:
+        if pr.wait(60) != 0:
+            raise RuntimeError(f"direct runner exited with {pr.returncode}")
+
+
+def run(b: Bench) -> dict[str, Any]:
+    p = b.params
+    agent = b.agent()
+    jps: list[float] = []
+    base_jps: list[float] = []
+    n = p.trivial_jobs
+    for r in range(p.trivial_rounds):
+        t0 = time.monotonic()
+        agent.run_jobs(MODULE_ID, "trivial", [{}] * n)
+        jps.append(n / (time.monotonic() - t0))
+        t0 = time.monotonic()
+        _wait_direct([_direct(b.tmp / f"direct-{r}", i) for i in range(n)])
+        base_jps.append(n / (time.monotonic() - t0))
+    wall: list[float] = []
+    runner: list[float] = []
+    for r in range(p.single_rounds):
+        t0 = time.monotonic()
+        agent.run_jobs(MODULE_ID, "trivial", [{}])
+        wall.append(time.monotonic() - t0)
+        t0 = time.monotonic()
+        _wait_direct([_direct(b.tmp / f"single-{r}", 0)])
+        runner.append(time.monotonic() - t0)
+    share = [100.0 * (w - d) / w for w, d in zip(wall, runner, strict=True)]
+    return {"title": TITLE, "metrics": {
+        "trivial_jobs_per_s": metric(jps, unit="jobs/s", baseline=base_jps,
+                                     baseline_name="runners spawned directly", with_p99=False,
+                                     targets={"median": ">= 20"}),
+        "one_job_wall": metric(wall, unit="ms", scale=MS, baseline=runner,
+                               baseline_name="runner spawn to exit, no agent"),
+        "agent_share_of_job_wall": metric(share, unit="%",
+                                          note="(job wall - runner alone) / job wall"),
+    }, "details": {"jobs_at_once": n, "rounds": p.trivial_rounds}}
