@@ -1,0 +1,75 @@
+"""`python -m harness [--backend B] [--scenario NAME ...] [--out DIR] [--list]`
+
+Runs the end-to-end scenarios on the backends (every scenario on every backend this machine
+can run when none is named), prints a progress line per scenario, writes `report.json` and
+`report.md` into the out dir (default `.e2e/`), and exits 1 if anything failed (2 on bad
+usage).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from harness.backends import BACKEND_NAMES, make_backends
+from harness.runner import run_matrix
+from harness.scenario import SCENARIOS
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m harness", description=__doc__.split("\n\n")[1])
+    p.add_argument("--backend", metavar="B",
+                   help="local, container (both images) or one of "
+                        + ", ".join(n for n in BACKEND_NAMES if ":" in n)
+                        + "; default: every backend this machine can run")
+    p.add_argument("--scenario", action="append", metavar="NAME",
+                   help="run only this scenario (repeatable); default: all")
+    p.add_argument("--out", type=Path, default=Path(".e2e"),
+                   help="folder for report.json, report.md and each run's files (default .e2e)")
+    p.add_argument("--list", action="store_true", help="list the scenarios and backends")
+    p.add_argument("--agent-flag", action="append", default=[], metavar="FLAG",
+                   help="pass FLAG to every `oarbank-agent run` (harness tests use it to "
+                        "break a behaviour on purpose)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    import harness.scenarios  # noqa: F401  (registers the scenarios)
+
+    args = _parser().parse_args(argv)
+    if args.list:
+        for sc in SCENARIOS.values():
+            print(f"{sc.name:20} {sc.summary}")
+        print("backends: " + ", ".join(BACKEND_NAMES))
+        return 0
+    try:
+        backends = make_backends(args.backend)
+    except ValueError as exc:
+        print(f"python -m harness: {exc}", file=sys.stderr)
+        return 2
+    names = args.scenario or list(SCENARIOS)
+    unknown = [n for n in names if n not in SCENARIOS]
+    if unknown:
+        print(f"python -m harness: unknown scenario(s) {', '.join(unknown)}; known: "
+              + ", ".join(SCENARIOS), file=sys.stderr)
+        return 2
+    if not names:
+        print("python -m harness: no scenarios are registered", file=sys.stderr)
+        return 2
+    t0 = time.monotonic()
+    report = run_matrix(backends, [SCENARIOS[n] for n in names], args.out,
+                        tuple(args.agent_flag), required=args.backend is not None)
+    j, m = report.write(args.out)
+    print()
+    print(report.to_markdown().split("\n## Evidence")[0].strip())
+    print()
+    print(f"report: {j} and {m}; {time.monotonic() - t0:.1f} s in total")
+    if not report.results:
+        print("python -m harness: no backend could run here: nothing was tested",
+              file=sys.stderr)
+        return 1
+    return 0 if report.ok else 1

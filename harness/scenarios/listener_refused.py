@@ -1,0 +1,47 @@
+"""listener-refused: a module whose service tries to listen fails the conformance kit, and
+under the agent its listens are refused: it never listens, fails and is withdrawn."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from harness.scenario import MODULES_DIR, Ctx, scenario
+from harness.scenarios.common import wait_row
+
+LISTENER = "dev.oarbank.e2e.listener"
+
+
+def _sdk_command() -> list[str]:
+    here = Path(sys.executable).parent / "oarbank-sdk"
+    return [str(here)] if here.exists() else [sys.executable, "-m", "oarbank_sdk"]
+
+
+@scenario("listener-refused", "a service that tries to listen fails conform and cannot "
+          "listen under the agent")
+def listener_refused(ctx: Ctx) -> None:
+    # 1. The conformance kit, on the host, as a module author runs it.
+    r = subprocess.run([*_sdk_command(), "conform", str(MODULES_DIR / "listener")],
+                       capture_output=True, text=True, timeout=120, cwd=ctx.folder,
+                       stdin=subprocess.DEVNULL)
+    out = r.stdout + r.stderr
+    (ctx.folder / "conform.txt").write_text(out)
+    fails = [ln for ln in out.splitlines() if "FAIL" in ln]
+    ctx.check(r.returncode == 1 and fails,
+              f"oarbank-sdk conform should fail the listener (exit 1, FAIL lines): "
+              f"exit {r.returncode}: {out[-800:]}")
+    ctx.note(f"conform exit {r.returncode}; {fails[0].strip()[:200]}")
+
+    # 2. Under the agent.
+    node = ctx.node("listen-a", ["listener"])
+    row = wait_row(ctx, node, LISTENER, "web", "withdrawn", lambda r: r["withdrawn"], 60)
+    ctx.note(f"row withdrawn: error={row['error']!r}")
+    tries = [json.loads(x) for x in node.read_lines("listen.attempts")]
+    ctx.check(tries, "the service never tried to listen (no listen.attempts)")
+    granted = [t for t in tries if t.get("ok")]
+    ctx.check(not granted, f"a listen was granted under the agent: {granted}")
+    ctx.note(f"{len(tries)} listen tries, all refused: "
+             f"{sorted({t['kind'] + ': ' + str(t['error']) for t in tries})}")
+    ctx.check(not row["running"] and not row["ready"], f"the service runs: {row}")
