@@ -105,9 +105,10 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 class RunningAgent:
-    def __init__(self, root: Path, modules: list[Path], settings: dict[str, Any]) -> None:
+    def __init__(self, root: Path, modules: list[Path], settings: dict[str, Any],
+                 state_dir: Path | None = None) -> None:
         self.root = root
-        self.state_dir = root / "state"
+        self.state_dir = state_dir or root / "state"
         root.mkdir(parents=True, exist_ok=True)
         paths = {}
         for name, value in settings.items():
@@ -163,6 +164,13 @@ class RunningAgent:
 
     def fd_count(self) -> int:
         return len(os.listdir(f"/proc/{self.pid}/fd"))
+
+    def kill(self) -> None:
+        """SIGKILL the agent alone (what a crash looks like): its children stay behind."""
+        self.stopped = True
+        self.proc.proc.kill()
+        self.proc.proc.wait()
+        self.proc.stop()  # closes our ends; the agent's children are in their own sessions
 
     def stop(self) -> None:
         if self.stopped:

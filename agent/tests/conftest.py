@@ -28,8 +28,9 @@ def start_agent(tmp_path: Path) -> Iterator[Callable[..., RunningAgent]]:
     agents: list[RunningAgent] = []
     counter = iter(range(1000))
 
-    def start(modules: list[Path], settings: dict[str, Any] | None = None) -> RunningAgent:
-        a = RunningAgent(tmp_path / f"agent{next(counter)}", modules, settings or {})
+    def start(modules: list[Path], settings: dict[str, Any] | None = None,
+              state_dir: Path | None = None) -> RunningAgent:
+        a = RunningAgent(tmp_path / f"agent{next(counter)}", modules, settings or {}, state_dir)
         agents.append(a)
         return a
 

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from agent_helpers import write_module
+from agent_helpers import processes_referencing, read_jsonl, write_module
 
 
 def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -126,3 +126,23 @@ def test_demo_runs_the_example(tmp_path: Path) -> None:
     assert (out["jobs"], out["succeeded"], out["model_loads"]) == (3, 3, 1)
     assert len(out["service_pids"]) == 1
     assert "jobs done: 3/3" in r.stderr
+
+
+def test_restarted_agent_ends_leftovers_and_resumes_jobs(start_agent, echo_module: Path) -> None:
+    first = start_agent([echo_module])
+    job = first.submit("echo", {"requests": 1, "sleep_s": 60, "sleep_below_attempt": 2})
+    first.wait_for(lambda: any(r["event"] == "sleep"
+                               for r in read_jsonl(first.module_data() / "runs.jsonl")),
+                   what="the runner to be past its requests")
+    first.kill()
+    left = processes_referencing(first.state_dir)
+    assert len(left) >= 2, left  # the runner and the service daemon outlive a crashed agent
+    recs = sorted(p.name for p in (first.state_dir / "procs").glob("*.json"))
+    assert recs, "the crashed agent's group records are the restart's to-do list"
+    second = start_agent([echo_module], state_dir=first.state_dir)
+    rec = second.wait(job)
+    assert (rec["state"], rec["attempts"]) == ("succeeded", 2), rec
+    hellos = [e["pid"] for e in read_jsonl(second.module_data() / "events.jsonl")
+              if e["event"] == "hello"]
+    assert len(set(hellos)) == 2  # the endpoint service was not adopted: a new daemon
+    assert "ended a process group left by a previous agent" in second.log(), (left, recs)

@@ -42,7 +42,12 @@ class GroupRecord:
     pgid: int
     kind: str  # op | service | runner
     label: str  # e.g. "dev.example.modelserver/model start" or an attempt id
-    started: float  # unix time, to tell a reused pgid from ours
+    started: float  # unix time, for people reading the record
+    # The leader's start in clock ticks since boot, and the boot: a member that started
+    # before the leader, or in another boot, is a reused pgid, not ours. (Wall-clock times
+    # are useless for this: the boot-time-based process clock drifts from time.time().)
+    start_ticks: int | None = None
+    boot_id: str | None = None
 
 
 class ProcessRegistry:
@@ -67,8 +72,11 @@ class ProcessRegistry:
         for p in sorted(self.dir.glob("*.json")):
             try:
                 d = json.loads(p.read_text())
+                ticks = d.get("start_ticks")
                 out.append(GroupRecord(int(d["pgid"]), str(d["kind"]), str(d["label"]),
-                                       float(d["started"])))
+                                       float(d["started"]),
+                                       int(ticks) if ticks is not None else None,
+                                       d.get("boot_id")))
             except (OSError, ValueError, KeyError, TypeError):
                 p.unlink(missing_ok=True)  # a torn record: nothing we could act on safely
         return out
@@ -76,10 +84,11 @@ class ProcessRegistry:
     async def end_leftovers(self, grace_s: float = 2.0) -> list[GroupRecord]:
         """End every recorded group that still has members started by us; clear the records."""
         ended = []
+        boot = _boot_id()
         for rec in self.records():
-            if _members(rec.pgid, not_before=rec.started - 1.0):
+            if rec.boot_id == boot and _members(rec.pgid, rec.start_ticks):
                 ended.append(rec)
-                await end_group(rec.pgid, grace_s, not_before=rec.started - 1.0)
+                await end_group(rec.pgid, grace_s, min_ticks=rec.start_ticks)
             self.remove(rec.pgid)
         return ended
 
@@ -99,14 +108,16 @@ async def spawn(argv: list[str], *, env: dict[str, str], cwd: str | os.PathLike[
         start_new_session=True,
     )
     if registry is not None:
-        # The record lands right after the fork; a crash in between leaves a group whose
-        # leader is our direct child, which dies with... nothing: accepted, the window is tiny.
-        registry.add(GroupRecord(proc.pid, kind, label, time.time()))
+        # The record lands right after the fork: an agent killed in between leaves a group
+        # nobody records (a known, tiny window; closing it needs an intent record + a marker
+        # the child carries, which the exact environment rules out for now).
+        registry.add(GroupRecord(proc.pid, kind, label, time.time(), _start_ticks(proc.pid),
+                                 _boot_id()))
     return proc
 
 
-def _members(pgid: int, not_before: float | None = None) -> list[int]:
-    """Live (non-zombie) pids in process group ``pgid``."""
+def _members(pgid: int, min_ticks: int | None = None) -> list[int]:
+    """Live (non-zombie) pids in process group ``pgid`` (started at or after ``min_ticks``)."""
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
@@ -114,27 +125,40 @@ def _members(pgid: int, not_before: float | None = None) -> list[int]:
     except PermissionError:
         pass
     pids = []
-    for pid, pgrp, state in _proc_table():
+    for pid, pgrp, state, ticks in _proc_table():
         if pgrp != pgid or state == "Z":
             continue
-        if not_before is not None:
-            try:
-                if psutil.Process(pid).create_time() < not_before:
-                    continue  # a reused pgid: not ours
-            except psutil.Error:
-                continue
+        if min_ticks is not None and ticks is not None and ticks < min_ticks:
+            continue  # started before our leader: a reused pgid, not ours
         pids.append(pid)
     return pids
 
 
-def _proc_table() -> list[tuple[int, int, str]]:
-    """(pid, pgid, state letter) of every process, read straight from /proc (cheap)."""
+def _boot_id() -> str | None:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:  # pragma: no cover - not Linux
+        return None
+
+
+def _start_ticks(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+        return int(data[data.rfind(b")") + 2 :].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _proc_table() -> list[tuple[int, int, str, int | None]]:
+    """(pid, pgid, state letter, start ticks) of every process, straight from /proc (cheap)."""
     if not os.path.isdir("/proc/self"):  # pragma: no cover - macOS: psutil's slower scan
-        out = []
+        out: list[tuple[int, int, str, int | None]] = []
         for p in psutil.process_iter(["pid", "status"]):
             try:
                 z = "Z" if p.info["status"] == psutil.STATUS_ZOMBIE else "R"
-                out.append((p.pid, os.getpgid(p.pid), z))
+                out.append((p.pid, os.getpgid(p.pid), z, None))
             except (OSError, psutil.Error):
                 continue
         return out
@@ -148,9 +172,9 @@ def _proc_table() -> list[tuple[int, int, str]]:
         except OSError:
             continue
         rest = data[data.rfind(b")") + 2 :].split()
-        if len(rest) < 3:
+        if len(rest) < 20:
             continue
-        out.append((int(name), int(rest[2]), rest[0].decode()))
+        out.append((int(name), int(rest[2]), rest[0].decode(), int(rest[19])))
     return out
 
 
@@ -163,25 +187,25 @@ def signal_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
 
 
-async def end_group(pgid: int, grace_s: float, *, not_before: float | None = None) -> bool:
+async def end_group(pgid: int, grace_s: float, *, min_ticks: int | None = None) -> bool:
     """SIGTERM the group, wait up to ``grace_s`` for it to empty, then SIGKILL.
 
     Returns True if it had to SIGKILL. Safe on a group that is already gone.
     """
-    if not _members(pgid, not_before):
+    if not _members(pgid, min_ticks):
         return False
     signal_group(pgid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     delay = 0.01
     while time.monotonic() < deadline:
-        if not _members(pgid, not_before):
+        if not _members(pgid, min_ticks):
             return False
         await asyncio.sleep(delay)
         delay = min(delay * 2, 0.2)
     signal_group(pgid, signal.SIGKILL)
     # SIGKILL cannot be refused; give the kernel a moment to tear the members down.
     for _ in range(50):
-        if not _members(pgid, not_before):
+        if not _members(pgid, min_ticks):
             break
         await asyncio.sleep(0.02)
     return True

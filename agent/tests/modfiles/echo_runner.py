@@ -4,8 +4,9 @@ Records {"event": "start"|"end", "t", "attempt", "stage"} in <module data>/runs.
 Payload keys (all optional): env (report the exact environment), requests (n connections to
 `echo`, each sends a line and reads the service pid), keep_open (leave those connections open
 at exit), bad_op (send an unknown op on the raw connector), burst (n immediate connects, then
-count successful connects over rate_window_s), sleep_s, ignore_term, exit / exit_below_attempt
-/ failure (exit with a code, writing failure.json unless failure is false).
+count successful connects over rate_window_s), sleep_s (sleep_below_attempt), ignore_term,
+exit / exit_below_attempt / failure (exit with a code, writing failure.json unless failure is
+false).
 """
 
 from __future__ import annotations
@@ -124,8 +125,10 @@ def main() -> int:
         with ThreadPoolExecutor(8) as pool:
             result["pids"] = list(pool.map(lambda i: one_request(i, keep),
                                            range(int(payload["requests"]))))
-    time.sleep(float(payload.get("sleep_s", 0)))
     attempt_no = int(os.environ["OARBANK_ATTEMPT_ID"].rsplit(".", 1)[1])
+    if attempt_no < int(payload.get("sleep_below_attempt", 1 << 30)):
+        record("sleep")
+        time.sleep(float(payload.get("sleep_s", 0)))
     code = payload.get("exit")
     if code is not None and attempt_no < int(payload.get("exit_below_attempt", 1 << 30)):
         if payload.get("failure", True):
