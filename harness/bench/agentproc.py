@@ -11,6 +11,7 @@ import concurrent.futures
 import json
 import os
 import selectors
+import shutil
 import signal
 import subprocess
 import sys
@@ -34,8 +35,9 @@ class Agent:
 
     def __init__(self, state_dir: Path, modules: list[Path],
                  settings: dict[str, dict[str, Any]] | None = None,
-                 ready_timeout: float = 60.0) -> None:
+                 ready_timeout: float = 60.0, profile: Path | None = None) -> None:
         self.state_dir = state_dir
+        self._spy: subprocess.Popen[bytes] | None = None
         state_dir.mkdir(parents=True, exist_ok=True)
         argv = [sys.executable, "-m", "oarbank_agent", "run", "--state-dir", str(state_dir),
                 "--node-id", "bench-node"]
@@ -54,6 +56,22 @@ class Agent:
         except BaseException:
             self.stop()
             raise
+        if profile is not None:
+            self._profile(profile)
+
+    def _profile(self, out: Path) -> None:
+        """py-spy on the agent (collapsed stacks, idle frames left out) until ``stop``."""
+        spy = shutil.which("py-spy")
+        if spy is None:
+            raise RuntimeError("--profile needs py-spy (pip install py-spy)")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        rate = os.environ.get("BENCH_PYSPY_RATE", "500")  # samples a second
+        # --gil: only samples holding the GIL, i.e. the agent's own CPU, not its waits.
+        self._spy = subprocess.Popen([spy, "record", "--pid", str(self.pid), "--rate", rate,
+                                      "--gil", "--nonblocking", "--format", "raw",
+                                      "--output", str(out)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(0.5)  # py-spy attaches
 
     def _wait_ready_line(self, timeout: float) -> None:
         assert self.proc.stdout is not None
@@ -77,6 +95,14 @@ class Agent:
         return self.proc.pid
 
     def stop(self, timeout: float = 60.0) -> None:
+        if self._spy is not None:
+            self._spy.send_signal(signal.SIGINT)  # py-spy writes its file and exits
+            try:
+                self._spy.wait(30)
+            except subprocess.TimeoutExpired:
+                self._spy.kill()
+                self._spy.wait()
+            self._spy = None
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:

@@ -34,10 +34,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--only", default="",
                    help=f"comma-separated figures to run (default all): {', '.join(FIGURES)}")
     p.add_argument("--keep", action="store_true", help="keep the temp dir (logs, state)")
+    p.add_argument("--profile", type=Path, metavar="DIR",
+                   help="run py-spy on each agent; collapsed stacks go to DIR/<agent>.txt")
     return p
 
 
-def run_bench(quick: bool, only: list[str], keep: bool = False) -> dict[str, Any]:
+def run_bench(quick: bool, only: list[str], keep: bool = False,
+              profile: Path | None = None) -> dict[str, Any]:
     params = QUICK if quick else FULL
     results: dict[str, Any] = {
         "schema": SCHEMA, "quick": quick, "started_at": time.time(),
@@ -46,7 +49,7 @@ def run_bench(quick: bool, only: list[str], keep: bool = False) -> dict[str, Any
         "params": params.__dict__ | {"connect_parallel": list(params.connect_parallel)},
         "figures": {},
     }
-    bench = Bench(params, quick, keep)
+    bench = Bench(params, quick, keep, profile)
     try:
         for key, fig in FIGURES.items():
             if only and key not in only:
@@ -76,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench: unknown figure(s) {', '.join(unknown)}; known: {', '.join(FIGURES)}",
               file=sys.stderr)
         return 2
-    results = run_bench(args.quick, only, args.keep)
+    results = run_bench(args.quick, only, args.keep, args.profile)
     write_results(args.out, results)
     print(table(results))
     print(f"\n{'quick' if args.quick else 'full'} bench: {results['seconds']:.1f}s; "

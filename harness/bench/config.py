@@ -50,7 +50,7 @@ FULL = Params(warm_jobs=20, warm_load_s=2.0, warm_rounds=2,
 
 QUICK = Params(warm_jobs=8, warm_load_s=0.5, warm_rounds=1,
                req_rounds=2, req_per_request=30, req_keepalive=100, req_naive_keepalive=10,
-               connect_parallel=(1, 8, 32), connect_count=15, connect_rounds=1,
-               ready_rounds=3, ready_load_s=0.2,
-               idle_s=2.0, hold_attempts=32, hold_s=1.0,
+               connect_parallel=(1, 8, 32), connect_count=10, connect_rounds=1,
+               ready_rounds=2, ready_load_s=0.2,
+               idle_s=2.0, hold_attempts=16, hold_s=1.0,
                trivial_jobs=20, trivial_rounds=1, single_rounds=5)

@@ -19,8 +19,10 @@ MODULE_ID = "dev.oarbank.bench"
 
 
 class Bench:
-    def __init__(self, params: Params, quick: bool, keep: bool = False) -> None:
+    def __init__(self, params: Params, quick: bool, keep: bool = False,
+                 profile: Path | None = None) -> None:
         self.params = params
+        self.profile = profile  # a folder: py-spy collapsed stacks of each agent
         self.quick = quick
         self.keep = keep
         # /tmp, not the repo: unix socket paths (the control socket) must stay short.
@@ -36,8 +38,12 @@ class Bench:
         if self._agent is None:
             self._agent = Agent(self.tmp / "state", [BENCH_MODULE],
                                 {"bench": {"slots": 64,
-                                           "probe_load_s": self.params.ready_load_s}})
+                                           "probe_load_s": self.params.ready_load_s}},
+                                profile=self.profile_path("bench-agent"))
         return self._agent
+
+    def profile_path(self, name: str) -> Path | None:
+        return None if self.profile is None else self.profile / f"{name}.txt"
 
     def module_data(self) -> Path:
         return self.tmp / "state" / "modules" / MODULE_ID / "data"

@@ -44,7 +44,8 @@ def _loads(path: Path) -> int:
 def _warm_round(b: Bench, r: int, n: int, load_s: float) -> tuple[float, int]:
     state = b.tmp / f"warm-{r}"
     module_id = mf.load(MODELSERVER).id
-    with Agent(state, [MODELSERVER], {"modelserver": {"load_s": load_s, "slots": PARALLEL}}) as ag:
+    with Agent(state, [MODELSERVER], {"modelserver": {"load_s": load_s, "slots": PARALLEL}},
+               profile=b.profile_path(f"warm-agent-{r}")) as ag:
         t0 = time.monotonic()
         ag.run_jobs("modelserver", "generate", [{"prompts": _prompts(i)} for i in range(n)])
         wall = time.monotonic() - t0
