@@ -54,7 +54,7 @@ def test_failures_back_off_then_withdraw_and_only_ready_resets() -> None:
     ready = lc.apply(lc.apply(s, lc.Event.START, 30), lc.Event.READY, 31)
     assert ready.failures == 0 and ready.error is None
     s = lc.apply(lc.apply(s, lc.Event.START, 30), lc.Event.FAILED, 30)
-    assert s.state is lc.State.WITHDRAWN and lc.decide(s, 1e9).action == "none"
+    assert s.state is lc.State.WITHDRAWN and lc.decide(s, 30) == lc.Decision(wake_at=70)
 
 
 def test_backoff_is_kept_when_no_one_wants_it_and_forgotten_at_shutdown() -> None:

@@ -12,7 +12,9 @@ States::
        └──(shutdown)──── backoff <───────────┘
                           │ failures reach max_failures
                           v
-                      withdrawn   (terminal: pools count 0, nothing admitted, never restarted)
+                      withdrawn   (pools count 0, nothing admitted, never started) ──recover──> stopped
+                                   a healthy `fingerprint` once the backoff delay has passed
+    stopped ──adopt──> ready   (agent restart: a non-endpoint service found running)
 
 - A service is *wanted* when its lifecycle is ``always`` or it has users (admitted jobs holding
   one of its pools). ``manual`` services are never wanted: the agent only fingerprints them.
@@ -22,7 +24,12 @@ States::
   process group dying) counts one failure. The next start waits
   ``backoff_initial_s * 2 ** (failures - 1)`` seconds, capped at ``backoff_max_s``. At
   ``max_failures`` the service is withdrawn.
-- Only becoming ready resets the failure count; a clean stop does not.
+- Only becoming ready resets the failure count; a clean stop does not. A withdrawn service is
+  probed (``fingerprint``) once ``backoff_delay(failures)`` has passed, and again after each
+  unhealthy answer; a healthy one un-withdraws it (``recover``, to ``stopped``) with its failure
+  count kept, so a single further failure withdraws it again.
+- ``adopt``: after an agent restart a non-endpoint service whose ``fingerprint`` says running is
+  taken as it is (ready), never started twice. Endpoint services are never adopted.
 - ``on_demand``: a ready service with zero users for ``idle_timeout_s`` is stopped (reason
   ``idle``). The idle clock starts when users drop to zero and is cleared when one arrives.
 - On agent shutdown every running or starting service is stopped and a backing-off one is
@@ -67,6 +74,9 @@ class Event(str, Enum):
     STOP = "stop"  # the supervisor begins the stop order
     STOPPED = "stopped"  # the stop order has finished; nothing of the service is left
     FORGET = "forget"  # a backing-off service that is no longer wanted (or at shutdown)
+    PROBED = "probed"  # a withdrawn service's fingerprint was not healthy: probe again later
+    RECOVER = "recover"  # a withdrawn service's fingerprint was healthy: it may start again
+    ADOPT = "adopt"  # agent restart: a running non-endpoint service is taken over as ready
 
 
 # (state, event) -> state. FAILED's target is computed (backoff or withdrawn): marked None.
@@ -80,6 +90,9 @@ TRANSITIONS: dict[tuple[State, Event], State | None] = {
     (State.READY, Event.STOP): State.STOPPING,
     (State.STOPPING, Event.STOPPED): State.STOPPED,
     (State.BACKOFF, Event.FORGET): State.STOPPED,
+    (State.WITHDRAWN, Event.PROBED): State.WITHDRAWN,
+    (State.WITHDRAWN, Event.RECOVER): State.STOPPED,
+    (State.STOPPED, Event.ADOPT): State.READY,
 }
 
 
@@ -106,7 +119,8 @@ class ServiceState:
 @dataclass(frozen=True)
 class Decision:
     """What the supervisor should do now. ``action`` is one of ``none``, ``start``, ``stop``,
-    ``forget``; ``wake_at`` is when to ask again if nothing else happens (a timer)."""
+    ``forget``, ``probe`` (fingerprint a withdrawn service); ``wake_at`` is when to ask again
+    if nothing else happens (a timer)."""
 
     action: str = "none"
     reason: str | None = None
@@ -129,15 +143,23 @@ def apply(s: ServiceState, event: Event, now: float, *, error: str | None = None
         raise IllegalTransition(f"service in state {s.state.value!r} cannot take {event.value!r}")
     if event is Event.FAILED:
         failures = s.failures + 1
-        if failures >= s.max_failures:
-            return replace(s, state=State.WITHDRAWN, failures=failures, retry_at=None,
-                           error=error, idle_since=None)
         delay = backoff_delay(failures, s.backoff_initial_s, s.backoff_max_s)
+        if failures >= s.max_failures:
+            # retry_at: when a fingerprint may un-withdraw it
+            return replace(s, state=State.WITHDRAWN, failures=failures, retry_at=now + delay,
+                           error=error, idle_since=None)
         return replace(s, state=State.BACKOFF, failures=failures, retry_at=now + delay,
                        error=error, idle_since=None)
     target = TRANSITIONS[key]
     assert target is not None
-    if event is Event.READY:
+    if event is Event.PROBED:
+        delay = backoff_delay(s.failures, s.backoff_initial_s, s.backoff_max_s)
+        return replace(s, retry_at=now + delay)
+    if event is Event.RECOVER:
+        # The failure count is kept: only becoming ready resets it. The last error stays
+        # readable until then.
+        return replace(s, state=target, retry_at=None, stopped_reason="withdrawn")
+    if event in (Event.READY, Event.ADOPT):
         # Only becoming ready resets the failure count.
         return replace(s, state=target, failures=0, error=None, retry_at=None,
                        idle_since=None if s.users else now, stopped_reason=None)
@@ -169,10 +191,16 @@ def wanted(s: ServiceState) -> bool:
 
 def decide(s: ServiceState, now: float, *, shutting_down: bool = False) -> Decision:
     """What to do with a service now. Pure: the same inputs give the same answer."""
-    if s.state in (State.STARTING, State.STOPPING, State.WITHDRAWN):
-        return Decision()  # an effect is in flight, or nothing will ever happen again
+    if s.state in (State.STARTING, State.STOPPING):
+        return Decision()  # an effect is in flight
     if s.lifecycle == "manual":
         return Decision()
+    if s.state is State.WITHDRAWN:
+        if shutting_down or s.retry_at is None:
+            return Decision()
+        if now >= s.retry_at:
+            return Decision("probe")
+        return Decision(wake_at=s.retry_at)
     if shutting_down:
         if s.state is State.READY:
             return Decision("stop", reason="shutdown")
