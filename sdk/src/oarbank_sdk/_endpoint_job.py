@@ -1,0 +1,298 @@
+"""Job side of endpoints: open connections to a service through the attempt's connector.
+
+The connector is an inherited, already-connected stream named by ``OARBANK_SERVICE_<NAME>``
+(``fd:<n>``). Each ``connect`` is one exchange on it:
+
+    job -> agent   {"op": "connect", "pid": <pid>}
+    agent -> job   {"ok": true, "conn": n} + the job's end   |  {"ok": false, "error", "detail"}
+    job -> agent   {"op": "received", "conn": n}
+
+One connector object per service per process, opened on first use and kept open (the agent
+closes it when the attempt ends). A lock serialises the exchange, so any number of threads
+may connect at once. After ``fork`` the child gets fresh locks (a lock held by a parent thread
+at fork time would otherwise never be released). Processes sharing one connector (fork
+children, children given it with ``inherit_connector``) share one stream: they must not
+``connect`` at the same moment as each other, or one may read the other's reply.
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import socket
+import threading
+import time
+from email.message import Message
+from typing import Any
+
+from oarbank_sdk._endpoint_errors import ChannelClosed, EndpointError
+from oarbank_sdk._endpoint_stream import MessageStream
+from oarbank_sdk._transport import UnsupportedHandle, current
+from oarbank_sdk._wire import Connect, Ok, Received, Refusal, WireError, parse_reply_to_job
+
+__all__ = ["connect", "request", "Response", "HTTPConnection", "inherit_connector", "env_name"]
+
+
+def env_name(service: str) -> str:
+    """``"model"`` -> ``"OARBANK_SERVICE_MODEL"``."""
+    return "OARBANK_SERVICE_" + service.upper()
+
+
+def _carries_fd(msg: Any) -> bool:
+    return isinstance(msg, Ok)
+
+
+class _Connector:
+    """The process's end of one service's connector."""
+
+    def __init__(self, service: str, stream: MessageStream) -> None:
+        self.service = service
+        self.stream = stream
+        self.lock = threading.Lock()
+        # Replies still owed to exchanges that timed out after sending `connect`: they are
+        # read (and their connections received and closed) before the next exchange, so the
+        # stream stays in step.
+        self.owed = 0
+
+    def for_child(self) -> _Connector:
+        """The same stream for a freshly forked child: new lock, no buffered parent state."""
+        fresh = MessageStream(self.stream.sock, current())
+        # Descriptors the parent had queued are the child's copies now: nobody will claim them.
+        self.stream._fds, queued = type(self.stream._fds)(), self.stream._fds
+        for fd, _, _ in queued:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        return _Connector(self.service, fresh)
+
+    def connect(self, timeout: float | None) -> socket.socket:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if not self.lock.acquire(timeout=-1 if timeout is None else max(timeout, 0.0)):
+            raise EndpointError("timeout", f"connect to {self.service!r}: connector busy for {timeout}s")
+        try:
+            while self.owed:
+                try:
+                    late = self._reply(deadline)
+                except EndpointError as exc:
+                    if exc.code in ("timeout", "channel_closed"):
+                        raise
+                    late = None  # a late refusal or bad reply: nobody waits for it any more
+                self.owed -= 1
+                if late is not None:
+                    late.close()
+            self.stream.send(Connect(os.getpid()).to_wire())
+            self.owed += 1
+            try:
+                sock = self._reply(deadline)
+            except EndpointError as exc:
+                if exc.code != "timeout":  # this reply has been consumed
+                    self.owed -= 1
+                raise
+            self.owed -= 1
+            return sock
+        finally:
+            self.lock.release()
+
+    def _reply(self, deadline: float | None) -> socket.socket:
+        """Read one reply to a ``connect``; return the connection or raise ``EndpointError``."""
+        try:
+            msg, fd = self.stream.next(parse_reply_to_job, _carries_fd, deadline)
+        except TimeoutError:
+            raise EndpointError(
+                "timeout", f"connect to {self.service!r}: no reply from the agent in time"
+            ) from None
+        if isinstance(msg, WireError):
+            raise EndpointError(
+                "protocol_error", f"the agent's reply on {env_name(self.service)}: {msg.detail}"
+            )
+        if isinstance(msg, Refusal):
+            raise EndpointError(msg.error, msg.detail)
+        assert isinstance(msg, Ok)
+        if fd is None:
+            raise EndpointError(
+                "protocol_error", f"the agent's ok reply (conn {msg.conn}) carried no descriptor"
+            )
+        # We hold our end now: the receipt lets the agent drop its copy.
+        try:
+            self.stream.send(Received(msg.conn).to_wire())
+        except ChannelClosed:
+            os.close(fd)
+            raise
+        try:
+            return current().open_stream(fd)
+        except UnsupportedHandle as exc:
+            os.close(fd)
+            raise EndpointError("protocol_error", f"the agent sent an unusable descriptor: {exc}")
+
+
+_lock = threading.Lock()
+_connectors: dict[tuple[str, str], _Connector] = {}
+
+
+def _after_fork_in_child() -> None:
+    global _lock, _connectors
+    _lock = threading.Lock()
+    _connectors = {key: c.for_child() for key, c in _connectors.items()}
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _connector(service: str) -> _Connector:
+    name = env_name(service)
+    value = os.environ.get(name)
+    if not value:
+        raise EndpointError(
+            "no_connector",
+            f"{name} is not set: this job's stage reserves no pool of the endpoint service "
+            f"{service!r}, or the process that started this one did not pass the connector on",
+        )
+    with _lock:
+        # Keyed by the value too: a process whose environment names another descriptor
+        # (a test, a re-exec) gets a connector for that one.
+        conn = _connectors.get((service, value))
+        if conn is not None:
+            return conn
+        transport = current()
+        try:
+            fd = transport.parse(value)
+            sock = transport.open_stream(fd)
+        except UnsupportedHandle as exc:
+            raise EndpointError("no_connector", f"{name}={value!r} is not usable: {exc}") from None
+        conn = _connectors[(service, value)] = _Connector(service, MessageStream(sock, transport))
+        return conn
+
+
+def _forget_connectors() -> None:
+    """Close every connector this process opened (tests only: the agent owns their lifetime)."""
+    with _lock:
+        for conn in _connectors.values():
+            conn.stream.close()
+        _connectors.clear()
+
+
+def connect(service: str, timeout: float | None = None) -> socket.socket:
+    """A fresh connected stream to ``service`` (e.g. ``"model"``), brokered by the agent.
+
+    ``timeout`` bounds the whole exchange in seconds (None: wait as long as the agent does; it
+    answers ``service_unavailable`` after the service's ``start_timeout_s``). Thread-safe.
+    The caller owns the returned socket (blocking mode) and must close it.
+
+    Raises ``EndpointError`` with ``code``: an agent refusal (``service_unavailable``,
+    ``rate_limited``, ``bad_pid``, ``bad_request``; retry later or give up), ``no_connector``
+    (``OARBANK_SERVICE_<NAME>`` unset or invalid: fix the stage's pools or pass the connector
+    on), ``protocol_error`` (a bad reply), ``timeout``; ``ChannelClosed`` once the agent has
+    closed the connector (the attempt is ending).
+    """
+    return _connector(service).connect(timeout)
+
+
+def inherit_connector(service: str) -> dict[str, Any]:
+    """``subprocess.Popen`` keyword arguments that pass ``service``'s connector to a child:
+    ``pass_fds``, ``close_fds=True`` and ``env`` (a copy of ``os.environ`` naming it).
+
+    Merge them with your own ``pass_fds``/``env`` when passing several. Parent and child then
+    share one stream: do not ``connect`` in both at the same moment. Raises ``EndpointError``
+    (``no_connector``).
+    """
+    conn = _connector(service)
+    transport = current()
+    fd = conn.stream.fileno()
+    env = dict(os.environ)
+    env[env_name(service)] = transport.format(fd)
+    return {**transport.inheritable_kwargs(fd), "env": env}
+
+
+class HTTPConnection(http.client.HTTPConnection):
+    """An ``http.client.HTTPConnection`` to an endpoint service.
+
+    Its ``connect()`` asks the agent for a connection instead of dialling anything, so
+    keep-alive carries several requests over one connection and, when the service closed it,
+    the next request reconnects through the agent. ``connect`` raises ``EndpointError`` like
+    the module-level ``connect``; everything else is plain ``http.client``. The Host header is
+    the service name.
+    """
+
+    def __init__(self, service: str, timeout: float | None = 30.0) -> None:
+        super().__init__(service, timeout=timeout)
+        self.service = service
+
+    def connect(self) -> None:
+        timeout = self.timeout if isinstance(self.timeout, (int, float)) else None
+        self.sock = connect(self.service, timeout=timeout)
+        self.sock.settimeout(timeout)
+
+    def set_tunnel(self, *args: Any, **kwargs: Any) -> None:
+        raise EndpointError("bad_request", "endpoint connections cannot be tunnelled")
+
+
+class Response:
+    """A complete HTTP response: ``status``, ``reason``, ``headers`` (case-insensitive
+    ``http.client.HTTPMessage``), ``body`` (bytes); ``text`` and ``json()`` decode it."""
+
+    def __init__(self, status: int, reason: str, headers: Message, body: bytes) -> None:
+        self.status = status
+        self.reason = reason
+        self.headers = headers
+        self.body = body
+
+    @property
+    def text(self) -> str:
+        """The body decoded with the Content-Type charset (UTF-8 when none is given)."""
+        charset = self.headers.get_content_charset() if self.headers else None
+        return self.body.decode(charset or "utf-8", errors="replace")
+
+    def json(self) -> Any:
+        """The body parsed as JSON. Raises ``ValueError`` if it is not JSON."""
+        return json.loads(self.body)
+
+    def __repr__(self) -> str:
+        return f"<Response {self.status} {self.reason} ({len(self.body)} bytes)>"
+
+
+def request(
+    service: str,
+    method: str,
+    path: str,
+    body: Any = None,
+    headers: dict[str, str] | None = None,
+    timeout: float | None = 30.0,
+) -> Response:
+    """One HTTP/1.1 request over its own brokered connection (``Connection: close``).
+
+    ``body``: bytes sent as-is; str sent UTF-8 encoded; dict or list sent as JSON with
+    ``Content-Type: application/json`` (unless ``headers`` sets one); None for no body.
+    ``timeout`` (seconds) bounds the connect exchange and each socket operation.
+    Any status is returned, not raised. Raises ``EndpointError`` (see ``connect``),
+    ``TypeError`` for another body type, ``OSError``/``http.client.HTTPException`` when the
+    service breaks the connection or the protocol.
+    """
+    hdrs = dict(headers or {})
+    names = {k.lower() for k in hdrs}
+    data: bytes | None
+    if body is None:
+        data = None
+    elif isinstance(body, (bytes, bytearray, memoryview)):
+        data = bytes(body)
+    elif isinstance(body, str):
+        data = body.encode("utf-8")
+    elif isinstance(body, (dict, list)):
+        data = json.dumps(body).encode("utf-8")
+        if "content-type" not in names:
+            hdrs["Content-Type"] = "application/json"
+    else:
+        raise TypeError(f"body must be bytes, str, dict, list or None, not {type(body).__name__}")
+    if "connection" not in names:
+        hdrs["Connection"] = "close"
+    conn = HTTPConnection(service, timeout=timeout)
+    try:
+        conn.request(method, path, body=data, headers=hdrs)
+        resp = conn.getresponse()
+        payload = resp.read()
+        return Response(resp.status, resp.reason, resp.headers, payload)
+    finally:
+        conn.close()

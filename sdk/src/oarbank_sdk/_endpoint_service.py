@@ -1,0 +1,300 @@
+"""Service side of endpoints: say hello on the channel and take the connections jobs open.
+
+The channel is an inherited, already-connected stream named by ``OARBANK_ENDPOINT_CHANNEL``
+(``fd:<n>``), given to the ``start`` op only; ``start`` passes it on with ``inherit_channel()``.
+
+    service -> agent  {"op": "hello", "pid": <pid>}                   once, first
+    agent -> service  {"op": "connection", "conn": n, "attempt": id} + the service's end
+    service -> agent  {"op": "accepted", "conn": n}
+    agent -> service  {"op": "ended", "attempt": id}                   close that attempt's rest
+
+End of file on the channel means the agent is stopping the service: ``accept`` raises
+``ChannelClosed``, iteration stops, ``serve_http`` returns, and the service should exit.
+
+Malformed agent messages (not JSON, over 4096 bytes, unknown op, wrong fields, a
+``connection`` without a descriptor or with an unusable one) are logged as warnings on the
+``oarbank_sdk.service_endpoint`` logger, counted in ``Acceptor.malformed``, and skipped: one
+bad line must not take a serving process down. Descriptors riding on messages that should
+carry none are closed, never used.
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import socket
+import threading
+import weakref
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler
+from typing import Any
+
+from oarbank_sdk._endpoint_errors import ChannelClosed, EndpointError
+from oarbank_sdk._endpoint_stream import MessageStream
+from oarbank_sdk._transport import UnsupportedHandle, current
+from oarbank_sdk._wire import (
+    Accepted,
+    Connection,
+    Ended,
+    Hello,
+    WireError,
+    parse_to_service,
+)
+
+__all__ = [
+    "CHANNEL_ENV",
+    "CONNECTIONS_PER_ATTEMPT",
+    "Acceptor",
+    "EndpointSocket",
+    "inherit_channel",
+    "serve_http",
+]
+
+CHANNEL_ENV = "OARBANK_ENDPOINT_CHANNEL"
+CONNECTIONS_PER_ATTEMPT = 64
+
+log = logging.getLogger("oarbank_sdk.service_endpoint")
+
+
+def _channel_fd(channel: str | None) -> int:
+    value = channel if channel is not None else os.environ.get(CHANNEL_ENV)
+    if not value:
+        raise EndpointError(
+            "no_channel",
+            f"{CHANNEL_ENV} is not set: only the agent's `start` op gets the endpoint channel "
+            "(is the service declared with endpoint = true, and did `start` pass it on?)",
+        )
+    try:
+        fd = current().parse(value)
+        os.fstat(fd)
+    except (UnsupportedHandle, OSError) as exc:
+        raise EndpointError("no_channel", f"{CHANNEL_ENV}={value!r} is not usable: {exc}") from None
+    return fd
+
+
+def inherit_channel() -> dict[str, Any]:
+    """``subprocess.Popen`` keyword arguments that pass the endpoint channel to the daemon
+    ``start`` leaves running: ``pass_fds=(n,)`` and ``close_fds=True``. The environment
+    variable is inherited as is (if you pass ``env=``, keep ``OARBANK_ENDPOINT_CHANNEL`` in it).
+
+    Raises ``EndpointError`` (``no_channel``) when the variable is unset or not an open
+    descriptor.
+    """
+    return current().inheritable_kwargs(_channel_fd(None))
+
+
+class EndpointSocket(socket.socket):
+    """A connection the agent handed over. ``close()`` also makes the acceptor forget it."""
+
+    _forget: Callable[[], None] | None = None
+
+    def close(self) -> None:
+        forget, self._forget = self._forget, None
+        if forget is not None:
+            forget()
+        super().close()
+
+
+def _carries_fd(msg: Any) -> bool:
+    return isinstance(msg, Connection)
+
+
+class Acceptor:
+    """The service's end of the endpoint channel.
+
+    ``Acceptor(channel=None)`` opens ``channel`` (``"fd:<n>"``; default: the value of
+    ``OARBANK_ENDPOINT_CHANNEL``) and says hello. Raises ``EndpointError`` (``no_channel``) if
+    it is missing or unusable, ``ChannelClosed`` if the agent already closed it.
+
+    ``accept()`` / iteration yield ``(connection, attempt_id)``. Open connections are tracked
+    per attempt: at most ``CONNECTIONS_PER_ATTEMPT`` (64) each, the oldest cut (shutdown and
+    close) to admit a new one; ``ended`` cuts what is left of that attempt. Connections the
+    handler closes, or drops, are forgotten.
+    """
+
+    def __init__(self, channel: str | None = None) -> None:
+        transport = current()
+        fd = _channel_fd(channel)
+        try:
+            sock = transport.open_stream(fd)
+        except UnsupportedHandle as exc:
+            raise EndpointError("no_channel", f"endpoint channel fd:{fd}: {exc}") from None
+        self._stream = MessageStream(sock, transport)
+        self._accept_lock = threading.Lock()
+        self._track_lock = threading.RLock()  # RLock: weakref callbacks may run under it
+        self._open: dict[str, dict[int, weakref.ref[EndpointSocket]]] = {}
+        self._keys = itertools.count()
+        self.malformed = 0
+        self.pid = os.getpid()
+        # hello first and exactly once: the agent hands connections only after it.
+        self._stream.send(Hello(self.pid).to_wire())
+
+    # --- accepting ----------------------------------------------------------------------------
+
+    def accept(self) -> tuple[EndpointSocket, str]:
+        """Block until the agent hands over the next connection; return it with its attempt id.
+
+        Handles ``ended`` messages while waiting. The caller owns the connection and should
+        close it when done. Raises ``ChannelClosed`` at end of file: the agent is stopping
+        the service, which should exit.
+        """
+        with self._accept_lock:
+            while True:
+                msg, fd = self._stream.next(parse_to_service, _carries_fd)
+                if isinstance(msg, WireError):
+                    self._malformed(f"ignoring a malformed message from the agent: {msg.detail}")
+                elif isinstance(msg, Ended):
+                    self._end_attempt(msg.attempt)
+                elif fd is None:
+                    self._malformed(f"ignoring connection {msg.conn}: it carried no descriptor")
+                else:
+                    conn = self._take(msg, fd)
+                    if conn is not None:
+                        return conn, msg.attempt
+
+    def __iter__(self) -> Iterator[tuple[EndpointSocket, str]]:
+        """Yield ``accept()`` results until the channel reaches end of file."""
+        while True:
+            try:
+                yield self.accept()
+            except ChannelClosed:
+                return
+
+    def _take(self, msg: Connection, fd: int) -> EndpointSocket | None:
+        # We hold the descriptor: the receipt lets the agent drop its copy, even if the
+        # descriptor turns out unusable.
+        try:
+            self._stream.send(Accepted(msg.conn).to_wire())
+        except ChannelClosed:
+            os.close(fd)
+            raise
+        try:
+            plain = current().open_stream(fd)
+        except UnsupportedHandle as exc:
+            os.close(fd)
+            self._malformed(f"ignoring connection {msg.conn}: {exc}")
+            return None
+        conn = EndpointSocket(plain.family, plain.type, plain.proto, fileno=plain.detach())
+        self._track(conn, msg.attempt)
+        return conn
+
+    def _malformed(self, text: str) -> None:
+        self.malformed += 1
+        log.warning("endpoint channel: %s", text)
+
+    # --- tracking -----------------------------------------------------------------------------
+
+    def _track(self, conn: EndpointSocket, attempt: str) -> None:
+        with self._track_lock:
+            conns = self._open.setdefault(attempt, {})
+            cut = []
+            while len(conns) >= CONNECTIONS_PER_ATTEMPT:
+                # The cap: the oldest open connection of this attempt makes room.
+                cut.append(conns.pop(next(iter(conns))))
+            key = next(self._keys)
+            conns[key] = weakref.ref(conn, lambda _r: self._forget(attempt, key))
+            conn._forget = lambda: self._forget(attempt, key)
+        for ref in cut:
+            _cut(ref)
+
+    def _forget(self, attempt: str, key: int) -> None:
+        with self._track_lock:
+            conns = self._open.get(attempt)
+            if conns is not None:
+                conns.pop(key, None)
+                if not conns:
+                    del self._open[attempt]
+
+    def _end_attempt(self, attempt: str) -> None:
+        # The attempt is over and its processes are gone: what is left of it is dead weight.
+        with self._track_lock:
+            conns = self._open.pop(attempt, {})
+        for ref in conns.values():
+            _cut(ref)
+
+    def open_connections(self, attempt: str | None = None) -> int:
+        """How many tracked connections are open (of one attempt, or of all)."""
+        with self._track_lock:
+            if attempt is not None:
+                return len(self._open.get(attempt, ()))
+            return sum(len(c) for c in self._open.values())
+
+    # --- closing ------------------------------------------------------------------------------
+
+    def fileno(self) -> int:
+        return self._stream.fileno()
+
+    def close(self) -> None:
+        """Close the channel and cut every tracked connection. The agent treats a service that
+        closes its channel as failed (it ends the process group), so call this only on the
+        way out."""
+        with self._track_lock:
+            attempts, self._open = self._open, {}
+        for conns in attempts.values():
+            for ref in conns.values():
+                _cut(ref)
+        self._stream.close()
+
+    def __enter__(self) -> Acceptor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _cut(ref: weakref.ref[EndpointSocket]) -> None:
+    conn = ref()
+    if conn is None:
+        return
+    conn._forget = None
+    try:
+        conn.shutdown(socket.SHUT_RDWR)  # wakes a handler blocked reading it
+    except OSError:
+        pass
+    conn.close()
+
+
+class _EndpointServer:
+    """What ``serve_http`` handlers see as ``self.server``."""
+
+    def __init__(self, acceptor: Acceptor) -> None:
+        self.acceptor = acceptor
+        self.server_name = "endpoint"
+        self.server_port = 0
+
+
+def _handle(handler_class: type[BaseHTTPRequestHandler], conn: EndpointSocket, attempt: str,
+            server: _EndpointServer) -> None:
+    try:
+        handler_class(conn, ("endpoint", attempt), server)  # type: ignore[arg-type]
+    except Exception:
+        log.exception("endpoint handler failed on a connection of attempt %s", attempt)
+    finally:
+        try:
+            conn.shutdown(socket.SHUT_WR)  # as socketserver does: the client sees the end
+        except OSError:
+            pass
+        conn.close()
+
+
+def serve_http(handler_class: type[BaseHTTPRequestHandler], acceptor: Acceptor | None = None) -> None:
+    """Run ``handler_class`` (a ``BaseHTTPRequestHandler`` subclass) on every connection the
+    agent hands over, one daemon thread each; return when the agent closes the channel.
+
+    Set ``protocol_version = "HTTP/1.1"`` on the handler for keep-alive. Handlers see
+    ``client_address == ("endpoint", attempt_id)`` and ``self.server.acceptor``. Creates an
+    ``Acceptor()`` (which says hello) when none is given; raises ``EndpointError``
+    (``no_channel``) if that fails. After it returns the service should exit.
+    """
+    acc = acceptor if acceptor is not None else Acceptor()
+    server = _EndpointServer(acc)
+    for conn, attempt in acc:
+        threading.Thread(
+            target=_handle,
+            args=(handler_class, conn, attempt, server),
+            name=f"endpoint-{attempt}",
+            daemon=True,
+        ).start()

@@ -1,0 +1,52 @@
+"""Endpoints: jobs reach a warm service through the agent; nothing listens (contract section 3).
+
+Job side::
+
+    from oarbank_sdk import service_endpoint as ep
+    r = ep.request("model", "POST", "/v1/generate", {"prompt": "..."})
+    text = r.json()["text"]
+
+Service side::
+
+    acc = ep.Acceptor()            # says hello
+    ep.serve_http(Handler, acc)    # a thread per connection; returns when the agent stops us
+
+Standard library only (this module and everything it imports).
+"""
+
+from __future__ import annotations
+
+from oarbank_sdk._endpoint_errors import ChannelClosed, EndpointError
+from oarbank_sdk._endpoint_job import (
+    HTTPConnection,
+    Response,
+    connect,
+    env_name,
+    inherit_connector,
+    request,
+)
+from oarbank_sdk._endpoint_service import (
+    CHANNEL_ENV,
+    CONNECTIONS_PER_ATTEMPT,
+    Acceptor,
+    EndpointSocket,
+    inherit_channel,
+    serve_http,
+)
+
+__all__ = [
+    "EndpointError",
+    "ChannelClosed",
+    "connect",
+    "request",
+    "Response",
+    "HTTPConnection",
+    "inherit_connector",
+    "env_name",
+    "Acceptor",
+    "EndpointSocket",
+    "inherit_channel",
+    "serve_http",
+    "CHANNEL_ENV",
+    "CONNECTIONS_PER_ATTEMPT",
+]
