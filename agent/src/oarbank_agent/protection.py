@@ -26,6 +26,8 @@ import enum
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from . import lifecycle as lc
+
 __all__ = [
     "Floors",
     "Pressure",
@@ -35,7 +37,14 @@ __all__ = [
     "hard_victim",
     "gpu_api_missing",
     "memory_fits",
+    "parse_fraction",
+    "hold_override",
+    "HELD_MEMORY",
+    "HELD_PROTECTION",
 ]
+
+HELD_MEMORY = "preempt_memory"
+HELD_PROTECTION = "preempt_protection"
 
 
 @dataclass(frozen=True)
@@ -112,3 +121,36 @@ def gpu_api_missing(apis_any: Sequence[str], host_apis: Iterable[str]) -> str | 
 def memory_fits(charged_gb: float, request_gb: float, budget_gb: float) -> bool:
     """Whether a job or service costing ``request_gb`` fits next to what is already charged."""
     return charged_gb + request_gb <= budget_gb + 1e-9
+
+
+def parse_fraction(text: str, what: str) -> float:
+    """``"12%"``, ``"12"`` (a percentage when above 1) or ``"0.12"`` -> 0.12. Raises
+    ValueError naming ``what``."""
+    raw = text.strip()
+    try:
+        value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
+    except ValueError:
+        raise ValueError(f"{what}: {text!r} is not a fraction (0.12) or a percentage (12%)") \
+            from None
+    if not raw.endswith("%") and value > 1:
+        value /= 100
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"{what}: {text!r} must be between 0 and 100%")
+    return value
+
+
+def hold_override(state: lc.State, decision: lc.Decision, *, held: str | None,
+                  gpu_missing: bool, shutting_down: bool) -> lc.Decision:
+    """Host protection on top of the lifecycle's decision.
+
+    A held service (``preempt_memory`` / ``preempt_protection``) is never started, and one
+    that is up is stopped with the hold as its reason; a service whose GPU API is missing is
+    never started. Shutdown decisions pass through unchanged.
+    """
+    if shutting_down:
+        return decision
+    if held is not None and state is lc.State.READY:
+        return lc.Decision("stop", reason=held)
+    if (held is not None or gpu_missing) and decision.action == "start":
+        return lc.Decision()  # stays down; a lifted hold pokes it again
+    return decision

@@ -47,6 +47,7 @@ class JobRecord:
     started_at: float | None = None  # first runner start
     finished_at: float | None = None
     history: list[dict[str, Any]] = field(default_factory=list)  # one entry per attempt
+    released: int = 0  # attempts ended by host protection: requeued, not charged
 
     def public(self) -> dict[str, Any]:
         """The shape ``submit --wait`` prints."""
@@ -57,7 +58,7 @@ class JobRecord:
     def summary(self) -> dict[str, Any]:
         d = self.public()
         d.pop("result")
-        d.update(submitted_at=self.submitted_at, started_at=self.started_at,
+        d.update(released=self.released, submitted_at=self.submitted_at, started_at=self.started_at,
                  finished_at=self.finished_at)
         return d
 
