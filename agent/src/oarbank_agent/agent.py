@@ -19,10 +19,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from oarbank_sdk import manifest as mf
 
-from . import control, procs
+from . import control, gpu_detect, procs, protection
 from .admission import Admission, Request
+from .guard import DEFAULT_BUDGET_FRACTION, Guard, GuardConfig
 from .modules import ModuleCtx, NodeInfo, load_module
 from .runner import run_attempt
 from .store import TERMINAL, JobRecord, JobStore
@@ -54,6 +57,11 @@ class Agent:
         self.control = control.ControlServer(self.state_dir / control.SOCKET_NAME, self._request)
         self.broker: Any = None
         self._stop = asyncio.Event()
+        # Host protection (guard.py): the CLI may replace the config and set ``gpu`` (an
+        # override) before ``run``; otherwise the GPU APIs are detected at start.
+        self.guard = Guard(self, GuardConfig(protection.Floors()))
+        self.gpu: gpu_detect.Detection | None = None
+        self._releasing: dict[str, str] = {}  # job id -> why its task is being cancelled
 
     # --- modules --------------------------------------------------------------------------
 
@@ -96,6 +104,8 @@ class Agent:
         rep["jobs"] = [r.summary() for r in sorted(self.jobs.values(),
                                                    key=lambda r: (r.submitted_at, r.seq))]
         rep["state_dir"] = str(self.state_dir)
+        rep["gpu"] = self.gpu.as_dict() if self.gpu is not None else None
+        rep["protection"] = self.guard.report()
         return rep
 
     def _service_changed(self, key: str) -> None:
@@ -125,10 +135,18 @@ class Agent:
                         rec.label, rec.kind, rec.pgid)
         self.broker = Broker(self.supervisor)
         self.supervisor.broker = self.broker
+        await self._place_gpu_services()
+        if self.guard.config.budget_gb is not None:
+            self.admission.budget_gb = self.guard.config.budget_gb
+        else:
+            total_gb = psutil.virtual_memory().total / 2**30
+            self.admission.budget_gb = round(total_gb * DEFAULT_BUDGET_FRACTION, 2)
         await asyncio.gather(*(self.supervisor.fingerprint(rt)
                                for rt in self.supervisor.services.values()))
         self._recover_jobs()
         await self.control.start()
+        self.guard.sample()  # the first sample before anything starts
+        self.guard.start()
         for rt in self.supervisor.services.values():
             self.supervisor.poke(rt)  # `always` services start now
         self._admit()
@@ -143,6 +161,7 @@ class Agent:
         self._stop.set()
 
     async def shutdown(self) -> None:
+        await self.guard.aclose()
         await self.control.close()
         tasks = list(self._job_tasks.values())
         for t in tasks:
@@ -178,6 +197,7 @@ class Agent:
             known = ", ".join(s.name for s in ctx.manifest.stages) or "none"
             raise control.ControlError("unknown_stage", f"module {ctx.id} has no stage "
                                        f"{stage!r} (stages: {known})")
+        self._check_placement(ctx, st)
         # (new) -> queued: on disk before anyone hears of it
         rec = self.store.create(ctx.id, st.name, payload)
         self.jobs[rec.job_id] = rec
@@ -185,16 +205,89 @@ class Agent:
         self._admit()
         return rec
 
-    def _enqueue(self, rec: JobRecord, ctx: ModuleCtx) -> None:
+    def _enqueue(self, rec: JobRecord, ctx: ModuleCtx, *, front: bool = False) -> None:
         st = ctx.manifest.stage(rec.stage)
         assert st is not None
+        services_mem: dict[str, float] = {}
+        gpu: str | None = None
+        for key in self._service_keys(ctx, st):
+            rt = self.supervisor.services[key]
+            if rt.svc.reserves_host_memory:
+                services_mem[key] = rt.fp_reserve_gb
+            if rt.svc.gpu.use != "none":
+                # A job reserving a GPU service's pool is a GPU job.
+                gpu = "exclusive" if "exclusive" in (gpu, rt.svc.gpu.use) else rt.svc.gpu.use
         self.admission.enqueue(Request(
             rec.job_id, {f"{ctx.id}/{p}": n for p, n in st.pools.items()},
-            tuple(f"{ctx.id}/{p}" for p in st.needs_pools)))
+            tuple(f"{ctx.id}/{p}" for p in st.needs_pools), mem_gb=st.mem_gb or 0.0,
+            services_mem=services_mem, gpu=gpu), front=front)
+
+    # --- host protection: placement, memory budget, releasing jobs (guard.py acts) ---------
+
+    async def _place_gpu_services(self) -> None:
+        """GPU APIs (detected, each probe under a watchdog, unless overridden): a service
+        whose ``apis_any`` the host lacks is not offered here (its pools do not exist)."""
+        if self.gpu is None:
+            self.gpu = await asyncio.to_thread(gpu_detect.detect)
+        log.info("GPU APIs (%s): %s", self.gpu.source, ", ".join(self.gpu.apis) or "none")
+        for rt in self.supervisor.services.values():
+            rt.gpu_missing = protection.gpu_api_missing(rt.svc.gpu.apis_any, self.gpu.apis)
+
+    def _check_placement(self, ctx: ModuleCtx, st: mf.Stage) -> None:
+        """Refuse at once a job that can never run on this node (nothing is queued)."""
+        for pool in (*st.pools, *st.needs_pools):
+            svc = ctx.manifest.service_for_pool(pool)
+            rt = self.supervisor.services.get(service_key(ctx.id, svc.name)) if svc else None
+            if rt is not None and rt.gpu_missing is not None:
+                raise control.ControlError("gpu_api_missing", rt.gpu_missing)
+        budget = self.admission.budget_gb
+        need = (st.mem_gb or 0.0) + sum(
+            self.supervisor.services[k].fp_reserve_gb for k in self._service_keys(ctx, st)
+            if self.supervisor.services[k].svc.reserves_host_memory)
+        if budget is not None and need > budget + 1e-9:
+            raise control.ControlError(
+                "exceeds_memory_budget",
+                f"MEMORY_BUDGET: needs {need:g} GB; this node's budget is {budget:g} GB")
+
+    def _charge_services(self) -> None:
+        """Reserving services charge the budget while they run or have users."""
+        up = ("starting", "ready", "stopping")
+        self.admission.service_charges = {
+            key: rt.fp_reserve_gb for key, rt in self.supervisor.services.items()
+            if rt.svc.reserves_host_memory and (rt.st.state.value in up or rt.st.users > 0)}
+
+    def users_of(self, key: str) -> list[str]:
+        """Admitted jobs holding a pool of service ``key``."""
+        rt = self.supervisor.services[key]
+        pools = {f"{rt.ctx.id}/{p}" for p in rt.svc.pools}
+        return [r.job_id for r in self.admission.holding() if pools & set(r.pools)]
+
+    def running_job_groups(self) -> dict[str, int]:
+        """Running job id -> its runner's process group."""
+        out = {}
+        for g in self.registry.records():
+            job_id = g.label.rsplit(".", 1)[0]
+            if g.kind == "runner" and job_id in self.jobs and self.jobs[job_id].state == "running":
+                out[job_id] = g.pgid
+        return out
+
+    def release_jobs(self, job_ids: list[str], reason: str) -> None:
+        """End these jobs' attempts and requeue them, charging no attempt (host protection)."""
+        for job_id in job_ids:
+            task = self._job_tasks.get(job_id)
+            if task is None or task.done() or job_id in self._releasing:
+                continue
+            log.warning("job %s released (%s): requeued", job_id, reason)
+            self._releasing[job_id] = reason
+            task.cancel()
+
+    def admit(self) -> None:
+        self._admit()
 
     def _admit(self) -> None:
         if self._stop.is_set():
             return
+        self._charge_services()
         for req in self.admission.admit():
             rec = self.jobs[req.job_id]
             # queued -> admitted (tokens taken)
@@ -203,6 +296,10 @@ class Agent:
             self._job_tasks[rec.job_id] = asyncio.create_task(self._run_job(rec),
                                                               name=f"job {rec.job_id}")
         self._update_users()
+        for job_id in self.admission.waiting():
+            why = self.admission.why_waiting(job_id)
+            if why is not None:
+                self.jobs[job_id].reason = why  # readable in status; saved with the next change
 
     def _update_users(self) -> None:
         for key, rt in self.supervisor.services.items():
@@ -221,6 +318,9 @@ class Agent:
         ctx = self.modules[rec.module]
         stage = ctx.manifest.stage(rec.stage)
         assert stage is not None
+        requeue = False
+        attempt_id: str | None = None
+        started = 0.0
         try:
             while True:
                 for key in self._service_keys(ctx, stage):
@@ -235,8 +335,10 @@ class Agent:
                 # admitted -> running
                 rec.attempts += 1
                 rec.state = "running"
-                attempt_id = f"{rec.job_id}.{rec.attempts}"
-                workdir = self.store.job_dir(rec.job_id) / f"a{rec.attempts}"
+                # Released attempts keep their numbers: ids and workdirs are never reused.
+                number = rec.attempts + rec.released
+                attempt_id = f"{rec.job_id}.{number}"
+                workdir = self.store.job_dir(rec.job_id) / f"a{number}"
                 started = time.time()
                 rec.started_at = rec.started_at or started
                 self.store.save(rec)
@@ -262,13 +364,29 @@ class Agent:
                 self._finish(rec, final, outcome.exit_code, reason, outcome.result)
                 return
         except asyncio.CancelledError:
-            # admitted|running -> queued: the agent is stopping; the job is resumed later.
-            rec.state = "queued"
+            why = self._releasing.pop(rec.job_id, None)
+            if why is None or self._stop.is_set():
+                # admitted|running -> queued: the agent is stopping; the job is resumed later.
+                rec.state = "queued"
+                self.store.save(rec)
+                raise
+            # admitted|running -> queued (released by host protection): the attempt is over,
+            # it is not charged and not a failure; the job goes back ahead of later ones.
+            if rec.state == "running":
+                rec.attempts -= 1
+                rec.released += 1
+                rec.history.append({"attempt": None, "attempt_id": attempt_id,
+                                    "started_at": started, "finished_at": time.time(),
+                                    "outcome": "released", "exit_code": None,
+                                    "reason": why, "fault": None})
+            rec.state, rec.reason = "queued", f"released: {why}"
             self.store.save(rec)
-            raise
+            requeue = True
         finally:
             self._job_tasks.pop(rec.job_id, None)
             self.admission.release(rec.job_id)
+            if requeue:
+                self._enqueue(rec, ctx, front=True)
             if not self._stop.is_set():
                 self._admit()
             self._update_users()
@@ -314,6 +432,16 @@ class Agent:
             return {"ok": True, "job": rec.public()}
         if op == "status":
             return {"ok": True, "status": self.status()}
+        if op == "protect":
+            rule = req.get("rule")
+            if rule is not None:
+                try:
+                    self.guard.set_rule(str(rule))
+                except ValueError as exc:
+                    raise control.ControlError("bad_request", str(exc)) from None
+            return {"ok": True, "rules": self.guard.rules(),
+                    "held": {k: rt.held for k, rt in self.supervisor.services.items()
+                             if rt.held is not None}}
         raise control.ControlError("bad_request", f"unknown op {op!r}")
 
     def _job(self, job_id: Any) -> JobRecord:

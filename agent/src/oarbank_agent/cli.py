@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from . import control
+from . import control, protect_cli
 
 __all__ = ["main", "build_parser"]
 
@@ -30,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--node-id")
     r.add_argument("--settings", action="append", default=[], metavar="MODULE=FILE",
                    help="this node's settings (JSON object) for a module (id or short name)")
+    protect_cli.add_run_options(r)
 
     s = sub.add_parser("submit", help="submit a job to a running agent")
     s.add_argument("--state-dir", required=True, type=Path)
@@ -42,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("status", help="services and jobs of a running agent")
     st.add_argument("--state-dir", required=True, type=Path)
     st.add_argument("--json", action="store_true")
+
+    protect_cli.add_protect_parser(sub)
 
     d = sub.add_parser("demo", help="twenty jobs through one warm model service")
     d.add_argument("--jobs", type=int, default=20)
@@ -58,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_submit(args)
     if args.command == "status":
         return cmd_status(args)
+    if args.command == "protect":
+        return protect_cli.cmd_protect(args)
     from .demo import run_demo
 
     return run_demo(jobs=args.jobs, load_s=args.load_s, as_json=args.json)
@@ -72,6 +77,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .modules import SettingsError, read_settings_arg
 
     configure_logging()
+    try:
+        guard_config, gpu_override = protect_cli.config_from_args(args)
+    except ValueError as exc:
+        _err(str(exc))
+        return 2
     settings: dict[str, dict[str, Any]] = {}
     for arg in args.settings:
         try:
@@ -92,6 +102,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     async def main_async() -> int:
         agent = Agent(args.state_dir, args.node_id)
+        agent.guard.config, agent.gpu = guard_config, gpu_override
         specs = [(p.resolve(), settings_for(p)) for p in args.modules]
         for msg in agent.load_modules(specs):
             print(msg, file=sys.stderr)
@@ -132,7 +143,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
             if not reply.get("ok"):
                 _err(reply.get("error", "submit refused"))
                 return 2 if reply.get("code") in ("unknown_module", "unknown_stage",
-                                                  "bad_request") else 1
+                                                  "bad_request", "gpu_api_missing",
+                                                  "exceeds_memory_budget") else 1
             job_id = reply["job_id"]
             if not args.wait:
                 print(job_id)
@@ -177,7 +189,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 0
     print(f"node {st['node_id']}  host {st['hostname']}")
     cols = ["module", "service", "lifecycle", "health", "running", "ready", "users", "withdrawn",
-            "error"]
+            "held", "error"]
     rows = [[_cell(r.get(c)) for c in cols] for r in st["services"]]
     _table(cols, rows)
     print()

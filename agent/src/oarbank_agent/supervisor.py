@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from oarbank_sdk import manifest as mf
 
 from . import lifecycle as lc
-from . import ops, procs
+from . import ops, procs, protection
 from .modules import ModuleCtx, NodeInfo
 
 if TYPE_CHECKING:
@@ -65,6 +65,11 @@ class ServiceRuntime:
     timer: asyncio.TimerHandle | None = None
     waiters: list[asyncio.Future[bool]] = field(default_factory=list)
     ready_at: float | None = None  # unix time of the last READY (tests compare with runners)
+    # Host protection (guard.py): a hold keeps it down with this reason (preempt_memory /
+    # preempt_protection); gpu_missing = the GPU_API_MISSING text when the host lacks its API.
+    held: str | None = None
+    gpu_missing: str | None = None
+    fp_reserve_gb: float = 0.0  # fingerprint's reserve.mem_gb (charged if reserves_host_memory)
 
     def busy(self) -> bool:
         return self.task is not None and not self.task.done()
@@ -98,7 +103,8 @@ class Supervisor:
     def capacities(self, key: str) -> dict[str, int]:
         """pool name -> tokens this service offers now (0 while withdrawn)."""
         rt = self.services[key]
-        withdrawn = rt.st.state is lc.State.WITHDRAWN
+        withdrawn = (rt.st.state is lc.State.WITHDRAWN or rt.held is not None
+                     or rt.gpu_missing is not None)  # held / no GPU API: its pools count 0
         return {p: (0 if withdrawn else max(0, int(rt.fp_pools.get(p, 0)))) for p in rt.svc.pools}
 
     def is_ready(self, rt: ServiceRuntime) -> bool:
@@ -120,10 +126,10 @@ class Supervisor:
             "ready": self.is_ready(rt),
             "accepting": self.is_ready(rt) and not self.shutting_down,
             "error": rt.st.error or rt.fp_error,
-            "held": None,
+            "held": rt.held,
             "disabled": False,
             "withdrawn": s is lc.State.WITHDRAWN,
-            "gpu_api_missing": False,
+            "gpu_api_missing": rt.gpu_missing is not None,
             "lifecycle": rt.svc.lifecycle,
             "users": rt.st.users,
             "endpoint": rt.svc.endpoint,
@@ -139,7 +145,31 @@ class Supervisor:
         self._changed(rt)
         self.poke(rt)
 
+    def set_hold(self, key: str, reason: str | None) -> bool:
+        """Hold a service down (``reason``) or lift its hold (None). A held service is
+        stopped (stop reason = the hold), its pools count 0 and it is not started again until
+        the hold lifts; waiting connects are refused. Returns whether anything changed."""
+        rt = self.services[key]
+        if rt.held == reason:
+            return False
+        log.info("%s: %s", key, f"held: {reason}" if reason else f"hold {rt.held} lifted")
+        rt.held = reason
+        if reason is not None:
+            self._resolve_waiters(rt, False)
+        for cb in self.on_capacity:
+            cb(key)
+        self._changed(rt)
+        self.poke(rt)
+        return True
+
     async def fingerprint(self, rt: ServiceRuntime) -> None:
+        if rt.gpu_missing is not None:
+            # Not offered on this node: no op runs, its pools do not exist.
+            rt.fp_pools, rt.fp_error = {}, None
+            self._changed(rt)
+            for cb in self.on_capacity:
+                cb(rt.key)
+            return
         res = await ops.run_op(rt.ctx, self.node, rt.svc.name, "fingerprint",
                                timeout_s=ops.OP_TIMEOUTS["fingerprint"], registry=self.registry)
         if res.ok and res.doc is not None:
@@ -151,6 +181,9 @@ class Supervisor:
             rt.fp_pools = {p: int(n) for p, n in pools.items()
                            if isinstance(n, int) and not isinstance(n, bool) and n >= 0}
             rt.fp_running = doc.get("running") is True
+            reserve = doc.get("reserve")
+            gb = reserve.get("mem_gb") if isinstance(reserve, dict) else None
+            rt.fp_reserve_gb = float(gb) if isinstance(gb, (int, float)) and gb >= 0 else 0.0
             rt.fp_error = None
             if rt.health != "healthy":
                 rt.fp_pools = {}  # an unhealthy service offers nothing
@@ -174,6 +207,9 @@ class Supervisor:
             return  # the effect in flight pokes again when it is over
         now = time.time()
         d = lc.decide(rt.st, now, shutting_down=self.shutting_down)
+        d = protection.hold_override(rt.st.state, d, held=rt.held,
+                                     gpu_missing=rt.gpu_missing is not None,
+                                     shutting_down=self.shutting_down)
         if d.action == "start":
             rt.task = asyncio.create_task(self._start(rt), name=f"start {rt.key}")
         elif d.action == "stop":
@@ -221,6 +257,7 @@ class Supervisor:
 
     def _hopeless(self, rt: ServiceRuntime | None) -> bool:
         return (rt is None or self.shutting_down or rt.svc.lifecycle == "manual"
+                or rt.held is not None or rt.gpu_missing is not None
                 or rt.st.state is lc.State.WITHDRAWN)
 
     async def wait_ready(self, service_key: str) -> bool:
