@@ -59,6 +59,7 @@ def job_env(agent, monkeypatch):
     """An attempt with a connector for service "model", as the agent gives a runner."""
     end = agent.open_connector("att-1")
     monkeypatch.setenv("OARBANK_SERVICE_MODEL", f"fd:{end.detach()}")  # the SDK owns it now
+    _endpoint_job._connector("model")  # adopt it now, as the first connect would
     return agent
 
 
@@ -67,14 +68,11 @@ def raw(fd_check, monkeypatch):
     """A connector whose agent end the test speaks by hand."""
     agent_end, job_end = socket.socketpair()
     monkeypatch.setenv("OARBANK_SERVICE_MODEL", f"fd:{job_end.detach()}")
+    _endpoint_job._connector("model")  # adopt it now, as the first connect would
     peer = H.RawPeer(agent_end)
     yield peer
     _endpoint_job._forget_connectors()
     peer.close()
-
-
-def _pair_fd() -> tuple[socket.socket, socket.socket]:
-    return socket.socketpair()
 
 
 # --- job side ------------------------------------------------------------------------------------
@@ -220,7 +218,8 @@ def test_malformed_and_overlong_replies_are_protocol_errors_and_stream_stays_in_
 
 
 def test_descriptor_on_a_refusal_is_closed_not_used(raw):
-    a, b = socketpair = socket.socketpair()
+    socketpair = socket.socketpair()
+    a, b = socketpair
     try:
         raw.send({"ok": False, "error": "bad_request", "detail": "x"}, attach=a.fileno())
         a.close()
@@ -543,3 +542,42 @@ def test_serve_http_returns_on_channel_eof(chan):
     agent.close_channel()
     assert done.wait(10)
     t.join(5)
+
+
+def test_close_wakes_a_blocked_accept(chan):
+    agent, acc = chan
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            acc.accept()
+        except BaseException as exc:
+            raised.append(exc)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    assert agent.wait(lambda: agent.hello_pids == [os.getpid()])
+    acc.close()
+    t.join(5)
+    assert not t.is_alive()
+    assert len(raised) == 1 and isinstance(raised[0], ep.ChannelClosed)
+
+
+def test_acceptor_on_a_channel_the_agent_already_closed(fd_check):
+    agent_end, service_end = socket.socketpair()
+    agent_end.close()
+    with pytest.raises(ep.ChannelClosed):
+        ep.Acceptor(f"fd:{service_end.detach()}")
+
+
+def test_service_endpoint_imports_only_the_standard_library():
+    code = (
+        "import sys\n"
+        "before = set(sys.modules)\n"
+        "import oarbank_sdk.service_endpoint\n"
+        "new = {m.split('.')[0] for m in set(sys.modules) - before}\n"
+        "print(sorted(new - set(sys.stdlib_module_names) - {'oarbank_sdk'}))\n"
+    )
+    out = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True,
+                         timeout=30, check=True).stdout
+    assert out.strip() == "[]"

@@ -59,15 +59,9 @@ class _Connector:
 
     def for_child(self) -> _Connector:
         """The same stream for a freshly forked child: new lock, no buffered parent state."""
-        fresh = MessageStream(self.stream.sock, current())
         # Descriptors the parent had queued are the child's copies now: nobody will claim them.
-        self.stream._fds, queued = type(self.stream._fds)(), self.stream._fds
-        for fd, _, _ in queued:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        return _Connector(self.service, fresh)
+        self.stream.discard_queued()
+        return _Connector(self.service, MessageStream(self.stream.sock, current()))
 
     def connect(self, timeout: float | None) -> socket.socket:
         deadline = None if timeout is None else time.monotonic() + timeout

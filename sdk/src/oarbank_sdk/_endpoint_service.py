@@ -130,7 +130,11 @@ class Acceptor:
         self.malformed = 0
         self.pid = os.getpid()
         # hello first and exactly once: the agent hands connections only after it.
-        self._stream.send(Hello(self.pid).to_wire())
+        try:
+            self._stream.send(Hello(self.pid).to_wire())
+        except BaseException:
+            self._stream.close()
+            raise
 
     # --- accepting ----------------------------------------------------------------------------
 
@@ -236,6 +240,10 @@ class Acceptor:
         for conns in attempts.values():
             for ref in conns.values():
                 _cut(ref)
+        try:
+            self._stream.sock.shutdown(socket.SHUT_RDWR)  # wakes a thread blocked in accept()
+        except OSError:
+            pass
         self._stream.close()
 
     def __enter__(self) -> Acceptor:

@@ -99,24 +99,31 @@ class MessageStream:
         return msg, fd
 
     def close(self) -> None:
-        """Close the socket and every descriptor still queued. Idempotent."""
+        """Close the socket and every descriptor still queued. Idempotent.
+
+        No ``shutdown``: a connector may be shared with child processes, which keep using it.
+        """
+        self.discard_queued()
+        self.sock.close()
+
+    def discard_queued(self) -> None:
+        """Close the received descriptors no message has claimed yet."""
         while self._fds:
             _close_fd(self._fds.popleft()[0])
-        self.sock.close()
 
     # --- internals --------------------------------------------------------------------------
 
     def _fill(self, deadline: float | None) -> None:
         if self._closed is not None:
             raise ChannelClosed(self._closed.detail)
-        if deadline is None:
-            self.sock.settimeout(None)
-        else:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError("deadline passed")
-            self.sock.settimeout(left)
         try:
+            if deadline is None:
+                self.sock.settimeout(None)
+            else:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError("deadline passed")
+                self.sock.settimeout(left)
             data, fds = self._t.recv(self.sock, _RECV_SIZE)
         except (ConnectionResetError, BrokenPipeError) as exc:
             data, fds = b"", []
@@ -133,8 +140,7 @@ class MessageStream:
         for fd in fds:
             self._fds.append((fd, start, self._pos))
         if not data:
-            while self._fds:  # nothing can claim them any more
-                _close_fd(self._fds.popleft()[0])
+            self.discard_queued()  # nothing can claim them any more
             if self._closed is None:
                 partial = self._splitter.pending
                 self._closed = ChannelClosed(
