@@ -73,6 +73,15 @@ class JobStore:
         return self.dir / job_id
 
     def save(self, rec: JobRecord) -> None:
+        """Write the record atomically (temp file + rename).
+
+        Only the states a restart acts on are fsynced: ``queued`` (a submitted job is never
+        lost) and the terminal ones (a finished job is never run again). ``admitted`` and
+        ``running`` are not worth two blocking fsyncs on the event loop per job: if a crash
+        loses one, the record reads ``queued`` and a restarted agent requeues it, which is what
+        it does for ``admitted``/``running`` anyway.
+        """
+        durable = rec.state == "queued" or rec.state in TERMINAL
         d = self.job_dir(rec.job_id)
         d.mkdir(parents=True, exist_ok=True)
         path = d / "job.json"
@@ -81,10 +90,13 @@ class JobStore:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         try:
             os.write(fd, data)
-            os.fsync(fd)
+            if durable:
+                os.fsync(fd)
         finally:
             os.close(fd)
         os.replace(tmp, path)
+        if not durable:
+            return
         dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             os.fsync(dfd)  # the rename itself survives a crash
