@@ -128,14 +128,16 @@ def test_failing_service_backs_off_then_is_withdrawn(start_agent, tmp_path: Path
     mod = write_module(tmp_path / "m", service={
         "restart": {"backoff_initial_s": 0.1, "backoff_max_s": 0.2, "max_failures": 3}})
     agent = start_agent([mod], {"echo": {"start_fail": True}})
-    job = agent.run_job("echo", {"requests": 1})
-    assert job["state"] == "failed" and job["reason"].startswith("service_unavailable"), job
-    assert job["attempts"] == 0
+    job = agent.submit("echo", {"requests": 1})
+    agent.wait_for(lambda: agent.service_row()["withdrawn"], what="withdrawal")
     row = agent.service_row()
     assert row["withdrawn"] is True and "start exited with 1" in row["error"]
+    # The job is not failed: it waits, saying why (test_faults.py follows it to the end).
+    rec = next(j for j in agent.status()["jobs"] if j["job_id"] == job)
+    assert rec["state"] == "queued" and rec["attempts"] == 0, rec
     starts = [e["t"] for e in read_jsonl(agent.module_data() / "events.jsonl")
               if e["event"] == "op" and e["op"] == "start"]
-    assert len(starts) == 3
+    assert len(starts) >= 3  # later ones: a healthy fingerprint un-withdraws it for one try
     # backoff 0.1 s, then 0.2 s (capped): the gaps grow
     assert starts[1] - starts[0] >= 0.1 and starts[2] - starts[1] >= 0.2
 

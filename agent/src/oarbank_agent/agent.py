@@ -23,7 +23,8 @@ import psutil
 
 from oarbank_sdk import manifest as mf
 
-from . import control, gpu_detect, procs, protection
+from . import control, gpu_detect, procs, protection, recovery, waiting
+from . import lifecycle as lc
 from .admission import Admission, Request
 from .guard import DEFAULT_BUDGET_FRACTION, Guard, GuardConfig
 from .modules import ModuleCtx, NodeInfo, load_module
@@ -129,10 +130,8 @@ class Agent:
             loop.add_signal_handler(sig, self._stop.set)
         from .broker import Broker  # the broker engineer's module
 
-        left = await self.registry.end_leftovers()
-        for rec in left:
-            log.warning("ended a process group left by a previous agent: %s (%s, pgid %d)",
-                        rec.label, rec.kind, rec.pgid)
+        # A previous agent's groups: ended, except services that may be adopted (recovery.py)
+        kept = await recovery.end_leftovers(self.registry, self.supervisor)
         self.broker = Broker(self.supervisor)
         self.supervisor.broker = self.broker
         await self._place_gpu_services()
@@ -143,6 +142,7 @@ class Agent:
             self.admission.budget_gb = round(total_gb * DEFAULT_BUDGET_FRACTION, 2)
         await asyncio.gather(*(self.supervisor.fingerprint(rt)
                                for rt in self.supervisor.services.values()))
+        await recovery.adopt_running(self.registry, self.supervisor, kept)
         self._recover_jobs()
         await self.control.start()
         self.guard.sample()  # the first sample before anything starts
@@ -181,7 +181,10 @@ class Agent:
                 log.warning("job %s: module %s / stage %s is not loaded; left queued",
                             rec.job_id, rec.module, rec.stage)
                 continue
-            # running|admitted (previous agent) -> queued
+            # running|admitted (previous agent) -> queued; an interrupted attempt is not charged
+            if recovery.uncharge_interrupted(rec):
+                log.warning("job %s: its attempt was interrupted by the agent stopping; "
+                            "requeued without charge", rec.job_id)
             rec.state = "queued"
             self.store.save(rec)
             self._enqueue(rec, ctx)
@@ -292,6 +295,8 @@ class Agent:
             rec = self.jobs[req.job_id]
             # queued -> admitted (tokens taken)
             rec.state = "admitted"
+            if (rec.reason or "").startswith(waiting.WAITING):
+                rec.reason = None  # no longer waiting for its service
             self.store.save(rec)
             self._job_tasks[rec.job_id] = asyncio.create_task(self._run_job(rec),
                                                               name=f"job {rec.job_id}")
@@ -300,6 +305,21 @@ class Agent:
             why = self.admission.why_waiting(job_id)
             if why is not None:
                 self.jobs[job_id].reason = why  # readable in status; saved with the next change
+            else:
+                self._note_service_wait(self.jobs[job_id])
+
+    def _note_service_wait(self, rec: JobRecord) -> None:
+        """A queued job whose pools count 0 because of its service says so (saved)."""
+        ctx = self.modules.get(rec.module)
+        stage = ctx.manifest.stage(rec.stage) if ctx else None
+        if ctx is None or stage is None:
+            return
+        why = waiting.service_wait_reason(self.supervisor, ctx, stage)
+        if why is None and not (rec.reason or "").startswith(waiting.WAITING):
+            return
+        if why != rec.reason:
+            rec.reason = why
+            self.store.save(rec)
 
     def _update_users(self) -> None:
         for key, rt in self.supervisor.services.items():
@@ -329,6 +349,11 @@ class Agent:
                             raise asyncio.CancelledError
                         rt = self.supervisor.services[key]
                         why = rt.st.error or rt.st.state.value
+                        if rt.st.state is lc.State.WITHDRAWN or rt.held is not None:
+                            # admitted -> queued: it waits (readably) for the service to return
+                            self._releasing[rec.job_id] = (
+                                f"service {key} is {rt.held or 'withdrawn'} ({why})")
+                            raise asyncio.CancelledError
                         self._finish(rec, "failed", None,
                                      f"service_unavailable: {key} is {rt.st.state.value} ({why})")
                         return

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 from oarbank_sdk import manifest as mf
 
+from . import groupwatch, ops, procs, protection
 from . import lifecycle as lc
-from . import ops, procs, protection
 from .modules import ModuleCtx, NodeInfo
 
 if TYPE_CHECKING:
@@ -36,6 +36,8 @@ __all__ = ["Supervisor", "ServiceRuntime", "service_key"]
 log = logging.getLogger("oarbank_agent.supervisor")
 
 GROUP_GRACE_S = 5.0  # SIGTERM -> SIGKILL for a service's group at the end of the stop order
+# A `stop` op that overran stop_timeout_s has had its chance: the group gets a short grace.
+ESCALATE_GRACE_S = 2.0
 READY_POLL_FIRST_S = 0.05
 READY_POLL_MAX_S = 1.0
 
@@ -65,6 +67,7 @@ class ServiceRuntime:
     timer: asyncio.TimerHandle | None = None
     waiters: list[asyncio.Future[bool]] = field(default_factory=list)
     ready_at: float | None = None  # unix time of the last READY (tests compare with runners)
+    stop_note: str | None = None  # the last stop escalated (shown as the row's error until READY)
     # Host protection (guard.py): a hold keeps it down with this reason (preempt_memory /
     # preempt_protection); gpu_missing = the GPU_API_MISSING text when the host lacks its API.
     held: str | None = None
@@ -125,7 +128,7 @@ class Supervisor:
             "running": up or (rt.svc.lifecycle == "manual" and rt.fp_running),
             "ready": self.is_ready(rt),
             "accepting": self.is_ready(rt) and not self.shutting_down,
-            "error": rt.st.error or rt.fp_error,
+            "error": rt.st.error or rt.fp_error or rt.stop_note,
             "held": rt.held,
             "disabled": False,
             "withdrawn": s is lc.State.WITHDRAWN,
@@ -218,6 +221,8 @@ class Supervisor:
         elif d.action == "forget":
             # BACKOFF -> STOPPED: no process to end, the pending restart is dropped.
             self._transition(rt, lc.Event.FORGET)
+        elif d.action == "probe":
+            rt.task = asyncio.create_task(self._probe(rt), name=f"probe {rt.key}")
         elif d.wake_at is not None:
             loop = asyncio.get_running_loop()
             rt.timer = loop.call_at(loop.time() + max(0.0, d.wake_at - now), self.poke, rt)
@@ -233,6 +238,7 @@ class Supervisor:
                  f": {rt.st.error}" if event is lc.Event.FAILED and rt.st.error else "")
         if rt.st.state is lc.State.READY:
             rt.ready_at = time.time()
+            rt.stop_note = None
             self._resolve_waiters(rt, True)
         elif rt.st.state is lc.State.WITHDRAWN:
             self._resolve_waiters(rt, False)
@@ -281,6 +287,8 @@ class Supervisor:
         """For an admitted job: wait through starts and backoffs; False once withdrawn or the
         agent is shutting down."""
         rt = self.services.get(service_key)
+        if rt is not None and rt.svc.lifecycle == "manual" and not self.shutting_down:
+            return True  # never started by us: its fingerprint's pools are the only gate
         while True:
             if rt is None or self._hopeless(rt):
                 return False
@@ -341,8 +349,7 @@ class Supervisor:
             raise
         # STARTING -> READY (ready op true, hello, channel open)
         self._transition(rt, lc.Event.READY)
-        if ch is not None:
-            rt.watch = asyncio.create_task(self._watch(rt, ch), name=f"watch {rt.key}")
+        rt.watch = asyncio.create_task(self._watch(rt, ch), name=f"watch {rt.key}")
         self._after_effect(rt)
 
     async def _until_ready(self, rt: ServiceRuntime, ch: Channel | None) -> None:
@@ -367,19 +374,63 @@ class Supervisor:
                 reason = ch.closed.result() if ch.closed.done() else "closed"
                 raise StartFailed(f"the service closed its channel: {reason}")
 
-    async def _watch(self, rt: ServiceRuntime, ch: Channel) -> None:
-        """A ready endpoint service closing its channel is a service failure."""
-        reason = await ch.closed
+    async def _watch(self, rt: ServiceRuntime, ch: Channel | None) -> None:
+        """A ready service failing on its own: an endpoint service closing its channel, or
+        its process group dying (no live member left; pidfds, see groupwatch). A service that
+        left nothing in its start group (it runs elsewhere) has only its channel watched."""
+        waits: set[asyncio.Future[Any]] = set()
+        if ch is not None:
+            waits.add(ch.closed)
+        pgid = rt.pgid
+        group: asyncio.Task[None] | None = None
+        if pgid is not None and groupwatch.members(pgid):
+            group = asyncio.create_task(groupwatch.wait_group_gone(pgid), name=f"group {pgid}")
+            waits.add(group)
+        if not waits:
+            return
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if group is not None and not group.done():
+                group.cancel()
+        if ch is not None and ch.closed.done():
+            error = f"the service closed its channel: {ch.closed.result()}"
+        else:
+            error = f"its process group {pgid} died: no process of it is left"
         if rt.channel is not ch or rt.st.state is not lc.State.READY or rt.busy():
             return  # we are stopping it ourselves
-        rt.task = asyncio.create_task(self._fail_running(rt, reason), name=f"fail {rt.key}")
+        rt.task = asyncio.create_task(self._fail_running(rt, error), name=f"fail {rt.key}")
 
-    async def _fail_running(self, rt: ServiceRuntime, reason: str) -> None:
+    async def _fail_running(self, rt: ServiceRuntime, error: str) -> None:
         # READY -> BACKOFF | WITHDRAWN (first, so nobody is told it is ready meanwhile)
-        self._transition(rt, lc.Event.FAILED, error=f"the service closed its channel: {reason}")
+        self._transition(rt, lc.Event.FAILED, error=error)
         await self._teardown(rt, run_stop=False)
         await self.fingerprint(rt)
         self._after_effect(rt)
+
+    async def _probe(self, rt: ServiceRuntime) -> None:
+        """A withdrawn service whose backoff has passed: a healthy fingerprint brings it back."""
+        await self.fingerprint(rt)
+        if rt.health == "healthy" and rt.fp_error is None:
+            # WITHDRAWN -> STOPPED (its pools count again; wanted -> started on the next poke)
+            self._transition(rt, lc.Event.RECOVER)
+            log.info("%s: un-withdrawn after a healthy fingerprint (failures so far: %d)",
+                     rt.key, rt.st.failures)
+            for cb in self.on_capacity:
+                cb(rt.key)
+        else:
+            # WITHDRAWN -> WITHDRAWN (probe again one backoff later)
+            self._transition(rt, lc.Event.PROBED)
+        self._after_effect(rt)
+
+    def adopt(self, rt: ServiceRuntime, pgid: int | None) -> None:
+        """Agent restart: take over a running non-endpoint service (its group, if recorded)."""
+        assert not rt.svc.endpoint, "endpoint services are never adopted"
+        rt.pgid = pgid
+        # STOPPED -> READY (adopted: found running, not started twice)
+        self._transition(rt, lc.Event.ADOPT)
+        rt.watch = asyncio.create_task(self._watch(rt, None), name=f"watch {rt.key}")
+        self.poke(rt)
 
     async def _stop(self, rt: ServiceRuntime, reason: str) -> None:
         # READY -> STOPPING
@@ -396,18 +447,34 @@ class Supervisor:
         if rt.watch is not None and rt.watch is not asyncio.current_task():
             rt.watch.cancel()
         rt.watch = None
+        overran = False
         if run_stop:
             res = await ops.run_op(rt.ctx, self.node, rt.svc.name, "stop",
                                    timeout_s=rt.svc.stop_timeout_s, registry=self.registry)
             if not res.ok:
                 log.warning("%s: %s", rt.key, res.error)
+            # rc None with a started op: it ran past stop_timeout_s (its own group is ended).
+            overran = res.rc is None and res.pgid is not None
+            if res.doc is not None and res.doc.get("escalated") is True:
+                log.info("%s: the stop op reports it escalated", rt.key)
         if rt.channel is not None:
             rt.channel.close()
             rt.channel = None
-        if rt.pgid is not None:
-            await procs.end_group(rt.pgid, GROUP_GRACE_S)
-            self.registry.remove(rt.pgid)
+        pgid, killed, grace = rt.pgid, False, GROUP_GRACE_S
+        if pgid is not None:
+            # A stop that overran has had its chance: a short grace, then SIGKILL.
+            grace = ESCALATE_GRACE_S if overran else GROUP_GRACE_S
+            killed = await procs.end_group(pgid, grace)
+            self.registry.remove(pgid)
             rt.pgid = None
+        if run_stop and (overran or killed):
+            what = (f"the stop op did not finish within stop_timeout_s="
+                    f"{rt.svc.stop_timeout_s:g}" if overran
+                    else "processes were left after the stop op")
+            end = (f"SIGTERM, then SIGKILL after {grace:g}s" if killed else "SIGTERM")
+            rt.stop_note = (f"stop escalated: {what}; process group {pgid} ended ({end})"
+                            if pgid is not None else f"stop escalated: {what}")
+            log.warning("%s: %s", rt.key, rt.stop_note)
 
     # --- shutdown -------------------------------------------------------------------------
 

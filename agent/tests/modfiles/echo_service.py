@@ -2,7 +2,13 @@
 
 Every event goes to <module data>/events.jsonl as {"event", "t", "pid", ...}. Behaviour comes
 from the node settings (OARBANK_SETTINGS_FILE): slots, load_s, start_fail, never_ready,
-no_hello, die_after_ready_s. Standard library plus the SDK's wire helpers.
+no_hello, die_after_ready_s, die_once_after_ready_s (only the first daemon dies), stop_hang (the
+stop op never returns), ignore_term (the daemon ignores SIGTERM), linger_after_eof (it does not
+exit when the agent closes its channel). A daemon exits at once (status 1) when the file
+<module data>/die_now appears (it removes it first). garbage_after_ready (bytes the
+daemon writes on its channel once ready). Without OARBANK_ENDPOINT_CHANNEL (a non-endpoint
+service) the daemon just stays up until SIGTERM. Each op record lists the op's open
+descriptors (``fds``: fd -> what it names). Standard library plus the SDK's wire helpers.
 """
 
 from __future__ import annotations
@@ -59,12 +65,23 @@ def alive(pid: int | None) -> bool:
         return False
 
 
+def open_fds() -> dict[str, str]:
+    out = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            out[fd] = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            pass  # the listing's own descriptor, closed by now
+    return out
+
+
 def op(name: str) -> int:
     conf = settings()
-    record("op", op=name, env=sorted(os.environ))
+    record("op", op=name, env=sorted(os.environ), fds=open_fds())
     if name == "fingerprint":
-        out = {"service_protocol": {"supported": [1]}, "health": "healthy",
-               "pools": {"echo": conf.get("slots", 4)}, "reserve": {"mem_gb": 0.1},
+        out = {"service_protocol": {"supported": [1]}, "health": conf.get("health", "healthy"),
+               "pools": {"echo": conf.get("slots", 4)},
+               "reserve": {"mem_gb": conf.get("reserve_gb", 0.1)},
                "running": alive(read_pid("daemon.pid"))}
     elif name == "start":
         if conf.get("start_fail"):
@@ -73,14 +90,19 @@ def op(name: str) -> int:
         if alive(read_pid("daemon.pid")):
             out = {"ok": True}
         else:
-            fd = current().parse(os.environ["OARBANK_ENDPOINT_CHANNEL"])
+            channel = os.environ.get("OARBANK_ENDPOINT_CHANNEL")
+            fds = (current().parse(channel),) if channel else ()
             with open(data() / "daemon.log", "ab") as log:
                 p = subprocess.Popen([sys.executable, "-I", os.path.abspath(__file__), "serve"],
                                      stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                     pass_fds=(fd,))
+                                     pass_fds=fds)
             (data() / "daemon.pid").write_text(str(p.pid))
             out = {"ok": True}
     elif name == "stop":
+        if conf.get("stop_hang"):
+            record("stop_hang")
+            while True:
+                time.sleep(3600)
         pid = read_pid("daemon.pid")
         if alive(pid):
             assert pid is not None
@@ -102,11 +124,39 @@ def op(name: str) -> int:
     return 0
 
 
+def die_on_file() -> None:
+    """Tests kill the service at a moment of their choosing: <module data>/die_now."""
+    path = data() / "die_now"
+    while True:
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            time.sleep(0.02)
+            continue
+        record("dying")
+        os._exit(1)
+
+
 def serve() -> int:
     conf = settings()
     tr = current()
+    if conf.get("ignore_term"):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    else:
+        signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    record("daemon", fds=open_fds())
+    threading.Thread(target=die_on_file, daemon=True).start()
+    # ballast_mb: resident memory the daemon holds (pages really touched: a zero-filled
+    # buffer would not be resident), so host protection sees a large footprint.
+    ballast = b"\x01" * (int(conf.get("ballast_mb", 0)) << 20)  # noqa: F841
+    if "OARBANK_ENDPOINT_CHANNEL" not in os.environ:
+        (data() / "daemon.ready").write_text(str(os.getpid()))
+        record("ready")
+        if conf.get("die_after_ready_s") is not None:
+            threading.Timer(float(conf["die_after_ready_s"]), lambda: os._exit(1)).start()
+        while True:
+            time.sleep(3600)
     ch = tr.open_stream(tr.parse(os.environ["OARBANK_ENDPOINT_CHANNEL"]))
-    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     if not conf.get("no_hello"):
         ch.sendall(_wire.encode(_wire.Hello(os.getpid()).to_wire()))
         record("hello")
@@ -117,6 +167,12 @@ def serve() -> int:
     record("ready")
     if conf.get("die_after_ready_s") is not None:
         threading.Timer(float(conf["die_after_ready_s"]), lambda: os._exit(1)).start()
+    once = data() / "died_once"
+    if conf.get("die_once_after_ready_s") is not None and not once.exists():
+        once.write_text(str(os.getpid()))
+        threading.Timer(float(conf["die_once_after_ready_s"]), lambda: os._exit(1)).start()
+    if conf.get("garbage_after_ready"):
+        ch.sendall(str(conf["garbage_after_ready"]).encode())
     conns: dict[str, list[socket.socket]] = {}
     lock = threading.Lock()
     splitter = _wire.LineSplitter()
@@ -124,6 +180,8 @@ def serve() -> int:
         chunk, fds = tr.recv(ch, 65536)
         if not chunk:
             record("channel_eof")
+            while conf.get("linger_after_eof"):  # a daemon that does not take the hint
+                time.sleep(3600)
             return 0
         for line in splitter.feed(chunk):
             msg = _wire.parse_to_service(_wire.decode(line))

@@ -1,0 +1,122 @@
+"""What a restarted agent does with what its predecessor left (contract section 2, "after an
+agent restart"), on the same state dir.
+
+Rules:
+
+- Every recorded process group (``<state>/procs``) is ended: ops, runners (their jobs are
+  requeued) and endpoint services, which are **never adopted** (their channel died with the old
+  agent: nothing could reach them). The one exception: the group of a loaded, non-endpoint,
+  non-manual service is kept until its ``fingerprint`` has been asked.
+- A non-endpoint service whose ``fingerprint.running`` is true is **adopted**: it is ready as
+  it is (never started twice) and its group, if recorded, is watched from now on. If it is not
+  running, its kept group is ended too.
+- An endpoint service whose ``fingerprint`` still says running after its group was ended (its
+  daemon escaped the group, or the record was lost in the crash) gets its ``stop`` op, so that
+  the one started anew when a job needs it is the only one.
+- A job whose record shows an attempt that began and never finished (the agent died or stopped
+  under it) gets that attempt back: it is *released*, not charged, not a failure. Attempt
+  numbers are never reused (the next attempt id follows the interrupted one).
+
+``end_leftovers`` runs before anything is started; ``adopt_running`` after the first
+fingerprints; ``uncharge_interrupted`` on each job record before it is requeued.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from . import ops, procs
+
+if TYPE_CHECKING:
+    from .store import JobRecord
+    from .supervisor import Supervisor
+
+__all__ = ["end_leftovers", "adopt_running", "uncharge_interrupted", "INTERRUPTED"]
+
+log = logging.getLogger("oarbank_agent.recovery")
+
+INTERRUPTED = "the agent stopped during this attempt; it was requeued without charge"
+
+
+def _service_of(rec: procs.GroupRecord) -> str | None:
+    """The service key of a service group record (label ``<module>/<service> start``)."""
+    if rec.kind != "service":
+        return None
+    return rec.label.rsplit(" ", 1)[0]
+
+
+async def end_leftovers(registry: procs.ProcessRegistry, sup: Supervisor,
+                        grace_s: float = 2.0) -> dict[str, procs.GroupRecord]:
+    """End the predecessor's groups; return the kept ones (service key -> record) of
+    non-endpoint services that may be adopted once fingerprinted."""
+    boot = procs._boot_id()
+    kept: dict[str, procs.GroupRecord] = {}
+    for rec in registry.records():
+        if rec.boot_id != boot or not procs._members(rec.pgid, rec.start_ticks):
+            registry.remove(rec.pgid)  # gone already (or another boot: a reused number)
+            continue
+        key = _service_of(rec)
+        rt = sup.services.get(key) if key else None
+        if (rt is not None and key not in kept and not rt.svc.endpoint
+                and rt.svc.lifecycle != "manual"):
+            kept[key] = rec  # type: ignore[index]
+            continue
+        what = ("endpoint service, never adopted" if rt is not None and rt.svc.endpoint
+                else rec.kind)
+        log.warning("ended a process group left by a previous agent: %s (%s, pgid %d)",
+                    rec.label, what, rec.pgid)
+        await procs.end_group(rec.pgid, grace_s, min_ticks=rec.start_ticks)
+        registry.remove(rec.pgid)
+    return kept
+
+
+async def adopt_running(registry: procs.ProcessRegistry, sup: Supervisor,
+                        kept: dict[str, procs.GroupRecord], grace_s: float = 2.0) -> None:
+    """After the first fingerprints: adopt running non-endpoint services, end the rest."""
+    for key, rt in sup.services.items():
+        rec = kept.pop(key, None)
+        if rt.svc.lifecycle == "manual":
+            continue
+        if rt.svc.endpoint:
+            if rt.fp_running:
+                log.warning("%s: an endpoint service still runs after the previous agent's "
+                            "groups were ended: running its stop op (it is never adopted)", key)
+                await ops.run_op(rt.ctx, sup.node, rt.svc.name, "stop",
+                                 timeout_s=rt.svc.stop_timeout_s, registry=registry)
+            continue
+        if rt.fp_running:
+            alive = rec is not None and bool(procs._members(rec.pgid, rec.start_ticks))
+            log.warning("%s: adopted (fingerprint says running; %s)", key,
+                        f"process group {rec.pgid}" if alive and rec else "no recorded group")
+            sup.adopt(rt, rec.pgid if alive and rec else None)
+            if rec is not None and not alive:
+                registry.remove(rec.pgid)
+        elif rec is not None:
+            log.warning("ended a process group left by a previous agent: %s (service not "
+                        "running per its fingerprint, pgid %d)", rec.label, rec.pgid)
+            await procs.end_group(rec.pgid, grace_s, min_ticks=rec.start_ticks)
+            registry.remove(rec.pgid)
+    for rec in kept.values():  # services no longer loaded: nothing may use them
+        await procs.end_group(rec.pgid, grace_s, min_ticks=rec.start_ticks)
+        registry.remove(rec.pgid)
+
+
+def uncharge_interrupted(rec: JobRecord) -> bool:
+    """Give back an attempt that began and never finished. True if there was one.
+
+    Finished and released attempts each leave a history entry; an attempt counted in
+    ``attempts`` with no entry of its own was interrupted by the agent going away."""
+    finished = sum(1 for h in rec.history if h.get("outcome") != "released")
+    if rec.attempts <= finished:
+        return False
+    number = rec.attempts + rec.released
+    rec.attempts -= 1
+    rec.released += 1
+    now = time.time()
+    rec.history.append({"attempt": None, "attempt_id": f"{rec.job_id}.{number}",
+                        "started_at": rec.started_at or now, "finished_at": now,
+                        "outcome": "released", "exit_code": None, "reason": INTERRUPTED,
+                        "fault": None})
+    return True

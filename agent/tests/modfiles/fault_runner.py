@@ -1,0 +1,134 @@
+"""A test runner for fault tests: uses the `echo` service through the SDK while it fails.
+
+Payload:
+- mode "persistent": one connection, a request on it every 20 ms for up to max_s; if the
+  connection breaks: failure.json (transient) and exit 75. Later attempts (or once the file
+  named by stop_file exists) succeed at once.
+- mode "fresh": a new connection per request for up to max_s, each outcome recorded with how
+  long the connect took; ends once a service pid other than the first has answered.
+- mode "hostile": sends the payload's base64 chunks raw on the connector, half-closes, reads
+  every reply line until EOF, then (if ``then_connect``) nothing more: the attempt must still
+  succeed and report the replies.
+Result payload: {"outcomes": [...], "pids": [...], ...}.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+from oarbank_sdk import service_endpoint as ep
+
+
+def write_json(path: str, obj: dict) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f)
+    os.replace(tmp, path)
+
+
+def ask(s: socket.socket) -> int:
+    s.sendall(b"ping\n")
+    reply = b""
+    while not reply.endswith(b"\n"):
+        chunk = s.recv(4096)
+        if not chunk:
+            raise ConnectionError("the connection closed mid-request")
+        reply += chunk
+    return int(reply.split()[0])
+
+
+def persistent(payload: dict, attempt: int, workdir: str) -> dict:
+    s = ep.connect("echo")
+    pids = [ask(s)]
+    if attempt > 1:
+        return {"pids": pids}
+    stop = payload.get("stop_file")
+    end = time.monotonic() + float(payload.get("max_s", 20))
+    try:
+        while time.monotonic() < end and not (stop and os.path.exists(stop)):
+            pids.append(ask(s))
+            time.sleep(0.02)
+    except (OSError, ValueError) as exc:
+        write_json(os.path.join(workdir, "failure.json"),
+                   {"reason": "service_lost", "detail": f"{exc} after {len(pids)} requests",
+                    "fault": "transient"})
+        sys.exit(75)
+    return {"pids": pids}
+
+
+def fresh(payload: dict) -> dict:
+    outcomes: list[dict] = []
+    first = None
+    end = time.monotonic() + float(payload.get("max_s", 20))
+    while time.monotonic() < end:
+        t0 = time.monotonic()
+        try:
+            s = ep.connect("echo")
+        except ep.EndpointError as exc:
+            outcomes.append({"error": exc.code, "dt": time.monotonic() - t0})
+            continue
+        dt = time.monotonic() - t0
+        try:
+            pid = ask(s)
+        except (OSError, ValueError) as exc:
+            outcomes.append({"lost": str(exc), "dt": dt})
+            continue
+        finally:
+            s.close()
+        outcomes.append({"pid": pid, "dt": dt})
+        first = first or pid
+        if pid != first:
+            break
+        time.sleep(0.02)
+    return {"outcomes": outcomes}
+
+
+def hostile(payload: dict) -> dict:
+    fd = int(os.environ["OARBANK_SERVICE_ECHO"].split(":")[1])
+    s = socket.socket(fileno=fd)
+    s.settimeout(float(payload.get("read_timeout_s", 10)))
+    sent_ok = True
+    try:
+        for chunk in payload["chunks"]:
+            s.sendall(base64.b64decode(chunk))
+        s.shutdown(socket.SHUT_WR)
+    except OSError:
+        sent_ok = False  # the agent may end a connector that sent an over-long line
+    data = b""
+    try:
+        while True:
+            part = s.recv(65536)
+            if not part:
+                break
+            data += part
+    except OSError as exc:
+        return {"replies": [], "raw": data.decode(errors="replace")[:2000], "error": str(exc)}
+    replies = [json.loads(line) for line in data.splitlines() if line.strip()]
+    return {"replies": replies, "sent_ok": sent_ok}
+
+
+def main() -> int:
+    args = sys.argv[1:]
+    spec = json.loads(Path(args[args.index("--spec") + 1]).read_text())
+    workdir, out = args[args.index("--workdir") + 1], args[args.index("--out") + 1]
+    payload = spec["payload"]
+    attempt = int(os.environ["OARBANK_ATTEMPT_ID"].rsplit(".", 1)[1])
+    mode = payload["mode"]
+    if mode == "persistent":
+        result = persistent(payload, attempt, workdir)
+    elif mode == "fresh":
+        result = fresh(payload)
+    else:
+        result = hostile(payload)
+    write_json(out, {"envelope": 1, "payload": result})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
