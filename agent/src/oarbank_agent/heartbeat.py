@@ -26,8 +26,8 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 __all__ = ["HeartbeatSender", "PortalURL"]
@@ -36,6 +36,7 @@ log = logging.getLogger("oarbank_agent.heartbeat")
 
 _MAX_REPLY = 64 * 1024
 _REPEAT_WARNING_S = 60.0
+_T = TypeVar("_T")
 
 
 class _BadReply(Exception):
@@ -92,6 +93,7 @@ class HeartbeatSender:
         self.backoff_initial_s = backoff_initial_s
         self.backoff_max_s = backoff_max_s
         self._changed = asyncio.Event()
+        self._closing = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
         # What a status line or a test may read:
@@ -130,6 +132,9 @@ class HeartbeatSender:
         task, self._task = self._task, None
         if task is None:
             return
+        # The flag ends the loop even if a cancel is lost in a race with a finishing post.
+        self._closing = True
+        self._changed.set()
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
@@ -137,15 +142,25 @@ class HeartbeatSender:
     # -- the loop --------------------------------------------------------------------------
 
     async def _run(self) -> None:
-        while True:
+        while not self._closing:
             self._changed.clear()
             await self._post_newest()
-            try:
-                await asyncio.wait_for(self._changed.wait(), timeout=self.period_s)
-            except asyncio.TimeoutError:
+            if self._closing:
+                break
+            if not await self._wait_change(self.period_s):
                 continue  # the period is up: post again
             # A change: let the rest of its burst arrive, then post once for all of it.
             await asyncio.sleep(self.debounce_s)
+
+    async def _wait_change(self, timeout: float) -> bool:
+        """True on a change, False when ``timeout`` passed first. (Not asyncio.wait_for: on
+        Python < 3.12 it can swallow a cancel that races with its result.)"""
+        waiter = asyncio.ensure_future(self._changed.wait())
+        try:
+            await asyncio.wait({waiter}, timeout=timeout)
+        finally:
+            waiter.cancel()
+        return self._changed.is_set()
 
     async def _post_newest(self) -> None:
         backoff = self.backoff_initial_s
@@ -156,7 +171,7 @@ class HeartbeatSender:
                 log.exception("heartbeat: building the node report failed; skipping this post")
                 return
             try:
-                status, reply = await asyncio.wait_for(self._post(body), self.timeout_s)
+                status, reply = await _bounded(self._post(body), self.timeout_s)
             except asyncio.TimeoutError:
                 error = f"no answer within {self.timeout_s:g} s"
             except (OSError, _BadReply) as e:
@@ -250,6 +265,21 @@ class HeartbeatSender:
         with contextlib.suppress(OSError):
             await writer.wait_closed()
         return int(fields[1]), reply
+
+
+async def _bounded(coro: Coroutine[Any, Any, _T], timeout: float) -> _T:
+    """``coro``'s result, or ``asyncio.TimeoutError`` after ``timeout`` (the work is cancelled).
+    A cancel of the caller always propagates (asyncio.wait_for before 3.12 may drop it)."""
+    task = asyncio.ensure_future(coro)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=timeout)
+    except BaseException:
+        task.cancel()
+        raise
+    if not done:
+        task.cancel()  # its own cleanup (dropping the connection) runs on the next loop turn
+        raise asyncio.TimeoutError
+    return task.result()
 
 
 def _reason(reply: bytes) -> str:
