@@ -7,7 +7,8 @@ watch state: waits are on futures (hello, channel closed, readiness) and loop ti
 thing polled is the ``ready`` op, because the contract offers no event for it.
 
 Start = channel pair from the broker + ``start`` op with the child end inherited + the hello +
-``ready`` true (first poll at once, then every 50 ms doubling up to 1 s), all within
+``ready`` true (polled once the hello is in: at once, then every 50 ms doubling up to
+0.1 s), all within
 ``start_timeout_s``. Stop order = ``stop`` op, close the channel, end the process group.
 This class is also the broker's ``ServiceGate``.
 """
@@ -39,7 +40,9 @@ GROUP_GRACE_S = 5.0  # SIGTERM -> SIGKILL for a service's group at the end of th
 # A `stop` op that overran stop_timeout_s has had its chance: the group gets a short grace.
 ESCALATE_GRACE_S = 2.0
 READY_POLL_FIRST_S = 0.05
-READY_POLL_MAX_S = 1.0
+# Each poll is a process start (~50-150 ms of CPU), so polling faster buys little; a
+# cap of 1 s made a service that had just loaded wait up to 1 s for its first job.
+READY_POLL_MAX_S = 0.1
 
 
 def service_key(module_id: str, service: str) -> str:
@@ -353,7 +356,11 @@ class Supervisor:
         self._after_effect(rt)
 
     async def _until_ready(self, rt: ServiceRuntime, ch: Channel | None) -> None:
-        """Poll `ready` (at once, then 50 ms doubling to 1 s) and wait for the hello."""
+        """Wait for the hello, then poll `ready` (at once, then 50 ms doubling to 0.1 s)."""
+        if ch is not None:
+            # `ready` may not answer true before the hello (contract), so polling earlier only
+            # burns process starts while the service is still coming up.
+            await asyncio.wait({ch.hello, ch.closed}, return_when=asyncio.FIRST_COMPLETED)
         delay = READY_POLL_FIRST_S
         while True:
             if ch is not None and ch.closed.done():
