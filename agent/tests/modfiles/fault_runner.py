@@ -9,6 +9,12 @@ Payload:
 - mode "hostile": sends the payload's base64 chunks raw on the connector, half-closes, reads
   every reply line until EOF, then (if ``then_connect``) nothing more: the attempt must still
   succeed and report the replies.
+  ``attach``: n descriptors ride along with the first chunk (the agent must close them).
+- mode "fds": reports the descriptors it was started with (fd -> what it names), then makes
+  one request.
+- mode "escape": a child leaves the runner's process group (setsid) keeping the connector,
+  waits for the runner to be gone, then tries to connect and writes what happened to
+  <module data>/escape-<attempt>.json. The runner itself exits 0 at once.
 Result payload: {"outcomes": [...], "pids": [...], ...}.
 """
 
@@ -95,8 +101,16 @@ def hostile(payload: dict) -> dict:
     s.settimeout(float(payload.get("read_timeout_s", 10)))
     sent_ok = True
     try:
-        for chunk in payload["chunks"]:
-            s.sendall(base64.b64decode(chunk))
+        for i, chunk in enumerate(payload["chunks"]):
+            data = base64.b64decode(chunk)
+            if i == 0 and payload.get("attach"):
+                extra = [os.open("/dev/null", os.O_RDONLY) for _ in range(int(payload["attach"]))]
+                sent = socket.send_fds(s, [data], extra)
+                for fd in extra:
+                    os.close(fd)
+                s.sendall(data[sent:])
+                continue
+            s.sendall(data)
         s.shutdown(socket.SHUT_WR)
     except OSError:
         sent_ok = False  # the agent may end a connector that sent an over-long line
@@ -113,6 +127,38 @@ def hostile(payload: dict) -> dict:
     return {"replies": replies, "sent_ok": sent_ok}
 
 
+def open_fds() -> dict[str, str]:
+    out = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            out[fd] = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            pass  # the listing's own descriptor
+    return out
+
+
+def escape(attempt_id: str) -> dict:
+    result_path = Path(os.environ["OARBANK_MODULE_DATA"]) / f"escape-{attempt_id}.json"
+    parent = os.getpid()
+    if os.fork() == 0:
+        try:
+            os.setsid()
+            while os.getppid() == parent:
+                time.sleep(0.02)
+            time.sleep(1.0)  # the agent ends the attempt right after the runner's group
+            try:
+                s = ep.connect("echo")
+                outcome = {"connected": True, "pid": ask(s)}
+            except ep.EndpointError as exc:
+                outcome = {"connected": False, "code": exc.code, "detail": exc.detail}
+            except OSError as exc:
+                outcome = {"connected": False, "code": "oserror", "detail": str(exc)}
+            write_json(str(result_path), outcome)
+        finally:
+            os._exit(0)
+    return {"escaped": True}
+
+
 def main() -> int:
     args = sys.argv[1:]
     spec = json.loads(Path(args[args.index("--spec") + 1]).read_text())
@@ -124,6 +170,11 @@ def main() -> int:
         result = persistent(payload, attempt, workdir)
     elif mode == "fresh":
         result = fresh(payload)
+    elif mode == "fds":
+        fds = open_fds()
+        result = {"fds": fds, "pid": ask(ep.connect("echo")) if payload.get("ask") else None}
+    elif mode == "escape":
+        result = escape(os.environ["OARBANK_ATTEMPT_ID"])
     else:
         result = hostile(payload)
     write_json(out, {"envelope": 1, "payload": result})
