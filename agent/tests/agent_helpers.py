@@ -106,7 +106,8 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 class RunningAgent:
     def __init__(self, root: Path, modules: list[Path], settings: dict[str, Any],
-                 state_dir: Path | None = None) -> None:
+                 state_dir: Path | None = None, extra_args: list[str] | None = None,
+                 env: dict[str, str] | None = None) -> None:
         self.root = root
         self.state_dir = state_dir or root / "state"
         root.mkdir(parents=True, exist_ok=True)
@@ -116,7 +117,8 @@ class RunningAgent:
             p.write_text(json.dumps(value))
             paths[name] = p
         self.proc = AgentProcess(self.state_dir, modules, paths, node_id="test-node",
-                                 log_path=root / "agent.log", ready_timeout=60)
+                                 log_path=root / "agent.log", ready_timeout=60,
+                                 extra_args=extra_args, env=env)
         self.stopped = False
 
     @property

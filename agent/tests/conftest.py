@@ -29,8 +29,10 @@ def start_agent(tmp_path: Path) -> Iterator[Callable[..., RunningAgent]]:
     counter = iter(range(1000))
 
     def start(modules: list[Path], settings: dict[str, Any] | None = None,
-              state_dir: Path | None = None) -> RunningAgent:
-        a = RunningAgent(tmp_path / f"agent{next(counter)}", modules, settings or {}, state_dir)
+              state_dir: Path | None = None, **kw: Any) -> RunningAgent:
+        # kw: extra_args (to `oarbank-agent run`), env (the agent process's environment)
+        a = RunningAgent(tmp_path / f"agent{next(counter)}", modules, settings or {}, state_dir,
+                         **kw)
         agents.append(a)
         return a
 

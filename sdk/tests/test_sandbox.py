@@ -313,6 +313,17 @@ def test_launcher_execs_in_place_and_passes_exit_status_through() -> None:
     assert len(eval(fds)) == 4, f"unexpected descriptors in the child: {fds}"
 
 
+
+def test_child_gets_exactly_the_callers_environment() -> None:
+    # The launcher's interpreter coerces a C locale (adds LC_CTYPE to os.environ); the child
+    # must still see exactly what the caller passed (the agent's environments are exact).
+    env = {"PATH": "/usr/bin:/bin", "ONLY": "this"}
+    done = subprocess.run(sandbox.wrap(["cat", "/proc/self/environ"]), env=env,
+                          capture_output=True, timeout=TIMEOUT_S, check=False)
+    assert done.returncode == 0, done.stderr
+    got = dict(item.split(b"=", 1) for item in done.stdout.split(b"\0") if item)
+    assert got == {b"PATH": b"/usr/bin:/bin", b"ONLY": b"this"}
+
 @pytest.mark.parametrize("fault", ["nnp", "seccomp", "verify", "no-such-fault"])
 def test_setup_failure_refuses_to_run_the_child(tmp_path: Path, fault: str) -> None:
     marker = tmp_path / "child-ran"

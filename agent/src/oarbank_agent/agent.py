@@ -23,7 +23,7 @@ import psutil
 
 from oarbank_sdk import manifest as mf
 
-from . import control, gpu_detect, procs, protection, recovery, waiting
+from . import control, gpu_detect, procs, protection, recovery, sandboxing, waiting
 from . import lifecycle as lc
 from .admission import Admission, Request
 from .guard import DEFAULT_BUDGET_FRACTION, Guard, GuardConfig
@@ -98,7 +98,9 @@ class Agent:
     def report(self) -> dict[str, Any]:
         return {"node_id": self.node.node_id, "hostname": self.node.hostname,
                 "time": time.time(),
-                "services": [self.supervisor.row(rt) for rt in self.supervisor.services.values()]}
+                "services": [self.supervisor.row(rt) for rt in self.supervisor.services.values()],
+                # node-level: what confines every job and service here (measured, see sandboxing)
+                "sandbox": sandboxing.current().report()}
 
     def status(self) -> dict[str, Any]:
         rep = self.report()

@@ -30,6 +30,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--node-id")
     r.add_argument("--settings", action="append", default=[], metavar="MODULE=FILE",
                    help="this node's settings (JSON object) for a module (id or short name)")
+    r.add_argument("--sandbox", choices=("auto", "required", "off"), default="auto",
+                   help="confine every runner, service op and daemon: auto (default: when "
+                        "this machine allows), required (refuse to start without it), off "
+                        "(debugging only: everything runs unconfined)")
     protect_cli.add_run_options(r)
 
     s = sub.add_parser("submit", help="submit a job to a running agent")
@@ -50,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--jobs", type=int, default=20)
     d.add_argument("--load-s", type=float, default=1.0)
     d.add_argument("--json", action="store_true")
+    d.add_argument("--sandbox", choices=("auto", "required", "off"), default="auto",
+                   help="the agent's --sandbox (off: debugging only)")
     return p
 
 
@@ -65,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         return protect_cli.cmd_protect(args)
     from .demo import run_demo
 
-    return run_demo(jobs=args.jobs, load_s=args.load_s, as_json=args.json)
+    return run_demo(jobs=args.jobs, load_s=args.load_s, as_json=args.json,
+                    sandbox=args.sandbox)
 
 
 def _err(msg: str) -> None:
@@ -77,6 +84,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .modules import SettingsError, read_settings_arg
 
     configure_logging()
+    from . import sandboxing
+
+    try:
+        policy = sandboxing.resolve(args.sandbox)
+    except sandboxing.SandboxUnavailable as exc:
+        _err(str(exc))
+        return 1
+    sandboxing.install(policy)  # before anything is started: every child goes through it
+    if not policy.enforce:
+        _err(policy.report()["note"])
+        if policy.fault:
+            _err(f"OARBANK_SANDBOX_FAULT={policy.fault} ignored: no launcher is used")
     try:
         guard_config, gpu_override = protect_cli.config_from_args(args)
     except ValueError as exc:
@@ -188,6 +207,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(json.dumps(st, indent=1))
         return 0
     print(f"node {st['node_id']}  host {st['hostname']}")
+    if isinstance(st.get("sandbox"), dict):
+        print(_sandbox_line(st["sandbox"]))
     cols = ["module", "service", "lifecycle", "health", "running", "ready", "users", "withdrawn",
             "held", "error"]
     rows = [[_cell(r.get(c)) for c in cols] for r in st["services"]]
@@ -196,6 +217,19 @@ def cmd_status(args: argparse.Namespace) -> int:
     jcols = ["job_id", "module", "stage", "state", "attempts", "exit_code", "reason"]
     _table(jcols, [[_cell(j.get(c)) for c in jcols] for j in st["jobs"]])
     return 0
+
+
+def _sandbox_line(sb: dict[str, Any]) -> str:
+    """``sandbox (auto): endpoints enforced; enforced: a, b; unavailable: c`` (+ note/fault)."""
+    caps = {k: v for k, v in sb.items() if k not in ("mode", "note", "fault", "endpoints")}
+    on = [k for k, v in caps.items() if v == "enforced"]
+    off = [k for k, v in caps.items() if v != "enforced"]
+    line = (f"sandbox ({sb.get('mode', '?')}): endpoints {sb.get('endpoints', '?')}; "
+            f"enforced: {', '.join(on) or 'none'}; unavailable: {', '.join(off) or 'none'}")
+    for extra in ("note", "fault"):
+        if sb.get(extra):
+            line += f"\n  {extra}: {sb[extra]}"
+    return line
 
 
 def _cell(v: Any) -> str:

@@ -48,9 +48,11 @@ class AgentProcess:
 
     def __init__(self, state_dir: Path, modules: list[Path],
                  settings: dict[str, Path] | None = None, node_id: str = "demo-node",
-                 log_path: Path | None = None, ready_timeout: float = 60.0) -> None:
+                 log_path: Path | None = None, ready_timeout: float = 60.0,
+                 extra_args: list[str] | None = None,
+                 env: dict[str, str] | None = None) -> None:
         argv = [sys.executable, "-m", "oarbank_agent", "run", "--state-dir", str(state_dir),
-                "--node-id", node_id]
+                "--node-id", node_id, *(extra_args or [])]
         for m in modules:
             argv += ["--module", str(m)]
         for name, path in (settings or {}).items():
@@ -60,7 +62,8 @@ class AgentProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")  # noqa: SIM115 (closed in stop())
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=self._log,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+                                     stdin=subprocess.DEVNULL, start_new_session=True,
+                                     env=env)
         assert self.proc.stdout is not None
         # The agent prints one line once its control socket listens.
         import selectors
@@ -111,7 +114,8 @@ class AgentProcess:
         return rc
 
 
-def run_demo(jobs: int = 20, load_s: float = 1.0, as_json: bool = False) -> int:
+def run_demo(jobs: int = 20, load_s: float = 1.0, as_json: bool = False,
+             sandbox: str = "auto") -> int:
     if jobs < 1:
         print("oarbank-agent demo: --jobs must be at least 1", file=sys.stderr)
         return 2
@@ -124,7 +128,8 @@ def run_demo(jobs: int = 20, load_s: float = 1.0, as_json: bool = False) -> int:
         settings = tmp / "modelserver-settings.json"
         settings.write_text(json.dumps({"load_s": load_s}))
         t0 = time.monotonic()
-        agent = AgentProcess(state, [example], {"modelserver": settings})
+        agent = AgentProcess(state, [example], {"modelserver": settings},
+                             extra_args=["--sandbox", sandbox])
         ids = []
         with control.Client(state) as c:
             for i in range(jobs):
@@ -161,6 +166,7 @@ def run_demo(jobs: int = 20, load_s: float = 1.0, as_json: bool = False) -> int:
         times = [j for j in status["jobs"] if j.get("started_at") and j.get("finished_at")]
         summary = {"jobs": jobs, "succeeded": succeeded, "model_loads": len(loads),
                    "service_pids": pids, "wall_s": round(wall, 3)}
+        endpoints = status.get("sandbox", {}).get("endpoints")
         if as_json:
             print(json.dumps(summary))
         else:
@@ -169,6 +175,7 @@ def run_demo(jobs: int = 20, load_s: float = 1.0, as_json: bool = False) -> int:
             print(f"jobs succeeded: {succeeded} of {jobs}")
             print(f"model loads:    {len(loads)}")
             print(f"service pid(s): {', '.join(map(str, pids)) or '-'}")
+            print(f"sandbox:        endpoints {endpoints} (--sandbox {sandbox})")
             print(f"wall time:      {wall:.2f}s (agent start included; model load_s={load_s:g})")
             print(f"per job:        {mean_run * 1000:.0f} ms from runner start to record final")
             for r in records:

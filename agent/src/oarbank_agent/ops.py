@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from . import procs
+from . import procs, sandboxing
 from .modules import ModuleCtx, NodeInfo
 
 __all__ = ["OP_TIMEOUTS", "OpResult", "run_op", "last_json_line"]
@@ -70,7 +70,9 @@ async def run_op(ctx: ModuleCtx, node: NodeInfo, service: str, op: str, *,
     out_dir.mkdir(parents=True, exist_ok=True)
     out_path = out_dir / f"{os.getpid()}-{id(argv):x}-{service}-{op}.out"
     label = f"{ctx.id}/{service} {op}"
-    with open(out_path, "wb") as out, open(ctx.log_dir / f"{service}.log", "ab") as err:
+    log_path = ctx.log_dir / f"{service}.log"
+    with open(out_path, "wb") as out, open(log_path, "ab") as err:
+        err_start = err.tell()  # where this op's stderr begins (a launcher refusal lands there)
         try:
             proc = await procs.spawn(argv, env=env, cwd=ctx.manifest.bundle, stdout=out,
                                      stderr=err, pass_fds=pass_fds, registry=registry,
@@ -102,7 +104,9 @@ async def run_op(ctx: ModuleCtx, node: NodeInfo, service: str, op: str, *,
         await proc.wait()
         return OpResult(op, False, None, doc, f"{op} timed out after {timeout_s:g}s", pgid)
     if rc != 0:
-        error = f"{op} exited with {rc}"
+        # Exit 70/71 with the launcher's line: the sandbox refused, the op never ran.
+        error = sandboxing.launcher_failure(rc, _read_from(log_path, err_start))
+        error = f"{op}: {error}" if error else f"{op} exited with {rc}"
     elif doc is None:
         error = f"{op} printed no JSON object on stdout"
     elif op in ("start", "stop", "destroy") and doc.get("ok") is not True:
@@ -112,6 +116,15 @@ async def run_op(ctx: ModuleCtx, node: NodeInfo, service: str, op: str, *,
     if error is not None or not keep_group:
         await _end(registry, pgid)
     return OpResult(op, error is None, rc, doc, error, pgid)
+
+
+def _read_from(path: os.PathLike[str], offset: int, limit: int = 65536) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read(limit).decode("utf-8", errors="replace")
+    except OSError:
+        return ""
 
 
 async def _end(registry: procs.ProcessRegistry, pgid: int) -> None:

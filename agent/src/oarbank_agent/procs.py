@@ -24,6 +24,8 @@ from typing import Any
 
 import psutil
 
+from . import sandboxing
+
 __all__ = ["GroupRecord", "ProcessRegistry", "spawn", "group_alive", "end_group",
            "signal_group", "launch_argv"]
 
@@ -31,10 +33,10 @@ __all__ = ["GroupRecord", "ProcessRegistry", "spawn", "group_alive", "end_group"
 def launch_argv(argv: list[str]) -> list[str]:
     """The hook every op and runner argv goes through before it is executed.
 
-    Identity for now; the sandbox launcher plugs in here (prefixing its wrapper), so that one
-    function decides how every child of the agent is confined.
+    The installed sandbox policy (``sandboxing.install``) prefixes the SDK's launcher, so that
+    this one function decides how every child of the agent is confined (identity when off).
     """
-    return list(argv)
+    return sandboxing.current().wrap(list(argv))
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from oarbank_sdk import manifest as mf
 
-from . import procs
+from . import procs, sandboxing
 from .modules import ModuleCtx, NodeInfo
 from .supervisor import service_key
 
@@ -153,6 +153,12 @@ async def run_attempt(ctx: ModuleCtx, node: NodeInfo, stage: mf.Stage, *, job_id
             # running -> stopping (timeout_s): SIGTERM the group, SIGKILL after stop_grace_s
             timed_out = True
             rc = await _terminate(proc, runner.stop_grace_s)
+        # Exit 70/71 with the launcher's line: the sandbox refused and the runner never ran
+        # (not the runner's own failure, and never retried: the node cannot confine it).
+        refused = None if timed_out else sandboxing.launcher_failure(
+            rc, _tail(workdir / "runner.log"))
+        if refused is not None:
+            return Outcome("failed", rc, refused, fault="host")
         return classify(rc, timed_out, workdir, stage.timeout_s)
     except asyncio.CancelledError:
         # Agent shutdown: end the attempt the same way as a timeout.
@@ -167,6 +173,15 @@ async def run_attempt(ctx: ModuleCtx, node: NodeInfo, stage: mf.Stage, *, job_id
             await procs.end_group(proc.pid, runner.stop_grace_s)
             registry.remove(proc.pid)
         broker.end_attempt(attempt_id)
+
+
+def _tail(path: Path, limit: int = 65536) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - limit))
+            return f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
 
 
 async def _terminate(proc: asyncio.subprocess.Process, grace_s: float) -> int:

@@ -35,6 +35,27 @@ def _fail(code: int, message: str) -> int:
     return code
 
 
+def _received_environ() -> dict[str, str]:
+    """The environment exactly as the launcher was given it, for the child.
+
+    Not ``os.environ``: the interpreter adds to it at startup (PEP 538 locale coercion sets
+    ``LC_CTYPE`` when the locale is C, even with ``-I``), and the child's environment must be
+    the caller's (the agent's op/runner environment is exact). ``/proc/self/environ`` is the
+    block this process was exec'd with; elsewhere ``os.environ`` is all there is.
+    """
+    try:
+        with open("/proc/self/environ", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return dict(os.environ)
+    env: dict[str, str] = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep and key:
+            env[os.fsdecode(key)] = os.fsdecode(value)
+    return env
+
+
 def main(args: list[str] | None = None) -> int:
     try:
         request = _policy.parse_launch_args(sys.argv[1:] if args is None else args)
@@ -77,7 +98,7 @@ def main(args: list[str] | None = None) -> int:
 
     sys.stdout.flush()
     try:
-        os.execvp(argv[0], argv)
+        os.execvpe(argv[0], argv, _received_environ())
     except OSError as exc:
         return _fail(_policy.EXIT_EXEC_FAILED, f"exec failed: {argv[0]!r}: {exc.strerror or exc}")
     return _policy.EXIT_EXEC_FAILED  # not reached: execvp returns only by raising

@@ -1,0 +1,206 @@
+"""The sandbox through the REAL agent: every runner, service op and service daemon (and what
+they start) is confined; the endpoint path still works; status says what is enforced; a
+launcher that cannot confine refuses and the job fails with the sandbox's reason.
+
+The probe module (modfiles/sandbox_probe.py) tries each operation for real against targets
+this test creates OUTSIDE the sandbox (a TCP listener on 127.0.0.1 and on ::1, a listening
+unix socket) and records the errno. The same probes with ``--sandbox off`` succeed, so the
+refusals below are the sandbox's doing, not a broken probe.
+
+Forcing a setup failure: ``OARBANK_SANDBOX_FAULT`` on the AGENT process (ops and runners get an
+exact environment, so it cannot come from a job); the agent carries it to every launcher.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from agent_helpers import EXAMPLE, MODFILES, RunningAgent  # noqa: E402
+
+MODULE_ID = "test.agent.sbx"
+REFUSED_OPS = ("tcp_listen_127.0.0.1", "udp_bind", "unix_path_listen", "abstract_unix_listen",
+               "connect_127.0.0.1", "connect_::1", "connect_unix_outside", "socket_af_packet")
+LINUX_CAPS = ("no_new_privs", "seccomp_listen", "seccomp_socket", "seccomp_bind_connect",
+              "seccomp_io_uring", "loopback", "abstract_unix", "endpoints")
+
+MANIFEST = """\
+manifest = 1
+
+[module]
+id = "test.agent.sbx"
+version = "0.0.1"
+description = "sandbox probes from a runner and a service daemon"
+
+[requires]
+core = ">=2.5,<3"
+runner_protocol = [1]
+service_protocol = [1]
+
+[runner]
+exec = ["python", "-I", "{bundle}/sandbox_probe.py"]
+stop_grace_s = 2
+
+[[stages]]
+name = "probe"
+timeout_s = 60
+
+[[stages]]
+name = "with_service"
+timeout_s = 60
+requires = { pools = { probe = 1 } }
+
+[[services]]
+name = "probe"
+exec = ["python", "-I", "{bundle}/sandbox_probe.py"]
+lifecycle = "on_demand"
+idle_timeout_s = 60
+start_timeout_s = 30
+stop_timeout_s = 10
+provides = { pools = ["probe"] }
+"""
+
+
+@pytest.fixture
+def probe_module(tmp_path: Path) -> Path:
+    root = tmp_path / "mod-sbx"
+    root.mkdir()
+    shutil.copy(MODFILES / "sandbox_probe.py", root / "sandbox_probe.py")
+    (root / "oarbank-module.toml").write_text(MANIFEST)
+    return root
+
+
+@pytest.fixture
+def targets() -> Iterator[dict[str, Any]]:
+    """Listeners outside any sandbox: reachable from here, so a refusal inside is the sandbox."""
+    with contextlib.ExitStack() as stack:
+        t4 = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+        t4.bind(("127.0.0.1", 0))
+        t4.listen(16)
+        tcp6 = None
+        with contextlib.suppress(OSError):  # a machine without IPv6 loopback: see the probe
+            t6 = stack.enter_context(socket.socket(socket.AF_INET6, socket.SOCK_STREAM))
+            t6.bind(("::1", 0))
+            t6.listen(16)
+            tcp6 = t6.getsockname()[1]
+        short = tempfile.mkdtemp(prefix="oarbank-sbx-")  # sun_path is short: not under tmp_path
+        stack.callback(shutil.rmtree, short, True)
+        u = stack.enter_context(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM))
+        u.bind(os.path.join(short, "outside.sock"))
+        u.listen(16)
+        conf = {"tcp4": t4.getsockname()[1], "tcp6": tcp6, "unix_path": u.getsockname()}
+        # Reachable from outside the sandbox (the test's own sanity check).
+        with socket.create_connection(("127.0.0.1", conf["tcp4"]), timeout=2):
+            pass
+        with socket.socket(socket.AF_UNIX) as c:
+            c.connect(conf["unix_path"])
+        yield conf
+
+
+def _not_refused(where: str, probes: dict[str, str]) -> list[str]:
+    return [f"{where}: {op} -> {probes.get(op, 'not tried')} (expected EPERM)"
+            for op in REFUSED_OPS if probes.get(op) != "EPERM"]
+
+
+def _read(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text())
+
+
+def _start(start_agent: Callable[..., RunningAgent], probe_module: Path,
+           targets: dict[str, Any], *args: str, **kw: Any) -> RunningAgent:
+    return start_agent([probe_module, EXAMPLE],
+                       {MODULE_ID: targets, "modelserver": {"load_s": 0.1}},
+                       extra_args=list(args), **kw)
+
+
+def test_runner_and_service_daemon_are_refused_every_network_operation(
+        start_agent: Callable[..., RunningAgent], probe_module: Path,
+        targets: dict[str, Any]) -> None:
+    agent = _start(start_agent, probe_module, targets)  # default: --sandbox auto
+    job = agent.run_job("with_service", {}, module=MODULE_ID)
+    assert job["state"] == "succeeded", job
+    runner = job["result"]["probes"]
+    data = agent.module_data(MODULE_ID)
+    service = _read(data / "probes-service.json")
+    op_start = _read(data / "probes-op-start.json")
+    failures = (_not_refused("runner", runner["self"])
+                + _not_refused("runner's child (grandchild of the agent)", runner["child"])
+                + _not_refused("service op start", op_start)
+                + _not_refused("service daemon", service["self"])
+                + _not_refused("service daemon's child", service["child"]))
+    assert not failures, "not refused by the sandbox:\n" + "\n".join(failures)
+
+    # The daemon itself, seen from outside: no_new_privs and a seccomp filter.
+    daemon_pid = int((data / "daemon.pid").read_text())
+    status_text = Path(f"/proc/{daemon_pid}/status").read_text()
+    assert "\nNoNewPrivs:\t1\n" in status_text and "\nSeccomp:\t2\n" in status_text
+
+    # Same sandbox, endpoint path end to end: a generate job through examples/modelserver.
+    gen = agent.run_job("generate", {"prompts": ["under the sandbox"]}, module="modelserver")
+    assert gen["state"] == "succeeded", gen
+    assert gen["result"]["provenance"]["service_pids"], gen["result"]
+
+    # A runner's OWN exit 70 is its failure, not the launcher's.
+    own = agent.run_job("probe", {"exit": 70}, module=MODULE_ID)
+    assert own["state"] == "failed" and own["reason"] == "runner exited with 70", own
+
+    sb = agent.status()["sandbox"]
+    assert sb["mode"] == "auto"
+    not_enforced = {k: sb.get(k) for k in LINUX_CAPS if sb.get(k) != "enforced"}
+    assert not not_enforced, f"status does not report these as enforced: {not_enforced}"
+    assert sb["macos_seatbelt"] == "unavailable"  # never claimed where it does not apply
+    human = agent.cli("status", "--state-dir", str(agent.state_dir))
+    assert human.returncode == 0, human.stderr
+    assert "sandbox (auto): endpoints enforced;" in human.stdout, human.stdout
+
+
+def test_sandbox_off_runs_unconfined_and_status_says_so(
+        start_agent: Callable[..., RunningAgent], probe_module: Path,
+        targets: dict[str, Any]) -> None:
+    agent = _start(start_agent, probe_module, targets, "--sandbox", "off")
+    job = agent.run_job("probe", {}, module=MODULE_ID)
+    assert job["state"] == "succeeded", job
+    # The probes are real: unconfined, the same operations work.
+    for where in ("self", "child"):
+        probes = job["result"]["probes"][where]
+        for op in ("tcp_listen_127.0.0.1", "udp_bind", "unix_path_listen", "abstract_unix_listen",
+                   "connect_127.0.0.1", "connect_unix_outside"):
+            assert probes[op] == "ok", f"{where}: {op} -> {probes[op]} without the sandbox"
+    sb = agent.status()["sandbox"]
+    assert sb["mode"] == "off" and "debugging only" in sb["note"], sb
+    claimed = [k for k, v in sb.items() if v == "enforced"]
+    assert not claimed, f"--sandbox off still claims: {claimed}"
+    assert "debugging only" in agent.log()
+
+
+def test_forced_setup_failure_fails_the_job_with_the_sandbox_reason(
+        start_agent: Callable[..., RunningAgent], probe_module: Path,
+        targets: dict[str, Any]) -> None:
+    env = dict(os.environ, OARBANK_SANDBOX_FAULT="seccomp")
+    agent = _start(start_agent, probe_module, targets, env=env)
+    job = agent.run_job("probe", {}, module=MODULE_ID)
+    assert job["state"] == "failed", job
+    assert job["reason"].startswith("sandbox setup failed (exit 70): "), job["reason"]
+    assert "unconfined" in job["reason"], job["reason"]  # "refusing to run ... unconfined"
+    data = agent.module_data(MODULE_ID)
+    assert not list(data.glob("ran-*")), "the runner ran although the launcher could not confine it"
+
+    # A service: none of its ops ran (not even fingerprint); its row says why.
+    row = agent.service_row("probe")
+    assert "sandbox setup failed (exit 70)" in (row["error"] or ""), row
+    assert not (data / "ops.log").exists(), (data / "ops.log").read_text()
+
+    sb = agent.status()["sandbox"]
+    assert "OARBANK_SANDBOX_FAULT=seccomp" in sb["fault"], sb
