@@ -10,9 +10,13 @@ in order. Every answer has ``ok``; a refusal is ``{"ok": false, "code", "error"}
 | | or ``{"ok": false, "code": "timeout", "job": <record>}`` |
 | ``{"op": "job", "job_id"}`` | ``{"ok": true, "job": <record>}`` |
 | ``{"op": "status"}`` | ``{"ok": true, "status": <Agent.report() + "jobs">}`` |
+| ``{"op": "protect", "rule"?: "forbid-gpu" / "allow-gpu" / "evict" / "end-evict"}`` | |
+| | ``{"ok": true, "rules": {"gpu_forbidden", "evicted"}, "held": {service key: reason}}`` |
 
-Codes: ``bad_request`` (not JSON, unknown op, wrong field), ``unknown_module``,
-``unknown_stage``, ``unknown_job``, ``timeout``, ``shutting_down``.
+Codes: ``bad_request`` (not JSON, unknown op, wrong field, unknown rule), ``unknown_module``,
+``unknown_stage``, ``unknown_job``, ``timeout``, ``shutting_down``, ``gpu_api_missing``
+(submit: ``GPU_API_MISSING: needs <apis>; this node provides <have>``, nothing queued),
+``exceeds_memory_budget`` (submit: the job could never fit this node's memory budget).
 """
 
 from __future__ import annotations
