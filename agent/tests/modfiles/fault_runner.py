@@ -172,7 +172,8 @@ def main() -> int:
         result = fresh(payload)
     elif mode == "fds":
         fds = open_fds()
-        result = {"fds": fds, "pid": ask(ep.connect("echo")) if payload.get("ask") else None}
+        result = {"fds": fds, "pid": ask(ep.connect("echo")) if payload.get("ask") else None,
+                  "services": sorted(k for k in os.environ if k.startswith("OARBANK_SERVICE_"))}
     elif mode == "escape":
         result = escape(os.environ["OARBANK_ATTEMPT_ID"])
     else:
