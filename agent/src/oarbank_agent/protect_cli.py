@@ -70,7 +70,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[GuardConfig, gpu_detect.
     return GuardConfig(floors, args.mem_sample_s, args.memory_budget_gb), gpu
 
 
-def add_protect_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_protect_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("protect", help="set a host rule on a running agent (GPU work, evict)")
     p.add_argument("--state-dir", required=True, type=Path)
     rule = p.add_mutually_exclusive_group()
