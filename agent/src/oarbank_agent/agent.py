@@ -391,7 +391,7 @@ class Agent:
                 self._finish(rec, final, outcome.exit_code, reason, outcome.result)
                 return
         except asyncio.CancelledError:
-            why = self._releasing.pop(rec.job_id, None)
+            why = self._releasing.pop(rec.job_id) if rec.job_id in self._releasing else None
             if why is None or self._stop.is_set():
                 # admitted|running -> queued: the agent is stopping; the job is resumed later.
                 rec.state = "queued"
