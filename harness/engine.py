@@ -14,6 +14,7 @@ import fcntl
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -66,14 +67,37 @@ def _own_socket() -> Path:
     return _engine_dir() / "docker.sock"
 
 
+def _answers(url: str) -> bool:
+    """Whether something accepts connections at a unix:// URL. Checked with a plain socket
+    first because the docker SDK leaks its socket when the connect fails."""
+    if not url.startswith("unix://"):
+        return True  # tcp:// and others: let the SDK try
+    path = url[len("unix://"):]
+    if not os.path.exists(path):
+        return False
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(5)
+        try:
+            s.connect(path)
+            return True
+        except OSError:
+            return False
+
+
 def _try(url: str) -> Any | None:
     import docker
 
+    if not _answers(url):
+        return None
+    client = None
     try:
         client = docker.DockerClient(base_url=url, timeout=120)
         client.ping()
         return client
     except Exception:
+        if client is not None:
+            with contextlib.suppress(Exception):
+                client.close()
         return None
 
 
@@ -95,7 +119,9 @@ def engine_available() -> str | None:
     if sys.platform != "linux":
         return "the container backend needs Linux"
     for url in _candidates():
-        if _try(url) is not None:
+        client = _try(url)
+        if client is not None:
+            client.close()
             return None
     if shutil.which("dockerd") is None:
         return "no Docker engine is running and dockerd is not installed"

@@ -28,8 +28,12 @@ class _UnixConnection(HTTPConnection):
 
     def connect(self) -> None:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout if isinstance(self.timeout, (int, float)) else 30)
-        sock.connect(self._path)
+        try:
+            sock.settimeout(self.timeout if isinstance(self.timeout, (int, float)) else 30)
+            sock.connect(self._path)
+        except OSError:
+            sock.close()
+            raise
         self.sock = sock
 
 
