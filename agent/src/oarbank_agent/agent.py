@@ -391,8 +391,8 @@ class Agent:
                 self._finish(rec, final, outcome.exit_code, reason, outcome.result)
                 return
         except asyncio.CancelledError:
-            why = self._releasing.pop(rec.job_id) if rec.job_id in self._releasing else None
-            if why is None or self._stop.is_set():
+            released_for = self._releasing.pop(rec.job_id, "")
+            if not released_for or self._stop.is_set():
                 # admitted|running -> queued: the agent is stopping; the job is resumed later.
                 rec.state = "queued"
                 self.store.save(rec)
@@ -405,8 +405,8 @@ class Agent:
                 rec.history.append({"attempt": None, "attempt_id": attempt_id,
                                     "started_at": started, "finished_at": time.time(),
                                     "outcome": "released", "exit_code": None,
-                                    "reason": why, "fault": None})
-            rec.state, rec.reason = "queued", f"released: {why}"
+                                    "reason": released_for, "fault": None})
+            rec.state, rec.reason = "queued", f"released: {released_for}"
             self.store.save(rec)
             requeue = True
         finally:
