@@ -35,6 +35,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "this machine allows), required (refuse to start without it), off "
                         "(debugging only: everything runs unconfined)")
     protect_cli.add_run_options(r)
+    r.add_argument("--portal", metavar="URL",
+                   help="post heartbeats here: http://127.0.0.1:PORT or unix:/path/to/socket")
+    r.add_argument("--heartbeat-s", type=float, default=10.0, metavar="S",
+                   help="heartbeat period in seconds (default 10); state changes post at once")
 
     s = sub.add_parser("submit", help="submit a job to a running agent")
     s.add_argument("--state-dir", required=True, type=Path)
@@ -101,6 +105,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         _err(str(exc))
         return 2
+    if args.portal is not None:
+        from .heartbeat import PortalURL
+
+        try:
+            PortalURL(args.portal)
+        except ValueError as exc:
+            _err(f"--portal: {exc}")
+            return 2
+    if args.heartbeat_s <= 0:
+        _err("--heartbeat-s must be > 0")
+        return 2
     settings: dict[str, dict[str, Any]] = {}
     for arg in args.settings:
         try:
@@ -132,12 +147,26 @@ def cmd_run(args: argparse.Namespace) -> int:
         if not agent.modules:
             _err("no module could be loaded")
 
+        sender = None
+        if args.portal:
+            from .heartbeat import HeartbeatSender
+
+            sender = HeartbeatSender(args.portal, agent.report, args.heartbeat_s)
+            # Every service state change posts at once (debounced by the sender).
+            agent.on_change.append(lambda _key: sender.notify_change())
+
         def ready() -> None:
             mods = ",".join(sorted(agent.modules)) or "-"
             print(f"oarbank-agent: ready node={agent.node.node_id} "
                   f"control={agent.control.path} modules={mods}", flush=True)
+            if sender is not None:
+                sender.start()  # the first report goes out at once, with fingerprinted rows
 
-        await agent.run(ready)
+        try:
+            await agent.run(ready)
+        finally:
+            if sender is not None:
+                await sender.aclose()
         return 0
 
     return asyncio.run(main_async())
