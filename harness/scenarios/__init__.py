@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
-from harness.scenarios import agent_restart, crash_loop, idle_stop, listener_refused
+from harness.scenarios import (
+    agent_restart,
+    crash_loop,
+    gpu_shared_start,
+    idle_stop,
+    listener_refused,
+    yield_,
+)
 
-__all__ = ["agent_restart", "crash_loop", "idle_stop", "listener_refused"]
+__all__ = ["agent_restart", "crash_loop", "gpu_shared_start", "idle_stop", "listener_refused",
+           "yield_"]

@@ -1,0 +1,114 @@
+"""yield: host protection stops a yieldable service while jobs use it; the service is held
+(`preempt_memory` under real memory pressure, `preempt_protection` under an owner's evict
+rule), its jobs are released and requeued, and every job finishes after the hold lifts.
+
+Real memory pressure is made on the `local` backend: the agent's floors are set just under
+the memory available when the scenario starts, and a child process of the harness allocates
+(and touches) 2.5 GiB more than that margin for a moment. It is skipped in favour of the
+host rule where that cannot be done safely: in containers (they share the host's memory
+figures, and other nodes would see the pressure too) and on machines with under 6 GiB free.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+from typing import Any
+
+import psutil
+
+from harness.scenario import Ctx, scenario
+from harness.scenarios.common import FAST, loads, wait_portal, wait_row
+
+GIB = 1 << 30
+ALLOC_GIB = 2.5  # what the pressure child takes
+HARD_BELOW_GIB = 1.5  # the hard floor sits this far below what is available at the start
+SOFT_ABOVE_HARD_GIB = 0.4
+
+
+def _pressure_plan(ctx: Ctx) -> tuple[str, tuple[str, ...]]:
+    """("memory", agent flags) when real pressure can be made safely here, else ("rule", ())."""
+    vm = psutil.virtual_memory()
+    if ctx.backend.name != "local" or vm.available < 6 * GIB:
+        return "rule", ()
+    hard = (vm.available - HARD_BELOW_GIB * GIB) / vm.total
+    soft = hard + SOFT_ABOVE_HARD_GIB * GIB / vm.total
+    ctx.note(f"memory: {vm.available / GIB:.1f} of {vm.total / GIB:.1f} GiB available; floors "
+             f"hard {hard:.3f} soft {soft:.3f}; the pressure child takes {ALLOC_GIB} GiB")
+    return "memory", ("--mem-hard-floor", f"{hard:.4f}", "--mem-soft-floor", f"{soft:.4f}",
+                      "--mem-recover-margin", "0.005", "--mem-sample-s", "0.5")
+
+
+def _allocate() -> subprocess.Popen[bytes]:
+    code = (f"import sys, time\nb = bytearray(b'\\x01') * {int(ALLOC_GIB * GIB)}\n"
+            "sys.stdout.write('held\\n'); sys.stdout.flush(); time.sleep(300)\n")
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                         stdin=subprocess.DEVNULL, start_new_session=True)
+    assert p.stdout is not None
+    p.stdout.readline()  # the memory is touched once this line arrives
+    return p
+
+
+@scenario("yield", "memory pressure (or an evict rule) stops the yieldable service with its "
+          "jobs released and requeued; they finish after the hold lifts", needs_portal=True)
+def yield_(ctx: Ctx) -> None:
+    mode, flags = _pressure_plan(ctx)
+    reason = "preempt_memory" if mode == "memory" else "preempt_protection"
+    node = ctx.node("yield-a", ["fastmodel"], flags=flags,
+                    settings={FAST: {"load_s": 0.3, "slots": 4, "model_gb": 1.0}})
+    jobs = [node.submit(FAST, "generate", {"prompts": [f"y{i}"], "hold_s": 3})["job_id"]
+            for i in range(3)]
+    r = wait_row(ctx, node, FAST, "model", "ready with users",
+                 lambda r: r["ready"] and r["users"] >= 1, 60)
+    ctx.note(f"service ready with {r['users']} user(s), {len(jobs)} jobs submitted")
+
+    child: subprocess.Popen[bytes] | None = None
+    try:
+        if mode == "memory":
+            child = _allocate()
+            ctx.note(f"pressure child holds {ALLOC_GIB} GiB "
+                     f"({psutil.virtual_memory().available / GIB:.1f} GiB available now)")
+        else:
+            rr = node.cli("protect", "--state-dir", node.host_to_node(node.state_dir), "--evict")
+            ctx.check(rr.rc == 0, f"protect --evict failed: {rr}")
+            ctx.note("owner's rule: protect --evict")
+        held = wait_row(ctx, node, FAST, "model", f"held {reason}",
+                        lambda r: r["held"] == reason and not r["running"], 60)
+        ctx.note(f"row: held={held['held']} running={held['running']} users={held['users']}")
+        states = _states(node, jobs)
+        ctx.check(not any(s in ("running",) for s in states.values()),
+                  f"jobs still run while the service is held: {states}")
+        ctx.check(not any(s == "failed" for s in states.values()),
+                  f"a released job was counted failed: {states}")
+        ctx.note(f"jobs released while held: {states}")
+        ctx.check(not any("model_service.py" in p.cmdline for p in node.processes()),
+                  "a model_service.py process survives the hold")
+        pr = wait_portal(ctx, FAST, node, "model", f"held: {reason}",
+                         lambda r: r.get("stopped_reason") == f"held: {reason}")
+        ctx.note(f"portal row: state={pr['state']} stopped_reason={pr['stopped_reason']}")
+    finally:
+        if child is not None:
+            with contextlib.suppress(ProcessLookupError):
+                child.kill()
+            child.wait(30)
+            if child.stdout:
+                child.stdout.close()
+    if mode == "memory":
+        ctx.note("pressure child ended")
+    else:
+        rr = node.cli("protect", "--state-dir", node.host_to_node(node.state_dir), "--end-evict")
+        ctx.check(rr.rc == 0, f"protect --end-evict failed: {rr}")
+        ctx.note("owner's rule lifted: protect --end-evict")
+
+    records = ctx.wait_jobs(node, jobs, 120)
+    final = {j: rec["state"] for j, rec in records.items()}
+    ctx.check(all(s == "succeeded" for s in final.values()), f"after the hold: {final}")
+    ctx.check(len(loads(node)) == 2, f"model.loads: {loads(node)} (want a reload after the hold)")
+    ctx.note(f"all {len(jobs)} jobs succeeded after the hold lifted; model loaded again "
+             f"(model.loads: {len(loads(node))} lines)")
+
+
+def _states(node: Any, jobs: list[str]) -> dict[str, str]:
+    now = node.job_states()
+    return {j: now.get(j, {}).get("state", "MISSING") for j in jobs}
