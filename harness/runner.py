@@ -91,7 +91,7 @@ def run_one(backend: Backend, sc: Scenario, out: Path, agent_flags: tuple[str, .
         if sc.needs_portal:
             from harness.portal import Portal
 
-            ctx.portal = Portal(folder / "portal", portal_modules())
+            ctx.portal = Portal(ctx.place("portal"), portal_modules())
             ctx.note(f"portal serving at {ctx.portal.url}")
         sc.fn(ctx)
         nothing_lost(ctx)
@@ -108,12 +108,14 @@ def run_one(backend: Backend, sc: Scenario, out: Path, agent_flags: tuple[str, .
         if ctx.portal is not None:
             with contextlib.suppress(Exception):
                 ctx.portal.stop()
+        log_tails = {n.node_id: n.log_tail(600) for n in ctx.nodes}
+        ctx.bring_back()
     leftovers = backend.leftovers()
     if leftovers and error is None:
         error = f"nothing left: after cleanup the backend still has {leftovers}"
     if error is not None:
-        for node in ctx.nodes:
-            ctx.evidence.append(f"{node.node_id} agent.log tail: {node.log_tail(600)}")
+        for node_id, tail in log_tails.items():
+            ctx.evidence.append(f"{node_id} agent.log tail: {tail}")
     return Result(sc.name, backend.name, error is None, time.monotonic() - t0,
                   ctx.evidence, error)
 

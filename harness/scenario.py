@@ -12,6 +12,11 @@ runner itself checks, for every scenario:
 
 from __future__ import annotations
 
+import contextlib
+import os
+import secrets
+import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,6 +32,7 @@ MODULES_DIR = Path(__file__).resolve().parent / "modules"
 EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "examples"
 
 T = TypeVar("T")
+SHORT_PATH_MAX = 60  # + "/state/control.sock" and the like stays well under 104 bytes
 
 
 class ScenarioFailed(AssertionError):
@@ -66,6 +72,39 @@ class Ctx:
     evidence: list[str] = field(default_factory=list)
     expected: dict[str, tuple[str, ...]] = field(default_factory=dict)  # job id -> states
     t0: float = field(default_factory=time.monotonic)
+    relocated: dict[Path, Path] = field(default_factory=dict)  # out-dir path -> short path
+
+    def place(self, name: str) -> Path:
+        """A folder for a node or the portal. Under the scenario's folder when its paths stay
+        short enough for unix sockets (the agent's control socket and the portal's socket live
+        in them; the limit is about 100 bytes); otherwise in a short temporary folder, linked
+        from the scenario's folder, whose logs are copied back when the scenario ends."""
+        want = self.folder / name
+        if len(str(want.resolve())) <= SHORT_PATH_MAX:
+            return want
+        base = Path(tempfile.gettempdir()) / f"oarbank-e2e-{os.getpid()}"
+        short = base / f"{len(self.relocated)}{secrets.token_hex(2)}-{name}"[:40]
+        short.mkdir(parents=True)
+        with contextlib.suppress(OSError):
+            want.symlink_to(short, target_is_directory=True)
+        self.relocated[want] = short
+        return short
+
+    def bring_back(self) -> None:
+        """Copy the logs of relocated folders into the scenario's folder; remove the rest."""
+        for want, short in self.relocated.items():
+            if want.is_symlink():
+                want.unlink()
+            want.mkdir(parents=True, exist_ok=True)
+            for log in short.rglob("*.log"):
+                dest = want / log.relative_to(short)
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                with contextlib.suppress(OSError):
+                    shutil.copy2(log, dest)
+            shutil.rmtree(short, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                short.parent.rmdir()  # the run's base folder, once empty
+        self.relocated.clear()
 
     # --- recording and failing --------------------------------------------------------------
 
@@ -100,7 +139,7 @@ class Ctx:
         """A node running `modules` (names under harness/modules, `example:<name>` for
         examples/<name>, or paths), its agent started with `flags` + the run's agent flags."""
         paths = [module_path(m) for m in modules]
-        n = self.backend.make_node(node_id, self.folder / node_id, paths, settings or {},
+        n = self.backend.make_node(node_id, self.place(node_id), paths, settings or {},
                                    self.portal)
         self.nodes.append(n)
         if start:

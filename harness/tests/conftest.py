@@ -17,9 +17,14 @@ from harness.procs import processes_under  # noqa: E402
 @pytest.fixture(scope="session", autouse=True)
 def no_leftover_processes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """No process of any harness test survives the session."""
+    import tempfile
+
     base = tmp_path_factory.getbasetemp()
     yield
     left = processes_under(base)
+    # Runs with long out dirs put node folders under <tmp>/oarbank-e2e-<pid>/.
+    for short in Path(tempfile.gettempdir()).glob("oarbank-e2e-*"):
+        left += processes_under(short)
     assert not left, "processes left behind by the harness tests:\n" + "\n".join(map(str, left))
 
 
