@@ -239,7 +239,7 @@ def _probe_directml() -> tuple[bool, str]:
     system32 = os.path.join(os.environ.get("SYSTEMROOT", r"C:\Windows"), "System32")
     if not os.path.exists(os.path.join(system32, "DirectML.dll")):
         return False, "DirectML.dll missing"
-    ctypes.WinDLL("d3d12")  # type: ignore[attr-defined]
+    ctypes.WinDLL("d3d12")
     return True, "DirectML and Direct3D 12"
 
 

@@ -11,11 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from oarbank_sdk.manifest import Manifest, ManifestError, Problem, UiEntry, load
-
-try:  # page checking lives in the SDK; a portal without it still renders (it never breaks)
-    from oarbank_sdk.pages import check_page_data as _check_page_data
-except ImportError:  # pragma: no cover - only with an older SDK
-    _check_page_data = None
+from oarbank_sdk.pages import check_page_data
 
 __all__ = ["ManifestError", "PageFileError", "PortalModule", "find_module", "load_modules"]
 
@@ -57,7 +53,7 @@ class PortalModule:
         except json.JSONDecodeError as e:
             raise PageFileError(f"{entry.file}: not valid JSON at line {e.lineno}, "
                                 f"column {e.colno}: {e.msg}")
-        problems = _check_page_data(doc, kind, entry.file) if _check_page_data else []
+        problems = check_page_data(doc, kind, entry.file)
         return doc, problems
 
 
