@@ -509,6 +509,66 @@ def test_gate_answering_false_after_a_wait_refuses():
     run(scenario)
 
 
+class SyncGate(Gate):
+    """A gate with the optional synchronous ``ready_now`` (as the supervisor has)."""
+
+    def __init__(self, **states: bool | None) -> None:
+        super().__init__(**states)
+        self.now_calls = 0
+        self.broken = False
+
+    def ready_now(self, service_key: str) -> bool:
+        self.now_calls += 1
+        if self.broken:
+            raise RuntimeError("ready_now failed")
+        return self.states.get(service_key) is True
+
+
+def test_ready_now_hands_over_without_waiting_and_keeps_order_and_errors_safe(caplog):
+    async def scenario():
+        gate = SyncGate(m__s=True)
+        broker = Broker(gate)
+        _ch, svc = await ready_service(broker, "m/s")
+        job = job_peer(broker, "a", "m/s")
+        # Ready now: handed over in place, wait_ready never asked.
+        for _ in range(3):
+            msg, end = await asyncio.to_thread(job_connect, job)
+            assert msg["ok"] is True
+            end.close()
+            (await asyncio.to_thread(service_accept, svc))[1].close()
+        assert gate.calls == 0 and gate.now_calls == 3
+
+        # Starting: the connect waits, and one sent behind it is answered after it, in order.
+        gate.set("m/s", None)
+        job.send({"op": "connect", "pid": 1})
+        await asyncio.sleep(0.1)
+        gate.states["m/s"] = True  # ready_now would say yes, but a connect is queued ahead
+        job.send({"op": "connect", "pid": 2})
+        await asyncio.sleep(0.1)
+        assert broker.stats()["queued_connects"] == 2
+        gate.set("m/s", True)
+        for _ in range(2):
+            msg, fds = await asyncio.to_thread(job.read)
+            assert msg["ok"] is True and len(fds) == 1
+            job.send({"op": "received", "conn": msg["conn"]})
+            os.close(fds[0])
+            (await asyncio.to_thread(service_accept, svc))[1].close()
+
+        # A ready_now that raises is logged and the waited path answers instead.
+        gate.broken = True
+        with caplog.at_level(logging.ERROR, logger="oarbank_agent.broker"):
+            msg, end = await asyncio.to_thread(job_connect, job)
+        assert msg["ok"] is True
+        end.close()
+        (await asyncio.to_thread(service_accept, svc))[1].close()
+        assert "ready_now" in caplog.text
+        await broker.aclose()
+        job.close()
+        svc.close()
+
+    run(scenario)
+
+
 # --- attempts ending ----------------------------------------------------------------------
 
 

@@ -269,6 +269,12 @@ class Supervisor:
                 or rt.held is not None or rt.gpu_missing is not None
                 or rt.st.state is lc.State.WITHDRAWN)
 
+    def ready_now(self, service_key: str) -> bool:
+        """ServiceGate's optional synchronous check: True iff ``wait_ready`` would answer True
+        at once (the broker then hands a connect over without waiting)."""
+        rt = self.services.get(service_key)
+        return rt is not None and not self._hopeless(rt) and self.is_ready(rt)
+
     async def wait_ready(self, service_key: str) -> bool:
         """ServiceGate: True once ready; False if not within start_timeout_s, or never."""
         rt = self.services.get(service_key)
