@@ -57,7 +57,9 @@ def yield_(ctx: Ctx) -> None:
     reason = "preempt_memory" if mode == "memory" else "preempt_protection"
     node = ctx.node("yield-a", ["fastmodel"], flags=flags,
                     settings={FAST: {"load_s": 0.3, "slots": 4, "model_gb": 1.0}})
-    jobs = [node.submit(FAST, "generate", {"prompts": [f"y{i}"], "hold_s": 3})["job_id"]
+    # Each job holds the service 12 s: long enough that the pressure lands while they use it,
+    # even on a slow machine (the scenario checks that it did).
+    jobs = [node.submit(FAST, "generate", {"prompts": [f"y{i}"], "hold_s": 12})["job_id"]
             for i in range(3)]
     r = wait_row(ctx, node, FAST, "model", "ready with users",
                  lambda r: r["ready"] and r["users"] >= 1, 60)
@@ -77,6 +79,8 @@ def yield_(ctx: Ctx) -> None:
                         lambda r: r["held"] == reason and not r["running"], 60)
         ctx.note(f"row: held={held['held']} running={held['running']} users={held['users']}")
         states = _states(node, jobs)
+        ctx.check(not any(s == "succeeded" for s in states.values()),
+                  f"jobs finished before the hold, so none was released: {states}")
         ctx.check(not any(s in ("running",) for s in states.values()),
                   f"jobs still run while the service is held: {states}")
         ctx.check(not any(s == "failed" for s in states.values()),
