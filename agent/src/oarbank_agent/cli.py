@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -135,6 +136,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         return settings.get(m.id, settings.get(m.short_name, {}))
 
     async def main_async() -> int:
+        # Children reaped through pidfds, not a thread each (Python < 3.12 on Linux).
+        from .childwatch import use_pidfd_watcher
+
+        watcher = use_pidfd_watcher(asyncio.get_running_loop())
+        logging.getLogger("oarbank_agent").debug("child watcher: %s", watcher)
         agent = Agent(args.state_dir, args.node_id)
         agent.guard.config, agent.gpu = guard_config, gpu_override
         specs = [(p.resolve(), settings_for(p)) for p in args.modules]
