@@ -15,7 +15,7 @@ from pathlib import Path
 
 from harness.backends import BACKEND_NAMES, make_backends
 from harness.runner import run_matrix
-from harness.scenario import SCENARIOS
+from harness.scenario import SCENARIOS, use_modules_dir
 
 __all__ = ["main"]
 
@@ -34,6 +34,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--agent-flag", action="append", default=[], metavar="FLAG",
                    help="pass FLAG to every `oarbank-agent run` (harness tests use it to "
                         "break a behaviour on purpose)")
+    p.add_argument("--modules-dir", type=Path, metavar="DIR",
+                   help="take the test modules from DIR instead of harness/modules")
     return p
 
 
@@ -46,6 +48,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{sc.name:20} {sc.summary}")
         print("backends: " + ", ".join(BACKEND_NAMES))
         return 0
+    if args.modules_dir is not None:
+        if not args.modules_dir.is_dir():
+            print(f"python -m harness: --modules-dir {args.modules_dir}: not a folder",
+                  file=sys.stderr)
+            return 2
+        use_modules_dir(args.modules_dir)
     try:
         backends = make_backends(args.backend)
     except ValueError as exc:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from harness.backends.base import Backend
 from harness.report import Report, Result
-from harness.scenario import MODULES_DIR, Ctx, Scenario, ScenarioFailed, module_path
+from harness.scenario import Ctx, Scenario, ScenarioFailed, module_path, modules_dir
 
 __all__ = ["run_matrix", "run_one", "nothing_lost", "nothing_left"]
 
@@ -27,8 +27,9 @@ def _safe(name: str) -> str:
 def portal_modules() -> list[Path]:
     """The portal knows every module a scenario may run: the example and harness/modules."""
     mods = [module_path("example:modelserver")]
-    if MODULES_DIR.is_dir():
-        mods += sorted(p for p in MODULES_DIR.iterdir() if (p / "oarbank-module.toml").is_file())
+    if modules_dir().is_dir():
+        mods += sorted(p for p in modules_dir().iterdir()
+                       if (p / "oarbank-module.toml").is_file())
     return mods
 
 

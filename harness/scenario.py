@@ -26,9 +26,22 @@ from typing import Any, TypeVar
 from harness.backends.base import FINAL_STATES, Backend, Node
 
 __all__ = ["Scenario", "ScenarioFailed", "Ctx", "SCENARIOS", "scenario", "MODULES_DIR",
+           "module_path", "modules_dir", "use_modules_dir",
            "EXAMPLES_DIR"]
 
 MODULES_DIR = Path(__file__).resolve().parent / "modules"
+_modules_dir = MODULES_DIR
+
+
+def use_modules_dir(path: Path) -> None:
+    """Take the test modules from `path` instead of harness/modules (the harness's own tests
+    use it to run a scenario on a module changed so that the behaviour looks broken)."""
+    global _modules_dir
+    _modules_dir = path.resolve()
+
+
+def modules_dir() -> Path:
+    return _modules_dir
 EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "examples"
 
 T = TypeVar("T")
@@ -178,7 +191,7 @@ def module_path(m: str | Path) -> Path:
     if m.startswith("example:"):
         p = EXAMPLES_DIR / m.split(":", 1)[1]
     else:
-        p = MODULES_DIR / m
+        p = _modules_dir / m
     if not (p / "oarbank-module.toml").is_file():
         raise ValueError(f"no module at {p} (no oarbank-module.toml)")
     return p

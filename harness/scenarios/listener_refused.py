@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness.scenario import MODULES_DIR, Ctx, scenario
+from harness.scenario import Ctx, module_path, scenario
 
 LISTENER = "dev.oarbank.e2e.listener"
 
@@ -22,7 +22,7 @@ def _sdk_command() -> list[str]:
           "listen under the agent")
 def listener_refused(ctx: Ctx) -> None:
     # 1. The conformance kit, on the host, as a module author runs it.
-    r = subprocess.run([*_sdk_command(), "conform", str(MODULES_DIR / "listener")],
+    r = subprocess.run([*_sdk_command(), "conform", str(module_path("listener"))],
                        capture_output=True, text=True, timeout=120, cwd=ctx.folder,
                        stdin=subprocess.DEVNULL)
     out = r.stdout + r.stderr
