@@ -23,8 +23,12 @@ def agent_restart(ctx: Ctx) -> None:
     old = ctx.wait_for("the first model load", lambda: loads(node), 30)
     old_pid = old[-1]
     ctx.check(len(old) == 1, f"model.loads before the kill: {old}")
-    before = [p for p in node.processes() if "model_service.py" in p.cmdline]
-    ctx.check(before, "no model_service.py process before the kill")
+    before = [p for p in node.processes()
+              if "model_service.py" in p.cmdline or "oarbank-e2e-helper" in p.cmdline]
+    ctx.check(any("model_service.py" in p.cmdline for p in before),
+              "no model_service.py process before the kill")
+    ctx.check(any("oarbank-e2e-helper" in p.cmdline for p in before),
+              "no helper in the service's process group before the kill")
     old_groups = {p.pgid for p in before}
     old_pids = {p.pid for p in before}
     ctx.note(f"old service process(es) {sorted(old_pids)} in group(s) {sorted(old_groups)}, "

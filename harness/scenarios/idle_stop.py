@@ -42,10 +42,13 @@ def idle_stop(ctx: Ctx) -> None:
     r = wait_row(ctx, node, FAST, "model", "stopped with no users",
                  lambda r: not r["running"] and r["users"] == 0, IDLE_S + 30)
     ctx.note(f"row stopped: running={r['running']} ready={r['ready']} held={r['held']}")
-    ctx.check(not any("model_service.py" in p.cmdline for p in node.processes()),
-              "a model_service.py process survives the idle stop: "
-              f"{[str(p) for p in node.processes()]}")
-    ctx.note("no model_service.py process left on the node")
+    def service_procs() -> list[str]:
+        return [str(p) for p in node.processes()
+                if "model_service.py" in p.cmdline or "oarbank-e2e-helper" in p.cmdline]
+
+    ctx.check(not service_procs(),
+              f"processes of the service's group survive the idle stop: {service_procs()}")
+    ctx.note("no process of the service's group (daemon, helper) left on the node")
     pr = wait_portal(ctx, FAST, node, "model", "state stopped, why stopped idle",
                      lambda r: r.get("state") == "stopped" and r.get("stopped_reason") == "idle")
     ctx.note(f"portal row: state={pr['state']} stopped_reason={pr['stopped_reason']}")
