@@ -366,7 +366,8 @@ class Supervisor:
         if ch is not None:
             # `ready` may not answer true before the hello (contract), so polling earlier only
             # burns process starts while the service is still coming up.
-            await asyncio.wait({ch.hello, ch.closed}, return_when=asyncio.FIRST_COMPLETED)
+            either: list[asyncio.Future[Any]] = [ch.hello, ch.closed]
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
         delay = READY_POLL_FIRST_S
         while True:
             if ch is not None and ch.closed.done():
