@@ -290,23 +290,20 @@ class _Reader:
         raise NotImplementedError
 
 
-class Channel(_Reader):
-    """The agent's end of one endpoint channel. ``child_fd`` goes to ``start``."""
+class _AgentEnd(_Reader):
+    """The agent's end of a socketpair whose other end (``child_fd``) a child inherits.
 
-    def __init__(self) -> None:
+    Ends handed to the peer are kept in ``_pending`` (conn -> our copy) until its receipt;
+    ``close`` closes them with the socket."""
+
+    def __init__(self, name: str) -> None:
         agent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        super().__init__(agent_end, "conform-channel")
+        super().__init__(agent_end, name)
         self.child_fd: int | None = child_end.detach()
         self._lock = threading.Lock()
-        self._hello = threading.Event()
-        self.hello_pid: int | None = None
-        self.closed_reason: str | None = None  # set when the SERVICE closed or broke it
-        self.problems: list[str] = []  # protocol violations by the service
-        self._pending: dict[int, socket.socket] = {}  # conn -> our copy, until `accepted`
+        self._pending: dict[int, socket.socket] = {}  # conn -> our copy, until the receipt
         self._next_conn = 1
         self._closing = False
-        self.handed = 0
-        self.start()
 
     @property
     def env_value(self) -> str:
@@ -314,10 +311,37 @@ class Channel(_Reader):
         return self.t.format(self.child_fd)
 
     def close_child_end(self) -> None:
-        """After ``start`` was spawned: only the service holds the child end now."""
+        """After the child was spawned: only the child holds its end now."""
         if self.child_fd is not None:
             os.close(self.child_fd)
             self.child_fd = None
+
+    def close(self) -> None:
+        """The agent closes its end: the peer sees end of file."""
+        self._closing = True
+        self.close_child_end()
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        self.join()
+        self.sock.close()
+        with self._lock:
+            for copy in self._pending.values():
+                copy.close()
+            self._pending.clear()
+
+
+class Channel(_AgentEnd):
+    """The agent's end of one endpoint channel. ``child_fd`` goes to ``start``; ``close`` is
+    stop order step 2 (the service sees end of file)."""
+
+    def __init__(self) -> None:
+        super().__init__("conform-channel")
+        self._hello = threading.Event()
+        self.hello_pid: int | None = None
+        self.closed_reason: str | None = None  # set when the SERVICE closed or broke it
+        self.problems: list[str] = []  # protocol violations by the service
+        self.handed = 0
+        self.start()
 
     @property
     def is_open(self) -> bool:
@@ -378,47 +402,19 @@ class Channel(_Reader):
         with self._lock:
             return len(self._pending)
 
-    def close(self) -> None:
-        """The agent closes the channel (stop order step 2): the service sees end of file."""
-        self._closing = True
-        self.close_child_end()
-        with contextlib.suppress(OSError):
-            self.sock.shutdown(socket.SHUT_RDWR)
-        self.join()
-        self.sock.close()
-        with self._lock:
-            for copy in self._pending.values():
-                copy.close()
-            self._pending.clear()
 
-
-class Connector(_Reader):
-    """The agent's end of one attempt's connector to one service's channel."""
+class Connector(_AgentEnd):
+    """The agent's end of one attempt's connector to one service's channel. Job ends handed
+    over wait in ``_pending`` until the job's ``received``."""
 
     def __init__(self, attempt: str, channel: Channel) -> None:
-        agent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        super().__init__(agent_end, f"conform-connector-{attempt}")
-        self.child_fd: int | None = child_end.detach()
+        super().__init__(f"conform-connector-{attempt}")
         self.attempt = attempt
         self.channel = channel
-        self._lock = threading.Lock()
-        self._pending: dict[int, socket.socket] = {}  # conn -> job end, until `received`
-        self._next_conn = 1
-        self._closing = False
         self.connects = 0
         self.refusals: list[str] = []
         self.problems: list[str] = []
         self.start()
-
-    @property
-    def env_value(self) -> str:
-        assert self.child_fd is not None
-        return self.t.format(self.child_fd)
-
-    def close_child_end(self) -> None:
-        if self.child_fd is not None:
-            os.close(self.child_fd)
-            self.child_fd = None
 
     def _reply(self, msg: dict, attach: int | None = None) -> None:
         with contextlib.suppress(OSError):
@@ -467,18 +463,6 @@ class Connector(_Reader):
 
     def on_eof(self, why: str) -> None:
         pass  # the job closed its connector (or exited): nothing more to answer
-
-    def close(self) -> None:
-        self._closing = True
-        self.close_child_end()
-        with contextlib.suppress(OSError):
-            self.sock.shutdown(socket.SHUT_RDWR)
-        self.join()
-        self.sock.close()
-        with self._lock:
-            for copy in self._pending.values():
-                copy.close()
-            self._pending.clear()
 
 
 @dataclass
