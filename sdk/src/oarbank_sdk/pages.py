@@ -209,13 +209,7 @@ def _columns(r: Reader, value: Any, path: str) -> None:
     if not value:
         r.add(path, "a table needs at least one column")
     for i, col in enumerate(value):
-        cp = join(path, i)
-        col_t = r.table(col, cp)
-        if col_t is None:
-            continue
-        r.string(r.get(col_t, "key", cp, required=True), join(cp, "key"), nonempty=True)
-        r.string(col_t.get("label", MISSING), join(cp, "label"))
-        r.string(col_t.get("type", MISSING), join(cp, "type"), nonempty=True)
+        _keyed_entry(r, col, join(path, i))
 
 
 def _tones(r: Reader, value: Any, path: str) -> None:
@@ -231,12 +225,15 @@ def _items(r: Reader, value: Any, path: str) -> None:
         r.add(path, f"expected a list of items, got {describe(value)}")
         return
     for i, item in enumerate(value):
-        ip = join(path, i)
-        if isinstance(item, str):
-            continue
-        item_t = r.table(item, ip)
-        if item_t is None:
-            continue
-        r.string(r.get(item_t, "key", ip, required=True), join(ip, "key"), nonempty=True)
-        r.string(item_t.get("label", MISSING), join(ip, "label"))
-        r.string(item_t.get("type", MISSING), join(ip, "type"), nonempty=True)
+        if not isinstance(item, str):
+            _keyed_entry(r, item, join(path, i))
+
+
+def _keyed_entry(r: Reader, value: Any, path: str) -> None:
+    """A column or item table: ``key`` (required), ``label``, ``type``."""
+    entry = r.table(value, path)
+    if entry is None:
+        return
+    r.string(r.get(entry, "key", path, required=True), join(path, "key"), nonempty=True)
+    r.string(entry.get("label", MISSING), join(path, "label"))
+    r.string(entry.get("type", MISSING), join(path, "type"), nonempty=True)
