@@ -23,7 +23,7 @@ import psutil
 
 from oarbank_sdk import manifest as mf
 
-from . import control, gpu_detect, procs, protection, recovery, sandboxing, waiting
+from . import control, gpu_detect, manualwatch, procs, protection, recovery, sandboxing, waiting
 from . import lifecycle as lc
 from .admission import Admission, Request
 from .guard import DEFAULT_BUDGET_FRACTION, Guard, GuardConfig
@@ -63,6 +63,9 @@ class Agent:
         self.guard = Guard(self, GuardConfig(protection.Floors()))
         self.gpu: gpu_detect.Detection | None = None
         self._releasing: dict[str, str] = {}  # job id -> why its task is being cancelled
+        # Manual services are fingerprinted again this often (manualwatch; the CLI may set it).
+        self.manual_refresh_s = manualwatch.DEFAULT_INTERVAL_S
+        self._manual_task: asyncio.Task[None] | None = None
 
     # --- modules --------------------------------------------------------------------------
 
@@ -149,6 +152,7 @@ class Agent:
         await self.control.start()
         self.guard.sample()  # the first sample before anything starts
         self.guard.start()
+        self._manual_task = manualwatch.start(self.supervisor, self.manual_refresh_s)
         for rt in self.supervisor.services.values():
             self.supervisor.poke(rt)  # `always` services start now
         self._admit()
@@ -164,6 +168,9 @@ class Agent:
 
     async def shutdown(self) -> None:
         await self.guard.aclose()
+        if self._manual_task is not None:
+            self._manual_task.cancel()
+            await asyncio.gather(self._manual_task, return_exceptions=True)
         await self.control.close()
         tasks = list(self._job_tasks.values())
         for t in tasks:

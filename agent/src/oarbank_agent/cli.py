@@ -40,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="post heartbeats here: http://127.0.0.1:PORT or unix:/path/to/socket")
     r.add_argument("--heartbeat-s", type=float, default=10.0, metavar="S",
                    help="heartbeat period in seconds (default 10); state changes post at once")
+    r.add_argument("--manual-refresh-s", type=float, default=30.0, metavar="S",
+                   help="how often `manual` services are fingerprinted again (default 30)")
 
     s = sub.add_parser("submit", help="submit a job to a running agent")
     s.add_argument("--state-dir", required=True, type=Path)
@@ -117,6 +119,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.heartbeat_s <= 0:
         _err("--heartbeat-s must be > 0")
         return 2
+    if not args.manual_refresh_s > 0:
+        _err("--manual-refresh-s must be > 0")
+        return 2
     settings: dict[str, dict[str, Any]] = {}
     for arg in args.settings:
         try:
@@ -143,6 +148,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         logging.getLogger("oarbank_agent").debug("child watcher: %s", watcher)
         agent = Agent(args.state_dir, args.node_id)
         agent.guard.config, agent.gpu = guard_config, gpu_override
+        agent.manual_refresh_s = args.manual_refresh_s
         specs = [(p.resolve(), settings_for(p)) for p in args.modules]
         for msg in agent.load_modules(specs):
             print(msg, file=sys.stderr)
