@@ -69,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         print("python -m harness: no scenarios are registered", file=sys.stderr)
         return 2
     t0 = time.monotonic()
+    args.out = args.out.resolve()  # agents and the portal are handed absolute paths
     report = run_matrix(backends, [SCENARIOS[n] for n in names], args.out,
                         tuple(args.agent_flag), required=args.backend is not None)
     j, m = report.write(args.out)
