@@ -76,6 +76,10 @@ class ServiceRuntime:
     held: str | None = None
     gpu_missing: str | None = None
     fp_reserve_gb: float = 0.0  # fingerprint's reserve.mem_gb (charged if reserves_host_memory)
+    # A start in flight may be cancelled by a hold only while ``cancellable`` (not once it is
+    # tearing down a failed start); ``cancelled_for`` is the hold that did it (its stop reason).
+    cancellable: bool = False
+    cancelled_for: str | None = None
 
     def busy(self) -> bool:
         return self.task is not None and not self.task.done()
@@ -162,6 +166,12 @@ class Supervisor:
         rt.held = reason
         if reason is not None:
             self._resolve_waiters(rt, False)
+            if rt.st.state is lc.State.STARTING and rt.cancellable and rt.task is not None:
+                # A hold cancels a start in flight: the start task ends the process group,
+                # closes the channel and stops it with the hold as the reason (no failure).
+                rt.cancelled_for = reason
+                rt.cancellable = False
+                rt.task.cancel()
         for cb in self.on_capacity:
             cb(key)
         self._changed(rt)
@@ -318,6 +328,7 @@ class Supervisor:
     async def _start(self, rt: ServiceRuntime) -> None:
         # STOPPED|BACKOFF -> STARTING
         self._transition(rt, lc.Event.START)
+        rt.cancellable, rt.cancelled_for = True, None
         loop = asyncio.get_running_loop()
         deadline = loop.time() + rt.svc.start_timeout_s
         ch = None
@@ -340,6 +351,7 @@ class Supervisor:
                 raise StartFailed(res.error or "start failed")
             await asyncio.wait_for(self._until_ready(rt, ch), max(0.0, deadline - loop.time()))
         except (StartFailed, asyncio.TimeoutError) as exc:
+            rt.cancellable = False  # a hold arriving now finds it failed, not starting
             error = str(exc) if isinstance(exc, StartFailed) else (
                 f"not ready within start_timeout_s={rt.svc.start_timeout_s:g}"
                 f" ({'no hello' if ch and not ch.hello.done() else 'ready never true'})")
@@ -349,13 +361,23 @@ class Supervisor:
             self._after_effect(rt)
             return
         except asyncio.CancelledError:
-            # Shutdown while starting: the full stop order, then STOPPED.
+            # Shutdown, or a hold, while starting: the full stop order, then STOPPED. A hold
+            # is not a failure: nothing is counted against the restart policy.
+            held, rt.cancelled_for, rt.cancellable = rt.cancelled_for, None, False
+            task = asyncio.current_task()
+            if held is not None and task is not None and hasattr(task, "uncancel"):
+                task.uncancel()  # handled here: the teardown's own timeouts stay exact
             # STARTING -> STOPPING
-            self._transition(rt, lc.Event.STOP, reason="shutdown")
+            self._transition(rt, lc.Event.STOP, reason=held or "shutdown")
             await self._teardown(rt, run_stop=True)
             # STOPPING -> STOPPED
             self._transition(rt, lc.Event.STOPPED)
-            raise
+            if held is None or self.shutting_down:
+                raise
+            log.info("%s: start cancelled by the hold %s", rt.key, held)
+            self._after_effect(rt)
+            return
+        rt.cancellable = False
         # STARTING -> READY (ready op true, hello, channel open)
         self._transition(rt, lc.Event.READY)
         rt.watch = asyncio.create_task(self._watch(rt, ch), name=f"watch {rt.key}")
