@@ -131,7 +131,7 @@ def test_runner_and_service_daemon_are_refused_every_network_operation(
     agent = _start(start_agent, probe_module, targets)  # default: --sandbox auto
     job = agent.run_job("with_service", {}, module=MODULE_ID)
     assert job["state"] == "succeeded", job
-    runner = job["result"]["probes"]
+    runner = job["result"]["payload"]["probes"]
     data = agent.module_data(MODULE_ID)
     service = _read(data / "probes-service.json")
     op_start = _read(data / "probes-op-start.json")
@@ -174,7 +174,7 @@ def test_sandbox_off_runs_unconfined_and_status_says_so(
     assert job["state"] == "succeeded", job
     # The probes are real: unconfined, the same operations work.
     for where in ("self", "child"):
-        probes = job["result"]["probes"][where]
+        probes = job["result"]["payload"]["probes"][where]
         for op in ("tcp_listen_127.0.0.1", "udp_bind", "unix_path_listen", "abstract_unix_listen",
                    "connect_127.0.0.1", "connect_unix_outside"):
             assert probes[op] == "ok", f"{where}: {op} -> {probes[op]} without the sandbox"

@@ -53,6 +53,17 @@ def _read_json(path: Path) -> tuple[Any, str | None]:
         return None, f"{path.name} is unreadable ({exc})"
 
 
+def _envelope_problem(result: Any) -> str | None:
+    """What makes ``result`` not a contract result (``{"envelope": 1, "payload": {...}}``)."""
+    if not isinstance(result, dict):
+        return "not a JSON object"
+    if result.get("envelope") != 1:
+        return f"'envelope' must be 1, got {json.dumps(result.get('envelope'))}"
+    if not isinstance(result.get("payload"), dict):
+        return "'payload' must be a JSON object"
+    return None
+
+
 def classify(rc: int, timed_out: bool, workdir: Path, timeout_s: float) -> Outcome:
     """Map how a runner ended to the attempt's outcome (contract section 4)."""
     if timed_out:
@@ -60,10 +71,10 @@ def classify(rc: int, timed_out: bool, workdir: Path, timeout_s: float) -> Outco
                        fault="job")
     if rc == 0:
         result, err = _read_json(workdir / "result.json")
-        if err is None and isinstance(result, dict):
+        err = err or _envelope_problem(result)
+        if err is None:
             return Outcome("succeeded", 0, None, result)
-        return Outcome("failed", 0, f"exit 0 without a valid result.json: "
-                       f"{err or 'not a JSON object'}")
+        return Outcome("failed", 0, f"exit 0 without a valid result.json: {err}")
     if rc in (EXIT_JOB, EXIT_HOST, EXIT_TRANSIENT):
         failure, err = _read_json(workdir / "failure.json")
         if err is None and isinstance(failure, dict):

@@ -127,7 +127,7 @@ def run_runner(args: list[str]) -> int:
         return int(payload["exit"])
     result = {"probes": probes_here_and_in_child(), "pid": os.getpid()}
     write_json(data() / f"probes-runner-{spec['attempt_id']}.json", result)
-    write_json(out, result)
+    write_json(out, {"envelope": 1, "payload": result})
     return 0
 
 
