@@ -27,7 +27,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -51,6 +50,7 @@ from oarbank_sdk._wire import (
     parse_from_job,
     parse_from_service,
 )
+from oarbank_sdk.manifest import platform_token
 
 __all__ = [
     "NodeDirs",
@@ -66,14 +66,6 @@ __all__ = [
     "runner_env",
     "run_runner",
 ]
-
-
-def platform_token() -> str:
-    """``<os>-<arch>`` as the manifest's ``platforms`` spells it."""
-    osname = {"linux": "linux", "darwin": "darwin", "win32": "windows"}.get(sys.platform, sys.platform)
-    machine = platform.machine().lower()
-    arch = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}.get(machine, machine)
-    return f"{osname}-{arch}"
 
 
 class NodeDirs:

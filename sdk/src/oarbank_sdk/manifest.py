@@ -4,10 +4,12 @@
 with a key path (``services[0].endpoint``) and a message a person can act on.
 ``check(path)`` returns the same without raising. ``expand_exec`` turns a manifest argv into
 one to run: ``python`` -> the interpreter, ``{bundle}`` -> the bundle's absolute path.
+``platform_token()`` is this machine's ``<os>-<arch>`` token in the ``platforms`` spelling.
 """
 
 from __future__ import annotations
 
+import platform
 import re
 import sys
 from collections.abc import Sequence
@@ -50,6 +52,7 @@ __all__ = [
     "expand_exec",
     "load",
     "manifest_path",
+    "platform_token",
 ]
 
 _AT = re.compile(r"\(at line (\d+), column (\d+)\)\s*$")
@@ -103,6 +106,15 @@ def expand_exec(
     if out and argv[0] == "python":
         out[0] = python
     return out
+
+
+def platform_token() -> str:
+    """This machine's ``<os>-<arch>`` as ``platforms`` spells it, e.g. ``linux-amd64`` (the
+    agent's ``OARBANK_PLATFORM``)."""
+    osname = {"linux": "linux", "darwin": "darwin", "win32": "windows"}.get(sys.platform, sys.platform)
+    machine = platform.machine().lower()
+    arch = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}.get(machine, machine)
+    return f"{osname}-{arch}"
 
 
 def _syntax_problem(message: str) -> Problem:
