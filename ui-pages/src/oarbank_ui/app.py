@@ -58,6 +58,15 @@ def _error(status: int, message: str) -> Response:
     return _json(status, {"error": message})
 
 
+def _page_href(module_id: str, page_id: str) -> str:
+    return f"/modules/{quote(module_id, safe='')}/pages/{quote(page_id, safe='')}"
+
+
+def _panel_href(node_id: str, module_id: str, panel_id: str) -> str:
+    return (f"/nodes/{quote(node_id, safe='')}/modules/{quote(module_id, safe='')}"
+            f"/panels/{quote(panel_id, safe='')}")
+
+
 def services_fetch(store: HeartbeatStore, module: PortalModule) -> Callable[..., Any]:
     """The query runner a module's pages use: only ``services``, with ``node_id``/``service``."""
 
@@ -172,11 +181,10 @@ class Portal:
         if as_json:
             return _json(200, {"rendered_at": clock_text(now), "components": data_views(view)})
         if kind == "page":
-            href = f"/modules/{quote(mod.id, safe='')}/pages/{quote(entry.id, safe='')}"
+            href = _page_href(mod.id, entry.id)
             subtitle = f"{mod.id} {mod.manifest.version}"
         else:
-            href = (f"/nodes/{quote(node or '', safe='')}/modules/{quote(mod.id, safe='')}"
-                    f"/panels/{quote(entry.id, safe='')}")
+            href = _panel_href(node or "", mod.id, entry.id)
             subtitle = f"node {node} · {mod.id} {mod.manifest.version}"
         html = self.templates.render(
             "page.html", title=view["title"] or entry.title, subtitle=subtitle, view=view,
@@ -191,8 +199,7 @@ class Portal:
         for m in self.modules.values():
             modules.append({
                 "id": m.id, "version": m.manifest.version, "description": m.manifest.description,
-                "pages": [{"title": p.title,
-                           "href": f"/modules/{quote(m.id, safe='')}/pages/{quote(p.id, safe='')}"}
+                "pages": [{"title": p.title, "href": _page_href(m.id, p.id)}
                           for p in m.manifest.pages],
             })
         nodes = []
@@ -203,11 +210,8 @@ class Portal:
                 if pm is None:
                     continue  # reported, but this portal has no folder (no panels) for it
                 for p in pm.manifest.panels:
-                    panels.append({
-                        "title": f"{pm.short_name}: {p.title}",
-                        "href": (f"/nodes/{quote(n['node_id'], safe='')}/modules/"
-                                 f"{quote(pm.id, safe='')}/panels/{quote(p.id, safe='')}"),
-                    })
+                    panels.append({"title": f"{pm.short_name}: {p.title}",
+                                   "href": _panel_href(n["node_id"], pm.id, p.id)})
             nodes.append(n | {"panels": panels, "reported_ago": ago_text(now - n["reported_at"]),
                               "reported_iso": iso_text(n["reported_at"])})
         html = self.templates.render("index.html", title="Modules and nodes", modules=modules,
