@@ -42,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="heartbeat period in seconds (default 10); state changes post at once")
     r.add_argument("--manual-refresh-s", type=float, default=30.0, metavar="S",
                    help="how often `manual` services are fingerprinted again (default 30)")
+    r.add_argument("--status-poll-s", type=float, default=10.0, metavar="S",
+                   help="first interval of the `status` polls of a non-endpoint service that "
+                        "left nothing in its process group (doubling to 6x; default 10)")
 
     s = sub.add_parser("submit", help="submit a job to a running agent")
     s.add_argument("--state-dir", required=True, type=Path)
@@ -122,6 +125,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not args.manual_refresh_s > 0:
         _err("--manual-refresh-s must be > 0")
         return 2
+    if not args.status_poll_s > 0:
+        _err("--status-poll-s must be > 0")
+        return 2
     settings: dict[str, dict[str, Any]] = {}
     for arg in args.settings:
         try:
@@ -149,6 +155,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         agent = Agent(args.state_dir, args.node_id)
         agent.guard.config, agent.gpu = guard_config, gpu_override
         agent.manual_refresh_s = args.manual_refresh_s
+        agent.supervisor.status_poll_s = args.status_poll_s
         specs = [(p.resolve(), settings_for(p)) for p in args.modules]
         for msg in agent.load_modules(specs):
             print(msg, file=sys.stderr)

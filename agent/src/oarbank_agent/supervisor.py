@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 from oarbank_sdk import manifest as mf
 
-from . import groupwatch, ops, procs, protection
+from . import fingerprint as fingerprints
+from . import groupwatch, ops, procs, protection, statuswatch
 from . import lifecycle as lc
 from .modules import ModuleCtx, NodeInfo
 
@@ -94,6 +95,8 @@ class Supervisor:
         self.on_change: list[Callable[[str], None]] = []  # fired on every service change
         self.on_capacity: list[Callable[[str], None]] = []  # pools of a service changed
         self.shutting_down = False
+        # First interval of the sparse `status` polls (statuswatch; the CLI may set it).
+        self.status_poll_s = statuswatch.DEFAULT_FIRST_S
 
     # --- set-up ---------------------------------------------------------------------------
 
@@ -189,20 +192,11 @@ class Supervisor:
         res = await ops.run_op(rt.ctx, self.node, rt.svc.name, "fingerprint",
                                timeout_s=ops.OP_TIMEOUTS["fingerprint"], registry=self.registry)
         if res.ok and res.doc is not None:
-            doc = res.doc
-            health = doc.get("health")
-            rt.health = health if health in ("healthy", "unhealthy", "undetected") else "unhealthy"
-            raw = doc.get("pools")
-            pools: dict[str, Any] = raw if isinstance(raw, dict) else {}
-            rt.fp_pools = {p: int(n) for p, n in pools.items()
-                           if isinstance(n, int) and not isinstance(n, bool) and n >= 0}
-            rt.fp_running = doc.get("running") is True
-            reserve = doc.get("reserve")
-            gb = reserve.get("mem_gb") if isinstance(reserve, dict) else None
-            rt.fp_reserve_gb = float(gb) if isinstance(gb, (int, float)) and gb >= 0 else 0.0
-            rt.fp_error = None
-            if rt.health != "healthy":
-                rt.fp_pools = {}  # an unhealthy service offers nothing
+            fp = fingerprints.parse(res.doc)
+            rt.health, rt.fp_pools, rt.fp_running = fp.health, fp.pools, fp.running
+            rt.fp_reserve_gb, rt.fp_error = fp.reserve_gb, fp.problem
+            if fp.problem:
+                log.warning("%s: %s", rt.key, fp.problem)
         else:
             rt.health = "unhealthy"
             rt.fp_pools = {}
@@ -413,24 +407,38 @@ class Supervisor:
     async def _watch(self, rt: ServiceRuntime, ch: Channel | None) -> None:
         """A ready service failing on its own: an endpoint service closing its channel, or
         its process group dying (no live member left; pidfds, see groupwatch). A service that
-        left nothing in its start group (it runs elsewhere) has only its channel watched."""
+        left nothing in its start group (it runs elsewhere) has only its channel watched, or,
+        without a channel, its `status` op asked sparsely (statuswatch)."""
         waits: set[asyncio.Future[Any]] = set()
         if ch is not None:
             waits.add(ch.closed)
         pgid = rt.pgid
         group: asyncio.Task[None] | None = None
+        status: asyncio.Task[str] | None = None
         if pgid is not None and groupwatch.members(pgid):
             group = asyncio.create_task(groupwatch.wait_group_gone(pgid), name=f"group {pgid}")
             waits.add(group)
+        elif ch is None:
+            log.info("%s: nothing of it is left in its process group: watching it through "
+                     "its status op (first after %gs)", rt.key, self.status_poll_s)
+            status = asyncio.create_task(statuswatch.watch(rt.key, lambda: ops.run_op(
+                rt.ctx, self.node, rt.svc.name, "status", timeout_s=ops.OP_TIMEOUTS["status"],
+                registry=self.registry), self.status_poll_s), name=f"status {rt.key}")
+            waits.add(status)
         if not waits:
             return
         try:
             await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            if group is not None and not group.done():
-                group.cancel()
+            pending = {t for t in (group, status) if t is not None and not t.done()}
+            for t in pending:
+                t.cancel()
+            if pending:  # a status op in flight ends its own group before we go on
+                await asyncio.wait(pending)
         if ch is not None and ch.closed.done():
             error = f"the service closed its channel: {ch.closed.result()}"
+        elif status is not None:
+            error = status.result()
         else:
             error = f"its process group {pgid} died: no process of it is left"
         if rt.channel is not ch or rt.st.state is not lc.State.READY or rt.busy():

@@ -4,7 +4,8 @@ Every event goes to <module data>/events.jsonl as {"event", "t", "pid", ...}. Be
 from the node settings (OARBANK_SETTINGS_FILE): slots, load_s, start_fail, never_ready,
 no_hello, die_after_ready_s, die_once_after_ready_s (only the first daemon dies), stop_hang (the
 stop op never returns), ignore_term (the daemon ignores SIGTERM), linger_after_eof (it does not
-exit when the agent closes its channel). A daemon exits at once (status 1) when the file
+exit when the agent closes its channel), detach (the daemon leaves the start op's process group:
+a session of its own). A daemon exits at once (status 1) when the file
 <module data>/die_now appears (it removes it first). garbage_after_ready (bytes the
 daemon writes on its channel once ready). Without OARBANK_ENDPOINT_CHANNEL (a non-endpoint
 service) the daemon just stays up until SIGTERM. Each op record lists the op's open
@@ -95,7 +96,7 @@ def op(name: str) -> int:
             with open(data() / "daemon.log", "ab") as log:
                 p = subprocess.Popen([sys.executable, "-I", os.path.abspath(__file__), "serve"],
                                      stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                     pass_fds=fds)
+                                     pass_fds=fds, start_new_session=bool(conf.get("detach")))
             (data() / "daemon.pid").write_text(str(p.pid))
             out = {"ok": True}
     elif name == "stop":
