@@ -1,0 +1,37 @@
+"""Reading fingerprint answers: an unusable one offers nothing and says why."""
+
+from __future__ import annotations
+
+import pytest
+
+from oarbank_agent.fingerprint import parse
+
+GOOD = {"service_protocol": {"supported": [1]}, "health": "healthy", "pools": {"model": 4},
+        "reserve": {"mem_gb": 0.5}, "running": True}
+
+
+def test_a_good_fingerprint_offers_its_pools() -> None:
+    fp = parse(GOOD)
+    assert (fp.health, fp.pools, fp.running, fp.reserve_gb, fp.problem) == (
+        "healthy", {"model": 4}, True, 0.5, None)
+
+
+@pytest.mark.parametrize("proto", [None, {}, {"supported": []}, {"supported": [2]},
+                                   {"supported": [True]}, {"supported": "1"}])
+def test_a_service_that_does_not_speak_protocol_1_offers_nothing(proto: object) -> None:
+    doc = dict(GOOD, service_protocol=proto)
+    fp = parse(doc)
+    assert (fp.health, fp.pools) == ("unhealthy", {})
+    assert "this agent speaks service protocol 1" in (fp.problem or "")
+
+
+def test_unhealthy_or_unknown_health_offers_nothing() -> None:
+    assert parse(dict(GOOD, health="unhealthy")).pools == {}
+    odd = parse(dict(GOOD, health="great"))
+    assert (odd.health, odd.pools) == ("unhealthy", {})
+    assert "health 'great'" in (odd.problem or "")
+
+
+def test_bad_counts_and_reserve_are_dropped_not_fatal() -> None:
+    fp = parse(dict(GOOD, pools={"a": -1, "b": True, "c": 2.5, "d": 3}, reserve={"mem_gb": "x"}))
+    assert (fp.pools, fp.reserve_gb) == ({"d": 3}, 0.0)
