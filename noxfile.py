@@ -20,7 +20,7 @@ nox.options.sessions = ["tests"]
 nox.options.reuse_existing_virtualenvs = True
 
 PACKAGES = ["-e", "sdk", "-e", "agent", "-e", "ui-pages"]
-TEST_DEPS = ["pytest>=7", "pytest-timeout", "hypothesis", "playwright", "requests"]
+TEST_DEPS = ["pytest>=7", "pytest-timeout", "hypothesis", "playwright", "requests", "docker"]
 TEST_PATHS = ["sdk/tests", "agent/tests", "ui-pages/tests", "harness/tests"]
 
 
