@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import os
 import shutil
 import signal
@@ -63,7 +64,6 @@ def _engine_dir() -> Path:
 
 
 def _own_socket() -> Path:
-    # Short exec root: containerd's socket paths must stay under the unix path limit.
     return _engine_dir() / "docker.sock"
 
 
@@ -147,7 +147,10 @@ def start_engine(timeout_s: float = 60.0) -> Engine:
         client = _try(url)
         if client is not None:
             return Engine(client, url, started_by_us=False)
-        exec_root = Path("/run/oarbank-harness-docker") if os.access("/run", os.W_OK) \
+        # Short exec root (containerd's socket paths must stay under the unix path limit),
+        # one per cache dir so that two caches never share an engine's runtime state.
+        tag = hashlib.sha256(str(d).encode()).hexdigest()[:8]
+        exec_root = Path(f"/run/oarbank-harness-docker-{tag}") if os.access("/run", os.W_OK) \
             else d / "exec"
         for stale in (_own_socket(), d / "dockerd.pid"):
             with contextlib.suppress(FileNotFoundError):
