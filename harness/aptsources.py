@@ -30,10 +30,10 @@ def parse_one_line(text: str) -> list[AptSource]:
         if not line.startswith("deb "):
             continue
         # Drop the optional `[arch=amd64 signed-by=...]` block.
-        line = re.sub(r"\[[^\]]*\]", " ", line[4:]).split()
-        if len(line) < 2:
+        words = re.sub(r"\[[^\]]*\]", " ", line[4:]).split()
+        if len(words) < 2:
             continue
-        out.append(AptSource(line[0], (line[1],), tuple(line[2:])))
+        out.append(AptSource(words[0], (words[1],), tuple(words[2:])))
     return out
 
 

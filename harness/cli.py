@@ -43,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     import harness.scenarios  # noqa: F401  (registers the scenarios)
 
     args = _parser().parse_args(argv)
+    for stream in (sys.stdout, sys.stderr):  # a Windows console may not encode "—" or "⏎"
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="replace")
     if args.list:
         for sc in SCENARIOS.values():
             print(f"{sc.name:20} {sc.summary}")

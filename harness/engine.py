@@ -10,7 +10,6 @@ stops it again at the end. The data root survives, so imported images are cached
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import os
 import shutil
@@ -139,6 +138,8 @@ def start_engine(timeout_s: float = 60.0) -> Engine:
         client = _try(url)
         if client is not None:
             return Engine(client, url, started_by_us=False)
+    import fcntl  # POSIX only, like the rest of the container backend
+
     d = _engine_dir()
     # One harness at a time may start the engine on this data root.
     with open(d / "start.lock", "w") as lock:

@@ -138,7 +138,7 @@ class ContainerNode(Node):
                 continue
             pg = rec.get("PGID", "")
             out.append(ProcInfo(pid, int(pg) if str(pg).isdigit() else None,
-                                rec.get("COMMAND", rec.get("ARGS", ""))))
+                                str(rec.get("COMMAND", rec.get("ARGS", "")))))
         return out
 
     def cleanup(self) -> None:

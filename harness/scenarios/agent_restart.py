@@ -31,7 +31,7 @@ def agent_restart(ctx: Ctx) -> None:
               "no helper in the service's process group before the kill")
     old_groups = {p.pgid for p in before}
     old_pids = {p.pid for p in before}
-    ctx.note(f"old service process(es) {sorted(old_pids)} in group(s) {sorted(old_groups)}, "
+    ctx.note(f"old service process(es) {sorted(old_pids)} in group(s) {old_groups}, "
              f"model loaded by pid {old_pid}")
 
     running = {j: r.get("state") for j, r in node.job_states().items() if j in jobs}

@@ -33,7 +33,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
 
-    def get_request(self):  # type: ignore[no-untyped-def]
+    def get_request(self):
         conn, _ = super().get_request()
         return conn, ("unix", 0)
 
