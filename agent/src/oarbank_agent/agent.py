@@ -23,7 +23,7 @@ import psutil
 
 from oarbank_sdk import manifest as mf
 
-from . import control, gpu_detect, manualwatch, procs, protection, recovery, sandboxing, waiting
+from . import containment, control, gpu_detect, manualwatch, procs, protection, recovery, sandboxing, waiting
 from . import lifecycle as lc
 from .admission import Admission, Request
 from .guard import DEFAULT_BUDGET_FRACTION, Guard, GuardConfig
@@ -112,6 +112,7 @@ class Agent:
         rep["state_dir"] = str(self.state_dir)
         rep["gpu"] = self.gpu.as_dict() if self.gpu is not None else None
         rep["protection"] = self.guard.report()
+        rep.update(containment.current().report())  # cgroup | process-group, and why
         return rep
 
     def _service_changed(self, key: str) -> None:
@@ -179,6 +180,7 @@ class Agent:
         await self.supervisor.shutdown()
         if self.broker is not None:
             await self.broker.aclose()
+        containment.current().close()  # every group is ended: its cgroups are empty
 
     def _recover_jobs(self) -> None:
         for rec in self.store.load_all():

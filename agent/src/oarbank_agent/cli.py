@@ -35,6 +35,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="confine every runner, service op and daemon: auto (default: when "
                         "this machine allows), required (refuse to start without it), off "
                         "(debugging only: everything runs unconfined)")
+    r.add_argument("--containment", choices=("auto", "cgroup", "process-group"),
+                   default="auto",
+                   help="how an attempt's (and a service's) processes are ended: auto "
+                        "(default: a cgroup each where cgroup v2 is usable, else the process "
+                        "group), cgroup (refuse to start without it), process-group")
     protect_cli.add_run_options(r)
     r.add_argument("--portal", metavar="URL",
                    help="post heartbeats here: http://127.0.0.1:PORT or unix:/path/to/socket")
@@ -102,6 +107,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         _err(str(exc))
         return 1
     sandboxing.install(policy)  # before anything is started: every child goes through it
+    from . import containment
+
+    try:
+        box = containment.resolve(args.containment, args.state_dir)
+    except containment.ContainmentUnavailable as exc:
+        _err(str(exc))
+        return 1
+    containment.install(box)  # likewise: every group is spawned and ended through it
+    logging.getLogger("oarbank_agent").info("containment: %s (%s)", box.mode, box.note)
     if not policy.enforce:
         _err(policy.report()["note"])
         if policy.fault:

@@ -24,7 +24,7 @@ from typing import Any
 
 import psutil
 
-from . import sandboxing
+from . import containment, sandboxing
 
 __all__ = ["GroupRecord", "ProcessRegistry", "spawn", "group_alive", "end_group",
            "signal_group", "launch_argv"]
@@ -50,6 +50,7 @@ class GroupRecord:
     # are useless for this: the boot-time-based process clock drifts from time.time().)
     start_ticks: int | None = None
     boot_id: str | None = None
+    cgroup: str | None = None  # its cgroup when containment uses cgroups (containment.py)
 
 
 class ProcessRegistry:
@@ -75,10 +76,11 @@ class ProcessRegistry:
             try:
                 d = json.loads(p.read_text())
                 ticks = d.get("start_ticks")
+                cg = d.get("cgroup")
                 out.append(GroupRecord(int(d["pgid"]), str(d["kind"]), str(d["label"]),
                                        float(d["started"]),
                                        int(ticks) if ticks is not None else None,
-                                       d.get("boot_id")))
+                                       d.get("boot_id"), str(cg) if cg else None))
             except (OSError, ValueError, KeyError, TypeError):
                 p.unlink(missing_ok=True)  # a torn record: nothing we could act on safely
         return out
@@ -88,9 +90,11 @@ class ProcessRegistry:
         ended = []
         boot = _boot_id()
         for rec in self.records():
-            if rec.boot_id == boot and _members(rec.pgid, rec.start_ticks):
+            if rec.boot_id == boot and (_members(rec.pgid, rec.start_ticks) or (
+                    rec.cgroup and containment.populated(Path(rec.cgroup)))):
                 ended.append(rec)
-                await end_group(rec.pgid, grace_s, min_ticks=rec.start_ticks)
+                await end_group(rec.pgid, grace_s, min_ticks=rec.start_ticks,
+                                cgroup=Path(rec.cgroup) if rec.cgroup else None)
             self.remove(rec.pgid)
         return ended
 
@@ -102,19 +106,31 @@ async def spawn(argv: list[str], *, env: dict[str, str], cwd: str | os.PathLike[
     """Start ``argv`` in a new session with exactly ``env``; record its group.
 
     Only the descriptors in ``pass_fds`` (plus stdin/stdout/stderr) reach the child.
-    Raises ``OSError`` if it cannot be started.
+    With cgroup containment the child enters a cgroup of its own before its own code runs
+    (``containment``). Raises ``OSError`` if it cannot be started.
     """
-    proc = await asyncio.create_subprocess_exec(
-        *launch_argv(argv), env=env, cwd=str(cwd), stdin=asyncio.subprocess.DEVNULL,
-        stdout=stdout, stderr=stderr, pass_fds=pass_fds, close_fds=True,
-        start_new_session=True,
-    )
+    box = containment.current()
+    cg = box.new_cgroup() if box.enabled else None
+    full = launch_argv(argv) if cg is None else box.wrap(launch_argv(argv), cg)
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *full, env=env, cwd=str(cwd), stdin=asyncio.subprocess.DEVNULL,
+            stdout=stdout, stderr=stderr, pass_fds=pass_fds, close_fds=True,
+            start_new_session=True,
+        )
+    except BaseException:
+        if cg is not None:
+            with contextlib.suppress(OSError):
+                cg.rmdir()
+        raise
+    if cg is not None:
+        box.remember(proc.pid, cg)
     if registry is not None:
         # The record lands right after the fork: an agent killed in between leaves a group
         # nobody records (a known, tiny window; closing it needs an intent record + a marker
         # the child carries, which the exact environment rules out for now).
         registry.add(GroupRecord(proc.pid, kind, label, time.time(), _start_ticks(proc.pid),
-                                 _boot_id()))
+                                 _boot_id(), str(cg) if cg is not None else None))
     return proc
 
 
@@ -189,11 +205,22 @@ def signal_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
 
 
-async def end_group(pgid: int, grace_s: float, *, min_ticks: int | None = None) -> bool:
+async def end_group(pgid: int, grace_s: float, *, min_ticks: int | None = None,
+                    cgroup: Path | None = None) -> bool:
     """SIGTERM the group, wait up to ``grace_s`` for it to empty, then SIGKILL.
 
-    Returns True if it had to SIGKILL. Safe on a group that is already gone.
+    With a cgroup (``cgroup``, or the one ``spawn`` made for this group) every member of the
+    cgroup is ended along with the group, also those that left the group; the cgroup is then
+    removed. Returns True if it had to SIGKILL. Safe on a group that is already gone.
     """
+    box = containment.current()
+    cg = cgroup or box.cgroup_of(pgid)
+    if cg is not None:
+        try:
+            return await containment.end_cgroup(
+                cg, grace_s, pgid=pgid, pgid_alive=lambda: bool(_members(pgid, min_ticks)))
+        finally:
+            box.forget(pgid)
     if not _members(pgid, min_ticks):
         return False
     signal_group(pgid, signal.SIGTERM)

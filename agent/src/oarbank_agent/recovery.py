@@ -13,6 +13,9 @@ Rules:
 - An endpoint service whose ``fingerprint`` still says running after its group was ended (its
   daemon escaped the group, or the record was lost in the crash) gets its ``stop`` op, so that
   the one started anew when a job needs it is the only one.
+- With cgroup containment every recorded group's cgroup is ended with it (also members that
+  left the process group), and so is every other cgroup under the predecessor's base
+  (``containment.sweep``: one made just before a crash has no record yet).
 - A job whose record shows an attempt that began and never finished (the agent died or stopped
   under it) gets that attempt back: it is *released*, not charged, not a failure. Attempt
   numbers are never reused (the next attempt id follows the interrupted one).
@@ -25,9 +28,10 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import ops, procs
+from . import containment, ops, procs
 
 if TYPE_CHECKING:
     from .store import JobRecord
@@ -54,7 +58,7 @@ async def end_leftovers(registry: procs.ProcessRegistry, sup: Supervisor,
     boot = procs._boot_id()
     kept: dict[str, procs.GroupRecord] = {}
     for rec in registry.records():
-        if rec.boot_id != boot or not procs._members(rec.pgid, rec.start_ticks):
+        if rec.boot_id != boot or not _alive(rec):
             registry.remove(rec.pgid)  # gone already (or another boot: a reused number)
             continue
         key = _service_of(rec)
@@ -67,9 +71,23 @@ async def end_leftovers(registry: procs.ProcessRegistry, sup: Supervisor,
                 else rec.kind)
         log.warning("ended a process group left by a previous agent: %s (%s, pgid %d)",
                     rec.label, what, rec.pgid)
-        await procs.end_group(rec.pgid, grace_s, min_ticks=rec.start_ticks)
+        await procs.end_group(rec.pgid, grace_s, min_ticks=rec.start_ticks, cgroup=_cg(rec))
         registry.remove(rec.pgid)
+    # Cgroups left without a (live) record, e.g. made just before the crash: ended too.
+    keep = {cg for cg in map(_cg, kept.values()) if cg is not None}
+    await containment.current().sweep(keep, grace_s)
     return kept
+
+
+def _cg(rec: procs.GroupRecord) -> Path | None:
+    return Path(rec.cgroup) if rec.cgroup else None
+
+
+def _alive(rec: procs.GroupRecord) -> bool:
+    """Anything of the group left: a member of its process group, or of its cgroup."""
+    cg = _cg(rec)
+    return bool(procs._members(rec.pgid, rec.start_ticks)) or (
+        cg is not None and containment.populated(cg))
 
 
 async def adopt_running(registry: procs.ProcessRegistry, sup: Supervisor,
@@ -87,7 +105,10 @@ async def adopt_running(registry: procs.ProcessRegistry, sup: Supervisor,
                                  timeout_s=rt.svc.stop_timeout_s, registry=registry)
             continue
         if rt.fp_running:
-            alive = rec is not None and bool(procs._members(rec.pgid, rec.start_ticks))
+            alive = rec is not None and _alive(rec)
+            cg = _cg(rec) if rec is not None and alive else None
+            if rec is not None and cg is not None:
+                containment.current().remember(rec.pgid, cg)  # ended with it when it stops
             log.warning("%s: adopted (fingerprint says running; %s)", key,
                         f"process group {rec.pgid}" if alive and rec else "no recorded group")
             sup.adopt(rt, rec.pgid if alive and rec else None)
@@ -96,10 +117,11 @@ async def adopt_running(registry: procs.ProcessRegistry, sup: Supervisor,
         elif rec is not None:
             log.warning("ended a process group left by a previous agent: %s (service not "
                         "running per its fingerprint, pgid %d)", rec.label, rec.pgid)
-            await procs.end_group(rec.pgid, grace_s, min_ticks=rec.start_ticks)
+            await procs.end_group(rec.pgid, grace_s, min_ticks=rec.start_ticks,
+                                  cgroup=_cg(rec))
             registry.remove(rec.pgid)
     for rec in kept.values():  # services no longer loaded: nothing may use them
-        await procs.end_group(rec.pgid, grace_s, min_ticks=rec.start_ticks)
+        await procs.end_group(rec.pgid, grace_s, min_ticks=rec.start_ticks, cgroup=_cg(rec))
         registry.remove(rec.pgid)
 
 

@@ -1,0 +1,109 @@
+"""Containment: the end of an attempt reaches a runner's child that left the attempt's process
+group (setsid), when cgroup v2 is usable (each attempt in a cgroup of its own); a `kill -9`
+restart ends what the predecessor left in its cgroups, recorded or not. Each test says which
+containment mode ran (`status`: containment)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+from pathlib import Path
+
+import pytest
+from agent_helpers import MODFILES, write_module
+
+from oarbank_agent import containment
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def setsid_module(root: Path) -> Path:
+    mod = write_module(root, runner={"exec": ["python", "-I", "{bundle}/setsid_runner.py"],
+                                     "stop_grace_s": 1},
+                       stages=[{"name": "plain", "timeout_s": 60}], with_service=False)
+    shutil.copy(MODFILES / "setsid_runner.py", mod / "setsid_runner.py")
+    return mod
+
+
+def need_cgroups(agent) -> dict:  # type: ignore[no-untyped-def]
+    st = agent.status()
+    print(f"containment: {st['containment']} ({st['containment_note']})")
+    if st["containment"] != "cgroup":
+        pytest.skip(f"cgroup containment is not usable on this machine: "
+                    f"{st['containment_note']}")
+    return st
+
+
+def escapee(agent, attempt_id: str) -> dict:  # type: ignore[no-untyped-def]
+    return json.loads((agent.module_data() / f"escapee-{attempt_id}.json").read_text())
+
+
+def test_a_setsid_grandchild_of_the_runner_is_gone_after_the_attempt(start_agent,
+                                                                     tmp_path: Path) -> None:
+    agent = start_agent([setsid_module(tmp_path / "m")])
+    st = need_cgroups(agent)
+    base = Path(st["containment_base"])
+    rec = agent.run_job("plain", {})
+    assert rec["state"] == "succeeded", rec
+    esc = rec["result"]["payload"]["escapee"]
+    try:
+        # It really had left the runner's group and session...
+        assert esc["pgid"] != esc["runner_pgid"] and esc["sid"] != esc["runner_pgid"], esc
+        # ...and the attempt's end reached it all the same.
+        assert not alive(esc["pid"]), f"the setsid'd grandchild {esc['pid']} outlived the attempt"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(esc["pid"], signal.SIGKILL)
+    # The attempt's cgroup is gone with it (only the agent's base remains).
+    assert not [p for p in base.iterdir() if p.is_dir()], list(base.iterdir())
+
+
+def test_kill_9_restart_ends_the_predecessors_cgroups_even_unrecorded(start_agent,
+                                                                      tmp_path: Path) -> None:
+    mod = setsid_module(tmp_path / "m")
+    first = start_agent([mod])
+    need_cgroups(first)
+    job_id = first.submit("plain", {"hold_s": 60})
+    info = first.module_data() / f"escapee-{job_id}.1.json"
+    first.wait_for(info.exists, timeout=30, what="the first attempt's escapee")
+    esc = escapee(first, f"{job_id}.1")
+    try:
+        first.kill()  # the runner and its escapee stay behind
+        assert alive(esc["pid"])
+        # The crash lost the records too: only the cgroups under the agent's base remain
+        # to find the runner and its escapee by.
+        for rec in (first.state_dir / "procs").glob("*.json"):
+            rec.unlink()
+        second = start_agent([mod], state_dir=first.state_dir)
+        assert second.status()["containment"] == "cgroup"
+        assert not alive(esc["pid"]), "the predecessor's escapee survived the restart"
+        assert "left by a previous agent" in second.log()
+        rec = second.wait(job_id, timeout=60)  # requeued without charge, then done
+        assert rec["state"] == "succeeded", rec
+        assert not alive(rec["result"]["payload"]["escapee"]["pid"])
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(esc["pid"], signal.SIGKILL)
+
+
+def test_containment_process_group_mode_says_so(start_agent, tmp_path: Path) -> None:
+    agent = start_agent([write_module(tmp_path / "m")],
+                        extra_args=["--containment", "process-group"])
+    st = agent.status()
+    assert (st["containment"], st["containment_base"]) == ("process-group", None), st
+    assert "--containment process-group" in st["containment_note"]
+    assert agent.run_job("plain", {})["state"] == "succeeded"
+
+
+def test_unknown_containment_mode_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="unknown containment 'jail'"):
+        containment.resolve("jail", tmp_path)
