@@ -62,3 +62,16 @@ def test_gpu_shared_start_fails_when_no_node_has_the_api(tmp_path: Path) -> None
     rc, cell = _run(tmp_path, "gpu-shared-start", "--gpu-apis=opencl")
     assert rc == 1 and cell["outcome"] == "failed"
     assert "GPU_API_MISSING" in cell["error"]
+
+
+def test_crash_loop_fails_when_the_failing_service_is_never_withdrawn(tmp_path: Path) -> None:
+    # Seen from outside, an agent that never withdraws a failing service is one whose limit
+    # is never reached: max_failures 1000.
+    mods = tmp_path / "modules"
+    shutil.copytree(REPO / "harness" / "modules", mods)
+    toml = mods / "crashy" / "oarbank-module.toml"
+    toml.write_text(toml.read_text().replace("max_failures = 3", "max_failures = 1000"))
+    assert "max_failures = 1000" in toml.read_text()
+    rc, cell = _run(tmp_path, "crash-loop", modules=mods)
+    assert rc == 1 and cell["outcome"] == "failed"
+    assert "waiting for crash-a model row: withdrawn" in cell["error"]
