@@ -66,6 +66,10 @@ class ServiceGate(Protocol):
     # ready service is handed over on the spot, without a task (the broker's hot path).
 
 
+def _refusal(code: str, detail: str) -> bytes:
+    return _wire.encode(_wire.Refusal(code, detail).to_wire())
+
+
 def _pair() -> tuple[socket.socket, socket.socket]:
     # Python creates both ends close-on-exec and blocking; ends handed to peers stay blocking
     # (O_NONBLOCK is shared with every holder of the descriptor).
@@ -269,7 +273,7 @@ class _Connector:
             self.stream.pause()
 
     def _refuse(self, code: str, detail: str) -> None:
-        data = _wire.encode(_wire.Refusal(code, detail[:1000]).to_wire())
+        data = _refusal(code, detail[:1000])
         if self.queue:
             self._enqueue(data)  # answered in order, after the connects before it
         else:
@@ -355,16 +359,12 @@ class _Connector:
                 if ready:
                     self._broker._hand_over(self, item)
                 else:
-                    self.stream.send(
-                        _wire.encode(
-                            _wire.Refusal(
-                                "service_unavailable",
-                                f"service {self.service_key} is not running and ready: it did not "
-                                "become ready within its start timeout, or it is held, withdrawn or "
-                                "cannot start; retry later",
-                            ).to_wire()
-                        )
-                    )
+                    self.stream.send(_refusal(
+                        "service_unavailable",
+                        f"service {self.service_key} is not running and ready: it did not "
+                        "become ready within its start timeout, or it is held, withdrawn or "
+                        "cannot start; retry later",
+                    ))
         finally:
             if self.worker is asyncio.current_task():
                 self.worker = None
@@ -470,15 +470,11 @@ class Broker:
     def _hand_over(self, conn: _Connector, connect: _wire.Connect) -> None:
         ch = self._channels.get(conn.service_key)
         if ch is None or not ch.usable:
-            conn.stream.send(
-                _wire.encode(
-                    _wire.Refusal(
-                        "service_unavailable",
-                        f"service {conn.service_key} has no open endpoint channel (it stopped or is "
-                        "restarting); retry later",
-                    ).to_wire()
-                )
-            )
+            conn.stream.send(_refusal(
+                "service_unavailable",
+                f"service {conn.service_key} has no open endpoint channel (it stopped or is "
+                "restarting); retry later",
+            ))
             return
         number = next(_CONN_NUMBERS)
         service_end, job_end = _pair()
@@ -489,14 +485,10 @@ class Broker:
                 reached.append(ch)
         if not ch._send_connection(number, conn.attempt_id, service_end):
             job_end.close()
-            conn.stream.send(
-                _wire.encode(
-                    _wire.Refusal(
-                        "service_unavailable",
-                        f"service {conn.service_key} failed while taking the connection; retry later",
-                    ).to_wire()
-                )
-            )
+            conn.stream.send(_refusal(
+                "service_unavailable",
+                f"service {conn.service_key} failed while taking the connection; retry later",
+            ))
             return
         conn.pending[number] = job_end
         conn.stream.send(_wire.encode(_wire.Ok(number).to_wire()), job_end)
