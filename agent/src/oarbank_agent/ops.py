@@ -130,8 +130,3 @@ def _read_from(path: os.PathLike[str], offset: int, limit: int = 65536) -> str:
 async def _end(registry: procs.ProcessRegistry, pgid: int) -> None:
     await procs.end_group(pgid, 1.0)
     registry.remove(pgid)
-
-
-def op_timeout(op: str, default: float) -> float:
-    return OP_TIMEOUTS.get(op, default)
-
