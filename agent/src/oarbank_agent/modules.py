@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import socket
 import sys
 from dataclasses import dataclass, field
@@ -19,18 +18,7 @@ from typing import Any
 
 from oarbank_sdk import manifest as mf
 
-__all__ = ["NodeInfo", "ModuleCtx", "node_platform", "load_module", "SettingsError",
-           "read_settings_arg"]
-
-
-def node_platform() -> str:
-    """``<os>-<arch>`` as the contract spells it, e.g. ``linux-amd64``."""
-    osname = {"linux": "linux", "darwin": "darwin", "win32": "windows"}.get(sys.platform,
-                                                                           sys.platform)
-    machine = platform.machine().lower()
-    arch = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}.get(
-        machine, machine)
-    return f"{osname}-{arch}"
+__all__ = ["NodeInfo", "ModuleCtx", "load_module", "SettingsError", "read_settings_arg"]
 
 
 @dataclass(frozen=True)
@@ -49,7 +37,7 @@ class NodeInfo:
         tools = state_dir / "tools.json"
         _write_json(limits, {"cpu": os.cpu_count() or 1, "mem_gb": _mem_gb()})
         _write_json(tools, {"python": sys.executable})
-        return cls(node_id or hostname, hostname, node_platform(), state_dir, limits, tools)
+        return cls(node_id or hostname, hostname, mf.platform_token(), state_dir, limits, tools)
 
 
 @dataclass
