@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from oarbank_sdk import manifest as mf
 
 from . import lifecycle as lc
+from .supervisor import service_key
 
 if TYPE_CHECKING:
     from .modules import ModuleCtx
@@ -28,7 +29,7 @@ def service_wait_reason(sup: Supervisor, ctx: ModuleCtx, stage: mf.Stage) -> str
         svc = ctx.manifest.service_for_pool(pool)
         if svc is None:
             continue
-        rt = sup.services.get(f"{ctx.id}/{svc.name}")
+        rt = sup.services.get(service_key(ctx.id, svc.name))
         if rt is None:
             continue
         if rt.st.state is lc.State.WITHDRAWN:
