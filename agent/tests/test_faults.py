@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agent_helpers import MODFILES, read_jsonl, write_module
+from agent_helpers import MODFILES, alive, read_jsonl, write_module
 
 MOD = "test.agent.echo"
 
@@ -39,14 +39,6 @@ def events(agent: Any, kind: str | None = None) -> list[dict[str, Any]]:
 
 def job_row(agent: Any, job_id: str) -> dict[str, Any]:
     return next(j for j in agent.status()["jobs"] if j["job_id"] == job_id)
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_withdrawn_service_jobs_wait_with_a_reason_then_it_comes_back(start_agent,

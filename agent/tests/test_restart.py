@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_helpers import processes_referencing, read_jsonl, write_module
+from agent_helpers import alive, processes_referencing, read_jsonl, write_module
 
 MOD = "test.agent.echo"
 
@@ -39,14 +39,6 @@ def events(agent: Any, kind: str) -> list[dict[str, Any]]:
 
 def runs(agent: Any) -> list[dict[str, Any]]:
     return read_jsonl(agent.module_data() / "runs.jsonl")
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def record(agent: Any, job: str) -> dict[str, Any]:
