@@ -11,6 +11,8 @@ from pathlib import Path
 
 from agent_helpers import processes_referencing, read_jsonl, write_module
 
+from oarbank_agent import control
+
 
 def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "oarbank_agent", *args], capture_output=True,
@@ -149,3 +151,14 @@ def test_restarted_agent_ends_leftovers_and_resumes_jobs(start_agent, echo_modul
               if e["event"] == "hello"]
     assert len(set(hellos)) == 2  # the endpoint service was not adopted: a new daemon
     assert "ended a process group left by a previous agent" in second.log(), (left, recs)
+
+
+def test_a_wait_outlasts_the_control_connections_own_timeout(start_agent, echo_module: Path) -> None:
+    # Regression: `submit --wait` connected with a 30 s timeout and its wait kept it, so any job
+    # longer than 30 s ended the command with "lost the agent". Same mechanism, scaled down: a
+    # client whose connection times out after 0.5 s waits 2 s for a job when told to wait.
+    agent = start_agent([echo_module])
+    job_id = agent.submit("plain", {"sleep_s": 2.0})
+    with control.Client(agent.state_dir, timeout=0.5) as c:
+        reply = c.call({"op": "wait", "job_id": job_id}, timeout=None)
+    assert reply["ok"] and reply["job"]["state"] == "succeeded", reply

@@ -233,7 +233,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
             req: dict[str, Any] = {"op": "wait", "job_id": job_id}
             if args.timeout is not None:
                 req["timeout"] = args.timeout
-            reply = c.call(req, timeout=None)
+            # The agent answers when the job ends or --timeout passes: wait that long (and a
+            # little more for the answer itself), not the 30 s a control request gets.
+            reply = c.call(req, timeout=None if args.timeout is None else args.timeout + 30.0)
     except control.AgentNotRunning as exc:
         _err(str(exc))
         return 1

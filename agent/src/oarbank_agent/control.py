@@ -132,6 +132,9 @@ class AgentNotRunning(Exception):
     pass
 
 
+_KEEP = object()  # Client.call: keep the connection's timeout
+
+
 class Client:
     """One connection to a running agent; ``call`` sends a request and returns the answer."""
 
@@ -151,9 +154,11 @@ class Client:
             raise
         self._file = self.sock.makefile("rb")
 
-    def call(self, req: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
-        if timeout is not None:
-            self.sock.settimeout(timeout)
+    def call(self, req: dict[str, Any], timeout: float | None | object = _KEEP) -> dict[str, Any]:
+        """Send ``req`` and read the answer. ``timeout``: seconds for this call and the ones
+        after it, ``None`` to wait without limit; left out, the connection's timeout holds."""
+        if timeout is not _KEEP:
+            self.sock.settimeout(timeout)  # type: ignore[arg-type]
         self.sock.sendall(json.dumps(req).encode("utf-8") + b"\n")
         line = self._file.readline()
         if not line:
