@@ -20,10 +20,12 @@ def no_leftover_processes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     import tempfile
 
     base = tmp_path_factory.getbasetemp()
+    # Runs with long out dirs put node folders under <tmp>/oarbank-e2e-<pid>/. Only those made
+    # during this session are ours: another harness run on the machine is not this session's.
+    shorts = set(Path(tempfile.gettempdir()).glob("oarbank-e2e-*"))
     yield
     left = processes_under(base)
-    # Runs with long out dirs put node folders under <tmp>/oarbank-e2e-<pid>/.
-    for short in Path(tempfile.gettempdir()).glob("oarbank-e2e-*"):
+    for short in set(Path(tempfile.gettempdir()).glob("oarbank-e2e-*")) - shorts:
         left += processes_under(short)
     assert not left, "processes left behind by the harness tests:\n" + "\n".join(map(str, left))
 
