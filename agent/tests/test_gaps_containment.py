@@ -13,17 +13,9 @@ import signal
 from pathlib import Path
 
 import pytest
-from agent_helpers import MODFILES, write_module
+from agent_helpers import MODFILES, alive, write_module
 
 from oarbank_agent import containment
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def setsid_module(root: Path) -> Path:

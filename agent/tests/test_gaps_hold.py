@@ -8,19 +8,11 @@ import json
 import time
 from pathlib import Path
 
-from agent_helpers import read_jsonl, write_module
+from agent_helpers import alive, read_jsonl, write_module
 
 from oarbank_agent import control
 
 MODULE = "test.agent.echo"
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_a_hold_cancels_a_start_in_flight(start_agent, tmp_path: Path) -> None:
