@@ -107,15 +107,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         _err(str(exc))
         return 1
     sandboxing.install(policy)  # before anything is started: every child goes through it
-    from . import containment
-
-    try:
-        box = containment.resolve(args.containment, args.state_dir)
-    except containment.ContainmentUnavailable as exc:
-        _err(str(exc))
-        return 1
-    containment.install(box)  # likewise: every group is spawned and ended through it
-    logging.getLogger("oarbank_agent").info("containment: %s (%s)", box.mode, box.note)
     if not policy.enforce:
         _err(policy.report()["note"])
         if policy.fault:
@@ -202,7 +193,20 @@ def cmd_run(args: argparse.Namespace) -> int:
                 await sender.aclose()
         return 0
 
-    return asyncio.run(main_async())
+    # Last, once the arguments are good: this may create the agent's cgroup.
+    from . import containment
+
+    try:
+        box = containment.resolve(args.containment, args.state_dir)
+    except containment.ContainmentUnavailable as exc:
+        _err(str(exc))
+        return 1
+    containment.install(box)  # before anything starts: every group is spawned and ended through it
+    logging.getLogger("oarbank_agent").info("containment: %s (%s)", box.mode, box.note)
+    try:
+        return asyncio.run(main_async())
+    finally:
+        box.close()  # an agent that never got going leaves no empty cgroup behind
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
