@@ -53,7 +53,9 @@ def test_kill_9_then_restart_on_the_same_state(backend: Backend, tmp_path: Path)
 
 
 def _escape(ctx: Ctx) -> None:
-    node = ctx.node("esc", [ECHO])
+    # Process-group containment: with cgroups (the agent's default where it can) the agent
+    # itself ends the escaped process, and this test is about the harness noticing one.
+    node = ctx.node("esc", [ECHO], flags=("--containment", "process-group"))
     rec = node.submit(ECHO_ID, "echo", {"escape_s": 120}, wait=True, timeout_s=60)
     ctx.check(rec["state"] == "succeeded", f"echo job: {rec}")
 
