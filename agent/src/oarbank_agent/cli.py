@@ -97,7 +97,14 @@ def _err(msg: str) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     from .agent import Agent, configure_logging
     from .modules import SettingsError, read_settings_arg
+    from .unixpath import SocketPathTooLong, check
 
+    try:
+        # Before anything starts: where a deep path cannot be shortened, say so now.
+        check(args.state_dir.resolve() / control.SOCKET_NAME)
+    except SocketPathTooLong as exc:
+        _err(f"--state-dir: {exc}")
+        return 2
     configure_logging()
     from . import sandboxing
 

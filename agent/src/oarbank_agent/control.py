@@ -31,6 +31,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from . import unixpath
+
 __all__ = ["SOCKET_NAME", "ControlError", "ControlServer", "AgentNotRunning", "request",
            "Client"]
 
@@ -61,10 +63,12 @@ class ControlServer:
             self.path.unlink()  # a stale socket from an agent that died
         # Bind with a tight umask so the socket is never reachable by others, not even
         # between bind and chmod; the agent is single-threaded at this point.
+        # A deep state dir is bound through its directory's descriptor (unixpath).
         old = os.umask(0o177)
         try:
-            self._server = await asyncio.start_unix_server(self._client, path=str(self.path),
-                                                           limit=MAX_REQUEST)
+            with unixpath.socket_address(self.path) as address:
+                self._server = await asyncio.start_unix_server(self._client, path=address,
+                                                               limit=MAX_REQUEST)
         finally:
             os.umask(old)
         os.chmod(self.path, 0o600)
@@ -143,7 +147,8 @@ class Client:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # close-on-exec
         self.sock.settimeout(timeout)
         try:
-            self.sock.connect(str(path))
+            with unixpath.socket_address(path) as address:
+                self.sock.connect(address)
         except (FileNotFoundError, ConnectionRefusedError) as exc:
             self.sock.close()
             raise AgentNotRunning(
