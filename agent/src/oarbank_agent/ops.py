@@ -3,6 +3,15 @@
 cwd = the bundle, its own process group (session), the exact op environment and nothing else,
 stdout to a file (a daemon left by ``start`` may keep it open, so we never wait for EOF on a
 pipe), the document = stdout's last line that parses as a JSON object, exit 0 = success.
+
+stderr: a failed op's error ends with its last meaningful stderr line (``logtail``: bounded
+read, at most 300 characters), e.g. ``start exited with 1: FileNotFoundError: weights
+missing``. Every op's stderr ends up in ``logs/<service>.log``. ``start`` writes there
+directly (the daemon it leaves inherits its stderr and keeps writing there; this op's part is
+the bytes it appended before it exited: nothing else of the service runs during a start).
+Other ops write to a file of their own in ``run/ops`` (so a daemon writing to the log at the
+same time cannot be mistaken for the op), appended to the log (at most ``LOG_COPY_MAX``
+bytes, the end kept) once the op is over.
 """
 
 from __future__ import annotations
@@ -11,11 +20,13 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from . import procs, sandboxing
+from . import logtail, procs, sandboxing
 from .modules import ModuleCtx, NodeInfo
 
 __all__ = ["OP_TIMEOUTS", "OpResult", "run_op", "last_json_line"]
@@ -23,6 +34,7 @@ __all__ = ["OP_TIMEOUTS", "OpResult", "run_op", "last_json_line"]
 # Fixed op timeouts (seconds); start and stop use the service's own bounds.
 OP_TIMEOUTS = {"fingerprint": 5.0, "status": 5.0, "ready": 5.0, "list_owned": 5.0,
                "destroy": 60.0}
+LOG_COPY_MAX = 1 << 20  # bytes of one op's own stderr file copied into the service log
 
 
 @dataclass
@@ -71,7 +83,9 @@ async def run_op(ctx: ModuleCtx, node: NodeInfo, service: str, op: str, *,
     out_path = out_dir / f"{os.getpid()}-{id(argv):x}-{service}-{op}.out"
     label = f"{ctx.id}/{service} {op}"
     log_path = ctx.log_dir / f"{service}.log"
-    with open(out_path, "wb") as out, open(log_path, "ab") as err:
+    # start: straight into the service log (its daemon inherits it); others: a file of their own.
+    err_path = log_path if keep_group else out_path.with_suffix(".err")
+    with open(out_path, "wb") as out, open(err_path, "ab") as err:
         err_start = err.tell()  # where this op's stderr begins (a launcher refusal lands there)
         try:
             proc = await procs.spawn(argv, env=env, cwd=ctx.manifest.bundle, stdout=out,
@@ -81,6 +95,7 @@ async def run_op(ctx: ModuleCtx, node: NodeInfo, service: str, op: str, *,
             if after_spawn:
                 after_spawn()
             out_path.unlink(missing_ok=True)
+            _file_err(err_path, log_path)
             return OpResult(op, False, None, None, f"{op}: cannot run {argv[0]}: {exc}", None)
     if after_spawn:
         after_spawn()
@@ -95,6 +110,7 @@ async def run_op(ctx: ModuleCtx, node: NodeInfo, service: str, op: str, *,
         with contextlib.suppress(ProcessLookupError):
             await proc.wait()
         out_path.unlink(missing_ok=True)
+        _file_err(err_path, log_path)
         raise
     text = out_path.read_text(encoding="utf-8", errors="replace")
     out_path.unlink(missing_ok=True)
@@ -102,29 +118,51 @@ async def run_op(ctx: ModuleCtx, node: NodeInfo, service: str, op: str, *,
     if rc is None:
         await _end(registry, pgid)
         await proc.wait()
-        return OpResult(op, False, None, doc, f"{op} timed out after {timeout_s:g}s", pgid)
+        err_text = _file_err(err_path, log_path, err_start)
+        return OpResult(op, False, None, doc, logtail.with_summary(
+            f"{op} timed out after {timeout_s:g}s", err_text), pgid)
+    if not keep_group:
+        await _end(registry, pgid)  # the op is over: what it left goes too, then its stderr
+    # This op's stderr: what it wrote before it exited (a start's daemon may write on).
+    err_text = _file_err(err_path, log_path, err_start)
     if rc != 0:
         # Exit 70/71 with the launcher's line: the sandbox refused, the op never ran.
-        error = sandboxing.launcher_failure(rc, _read_from(log_path, err_start))
-        error = f"{op}: {error}" if error else f"{op} exited with {rc}"
+        error = sandboxing.launcher_failure(rc, err_text)
+        error = f"{op}: {error}" if error else logtail.with_summary(f"{op} exited with {rc}",
+                                                                    err_text)
     elif doc is None:
-        error = f"{op} printed no JSON object on stdout"
+        error = logtail.with_summary(f"{op} printed no JSON object on stdout", err_text)
     elif op in ("start", "stop", "destroy") and doc.get("ok") is not True:
         error = f"{op} answered {json.dumps(doc)[:200]}"
     else:
         error = None
-    if error is not None or not keep_group:
-        await _end(registry, pgid)
+    if error is not None and keep_group:
+        await _end(registry, pgid)  # a failed start leaves nothing running
     return OpResult(op, error is None, rc, doc, error, pgid)
 
 
-def _read_from(path: os.PathLike[str], offset: int, limit: int = 65536) -> str:
+def _file_err(err_path: Path, log_path: Path, start: int = 0) -> str:
+    """The end of this op's stderr (bounded); an op's own file is appended to the service log
+    and removed. For ``start`` (``err_path`` is the log) the bytes from ``start`` to now."""
+    if err_path == log_path:
+        try:
+            end = log_path.stat().st_size
+        except OSError:
+            return ""
+        return logtail.read_tail(log_path, start, end)
+    text = logtail.read_tail(err_path)
     try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            return f.read(limit).decode("utf-8", errors="replace")
+        with open(err_path, "rb") as src, open(log_path, "ab") as dst:
+            size = src.seek(0, os.SEEK_END)
+            if size > LOG_COPY_MAX:
+                dst.write(f"[oarbank-agent: the first {size - LOG_COPY_MAX} bytes of this "
+                          f"op's stderr were left out]\n".encode())
+            src.seek(max(0, size - LOG_COPY_MAX))
+            shutil.copyfileobj(src, dst)  # in chunks: never the whole file in memory
     except OSError:
-        return ""
+        pass
+    err_path.unlink(missing_ok=True)
+    return text
 
 
 async def _end(registry: procs.ProcessRegistry, pgid: int) -> None:

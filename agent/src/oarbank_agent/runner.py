@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from oarbank_sdk import manifest as mf
 
-from . import procs, sandboxing
+from . import logtail, procs, sandboxing
 from .modules import ModuleCtx, NodeInfo
 from .supervisor import service_key
 
@@ -64,8 +64,14 @@ def _envelope_problem(result: Any) -> str | None:
     return None
 
 
+def _with_log(reason: str, workdir: Path) -> str:
+    """``reason: <last meaningful line of runner.log>`` (bounded read, at most 300 chars)."""
+    return logtail.with_summary(reason, logtail.read_tail(workdir / "runner.log"))
+
+
 def classify(rc: int, timed_out: bool, workdir: Path, timeout_s: float) -> Outcome:
-    """Map how a runner ended to the attempt's outcome (contract section 4)."""
+    """Map how a runner ended to the attempt's outcome (contract section 4). A failure that
+    no failure.json explains ends with the last meaningful line of ``runner.log``."""
     if timed_out:
         return Outcome("failed", rc, f"timeout: the runner exceeded timeout_s={timeout_s:g}",
                        fault="job")
@@ -84,10 +90,11 @@ def classify(rc: int, timed_out: bool, workdir: Path, timeout_s: float) -> Outco
             fault = {EXIT_JOB: "job", EXIT_HOST: "host", EXIT_TRANSIENT: "transient"}[rc]
             return Outcome("retry" if rc == EXIT_TRANSIENT else "failed", rc, reason,
                            fault=fault)
-        return Outcome("failed", rc, f"runner exited with {rc} but {err or 'failure.json is not an object'}")
+        return Outcome("failed", rc, _with_log(
+            f"runner exited with {rc} but {err or 'failure.json is not an object'}", workdir))
     if rc < 0:
-        return Outcome("failed", rc, f"runner killed by signal {-rc}")
-    return Outcome("failed", rc, f"runner exited with {rc}")
+        return Outcome("failed", rc, _with_log(f"runner killed by signal {-rc}", workdir))
+    return Outcome("failed", rc, _with_log(f"runner exited with {rc}", workdir))
 
 
 def runner_env(ctx: ModuleCtx, node: NodeInfo, stage: mf.Stage, attempt_id: str,
@@ -167,7 +174,7 @@ async def run_attempt(ctx: ModuleCtx, node: NodeInfo, stage: mf.Stage, *, job_id
         # Exit 70/71 with the launcher's line: the sandbox refused and the runner never ran
         # (not the runner's own failure, and never retried: the node cannot confine it).
         refused = None if timed_out else sandboxing.launcher_failure(
-            rc, _tail(workdir / "runner.log"))
+            rc, logtail.read_tail(workdir / "runner.log"))
         if refused is not None:
             return Outcome("failed", rc, refused, fault="host")
         return classify(rc, timed_out, workdir, stage.timeout_s)
@@ -184,15 +191,6 @@ async def run_attempt(ctx: ModuleCtx, node: NodeInfo, stage: mf.Stage, *, job_id
             await procs.end_group(proc.pid, runner.stop_grace_s)
             registry.remove(proc.pid)
         broker.end_attempt(attempt_id)
-
-
-def _tail(path: Path, limit: int = 65536) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(max(0, f.seek(0, 2) - limit))
-            return f.read().decode("utf-8", errors="replace")
-    except OSError:
-        return ""
 
 
 async def _terminate(proc: asyncio.subprocess.Process, grace_s: float) -> int:

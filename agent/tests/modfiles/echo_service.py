@@ -10,6 +10,8 @@ a session of its own). A daemon exits at once (status 1) when the file
 daemon writes on its channel once ready). Without OARBANK_ENDPOINT_CHANNEL (a non-endpoint
 service) the daemon just stays up until SIGTERM. Each op record lists the op's open
 descriptors (``fds``: fd -> what it names). Standard library plus the SDK's wire helpers.
+op_raise ({op: message}) makes that op die of an uncaught FileNotFoundError(message) after
+writing op_stderr_kb KiB of noise to stderr.
 """
 
 from __future__ import annotations
@@ -79,6 +81,14 @@ def open_fds() -> dict[str, str]:
 def op(name: str) -> int:
     conf = settings()
     record("op", op=name, env=sorted(os.environ), fds=open_fds())
+    if name in conf.get("op_raise", {}):
+        # op_raise {op: message}: that op writes op_stderr_kb KiB of noise to stderr, then
+        # dies of an uncaught FileNotFoundError(message) (a traceback, exit 1).
+        noise = b"noise " * 170 + b"...\n"  # 1 KiB a line
+        for _ in range(int(conf.get("op_stderr_kb", 0))):
+            sys.stderr.buffer.write(noise)
+        sys.stderr.flush()
+        raise FileNotFoundError(conf["op_raise"][name])
     if name == "fingerprint":
         out = {"service_protocol": {"supported": [1]}, "health": conf.get("health", "healthy"),
                "pools": {"echo": conf.get("slots", 4)},
