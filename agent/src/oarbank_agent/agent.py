@@ -23,7 +23,18 @@ import psutil
 
 from oarbank_sdk import manifest as mf
 
-from . import containment, control, gpu_detect, manualwatch, procs, protection, recovery, sandboxing, waiting
+from . import (
+    containment,
+    control,
+    faults,
+    gpu_detect,
+    manualwatch,
+    procs,
+    protection,
+    recovery,
+    sandboxing,
+    waiting,
+)
 from . import lifecycle as lc
 from .admission import Admission, Request
 from .guard import DEFAULT_BUDGET_FRACTION, Guard, GuardConfig
@@ -66,6 +77,8 @@ class Agent:
         # Manual services are fingerprinted again this often (manualwatch; the CLI may set it).
         self.manual_refresh_s = manualwatch.DEFAULT_INTERVAL_S
         self._manual_task: asyncio.Task[None] | None = None
+        # Test-only fault injection (faults.py; the CLI sets it from OARBANK_AGENT_FAULT).
+        self.fault: str | None = None
 
     # --- modules --------------------------------------------------------------------------
 
@@ -113,6 +126,7 @@ class Agent:
         rep["gpu"] = self.gpu.as_dict() if self.gpu is not None else None
         rep["protection"] = self.guard.report()
         rep.update(containment.current().report())  # cgroup | process-group, and why
+        rep["fault"] = self.fault  # test-only fault injection: never on silently
         return rep
 
     def _service_changed(self, key: str) -> None:
@@ -136,8 +150,14 @@ class Agent:
             loop.add_signal_handler(sig, self._stop.set)
         from .broker import Broker  # the broker engineer's module
 
-        # A previous agent's groups: ended, except services that may be adopted (recovery.py)
-        kept = await recovery.end_leftovers(self.registry, self.supervisor)
+        self.supervisor.idle_stop = self.fault != faults.NO_IDLE_STOP
+        if self.fault is not None:
+            log.warning("!!! %s !!!", faults.describe(self.fault))
+        if self.fault == faults.KEEP_PREDECESSOR_GROUPS:
+            kept: dict[str, procs.GroupRecord] = {}  # fault injection: nothing is ended
+        else:
+            # A previous agent's groups: ended, except services that may be adopted (recovery.py)
+            kept = await recovery.end_leftovers(self.registry, self.supervisor)
         self.broker = Broker(self.supervisor)
         self.supervisor.broker = self.broker
         await self._place_gpu_services()

@@ -11,11 +11,12 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from . import control, protect_cli
+from . import control, faults, protect_cli
 
 __all__ = ["main", "build_parser"]
 
@@ -105,6 +106,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     except SocketPathTooLong as exc:
         _err(f"--state-dir: {exc}")
         return 2
+    try:
+        fault = faults.from_env(os.environ)  # test-only fault injection (faults.py)
+    except ValueError as exc:
+        _err(str(exc))
+        return 2
+    if fault is not None:
+        _err(faults.describe(fault))  # loud: also logged and shown in status
     configure_logging()
     from . import sandboxing
 
@@ -168,6 +176,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         agent.guard.config, agent.gpu = guard_config, gpu_override
         agent.manual_refresh_s = args.manual_refresh_s
         agent.supervisor.status_poll_s = args.status_poll_s
+        agent.fault = fault
         specs = [(p.resolve(), settings_for(p)) for p in args.modules]
         for msg in agent.load_modules(specs):
             print(msg, file=sys.stderr)
@@ -284,6 +293,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(f"node {st['node_id']}  host {st['hostname']}")
     if isinstance(st.get("sandbox"), dict):
         print(_sandbox_line(st["sandbox"]))
+    if st.get("fault"):
+        print(faults.describe(st["fault"]) if st["fault"] in faults.FAULTS
+              else f"FAULT INJECTED: {st['fault']}")
     cols = ["module", "service", "lifecycle", "health", "running", "ready", "users", "withdrawn",
             "held", "error"]
     rows = [[_cell(r.get(c)) for c in cols] for r in st["services"]]

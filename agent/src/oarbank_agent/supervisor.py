@@ -97,6 +97,8 @@ class Supervisor:
         self.shutting_down = False
         # First interval of the sparse `status` polls (statuswatch; the CLI may set it).
         self.status_poll_s = statuswatch.DEFAULT_FIRST_S
+        # False only under the test-only fault OARBANK_AGENT_FAULT=no_idle_stop (faults.py).
+        self.idle_stop = True
 
     # --- set-up ---------------------------------------------------------------------------
 
@@ -220,6 +222,8 @@ class Supervisor:
         d = protection.hold_override(rt.st.state, d, held=rt.held,
                                      gpu_missing=rt.gpu_missing is not None,
                                      shutting_down=self.shutting_down)
+        if d.action == "stop" and d.reason == "idle" and not self.idle_stop:
+            return  # fault injection (no_idle_stop, test only): stays READY, no timer set
         if d.action == "start":
             rt.task = asyncio.create_task(self._start(rt), name=f"start {rt.key}")
         elif d.action == "stop":
