@@ -1,10 +1,13 @@
 """Each scenario fails when the behaviour it checks is broken. The agent is started with a
-flag that breaks that behaviour (`--agent-flag`), and the report must say the scenario failed,
-for the reason the scenario exists to catch, not for some other one."""
+flag that breaks that behaviour (`--agent-flag`), or with the agent's test-only fault
+injection (`OARBANK_AGENT_FAULT`, in the harness's environment: the local backend's agents
+inherit it), and the report must say the scenario failed, for the reason the scenario exists
+to catch, not for some other one."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -16,16 +19,20 @@ from harness_test_helpers import REPO
 pytestmark = pytest.mark.slow
 
 
-def _run(tmp_path: Path, scenario: str, *agent_flags: str, modules: Path | None = None
-         ) -> tuple[int, dict]:
+def _run(tmp_path: Path, scenario: str, *agent_flags: str, modules: Path | None = None,
+         fault: str | None = None) -> tuple[int, dict]:
     out = tmp_path / "e2e"
     argv = [sys.executable, "-m", "harness", "--backend", "local", "--scenario", scenario,
             "--out", str(out), *(f"--agent-flag={f}" for f in agent_flags)]
     if modules is not None:
         argv += ["--modules-dir", str(modules)]
+    env = None if fault is None else dict(os.environ, OARBANK_AGENT_FAULT=fault)
     r = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=280,
-                       stdin=subprocess.DEVNULL)
+                       stdin=subprocess.DEVNULL, env=env)
     report = json.loads((out / "report.json").read_text())
+    if fault is not None:  # the fault really was on (the agent says so in its log)
+        logs = "".join(p.read_text(errors="replace") for p in out.rglob("agent.log"))
+        assert f"OARBANK_AGENT_FAULT={fault}" in logs
     [cell] = report["results"]
     assert cell["scenario"] == scenario and cell["backend"] == "local"
     return r.returncode, cell
@@ -75,3 +82,15 @@ def test_crash_loop_fails_when_the_failing_service_is_never_withdrawn(tmp_path: 
     rc, cell = _run(tmp_path, "crash-loop", modules=mods)
     assert rc == 1 and cell["outcome"] == "failed"
     assert "waiting for crash-a model row: withdrawn" in cell["error"]
+
+
+def test_idle_stop_fails_when_the_agent_never_stops_an_idle_service(tmp_path: Path) -> None:
+    rc, cell = _run(tmp_path, "idle-stop", fault="no_idle_stop")
+    assert rc == 1 and cell["outcome"] == "failed"
+    assert "waiting for idle-a model row: stopped with no users" in cell["error"]
+
+
+def test_agent_restart_fails_when_the_new_agent_leaves_the_old_groups(tmp_path: Path) -> None:
+    rc, cell = _run(tmp_path, "agent-restart", fault="keep_predecessor_groups")
+    assert rc == 1 and cell["outcome"] == "failed"
+    assert "waiting for the old service process group to be ended" in cell["error"]
