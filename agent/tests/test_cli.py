@@ -138,7 +138,9 @@ def test_restarted_agent_ends_leftovers_and_resumes_jobs(start_agent, echo_modul
                    what="the runner to be past its requests")
     first.kill()
     left = processes_referencing(first.state_dir)
-    assert len(left) >= 2, left  # the runner and the service daemon outlive a crashed agent
+    # The runner outlives a crashed agent (the service daemon may too, until it sees its
+    # channel's end of file and exits on its own: a race this test does not depend on).
+    assert any("echo_runner.py run" in p for p in left), left
     recs = sorted(p.name for p in (first.state_dir / "procs").glob("*.json"))
     assert recs, "the crashed agent's group records are the restart's to-do list"
     second = start_agent([echo_module], state_dir=first.state_dir)
