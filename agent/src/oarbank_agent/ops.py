@@ -26,10 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from oarbank_sdk._opdoc import last_json_object
+
 from . import logtail, procs, sandboxing
 from .modules import ModuleCtx, NodeInfo
 
-__all__ = ["OP_TIMEOUTS", "OpResult", "run_op", "last_json_line"]
+__all__ = ["OP_TIMEOUTS", "OpResult", "run_op"]
 
 # Fixed op timeouts (seconds); start and stop use the service's own bounds.
 OP_TIMEOUTS = {"fingerprint": 5.0, "status": 5.0, "ready": 5.0, "list_owned": 5.0,
@@ -45,20 +47,6 @@ class OpResult:
     doc: dict[str, Any] | None
     error: str | None  # readable, when not ok
     pgid: int | None
-
-
-def last_json_line(text: str) -> dict[str, Any] | None:
-    for line in reversed(text.splitlines()):
-        line = line.strip()
-        if not line:
-            continue
-        try:
-            value = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(value, dict):
-            return value
-    return None
 
 
 async def run_op(ctx: ModuleCtx, node: NodeInfo, service: str, op: str, *,
@@ -114,7 +102,7 @@ async def run_op(ctx: ModuleCtx, node: NodeInfo, service: str, op: str, *,
         raise
     text = out_path.read_text(encoding="utf-8", errors="replace")
     out_path.unlink(missing_ok=True)
-    doc = last_json_line(text)
+    doc = last_json_object(text)
     if rc is None:
         await _end(registry, pgid)
         await proc.wait()

@@ -36,6 +36,7 @@ from pathlib import Path
 import psutil
 
 from oarbank_sdk import _transport
+from oarbank_sdk._opdoc import last_json_object
 from oarbank_sdk._wire import (
     Accepted,
     Connect,
@@ -133,17 +134,6 @@ class OpResult:
         return text[-n:]
 
 
-def _last_json(text: str) -> dict | None:
-    for line in reversed(text.splitlines()):
-        try:
-            value = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(value, dict):
-            return value
-    return None
-
-
 def _output_file(prefix: Path | None, suffix: str):
     if prefix is None:
         return tempfile.TemporaryFile()
@@ -190,7 +180,7 @@ def run_op(
         err.seek(0)
         stdout = out.read().decode("utf-8", "replace")
         stderr = err.read().decode("utf-8", "replace")
-    return OpResult(op, proc.pid, rc, _last_json(stdout), stdout, stderr, elapsed)
+    return OpResult(op, proc.pid, rc, last_json_object(stdout), stdout, stderr, elapsed)
 
 
 def group_pids(pgid: int) -> list[int]:
