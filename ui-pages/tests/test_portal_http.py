@@ -151,3 +151,14 @@ def test_a_broken_page_file_is_named(start_portal, tmp_path: Path) -> None:  # t
     assert r.status == 500
     assert "ui/pages/overview.json: not valid JSON at line 1" in r.text
     assert p.get("/nodes/x/modules/modelserver/panels/node").status == 200  # the rest still works
+
+
+def test_a_cut_services_answer_says_so(start_portal, make_heartbeat, make_row) -> None:  # type: ignore[no-untyped-def]
+    p = start_portal()
+    for i in range(201):
+        assert p.post_heartbeat(make_heartbeat(f"n{i:03d}", make_row())).status == 200
+    r = p.get(f"/v1/queries/services?module={MOD}")
+    assert r.status == 200 and len(r.json()) == 200
+    assert r.headers["x-oarbank-rows-truncated"].startswith("first 200 rows")
+    one = p.get(f"/v1/queries/services?module={MOD}&node_id=n200")
+    assert len(one.json()) == 1 and "x-oarbank-rows-truncated" not in one.headers

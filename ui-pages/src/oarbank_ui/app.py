@@ -156,9 +156,13 @@ class Portal:
         mod = find_module(self.modules, name)
         # A module this portal has no folder for is still answered from what nodes report.
         names = mod.names if mod else (name,)
-        rows = self.store.services(names, node_id=query.get("node_id", [None])[0],
-                                   service=query.get("service", [None])[0], limit=MAX_ROWS)
-        return _json(200, rows)
+        rows, cut = self.store.services_page(names, node_id=query.get("node_id", [None])[0],
+                                             service=query.get("service", [None])[0],
+                                             limit=MAX_ROWS)
+        resp = _json(200, rows)
+        if cut:  # the body stays a plain list of rows (the fixture shape); the cut is said here
+            resp.headers["X-Oarbank-Rows-Truncated"] = f"first {MAX_ROWS} rows; filter by node_id or service"
+        return resp
 
     # -- pages -----------------------------------------------------------------------------
 

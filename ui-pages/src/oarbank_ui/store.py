@@ -128,9 +128,16 @@ class HeartbeatStore:
                  service: str | None = None, limit: int = MAX_ROWS) -> list[dict[str, Any]]:
         """The ``services`` query: rows of the given module (its id and/or other names it is
         reported under), optionally one node and/or one service, at most ``limit`` (<= 200)."""
+        return self.services_page(modules, node_id=node_id, service=service, limit=limit)[0]
+
+    def services_page(self, modules: Iterable[str], *, node_id: str | None = None,
+                      service: str | None = None, limit: int = MAX_ROWS
+                      ) -> tuple[list[dict[str, Any]], bool]:
+        """``services`` and whether more rows matched than ``limit`` (so a caller can say the
+        answer was cut instead of dropping rows silently)."""
         names = list(dict.fromkeys(modules))
         if not names:
-            return []
+            return [], False
         limit = max(0, min(limit, MAX_ROWS))
         sql = (f"SELECT * FROM service_rows WHERE module IN ({', '.join('?' * len(names))})")
         args: list[Any] = list(names)
@@ -141,10 +148,10 @@ class HeartbeatStore:
             sql += " AND service = ?"
             args.append(service)
         sql += " ORDER BY node_id, service LIMIT ?"
-        args.append(limit)
+        args.append(limit + 1)  # one more than asked: tells whether the answer is cut
         with self._lock:
             rows = self._db.execute(sql, args).fetchall()
-        return [services_row(dict(r)) for r in rows]
+        return [services_row(dict(r)) for r in rows[:limit]], len(rows) > limit
 
     def nodes(self) -> list[dict[str, Any]]:
         """Every node that ever reported, with the modules in its latest report."""
