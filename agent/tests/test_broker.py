@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -133,6 +134,34 @@ async def ready_service(broker: Broker, key: str) -> tuple[object, Peer]:
     svc.send({"op": "hello", "pid": os.getpid()})
     assert await asyncio.wait_for(ch.hello, TIMEOUT) == os.getpid()
     return ch, svc
+
+
+@contextlib.asynccontextmanager
+async def accepting_everything(svc: Peer):
+    """The service's side for tests that only load the job side: a thread takes every handed
+    connection (closing it, answering `accepted`) until the block ends or the channel closes."""
+    stop = threading.Event()
+
+    def accept_all() -> None:
+        svc.sock.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                msg, fds = svc.read()
+            except TimeoutError:
+                continue
+            if msg is None:
+                return
+            for fd in fds:
+                os.close(fd)
+            if msg["op"] == "connection":
+                svc.send({"op": "accepted", "conn": msg["conn"]})
+
+    acceptor = asyncio.create_task(asyncio.to_thread(accept_all))
+    try:
+        yield
+    finally:
+        stop.set()
+        await acceptor
 
 
 def job_peer(broker: Broker, attempt: str, key: str) -> Peer:
@@ -353,58 +382,39 @@ def test_rate_limit_burst_of_64_then_about_32_a_second():
         broker = Broker(Gate(m__s=True))
         _ch, svc = await ready_service(broker, "m/s")
         job = job_peer(broker, "a", "m/s")
-        stop = False
+        async with accepting_everything(svc):
+            def burst():
+                job.send(_wire.encode({"op": "connect", "pid": 1}) * 65)
+                replies = []
+                for _ in range(65):
+                    msg, fds = job.read()
+                    for fd in fds:
+                        os.close(fd)
+                    if msg.get("ok"):
+                        job.send({"op": "received", "conn": msg["conn"]})
+                    replies.append(msg)
+                return replies
 
-        def accept_all():
-            while not stop:
-                try:
-                    msg, fds = svc.read()
-                except TimeoutError:
-                    continue
-                if msg is None:
-                    return
-                for fd in fds:
-                    os.close(fd)
-                if msg["op"] == "connection":
-                    svc.send({"op": "accepted", "conn": msg["conn"]})
+            replies = await asyncio.to_thread(burst)
+            assert all(r["ok"] for r in replies[:64]), replies[:64]
+            assert replies[64]["ok"] is False and replies[64]["error"] == "rate_limited"
+            assert "retry in" in replies[64]["detail"]
 
-        svc.sock.settimeout(0.2)
-        acceptor = asyncio.create_task(asyncio.to_thread(accept_all))
+            def steady(seconds: float) -> tuple[int, float]:
+                ok = 0
+                start = time.monotonic()
+                while time.monotonic() - start < seconds:
+                    msg, end = job_connect(job)
+                    if end is not None:
+                        end.close()
+                        ok += 1
+                    time.sleep(0.004)
+                return ok, time.monotonic() - start
 
-        def burst():
-            job.send(_wire.encode({"op": "connect", "pid": 1}) * 65)
-            replies = []
-            for _ in range(65):
-                msg, fds = job.read()
-                for fd in fds:
-                    os.close(fd)
-                if msg.get("ok"):
-                    job.send({"op": "received", "conn": msg["conn"]})
-                replies.append(msg)
-            return replies
-
-        replies = await asyncio.to_thread(burst)
-        assert all(r["ok"] for r in replies[:64]), replies[:64]
-        assert replies[64]["ok"] is False and replies[64]["error"] == "rate_limited"
-        assert "retry in" in replies[64]["detail"]
-
-        def steady(seconds: float) -> tuple[int, float]:
-            ok = 0
-            start = time.monotonic()
-            while time.monotonic() - start < seconds:
-                msg, end = job_connect(job)
-                if end is not None:
-                    end.close()
-                    ok += 1
-                time.sleep(0.004)
-            return ok, time.monotonic() - start
-
-        ok, elapsed = await asyncio.to_thread(steady, 1.0)
-        # Refilled at 32/s: about 32 in a second, loose bounds for a shared machine.
-        assert 20 <= ok <= 32 * elapsed + 8, (ok, elapsed)
-        stop = True
+            ok, elapsed = await asyncio.to_thread(steady, 1.0)
+            # Refilled at 32/s: about 32 in a second, loose bounds for a shared machine.
+            assert 20 <= ok <= 32 * elapsed + 8, (ok, elapsed)
         await broker.aclose()
-        await acceptor
         job.close()
         svc.close()
 
@@ -830,63 +840,45 @@ def test_a_flood_of_10000_connects_does_not_hurt_other_attempts():
         base = open_fds()
         broker = Broker(Gate(m__s=True))
         _ch, svc = await ready_service(broker, "m/s")
-        stop = False
+        async with accepting_everything(svc):
+            fd = broker.open_connector("flood", "m/s")
+            flood = subprocess.Popen(
+                [sys.executable, str(PEERS), "flood", f"fd:{fd}", "10000"],
+                pass_fds=(fd,),
+                stdout=subprocess.PIPE,
+                start_new_session=True,
+                text=True,
+            )
+            try:
+                broker.close_child_ends("flood")
+                good = job_peer(broker, "good", "m/s")
 
-        def accept_all() -> None:
-            svc.sock.settimeout(0.2)
-            while not stop:
-                try:
-                    msg, fds = svc.read()
-                except TimeoutError:
-                    continue
-                if msg is None:
-                    return
-                for fd in fds:
-                    os.close(fd)
-                if msg["op"] == "connection":
-                    svc.send({"op": "accepted", "conn": msg["conn"]})
+                def steady() -> int:
+                    ok = 0
+                    while flood.poll() is None or ok < 5:
+                        msg, end = job_connect(good)
+                        assert msg["ok"] is True, msg
+                        end.close()
+                        ok += 1
+                        time.sleep(0.01)
+                    return ok
 
-        acceptor = asyncio.create_task(asyncio.to_thread(accept_all))
-        fd = broker.open_connector("flood", "m/s")
-        flood = subprocess.Popen(
-            [sys.executable, str(PEERS), "flood", f"fd:{fd}", "10000"],
-            pass_fds=(fd,),
-            stdout=subprocess.PIPE,
-            start_new_session=True,
-            text=True,
-        )
-        try:
-            broker.close_child_ends("flood")
-            good = job_peer(broker, "good", "m/s")
-
-            def steady() -> int:
-                ok = 0
-                while flood.poll() is None or ok < 5:
-                    msg, end = job_connect(good)
-                    assert msg["ok"] is True, msg
-                    end.close()
-                    ok += 1
-                    time.sleep(0.01)
-                return ok
-
-            ok = await asyncio.to_thread(steady)
-            out, _ = await asyncio.to_thread(flood.communicate, timeout=60)
-            assert flood.returncode == 0
-            counts = dict(kv.split("=") for kv in out.split())
-            # Every one of the 10,000 lines was answered; the bucket let ~64 through.
-            assert int(counts["ok"]) + int(counts["refused"]) == 10000, counts
-            assert 64 <= int(counts["ok"]) <= 64 + 32 * 30, counts
-            assert ok >= 5
-        finally:
-            if flood.poll() is None:
-                os.killpg(flood.pid, signal.SIGKILL)
-                flood.wait()
-            flood.stdout.close()
-            stop = True
+                ok = await asyncio.to_thread(steady)
+                out, _ = await asyncio.to_thread(flood.communicate, timeout=60)
+                assert flood.returncode == 0
+                counts = dict(kv.split("=") for kv in out.split())
+                # Every one of the 10,000 lines was answered; the bucket let ~64 through.
+                assert int(counts["ok"]) + int(counts["refused"]) == 10000, counts
+                assert 64 <= int(counts["ok"]) <= 64 + 32 * 30, counts
+                assert ok >= 5
+            finally:
+                if flood.poll() is None:
+                    os.killpg(flood.pid, signal.SIGKILL)
+                    flood.wait()
+                flood.stdout.close()
         broker.end_attempt("flood")
         broker.end_attempt("good")
         await broker.aclose()
-        await acceptor
         good.close()
         svc.close()
         assert open_fds() == base
