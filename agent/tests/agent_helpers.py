@@ -162,6 +162,12 @@ class RunningAgent:
     def status(self) -> dict[str, Any]:
         return control.request(self.state_dir, {"op": "status"})["status"]
 
+    def wire_attempt(self, job_id: str) -> int:
+        """The integer services saw for the job's latest attempt (``status`` maps it)."""
+        job = next(j for j in self.status()["jobs"] if j["job_id"] == job_id)
+        assert isinstance(job["wire_attempt"], int), job
+        return job["wire_attempt"]
+
     def service_row(self, service: str = "echo") -> dict[str, Any]:
         return next(r for r in self.status()["services"] if r["service"] == service)
 

@@ -218,10 +218,11 @@ def test_job_and_service_processes_talk_through_handed_over_pairs():
                     break
                 await asyncio.sleep(0.02)
             assert_drained(broker)
+            wire = broker.wire_attempt("att-1")
             broker.end_attempt("att-1")
             assert broker.stats()["connectors"] == 0
             line = await asyncio.to_thread(svc.stdout.readline)
-            assert line == "ended att-1\n"
+            assert line == f"ended {wire}\n"
             # Stop order step 2: the agent closes the channel, the service sees EOF and exits.
             ch.close()
             rest, _ = await asyncio.to_thread(svc.communicate, timeout=TIMEOUT)
@@ -254,7 +255,10 @@ def test_receipts_close_the_agent_copies_and_bytes_flow_both_ways():
         reply, fds = await asyncio.to_thread(job.read)
         assert reply["ok"] is True and isinstance(reply["conn"], int) and len(fds) == 1
         conn_msg, sfds = await asyncio.to_thread(svc.read)
-        assert conn_msg == {"op": "connection", "conn": reply["conn"], "attempt": "a1"}
+        # The attempt travels as its integer wire id (contract section 3), not its name.
+        wire = broker.wire_attempt("a1")
+        assert isinstance(wire, int) and not isinstance(wire, bool) and wire > 0
+        assert conn_msg == {"op": "connection", "conn": reply["conn"], "attempt": wire}
         assert len(sfds) == 1
         # Before any receipt the agent still holds its copy of both ends.
         assert broker.stats()["pending_ends"] == 2
@@ -594,18 +598,20 @@ def test_end_attempt_sends_ended_to_every_reached_service_and_closes_connectors(
             end.close()
             # The service never sends `accepted`: end_attempt drops the agent's copy.
             msg, fds = await asyncio.to_thread(services[key][1].read)
-            assert msg["attempt"] == "att"
+            assert msg["attempt"] == broker.wire_attempt("att")
             os.close(fds[0])
         _msg, end = await asyncio.to_thread(job_connect, other)
         end.close()
         (await asyncio.to_thread(service_accept, services["m/three"][1]))[1].close()
         assert broker.reached("att") == {"m/one", "m/two"}
         assert broker.stats()["pending_ends"] == 2
+        att, other_wire = broker.wire_attempt("att"), broker.wire_attempt("other")
+        assert att != other_wire
 
         broker.end_attempt("att")
         for key in ("m/one", "m/two"):
             msg, fds = await asyncio.to_thread(services[key][1].read)
-            assert msg == {"op": "ended", "attempt": "att"} and fds == []
+            assert msg == {"op": "ended", "attempt": att} and fds == []
         for job in jobs.values():
             assert await asyncio.to_thread(job.read) == (None, [])  # EOF
             # A connect after the attempt ended goes nowhere: the connector is closed.
@@ -628,11 +634,45 @@ def test_end_attempt_sends_ended_to_every_reached_service_and_closes_connectors(
         (await asyncio.to_thread(service_accept, svc3))[1].close()
         broker.end_attempt("other")
         msg, _ = await asyncio.to_thread(svc3.read)
-        assert msg == {"op": "ended", "attempt": "other"}
+        assert msg == {"op": "ended", "attempt": other_wire}
         await broker.aclose()
         for p in [*jobs.values(), other, *(s for _c, s in services.values())]:
             p.close()
         assert open_fds() == base
+
+    run(scenario)
+
+
+def test_attempt_wire_ids_are_integers_unique_for_the_agent_and_logged_with_their_names(caplog):
+    # Contract section 3: the channel names attempts by positive integers, never reused in
+    # the agent's lifetime (upstream's SDK does int(msg["attempt"])); the log maps them back.
+    async def scenario():
+        broker = Broker(Gate(m__s=True))
+        other = Broker(Gate(m__s=True))  # a second broker in the same agent process
+        _ch, svc = await ready_service(broker, "m/s")
+        with caplog.at_level(logging.INFO, logger="oarbank_agent.broker"):
+            job = job_peer(broker, "j1.1", "m/s")
+        first = broker.wire_attempt("j1.1")
+        assert broker.wire_attempt("j1.1") == first  # stable while the attempt lives
+        assert f"attempt=j1.1 (wire {first})" in caplog.text
+        _msg, end = await asyncio.to_thread(job_connect, job)
+        end.close()
+        msg, conn_end = await asyncio.to_thread(service_accept, svc)
+        conn_end.close()
+        assert type(msg["attempt"]) is int and msg["attempt"] == first
+        broker.end_attempt("j1.1")
+        assert await asyncio.to_thread(svc.read) == ({"op": "ended", "attempt": first}, [])
+        # The same name again (a retried attempt would get a new name; this is the worst
+        # case) and another broker's attempts: fresh numbers, none reused.
+        again = broker.wire_attempt("j1.1")
+        elsewhere = other.wire_attempt("j2.1")
+        assert len({first, again, elsewhere}) == 3 and min(first, again, elsewhere) > 0
+        broker.end_attempt("j1.1")
+        other.end_attempt("j2.1")
+        await broker.aclose()
+        await other.aclose()
+        job.close()
+        svc.close()
 
     run(scenario)
 
@@ -787,7 +827,7 @@ def test_hostile_lines_never_crash_the_broker_and_others_keep_working():
                 m, fds = await asyncio.to_thread(svc.read)
                 for fd in fds:
                     os.close(fd)
-                if m["attempt"] == "good":
+                if m["attempt"] == broker.wire_attempt("good"):
                     break
             await broker.aclose()
             hostile.close()

@@ -85,14 +85,15 @@ def test_ended_reaches_the_service_after_the_attempt(start_agent, echo_module: P
     plain = agent.run_job("plain", {})
     assert job["state"] == plain["state"] == "succeeded"
     attempt = f"{job['job_id']}.1"
-    events = read_jsonl(agent.module_data() / "events.jsonl")
+    # The service sees the attempt as an integer (contract section 3); status maps it back.
+    wire = agent.wire_attempt(job["job_id"])
     agent.wait_for(lambda: any(e["event"] == "ended" for e in
                                read_jsonl(agent.module_data() / "events.jsonl")), what="ended")
     events = read_jsonl(agent.module_data() / "events.jsonl")
     ended = [e for e in events if e["event"] == "ended"]
-    assert [e["attempt"] for e in ended] == [attempt]  # the plain job reached no service
+    assert [e["attempt"] for e in ended] == [wire]  # the plain job reached no service
     assert ended[0]["connections"] == 3 and ended[0]["open_after"] == 0
-    conns = [e for e in events if e["event"] == "connection" and e["attempt"] == attempt]
+    conns = [e for e in events if e["event"] == "connection" and e["attempt"] == wire]
     assert len(conns) == 3
     runner_end = next(r["t"] for r in read_jsonl(agent.module_data() / "runs.jsonl")
                       if r["event"] == "end" and r["attempt"] == attempt)

@@ -139,7 +139,7 @@ def test_connector_eof_raises_channel_closed_and_stays_closed(raw):
     raw.sock.shutdown(socket.SHUT_RDWR)
     with pytest.raises(ep.ChannelClosed) as info:
         ep.connect("model", timeout=5)
-    assert info.value.code == "channel_closed"
+    assert info.value.code == "closed"
     assert isinstance(info.value, ep.EndpointError)
     with pytest.raises(ep.ChannelClosed):
         ep.connect("model", timeout=5)
@@ -316,7 +316,7 @@ def test_inherit_connector_passes_it_to_a_child(job_env):
 def chan(fd_check):
     """A FakeAgent with a channel, and an Acceptor on the service end (in this process)."""
     agent = H.FakeAgent(channel=True)
-    acc = ep.Acceptor(f"fd:{agent.channel_child.detach()}")
+    acc = ep.Acceptor(channel=f"fd:{agent.channel_child.detach()}")
     agent.channel_child = None
     yield agent, acc
     acc.close()
@@ -567,7 +567,7 @@ def test_acceptor_on_a_channel_the_agent_already_closed(fd_check):
     agent_end, service_end = socket.socketpair()
     agent_end.close()
     with pytest.raises(ep.ChannelClosed):
-        ep.Acceptor(f"fd:{service_end.detach()}")
+        ep.Acceptor(channel=f"fd:{service_end.detach()}")
 
 
 def test_service_endpoint_imports_only_the_standard_library():

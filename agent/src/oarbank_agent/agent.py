@@ -394,6 +394,8 @@ class Agent:
                 # Released attempts keep their numbers: ids and workdirs are never reused.
                 number = rec.attempts + rec.released
                 attempt_id = f"{rec.job_id}.{number}"
+                # The number services see for this attempt (run_attempt ends it in the broker).
+                rec.wire_attempt = self.broker.wire_attempt(attempt_id)
                 workdir = self.store.job_dir(rec.job_id) / f"a{number}"
                 started = time.time()
                 rec.started_at = rec.started_at or started
@@ -403,7 +405,8 @@ class Agent:
                                             workdir=workdir, broker=self.broker,
                                             registry=self.registry)
                 rec.history.append({"attempt": rec.attempts, "attempt_id": attempt_id,
-                                    "started_at": started, "finished_at": time.time(),
+                                    "wire_attempt": rec.wire_attempt, "started_at": started,
+                                    "finished_at": time.time(),
                                     "outcome": outcome.state, "exit_code": outcome.exit_code,
                                     "reason": outcome.reason, "fault": outcome.fault})
                 if outcome.state == "retry" and rec.attempts < stage.max_attempts:
@@ -432,7 +435,8 @@ class Agent:
                 rec.attempts -= 1
                 rec.released += 1
                 rec.history.append({"attempt": None, "attempt_id": attempt_id,
-                                    "started_at": started, "finished_at": time.time(),
+                                    "wire_attempt": rec.wire_attempt, "started_at": started,
+                                    "finished_at": time.time(),
                                     "outcome": "released", "exit_code": None,
                                     "reason": released_for, "fault": None})
             rec.state, rec.reason = "queued", f"released: {released_for}"

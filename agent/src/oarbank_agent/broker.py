@@ -16,6 +16,10 @@ Rules (the broker's state machine, written down once):
   agent closing a channel is silent.
 - ``end_attempt`` closes the attempt's connectors, sends ``ended`` to every still-open channel
   the attempt reached, and drops the attempt's ends still awaiting receipts.
+- On the channel an attempt is a JSON integer (its wire id: positive, from one counter for the
+  agent process, never reused), as the contract and the upstream SDK (which does
+  ``int(msg["attempt"])``) want. The broker's callers name attempts by their job/attempt names;
+  ``wire_attempt`` gives the number, and every log line about an attempt shows both.
 
 Everything runs on the agent's one asyncio loop; call the public methods from that loop.
 """
@@ -41,6 +45,8 @@ log = logging.getLogger("oarbank_agent.broker")
 
 # Connection numbers are unique per agent process, across brokers and services.
 _CONN_NUMBERS = itertools.count(1)
+# Attempt wire ids likewise: unique for the agent's lifetime.
+_ATTEMPT_NUMBERS = itertools.count(1)
 
 # Bytes the agent keeps for a peer that does not read before it gives up on that peer.
 CONNECTOR_MAX_OUT = 256 * 1024
@@ -91,7 +97,7 @@ class Channel:
         self.child_fd: int = child.fileno()
         self.hello: asyncio.Future[int] = loop.create_future()
         self.closed: asyncio.Future[str] = loop.create_future()
-        # conn -> (the service end we sent, its attempt), until `accepted`.
+        # conn -> (the service end we sent, its attempt's name), until `accepted`.
         self._pending: dict[int, tuple[socket.socket, str]] = {}
         self._stream = MessageStream(
             loop,
@@ -179,12 +185,12 @@ class Channel:
             return
         entry[0].close()
 
-    def _send_connection(self, conn: int, attempt_id: str, end: socket.socket) -> bool:
+    def _send_connection(self, conn: int, attempt_id: str, wire: int, end: socket.socket) -> bool:
         self._pending[conn] = (end, attempt_id)
-        return self._stream.send(_wire.encode(_wire.Connection(conn, attempt_id).to_wire()), end)
+        return self._stream.send(_wire.encode(_wire.Connection(conn, wire).to_wire()), end)
 
-    def _send_ended(self, attempt_id: str) -> None:
-        self._stream.send(_wire.encode(_wire.Ended(attempt_id).to_wire()))
+    def _send_ended(self, wire: int) -> None:
+        self._stream.send(_wire.encode(_wire.Ended(wire).to_wire()))
 
     def _drop_pending(self, attempt_id: str) -> None:
         for conn in [c for c, (_s, a) in self._pending.items() if a == attempt_id]:
@@ -193,6 +199,7 @@ class Channel:
 
 @dataclass
 class _Attempt:
+    wire: int  # the attempt's id on the channel
     connectors: dict[str, _Connector] = field(default_factory=dict)  # service key -> connector
     reached: dict[str, list[Channel]] = field(default_factory=dict)  # service key -> channels
 
@@ -201,13 +208,15 @@ class _Connector:
     """The agent's end of one (attempt, service) connector."""
 
     def __init__(
-        self, broker: Broker, loop: asyncio.AbstractEventLoop, attempt_id: str, service_key: str
+        self, broker: Broker, loop: asyncio.AbstractEventLoop, attempt_id: str, wire: int,
+        service_key: str,
     ) -> None:
         self._broker = broker
         self._loop = loop
         self.attempt_id = attempt_id
+        self.wire = wire
         self.service_key = service_key
-        self.name = f"connector attempt={attempt_id} service={service_key}"
+        self.name = f"connector attempt={attempt_id} (wire {wire}) service={service_key}"
         agent_end, child = _pair()
         child.set_inheritable(True)
         self.child: socket.socket | None = child
@@ -416,17 +425,30 @@ class Broker:
 
     # --- attempts -----------------------------------------------------------------------------
 
+    def _attempt(self, attempt_id: str) -> _Attempt:
+        attempt = self._attempts.get(attempt_id)
+        if attempt is None:
+            attempt = self._attempts[attempt_id] = _Attempt(next(_ATTEMPT_NUMBERS))
+        return attempt
+
+    def wire_attempt(self, attempt_id: str) -> int:
+        """The integer that names ``attempt_id`` on service channels (allotted on first use;
+        the same until ``end_attempt``). Call ``end_attempt`` for every attempt named here."""
+        return self._attempt(attempt_id).wire
+
     def open_connector(self, attempt_id: str, service_key: str) -> int:
         """The child end's descriptor (inheritable) for the runner of ``attempt_id``.
 
         Raises ValueError if this attempt already has an open connector to ``service_key``.
         """
-        attempt = self._attempts.setdefault(attempt_id, _Attempt())
+        attempt = self._attempt(attempt_id)
         if service_key in attempt.connectors:
             raise ValueError(f"attempt {attempt_id!r} already has a connector to service {service_key!r}")
-        conn = _Connector(self, asyncio.get_running_loop(), attempt_id, service_key)
+        conn = _Connector(self, asyncio.get_running_loop(), attempt_id, attempt.wire, service_key)
         attempt.connectors[service_key] = conn
-        log.debug("%s: opened (child end fd %d)", conn.name, conn.child_fd)
+        # Info, once per attempt and service: the line that maps a service's log (which sees
+        # only the wire id) back to the job.
+        log.info("%s: opened (child end fd %d)", conn.name, conn.child_fd)
         return conn.child_fd
 
     def close_child_ends(self, attempt_id: str) -> None:
@@ -447,10 +469,11 @@ class Broker:
             for ch in channels:
                 ch._drop_pending(attempt_id)
                 if ch.is_open:
-                    ch._send_ended(attempt_id)
+                    ch._send_ended(attempt.wire)
         log.debug(
-            "attempt %s: ended; services reached: %s",
+            "attempt %s (wire %d): ended; services reached: %s",
             attempt_id,
+            attempt.wire,
             ", ".join(sorted(attempt.reached)) or "none",
         )
 
@@ -483,7 +506,7 @@ class Broker:
             reached = attempt.reached.setdefault(conn.service_key, [])
             if ch not in reached:
                 reached.append(ch)
-        if not ch._send_connection(number, conn.attempt_id, service_end):
+        if not ch._send_connection(number, conn.attempt_id, conn.wire, service_end):
             job_end.close()
             conn.stream.send(_refusal(
                 "service_unavailable",

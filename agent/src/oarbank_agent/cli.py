@@ -301,7 +301,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     rows = [[_cell(r.get(c)) for c in cols] for r in st["services"]]
     _table(cols, rows)
     print()
-    jcols = ["job_id", "module", "stage", "state", "attempts", "exit_code", "reason"]
+    # wire_attempt: the number a service logs for the latest attempt (contract section 3)
+    jcols = ["job_id", "module", "stage", "state", "attempts", "wire_attempt", "exit_code",
+             "reason"]
     _table(jcols, [[_cell(j.get(c)) for c in jcols] for j in st["jobs"]])
     return 0
 

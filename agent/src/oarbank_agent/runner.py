@@ -137,6 +137,7 @@ async def run_attempt(ctx: ModuleCtx, node: NodeInfo, stage: mf.Stage, *, job_id
     ``ended``) before CancelledError propagates."""
     runner = ctx.manifest.runner
     if runner is None:
+        broker.end_attempt(attempt_id)  # the caller may have named it (wire_attempt)
         return Outcome("failed", None, f"module {ctx.id} declares no [runner]", fault="job")
     for d in (workdir, workdir / "tmp", workdir / "home"):
         d.mkdir(parents=True, exist_ok=True)

@@ -48,6 +48,9 @@ class JobRecord:
     finished_at: float | None = None
     history: list[dict[str, Any]] = field(default_factory=list)  # one entry per attempt
     released: int = 0  # attempts ended by host protection: requeued, not charged
+    # The latest attempt's id on service channels (an integer, contract section 3): services
+    # log only this number, so status maps it back to the job.
+    wire_attempt: int | None = None
 
     def public(self) -> dict[str, Any]:
         """The shape ``submit --wait`` prints."""
@@ -58,7 +61,8 @@ class JobRecord:
     def summary(self) -> dict[str, Any]:
         d = self.public()
         d.pop("result")
-        d.update(released=self.released, submitted_at=self.submitted_at, started_at=self.started_at,
+        d.update(released=self.released, wire_attempt=self.wire_attempt,
+                 submitted_at=self.submitted_at, started_at=self.started_at,
                  finished_at=self.finished_at)
         return d
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 __all__ = ["EndpointError", "ChannelClosed"]
 
 
-class EndpointError(Exception):
-    """An endpoint operation failed.
+class EndpointError(RuntimeError):
+    """An endpoint operation failed. A ``RuntimeError``, as in the upstream SDK, so modules
+    written against it catch it unchanged.
 
     ``code`` is one of the agent's refusal codes (``service_unavailable``, ``rate_limited``,
     ``bad_pid``, ``bad_request``) or a local one:
@@ -16,7 +17,7 @@ class EndpointError(Exception):
     - ``no_channel``: ``OARBANK_ENDPOINT_CHANNEL`` is unset or not an open stream;
     - ``protocol_error``: the agent's reply broke the wire format;
     - ``timeout``: the ``connect`` exchange did not finish within the caller's timeout;
-    - ``channel_closed``: see ``ChannelClosed``.
+    - ``closed``: see ``ChannelClosed`` (the code upstream's SDK uses).
 
     ``detail`` is a readable explanation (the agent's own text for refusals).
     """
@@ -35,4 +36,4 @@ class ChannelClosed(EndpointError):
     """
 
     def __init__(self, detail: str) -> None:
-        super().__init__("channel_closed", detail)
+        super().__init__("closed", detail)

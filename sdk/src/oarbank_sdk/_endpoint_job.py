@@ -23,6 +23,7 @@ import http.client
 import json
 import os
 import socket
+import stat
 import threading
 import time
 from email.message import Message
@@ -33,7 +34,20 @@ from oarbank_sdk._endpoint_stream import MessageStream
 from oarbank_sdk._transport import UnsupportedHandle, current
 from oarbank_sdk._wire import Connect, Ok, Received, Refusal, WireError, parse_reply_to_job
 
-__all__ = ["connect", "request", "Response", "HTTPConnection", "inherit_connector", "env_name"]
+__all__ = [
+    "available",
+    "connect",
+    "request",
+    "Response",
+    "HTTPConnection",
+    "inherit_connector",
+    "env_name",
+    "REQUEST_TIMEOUT_S",
+]
+
+# The upstream SDK's default for request(): a model call may take minutes, and a module
+# moving between the two SDKs must not start timing out where it did not before.
+REQUEST_TIMEOUT_S = 600.0
 
 
 def env_name(service: str) -> str:
@@ -72,7 +86,7 @@ class _Connector:
                 try:
                     late = self._reply(deadline)
                 except EndpointError as exc:
-                    if exc.code in ("timeout", "channel_closed"):
+                    if exc.code in ("timeout", "closed"):
                         raise
                     late = None  # a late refusal or bad reply: nobody waits for it any more
                 self.owed -= 1
@@ -169,6 +183,21 @@ def _forget_connectors() -> None:
         _connectors.clear()
 
 
+def available(service: str) -> bool:
+    """Whether this process holds a usable connector to ``service``: ``OARBANK_SERVICE_<NAME>``
+    is set and names an open stream (the stage reserves a pool of that endpoint service and
+    the connector was passed on). Never raises; opens nothing."""
+    value = os.environ.get(env_name(service))
+    if not value:
+        return False
+    try:
+        fd = current().parse(value)
+        mode = os.fstat(fd).st_mode
+    except (UnsupportedHandle, OSError):
+        return False
+    return stat.S_ISSOCK(mode)
+
+
 def connect(service: str, timeout: float | None = None) -> socket.socket:
     """A fresh connected stream to ``service`` (e.g. ``"model"``), brokered by the agent.
 
@@ -208,10 +237,11 @@ class HTTPConnection(http.client.HTTPConnection):
     keep-alive carries several requests over one connection and, when the service closed it,
     the next request reconnects through the agent. ``connect`` raises ``EndpointError`` like
     the module-level ``connect``; everything else is plain ``http.client``. The Host header is
-    the service name.
+    the service name. ``timeout`` None (upstream's default): the connect exchange waits as
+    long as the agent does, and socket operations block.
     """
 
-    def __init__(self, service: str, timeout: float | None = 30.0) -> None:
+    def __init__(self, service: str, timeout: float | None = None) -> None:
         super().__init__(service, timeout=timeout)
         self.service = service
 
@@ -225,13 +255,16 @@ class HTTPConnection(http.client.HTTPConnection):
 
 
 class Response:
-    """A complete HTTP response: ``status``, ``reason``, ``headers`` (case-insensitive
-    ``http.client.HTTPMessage``), ``body`` (bytes); ``text`` and ``json()`` decode it."""
+    """A complete HTTP response: ``status``, ``reason``, ``headers``, ``body`` (bytes);
+    ``text`` and ``json()`` decode it.
+
+    ``headers`` is an ``http.client.HTTPMessage`` whose names are lower-cased: lookups work in
+    any case, and iterating yields lower-case names, as upstream's dict of headers does."""
 
     def __init__(self, status: int, reason: str, headers: Message, body: bytes) -> None:
         self.status = status
         self.reason = reason
-        self.headers = headers
+        self.headers = _lower_cased(headers)
         self.body = body
 
     @property
@@ -248,13 +281,20 @@ class Response:
         return f"<Response {self.status} {self.reason} ({len(self.body)} bytes)>"
 
 
+def _lower_cased(headers: Message) -> http.client.HTTPMessage:
+    out = http.client.HTTPMessage()
+    for name, value in headers.items():
+        out[name.lower()] = value  # HTTPMessage appends: repeated headers stay repeated
+    return out
+
+
 def request(
     service: str,
     method: str,
     path: str,
     body: Any = None,
     headers: dict[str, str] | None = None,
-    timeout: float | None = 30.0,
+    timeout: float | None = REQUEST_TIMEOUT_S,
 ) -> Response:
     """One HTTP/1.1 request over its own brokered connection (``Connection: close``).
 

@@ -5,6 +5,8 @@ The channel is an inherited, already-connected stream named by ``OARBANK_ENDPOIN
 
     service -> agent  {"op": "hello", "pid": <pid>}                   once, first
     agent -> service  {"op": "connection", "conn": n, "attempt": id} + the service's end
+                      (id: an integer from agents, ours and upstream's; a string from older
+                      ones; handed to the service as it came)
     service -> agent  {"op": "accepted", "conn": n}
     agent -> service  {"op": "ended", "attempt": id}                   close that attempt's rest
 
@@ -105,17 +107,28 @@ def _carries_fd(msg: Any) -> bool:
 class Acceptor:
     """The service's end of the endpoint channel.
 
-    ``Acceptor(channel=None)`` opens ``channel`` (``"fd:<n>"``; default: the value of
-    ``OARBANK_ENDPOINT_CHANNEL``) and says hello. Raises ``EndpointError`` (``no_channel``) if
-    it is missing or unusable, ``ChannelClosed`` if the agent already closed it.
+    ``Acceptor(max_per_attempt=64, *, channel=None)`` opens ``channel`` (``"fd:<n>"``;
+    default: the value of ``OARBANK_ENDPOINT_CHANNEL``, which is then removed from
+    ``os.environ`` so the service's children do not inherit a name for a descriptor they do
+    not hold) and says hello. Raises ``EndpointError`` (``no_channel``) if it is missing or
+    unusable, ``ChannelClosed`` if the agent already closed it, ``ValueError`` for a
+    ``max_per_attempt`` that is not a positive integer. The first parameter is upstream's, so
+    ``Acceptor(32)`` means the same on both SDKs.
 
-    ``accept()`` / iteration yield ``(connection, attempt_id)``. Open connections are tracked
-    per attempt: at most ``CONNECTIONS_PER_ATTEMPT`` (64) each, the oldest cut (shutdown and
-    close) to admit a new one; ``ended`` cuts what is left of that attempt. Connections the
-    handler closes, or drops, are forgotten.
+    ``accept()`` / iteration yield ``(connection, attempt_id)``, the id as the agent sent it
+    (an ``int`` from agents that number attempts, a ``str`` from older ones). Open
+    connections are tracked per attempt: at most ``max_per_attempt`` each, the oldest cut
+    (shutdown and close) to admit a new one; ``ended`` cuts what is left of that attempt.
+    Connections the handler closes, or drops, are forgotten.
     """
 
-    def __init__(self, channel: str | None = None) -> None:
+    def __init__(self, max_per_attempt: int = CONNECTIONS_PER_ATTEMPT, *,
+                 channel: str | None = None) -> None:
+        if (not isinstance(max_per_attempt, int) or isinstance(max_per_attempt, bool)
+                or max_per_attempt < 1):
+            raise ValueError(f"Acceptor: max_per_attempt must be a positive integer, "
+                             f"got {max_per_attempt!r}")
+        self.max_per_attempt = max_per_attempt
         transport = current()
         fd = _channel_fd(channel)
         try:
@@ -125,7 +138,7 @@ class Acceptor:
         self._stream = MessageStream(sock, transport)
         self._accept_lock = threading.Lock()
         self._track_lock = threading.RLock()  # RLock: weakref callbacks may run under it
-        self._open: dict[str, dict[int, weakref.ref[EndpointSocket]]] = {}
+        self._open: dict[int | str, dict[int, weakref.ref[EndpointSocket]]] = {}
         self._keys = itertools.count()
         self.malformed = 0
         self.pid = os.getpid()
@@ -135,10 +148,14 @@ class Acceptor:
         except BaseException:
             self._stream.close()
             raise
+        if channel is None:
+            # We hold the channel now; a child that read the name would find another
+            # descriptor (or none) under that number.
+            os.environ.pop(CHANNEL_ENV, None)
 
     # --- accepting ----------------------------------------------------------------------------
 
-    def accept(self) -> tuple[EndpointSocket, str]:
+    def accept(self) -> tuple[EndpointSocket, int | str]:
         """Block until the agent hands over the next connection; return it with its attempt id.
 
         Handles ``ended`` messages while waiting. The caller owns the connection and should
@@ -159,7 +176,7 @@ class Acceptor:
                     if conn is not None:
                         return conn, msg.attempt
 
-    def __iter__(self) -> Iterator[tuple[EndpointSocket, str]]:
+    def __iter__(self) -> Iterator[tuple[EndpointSocket, int | str]]:
         """Yield ``accept()`` results until the channel reaches end of file."""
         while True:
             try:
@@ -191,11 +208,11 @@ class Acceptor:
 
     # --- tracking -----------------------------------------------------------------------------
 
-    def _track(self, conn: EndpointSocket, attempt: str) -> None:
+    def _track(self, conn: EndpointSocket, attempt: int | str) -> None:
         with self._track_lock:
             conns = self._open.setdefault(attempt, {})
             cut = []
-            while len(conns) >= CONNECTIONS_PER_ATTEMPT:
+            while len(conns) >= self.max_per_attempt:
                 # The cap: the oldest open connection of this attempt makes room.
                 cut.append(conns.pop(next(iter(conns))))
             key = next(self._keys)
@@ -204,7 +221,7 @@ class Acceptor:
         for ref in cut:
             _cut(ref)
 
-    def _forget(self, attempt: str, key: int) -> None:
+    def _forget(self, attempt: int | str, key: int) -> None:
         with self._track_lock:
             conns = self._open.get(attempt)
             if conns is not None:
@@ -212,14 +229,14 @@ class Acceptor:
                 if not conns:
                     del self._open[attempt]
 
-    def _end_attempt(self, attempt: str) -> None:
+    def _end_attempt(self, attempt: int | str) -> None:
         # The attempt is over and its processes are gone: what is left of it is dead weight.
         with self._track_lock:
             conns = self._open.pop(attempt, {})
         for ref in conns.values():
             _cut(ref)
 
-    def open_connections(self, attempt: str | None = None) -> int:
+    def open_connections(self, attempt: int | str | None = None) -> int:
         """How many tracked connections are open (of one attempt, or of all)."""
         with self._track_lock:
             if attempt is not None:
@@ -274,10 +291,10 @@ class _EndpointServer:
         self.server_port = 0
 
 
-def _handle(handler_class: type[BaseHTTPRequestHandler], conn: EndpointSocket, attempt: str,
+def _handle(handler: type[BaseHTTPRequestHandler], conn: EndpointSocket, attempt: int | str,
             server: _EndpointServer) -> None:
     try:
-        handler_class(conn, ("endpoint", attempt), server)  # type: ignore[arg-type]
+        handler(conn, ("endpoint", attempt), server)  # type: ignore[arg-type]
     except Exception:
         log.exception("endpoint handler failed on a connection of attempt %s", attempt)
     finally:
@@ -288,8 +305,8 @@ def _handle(handler_class: type[BaseHTTPRequestHandler], conn: EndpointSocket, a
         conn.close()
 
 
-def serve_http(handler_class: type[BaseHTTPRequestHandler], acceptor: Acceptor | None = None) -> None:
-    """Run ``handler_class`` (a ``BaseHTTPRequestHandler`` subclass) on every connection the
+def serve_http(handler: type[BaseHTTPRequestHandler], acceptor: Acceptor | None = None) -> None:
+    """Run ``handler`` (a ``BaseHTTPRequestHandler`` subclass) on every connection the
     agent hands over, one daemon thread each; return when the agent closes the channel.
 
     Set ``protocol_version = "HTTP/1.1"`` on the handler for keep-alive. Handlers see
@@ -302,7 +319,7 @@ def serve_http(handler_class: type[BaseHTTPRequestHandler], acceptor: Acceptor |
     for conn, attempt in acc:
         threading.Thread(
             target=_handle,
-            args=(handler_class, conn, attempt, server),
+            args=(handler, conn, attempt, server),
             name=f"endpoint-{attempt}",
             daemon=True,
         ).start()

@@ -4,7 +4,9 @@ Rules this module enforces:
 
 - one JSON object per line, UTF-8, at most ``MAX_LINE`` bytes per line (newline excluded);
 - every message has exactly the fields of the contract's table, with the right types;
-- a peer's malformed line raises ``WireError`` (code ``bad_request``) naming what is wrong.
+- a peer's malformed line raises ``WireError`` (code ``bad_request``) naming what is wrong;
+- attempt ids (``connection``, ``ended``) are integers from agents (ours and upstream's), strings
+  from older agents: parsed either way and kept as they came.
 
 Pure functions and a line splitter: no sockets here. Standard library only.
 """
@@ -165,7 +167,7 @@ class Connection:
     """channel, agent -> service: ``{"op": "connection", "conn": n, "attempt": id}``."""
 
     conn: int
-    attempt: str
+    attempt: int | str
 
     def to_wire(self) -> dict[str, Any]:
         return {"op": "connection", "conn": self.conn, "attempt": self.attempt}
@@ -185,7 +187,7 @@ class Accepted:
 class Ended:
     """channel, agent -> service: ``{"op": "ended", "attempt": id}``."""
 
-    attempt: str
+    attempt: int | str
 
     def to_wire(self) -> dict[str, Any]:
         return {"op": "ended", "attempt": self.attempt}
@@ -210,6 +212,22 @@ def _str_field(msg: dict[str, Any], key: str, what: str) -> str:
     if not isinstance(value, str):
         raise WireError(f"{what}: field {key!r} must be a string, got {_json_type(value)}")
     return value
+
+
+def _attempt_field(msg: dict[str, Any], what: str) -> int | str:
+    """An attempt id: a non-negative integer (what agents send) or a string (older agents).
+
+    Returned as it came, so a service can hand it back or look it up unchanged."""
+    if "attempt" not in msg:
+        raise WireError(f"{what}: missing field 'attempt'")
+    value = msg["attempt"]
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 0:
+            raise WireError(f"{what}: field 'attempt' must not be negative")
+        return value
+    raise WireError(f"{what}: field 'attempt' must be an integer or a string, got {_json_type(value)}")
 
 
 def _json_type(value: Any) -> str:
@@ -271,7 +289,7 @@ def parse_to_service(msg: dict[str, Any]) -> Connection | Ended:
     """A channel message from the agent."""
     op = _op(msg)
     if op == "connection":
-        return Connection(_int_field(msg, "conn", "connection"), _str_field(msg, "attempt", "connection"))
+        return Connection(_int_field(msg, "conn", "connection"), _attempt_field(msg, "connection"))
     if op == "ended":
-        return Ended(_str_field(msg, "attempt", "ended"))
+        return Ended(_attempt_field(msg, "ended"))
     raise WireError(f"unknown op {op!r} from the agent (expected 'connection' or 'ended')")

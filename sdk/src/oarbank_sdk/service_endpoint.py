@@ -11,6 +11,9 @@ Service side::
     acc = ep.Acceptor()            # says hello
     ep.serve_http(Handler, acc)    # a thread per connection; returns when the agent stops us
 
+A superset of the upstream SDK's ``service_endpoint`` (same names, parameter names and
+defaults; the table is in sdk/README.md): a module written against either runs on both.
+
 Standard library only (this module and everything it imports).
 """
 
@@ -18,8 +21,10 @@ from __future__ import annotations
 
 from oarbank_sdk._endpoint_errors import ChannelClosed, EndpointError
 from oarbank_sdk._endpoint_job import (
+    REQUEST_TIMEOUT_S,
     HTTPConnection,
     Response,
+    available,
     connect,
     env_name,
     inherit_connector,
@@ -37,6 +42,7 @@ from oarbank_sdk._endpoint_service import (
 __all__ = [
     "EndpointError",
     "ChannelClosed",
+    "available",
     "connect",
     "request",
     "Response",
@@ -49,4 +55,5 @@ __all__ = [
     "serve_http",
     "CHANNEL_ENV",
     "CONNECTIONS_PER_ATTEMPT",
+    "REQUEST_TIMEOUT_S",
 ]
