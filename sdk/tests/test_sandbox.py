@@ -230,7 +230,7 @@ def targets(tmp_path: Path):
 def _attempt(cfg: dict, script: Path, confined: bool) -> dict:
     argv = [sys.executable, "-I", str(script), json.dumps(cfg)]
     fds = (cfg["held_inet"], cfg["held_unix_a"], cfg["held_unix_b"])
-    done = _run(sandbox.wrap(argv) if confined else argv, pass_fds=fds)
+    done = _run(sandbox.wrap(argv, read=[script.parent]) if confined else argv, pass_fds=fds)
     assert done.returncode == 0, f"attempt script failed: rc={done.returncode} {done.stderr}"
     return json.loads(done.stdout)
 
@@ -329,7 +329,7 @@ def test_setup_failure_refuses_to_run_the_child(tmp_path: Path, fault: str) -> N
     marker = tmp_path / "child-ran"
     code = f"open({str(marker)!r}, 'w').close()"
     env = dict(os.environ, **{sandbox.FAULT_ENV: fault})
-    done = _run(sandbox.wrap([sys.executable, "-I", "-c", code]), env=env)
+    done = _run(sandbox.wrap([sys.executable, "-I", "-c", code], write=[tmp_path]), env=env)
     assert done.returncode == sandbox.EXIT_SETUP_FAILED == 70
     assert not marker.exists(), "the child ran although setup failed"
     lines = done.stderr.splitlines()
@@ -343,7 +343,8 @@ def test_setup_failure_refuses_to_run_the_child(tmp_path: Path, fault: str) -> N
 def test_without_fault_the_same_child_runs(tmp_path: Path) -> None:
     """Control for the refusal test: the marker IS written when setup succeeds."""
     marker = tmp_path / "child-ran"
-    done = _run(sandbox.wrap([sys.executable, "-I", "-c", f"open({str(marker)!r}, 'w').close()"]))
+    done = _run(sandbox.wrap([sys.executable, "-I", "-c", f"open({str(marker)!r}, 'w').close()"],
+                             write=[tmp_path]))
     assert done.returncode == 0, done.stderr
     assert marker.exists()
 
@@ -366,13 +367,13 @@ def test_bad_launcher_arguments_are_a_setup_failure(args: list[str], reason: str
 
 def test_exec_failure_exits_71(tmp_path: Path) -> None:
     missing = tmp_path / "no-such-program"
-    done = _run(sandbox.wrap([str(missing)]))
+    done = _run(sandbox.wrap([str(missing)], read=[tmp_path]))
     assert done.returncode == sandbox.EXIT_EXEC_FAILED == 71
     assert done.stderr.startswith("oarbank-sandbox: exec failed:")
     assert "No such file or directory" in done.stderr
     not_exec = tmp_path / "not-executable"
     not_exec.write_text("#!/bin/sh\n")
-    done = _run(sandbox.wrap([str(not_exec)]))
+    done = _run(sandbox.wrap([str(not_exec)], read=[tmp_path]))
     assert done.returncode == 71
     assert "Permission denied" in done.stderr
 

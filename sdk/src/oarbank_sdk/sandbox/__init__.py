@@ -23,13 +23,20 @@ import _thread
 import os
 import sys
 
+TYPE_CHECKING = False  # not `typing`: the launcher imports this package on every start
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
 from ._policy import (
     CAPABILITY_NAMES,
     ENFORCED,
     EXIT_EXEC_FAILED,
     EXIT_SETUP_FAILED,
     FAULT_ENV,
+    GPU_DEVICES_GLOBS,
     NET_MODES,
+    SIGNAL_MODES,
+    WALL_GAPS,
     UNAVAILABLE,
     derive_capabilities,
 )
@@ -45,6 +52,8 @@ __all__ = [
     "ENFORCED",
     "UNAVAILABLE",
     "FAULT_ENV",
+    "WALL_GAPS",
+    "gpu_devices",
 ]
 
 _PROBE_TIMEOUT_S = 30.0
@@ -79,26 +88,63 @@ def _import_dirs() -> tuple[str, str] | None:
     return _dirs
 
 
-def launcher_argv(*, net: str = "none", python: str | None = None) -> list[str]:
-    """The launcher's command prefix (everything before the child's argv)."""
+def gpu_devices() -> list[str]:
+    """The GPU device nodes present here (``/dev/nvidia*``, ``/dev/dri``, ``/dev/kfd``): what
+    ``gpu=True`` grants."""
+    import glob
+
+    return sorted({p for pattern in GPU_DEVICES_GLOBS for p in glob.glob(pattern)})
+
+
+def launcher_argv(*, net: str = "none", python: str | None = None,
+                  notify_fd: int | None = None, read: Iterable[str | os.PathLike] = (),
+                  write: Iterable[str | os.PathLike] = (), gpu: bool = False,
+                  signals: str = "scoped", guard_pids: Iterable[int] = ()) -> list[str]:
+    """The launcher's command prefix (everything before the child's argv). ``notify_fd``: a
+    descriptor the child inherits (``pass_fds``), the launcher's end of a ``_notify.Watch``:
+    the watch then sees every network attempt (see ``_notify``).
+
+    Filesystem walls (Landlock): the child reads the system's folders, the Python installation
+    and ``read`` (read + execute); writes only ``write``; opens /dev/null, zero, full, random,
+    urandom and, with ``gpu``, the GPU nodes. ``signals="scoped"``: no signal to a process
+    outside its own sandbox ("open": a service's ops, whose ``stop`` signals the daemon another
+    op started). ``guard_pids`` (the agent): no signal to them or their process group either way.
+    """
     if net not in NET_MODES:
         raise ValueError(f"unsupported net mode {net!r} (supported: {', '.join(NET_MODES)})")
+    if signals not in SIGNAL_MODES:
+        raise ValueError(f"unsupported signals mode {signals!r} (one of: {', '.join(SIGNAL_MODES)})")
     exe = python or sys.executable
+    opts = ["--net", net] + ([] if notify_fd is None else ["--notify-fd", str(notify_fd)])
+    for option, paths in (("--read", read), ("--write", write),
+                          ("--dev", gpu_devices() if gpu else ())):
+        for path in paths:
+            opts += [option, os.path.abspath(os.fspath(path))]
+    if signals != "scoped":
+        opts += ["--signals", signals]
+    for pid in guard_pids:
+        opts += ["--guard-pid", str(int(pid))]
     dirs = _import_dirs()
     if dirs is None:
-        return [exe, "-I", "-m", "oarbank_sdk.sandbox.launch", "--net", net, "--"]
-    return [exe, "-I", "-S", "-c", _BOOT, *dirs, "--net", net, "--"]
+        return [exe, "-I", "-m", "oarbank_sdk.sandbox.launch", *opts, "--"]
+    return [exe, "-I", "-S", "-c", _BOOT, *dirs, *opts, "--"]
 
 
-def wrap(argv: list[str], *, net: str = "none") -> list[str]:
+def wrap(argv: list[str], *, net: str = "none", notify_fd: int | None = None,
+         read: Iterable[str | os.PathLike] = (), write: Iterable[str | os.PathLike] = (),
+         gpu: bool = False, signals: str = "scoped", guard_pids: Iterable[int] = ()) -> list[str]:
     """``argv`` run inside the sandbox: pass the result to ``subprocess.Popen`` as is.
 
     The launcher execs ``argv`` in place, so the pid, process group, inherited descriptors
     (``pass_fds``), environment and working folder are those the caller gives the Popen.
+    ``notify_fd``: see ``launcher_argv`` (it must be in the Popen's ``pass_fds``), as for
+    ``read``, ``write``, ``gpu``, ``signals`` and ``guard_pids``. Nothing outside the system's
+    folders is readable and nothing at all writable unless given here.
     """
     if not argv or not all(isinstance(a, str) for a in argv):
         raise ValueError("wrap() needs a non-empty list of strings")
-    return [*launcher_argv(net=net), *argv]
+    return [*launcher_argv(net=net, notify_fd=notify_fd, read=read, write=write, gpu=gpu,
+                           signals=signals, guard_pids=guard_pids), *argv]
 
 
 def _netns_of_self() -> str:
@@ -113,9 +159,16 @@ def _probe() -> dict[str, str]:
     import json
     import subprocess
 
+    import shutil
+    import tempfile
+
     # Same environment as every real launch (including a FAULT_ENV someone left set): the
-    # report must say what launches here actually get.
-    argv = wrap([sys.executable, "-I", "-m", "oarbank_sdk.sandbox._probe", _netns_of_self()])
+    # report must say what launches here actually get. Two empty folders: one the launcher is
+    # told to make writable, one it is not.
+    granted = tempfile.mkdtemp(prefix="oarbank-probe-w-")
+    outside = tempfile.mkdtemp(prefix="oarbank-probe-o-")
+    argv = wrap([sys.executable, "-I", "-m", "oarbank_sdk.sandbox._probe", _netns_of_self(),
+                 granted, outside, str(os.getpid())], write=[granted])
     try:
         done = subprocess.run(
             argv,
@@ -127,6 +180,9 @@ def _probe() -> dict[str, str]:
         )
     except (OSError, subprocess.TimeoutExpired):
         return derive_capabilities(None, sys.platform)
+    finally:
+        shutil.rmtree(granted, ignore_errors=True)
+        shutil.rmtree(outside, ignore_errors=True)
     if done.returncode != 0:
         return derive_capabilities(None, sys.platform)
     try:

@@ -5,13 +5,20 @@
    else ``CLONE_NEWUSER|CLONE_NEWNET`` (mapping our own uid/gid). Its loopback stays down and it
    has its own abstract-unix names. Failing this is NOT fatal: the seccomp filter alone already
    refuses every socket, so it is recorded as "unavailable" and confinement goes on.
-3. The seccomp filter of ``_policy.REFUSED_SYSCALLS`` (EPERM, never kill), via libseccomp.
-4. Verification: ``/proc/self/status`` must show ``NoNewPrivs: 1`` and ``Seccomp: 2``, and a
-   side-effect-free self-test must see ``listen(-1)`` refused with EPERM (EBADF without the
-   filter) and ``socket(AF_INET)`` refused.
+3. Landlock (``_landlock``): reads only the system's and the given ``--read`` paths, writes
+   only ``--write`` paths, opens only the basic device nodes and ``--dev`` ones; on ABI >= 6
+   scoped abstract unix sockets and (``--signals scoped``) signals. A kernel without Landlock
+   is recorded "unavailable" (the agent reports it and ``--sandbox required`` refuses); a
+   kernel with it that refuses the ruleset is a setup failure.
+4. Capabilities: bounding set emptied (``PR_CAPBSET_DROP``), securebits locked so uid 0 never
+   regains any, ambient cleared, ``capset`` permitted/effective/inheritable to 0.
+5. The seccomp filter of ``_policy`` (EPERM, never kill; clone3 ENOSYS), via libseccomp.
+6. Verification: ``/proc/self/status`` must show ``NoNewPrivs: 1``, ``Seccomp: 2`` and no
+   capability; a side-effect-free self-test must see ``listen(-1)`` refused with EPERM (EBADF
+   without the filter), ``socket(AF_INET)`` refused, and (Landlock) ``/`` not openable.
 
-Only steps 1, 3 and 4 may raise ``SetupError``; the launcher then exits 70 without exec'ing.
-Must run single-threaded (user namespaces require it; the launcher is).
+Only steps 1 and 3-6 may raise ``SetupError``; the launcher then exits 70 without exec'ing.
+Must run single-threaded (user namespaces and Landlock require it; the launcher is).
 """
 
 from __future__ import annotations
@@ -32,6 +39,13 @@ _CLONE_NEWUSER = 0x10000000
 _CLONE_NEWNET = 0x40000000
 _AF_INET = 2
 _SOCK_STREAM = 1
+_PR_CAPBSET_DROP = 24
+_PR_SET_SECUREBITS = 28
+_PR_CAP_AMBIENT = 47
+_PR_CAP_AMBIENT_CLEAR_ALL = 4
+# NOROOT, NO_SETUID_FIXUP, KEEP_CAPS and NO_CAP_AMBIENT_RAISE, each with its lock bit.
+_SECUREBITS = 0x01 | 0x02 | 0x04 | 0x08 | 0x20 | 0x40 | 0x80
+_CAP_V3 = 0x20080522
 
 
 class SetupError(RuntimeError):
@@ -113,7 +127,68 @@ def _import_pyseccomp():
     return pyseccomp
 
 
-def _build_filter(pyseccomp):
+def _system_read(extra: tuple[str, ...]) -> list[str]:
+    """What every sandboxed process reads: the system's folders, this Python installation
+    (prefixes and every folder on the launcher's path: the SDK's and pyseccomp's) and the
+    given paths."""
+    paths = list(_policy.SYSTEM_READ)
+    exe = os.path.realpath(sys.executable)
+    # The launcher runs without site (-S): sys.prefix is then the base installation, and a
+    # venv is the folder above its bin/python (sys.executable, unresolved).
+    paths += [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+              os.path.dirname(os.path.dirname(exe)),
+              os.path.dirname(os.path.dirname(os.path.abspath(sys.executable)))]
+    paths += [p for p in sys.path if p.startswith("/")]
+    paths += extra
+    return list(dict.fromkeys(paths))
+
+
+def _landlock(request: _policy.LaunchRequest) -> str:
+    """Apply the Landlock ruleset; "enforced"/"unavailable" (no Landlock in this kernel)."""
+    from . import _landlock
+
+    version = _landlock.abi()
+    if version < 1:
+        return _policy.UNAVAILABLE
+    scope = _landlock.SCOPE_ABSTRACT_UNIX_SOCKET
+    if request.signals == "scoped":
+        scope |= _landlock.SCOPE_SIGNAL
+    try:
+        _landlock.restrict(version, _system_read(request.read), list(request.write),
+                           [*_policy.SYSTEM_DEVICES, *request.devices], scope)
+    except OSError as exc:
+        raise SetupError(f"Landlock ruleset refused: {exc.strerror or exc}") from None
+    return _policy.ENFORCED
+
+
+def _drop_capabilities(libc: ctypes.CDLL) -> None:
+    """No capability survives into the child: bounding set, ambient, permitted, effective,
+    inheritable. Without CAP_SETPCAP (a non-root agent) the bounding set cannot shrink; nothing
+    can raise it either (no_new_privs), and the verification accepts it only for non-root."""
+    try:
+        with open("/proc/sys/kernel/cap_last_cap") as f:
+            last = int(f.read())
+    except (OSError, ValueError):
+        last = 63
+    for cap in range(last + 1):
+        libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0)  # EPERM without CAP_SETPCAP: checked later
+    libc.prctl(_PR_SET_SECUREBITS, _SECUREBITS, 0, 0, 0)  # same
+    libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    header = (ctypes.c_uint32 * 2)(_CAP_V3, 0)
+    data = (ctypes.c_uint32 * 6)()  # two {effective, permitted, inheritable}: all zero
+    if libc.capset(header, data) != 0:
+        raise SetupError(f"capset() to no capabilities failed: {os.strerror(ctypes.get_errno())}")
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
+def _build_filter(pyseccomp, notified: tuple[str, ...] = (), guard_pids: tuple[int, ...] = ()):
+    """``notified``: syscalls answered by a supervisor (``_notify``) instead of EPERM here."""
     filt = pyseccomp.SyscallFilter(pyseccomp.ALLOW)
     # Cover the 32-bit ABIs a 64-bit kernel also accepts: otherwise an i386 binary inside the
     # sandbox would meet no rules (and the default for an unlisted arch is to kill it).
@@ -122,31 +197,70 @@ def _build_filter(pyseccomp):
             if not filt.exist_arch(arch):
                 filt.add_arch(arch)
     action = pyseccomp.ERRNO(_policy.REFUSAL_ERRNO)
-    for name in _policy.REFUSED_SYSCALLS:
+
+    def add(act: int, name: str, *args) -> None:
         try:
-            filt.add_rule(action, name)
+            filt.add_rule(act, name, *args)
         except (OSError, ValueError, RuntimeError) as exc:
+            if name in _policy.OPTIONAL_SYSCALLS and not args:
+                return  # not on this architecture / libseccomp: nothing to refuse
             raise SetupError(f"seccomp rule for {name}() could not be added: {exc}") from None
+
+    for name in _policy.REFUSED_SYSCALLS:
+        add(pyseccomp.NOTIFY if name in notified else action, name)
+    for name in (*_policy.PROCESS_SYSCALLS, *_policy.PRIVILEGED_SYSCALLS):
+        add(action, name)
+    masked = pyseccomp.MASKED_EQ
+    for flag in _policy.CLONE_NAMESPACE_FLAGS.values():
+        add(action, "clone", pyseccomp.Arg(0, masked, flag, flag))
+    add(pyseccomp.ERRNO(_policy.CLONE3_ERRNO), "clone3")
+    # Signals at the guarded pids (the agent), their process groups, and kill(-1). Compared on
+    # the low 32 bits: pid_t is an int, the register's upper half is not part of it.
+    low = 0xFFFFFFFF
+    kill_targets = {-1}
+    for pid in guard_pids:
+        kill_targets.add(pid)
+        pgid = _pgid(pid)
+        if pgid is not None and pgid > 1:
+            kill_targets.add(-pgid)
+    for target in sorted(kill_targets):
+        add(action, "kill", pyseccomp.Arg(0, masked, low, target & low))
+    for pid in guard_pids:
+        for name in _policy.SIGNAL_SYSCALLS_BY_PID[1:]:
+            add(action, name, pyseccomp.Arg(0, masked, low, pid & low))
     return filt
 
 
-def _load_filter(fault: str | None) -> None:
+def _load_filter(fault: str | None, notify_fd: int | None = None,
+                 guard_pids: tuple[int, ...] = ()) -> None:
     if fault == "seccomp":
         raise SetupError(f"seccomp filter not loaded: forced by {_policy.FAULT_ENV}=seccomp")
     try:
         pyseccomp = _import_pyseccomp()
     except (ImportError, OSError) as exc:
         raise SetupError(f"seccomp binding unavailable: {exc}") from None
-    filt = _build_filter(pyseccomp)
+    notified: tuple[str, ...] = ()
+    if notify_fd is not None:  # imported only then: it costs every other launch nothing
+        from ._notify import NOTIFIED_SYSCALLS as notified
+    filt = _build_filter(pyseccomp, notified, guard_pids)
     if fault == "verify":
         return  # pretend the load went fine: verification below must notice
     try:
         filt.load()
     except OSError as exc:
         raise SetupError(f"seccomp filter load failed: {exc}") from None
+    if notify_fd is not None:  # the supervisor answers from here on (the self-test included)
+        from ._notify import hand_over, listener_fd
+
+        try:
+            hand_over(notify_fd, listener_fd(pyseccomp, filt))
+        except OSError as exc:
+            raise SetupError(f"cannot hand the seccomp listener to the supervisor "
+                             f"(--notify-fd {notify_fd}): {exc}") from None
 
 
-def _verify(libc: ctypes.CDLL) -> None:
+def _verify(libc: ctypes.CDLL, landlock: str = _policy.UNAVAILABLE,
+            granted: tuple[str, ...] = ()) -> None:
     try:
         with open("/proc/self/status") as f:
             status = _policy.parse_proc_status(f.read())
@@ -155,6 +269,18 @@ def _verify(libc: ctypes.CDLL) -> None:
     problem = _policy.confinement_problem(status)
     if problem:
         raise SetupError(problem)
+    for cap in ("CapInh", "CapPrm", "CapEff", "CapAmb"):
+        if int(status.get(cap, "1"), 16) != 0:
+            raise SetupError(f"{cap} is {status.get(cap)!r} in /proc/self/status, expected 0")
+    if status.get("Uid", "").split()[:1] == ["0"] and int(status.get("CapBnd", "1"), 16) != 0:
+        raise SetupError(f"CapBnd is {status.get('CapBnd')!r} for uid 0, expected 0")
+    if landlock == _policy.ENFORCED and "/" not in granted:
+        try:
+            os.close(os.open("/", os.O_RDONLY | os.O_DIRECTORY))
+        except PermissionError:
+            pass
+        else:
+            raise SetupError("self-test: Landlock lets / be opened")
     # The mode says "a filter"; these say "our filter". listen on fd -1 is EBADF unfiltered.
     if libc.listen(-1, 0) == 0 or ctypes.get_errno() != _policy.REFUSAL_ERRNO:
         raise SetupError("self-test: listen() is not refused by the filter")
@@ -166,8 +292,12 @@ def _verify(libc: ctypes.CDLL) -> None:
         raise SetupError(f"self-test: socket(AF_INET) failed with {errno.errorcode.get(ctypes.get_errno())}")
 
 
-def confine(net: str, fault: str | None) -> dict[str, str]:
-    """Confine this process (and everything it execs). Returns what each step achieved."""
+def confine(net: str, fault: str | None, notify_fd: int | None = None,
+            request: _policy.LaunchRequest | None = None) -> dict[str, str]:
+    """Confine this process (and everything it execs). Returns what each step achieved.
+    ``request``: the paths, signal mode and guarded pids (None: nothing but the system's)."""
+    if request is None:
+        request = _policy.LaunchRequest(net, ("true",))
     if net not in _policy.NET_MODES:
         raise SetupError(f"unsupported net mode {net!r}")
     if fault is not None and fault not in _policy.FAULTS:
@@ -177,6 +307,13 @@ def confine(net: str, fault: str | None) -> dict[str, str]:
     libc = _libc()
     _set_no_new_privs(libc, fault)
     netns = _enter_netns(libc)  # best effort, see the module docstring
-    _load_filter(fault)
-    _verify(libc)
-    return {"no_new_privs": _policy.ENFORCED, "seccomp": _policy.ENFORCED, "netns": netns}
+    landlock = _landlock(request)
+    _drop_capabilities(libc)
+    _load_filter(fault, notify_fd, request.guard_pids)
+    _verify(libc, landlock, request.read + request.write)
+    if notify_fd is not None:
+        from ._notify import verified
+
+        verified(notify_fd)  # later attempts of this pid are the child's
+    return {"no_new_privs": _policy.ENFORCED, "seccomp": _policy.ENFORCED, "netns": netns,
+            "landlock": landlock}

@@ -70,6 +70,85 @@ REFUSED_SYSCALLS: dict[str, str] = {
     "pidfd_getfd": "no taking another process's sockets",
 }
 
+# Process walls: no reading or writing another process's memory, no tracing, no comparing
+# its descriptors, no signal through a pidfd (Landlock's signal scope covers kill() and
+# friends for a runner; pidfd_send_signal is refused outright: nothing a job does needs it).
+PROCESS_SYSCALLS: dict[str, str] = {
+    "ptrace": "no tracing (of any process: a sandboxed process has nothing it may trace)",
+    "process_vm_readv": "no reading another process's memory",
+    "process_vm_writev": "no writing another process's memory",
+    "kcmp": "no probing another process's descriptors and memory layout",
+    "pidfd_send_signal": "no signal through a pidfd (or a /proc/<pid> directory descriptor)",
+    "tkill": "obsolete single-thread kill: a thread id is not checked against a process",
+}
+
+# The kernel's attack surface a batch job never needs (the upstream agent refuses the same
+# list). Most also need a capability the launcher drops; refusing them here also covers a
+# non-root agent's children inside their own user namespace, and keeps the kernel code out
+# of reach entirely.
+PRIVILEGED_SYSCALLS: dict[str, str] = {
+    "mount": "no mounts", "umount2": "no unmounts", "pivot_root": "no root switch",
+    "chroot": "no root switch",
+    "open_tree": "no mount API", "move_mount": "no mount API", "fsopen": "no mount API",
+    "fsconfig": "no mount API", "fsmount": "no mount API", "fspick": "no mount API",
+    "mount_setattr": "no mount API",
+    "unshare": "no new namespaces", "setns": "no entering other namespaces",
+    "bpf": "no eBPF programs or maps",
+    "add_key": "no kernel keyrings", "request_key": "no kernel keyrings",
+    "keyctl": "no kernel keyrings",
+    "init_module": "no kernel modules", "finit_module": "no kernel modules",
+    "delete_module": "no kernel modules",
+    "kexec_load": "no kernel replacement", "kexec_file_load": "no kernel replacement",
+    "perf_event_open": "no performance counters (a classic kernel attack surface)",
+    "userfaultfd": "no userfaultfd (used to widen kernel race windows)",
+    "open_by_handle_at": "no opening files by handle (bypasses path checks)",
+    "name_to_handle_at": "no file handles",
+    "acct": "no process accounting", "swapon": "no swap", "swapoff": "no swap",
+    "reboot": "no reboot", "syslog": "no kernel log",
+}
+# Absent on some architectures (or in the libseccomp in use): skipped there, not a failure.
+OPTIONAL_SYSCALLS = ("kexec_file_load", "open_tree", "move_mount", "fsopen", "fsconfig",
+                     "fsmount", "fspick", "mount_setattr", "pidfd_send_signal", "tkill")
+
+# clone() flags that make a namespace: clone() with any of them is refused (EPERM). clone3()
+# passes its flags in memory seccomp cannot read, so clone3 answers ENOSYS and the C library
+# falls back to clone(), whose flags the filter sees.
+CLONE_NAMESPACE_FLAGS = {
+    "CLONE_NEWNS": 0x00020000, "CLONE_NEWCGROUP": 0x02000000, "CLONE_NEWUTS": 0x04000000,
+    "CLONE_NEWIPC": 0x08000000, "CLONE_NEWUSER": 0x10000000, "CLONE_NEWPID": 0x20000000,
+    "CLONE_NEWNET": 0x40000000,
+}
+CLONE3_ERRNO = errno.ENOSYS
+
+# Signals aimed at a guarded pid (the agent, given with --guard-pid) are refused by the filter
+# whatever the Landlock scope: kill(pid) and kill(-its pgid), tgkill/rt_(tg)sigqueueinfo to it,
+# pidfd_open of it; and kill(-1) (every process the caller may signal) always.
+SIGNAL_SYSCALLS_BY_PID = ("kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo",
+                          "pidfd_open")
+
+# What every sandboxed process may read (and execute) besides the paths it is given: the system
+# directories programs and the C library need. /etc is a list, not the folder (/etc/shadow is
+# root-owned 0640: a root child without capabilities could still read it). /proc and /sys are
+# readable: another process's /proc/<pid>/{mem,environ,...} is guarded by ptrace access checks,
+# which Landlock scopes to the sandbox's own processes.
+SYSTEM_READ = (
+    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt/conda",
+    "/proc", "/sys",
+    "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime",
+    "/etc/timezone", "/etc/zoneinfo", "/etc/nsswitch.conf", "/etc/passwd", "/etc/group",
+    "/etc/hosts", "/etc/host.conf", "/etc/resolv.conf", "/etc/gai.conf", "/etc/protocols",
+    "/etc/services", "/etc/mime.types", "/etc/ssl", "/etc/ca-certificates", "/etc/pki",
+    "/etc/alternatives", "/etc/os-release", "/etc/lsb-release", "/etc/debian_version",
+    "/etc/machine-id", "/etc/locale.alias", "/etc/locale.conf", "/etc/default/locale",
+    "/etc/python3", "/etc/fonts", "/etc/magic", "/etc/inputrc", "/etc/terminfo",
+)
+# Readable and writable device nodes (nothing else of /dev: no /dev/mem, disks, ttys, shm).
+SYSTEM_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+# Added for a module with [sandbox].devices.gpu = "compute" (--gpu): the nodes the CUDA, ROCm
+# and DRM user-space drivers open (nvidia-uvm, nvidiactl, nvidia<N>, nvidia-caps, kfd, dri/*).
+GPU_DEVICES_GLOBS = ("/dev/nvidia*", "/dev/nvidia-caps", "/dev/dri", "/dev/kfd")
+SIGNAL_MODES = ("scoped", "open")
+
 ENFORCED = "enforced"
 UNAVAILABLE = "unavailable"
 
@@ -84,7 +163,35 @@ CAPABILITY_NAMES = (
     "loopback",  # loopback unreachable (socket refusal, and netns where available)
     "abstract_unix",  # no abstract unix name can be created or reached
     "macos_seatbelt",  # sandbox-exec deny-default profile (macOS only)
+    "landlock_fs",  # writes only the paths given, reads only those and the system's (Landlock)
+    "landlock_signal",  # no signal to a process outside its own sandbox (Landlock scope, ABI 6)
+    "landlock_abstract_unix",  # no abstract unix socket outside its sandbox (Landlock scope)
+    "caps_dropped",  # no capabilities (bounding, permitted, effective, inheritable, ambient)
+    "seccomp_ptrace",  # ptrace, process_vm_readv/writev, kcmp, pidfd_send_signal refused
+    "seccomp_privileged",  # mounts, namespaces, bpf, keyrings, modules, perf, userfaultfd refused
+    "devices",  # /dev: only null, zero, full, random, urandom (+ GPU nodes when declared)
 )
+
+# What each wall leaves open when it is unavailable (the agent's start-up WARNING).
+WALL_GAPS = {
+    "no_new_privs": "setuid programs and file capabilities could raise privileges",
+    "seccomp_listen": "a process could listen or accept connections",
+    "seccomp_socket": "a process could open sockets of any family",
+    "seccomp_bind_connect": "a process could bind or connect sockets passed to it",
+    "seccomp_io_uring": "io_uring could reach sockets around the filter",
+    "netns": "loopback is reachable if a socket is ever created",
+    "landlock_fs": ("jobs and services can read and write the agent's state dir (job records, "
+                    "settings, other attempts), their bundle, the host's /tmp and $HOME"),
+    "landlock_signal": "a job can signal other jobs' processes of the same user",
+    "landlock_abstract_unix": "abstract unix sockets outside the sandbox are reachable "
+                              "if a socket is ever created",
+    "caps_dropped": "children of a root agent keep root's capabilities",
+    "seccomp_ptrace": "a process can trace or read the memory of same-user processes",
+    "seccomp_privileged": "mounts, namespaces, bpf, keyrings, kernel modules, perf events "
+                          "and userfaultfd stay reachable",
+    "devices": "every device node the user may open (disks, /dev/mem for root, ttys) is "
+               "reachable",
+}
 
 
 class UsageError(ValueError):
@@ -95,26 +202,49 @@ class LaunchRequest:
     """What the launcher was asked to do. (A plain class: dataclasses would import inspect,
     ~15 ms more on every sandboxed process start.)"""
 
-    __slots__ = ("net", "argv")
+    __slots__ = ("net", "argv", "read", "write", "devices", "signals", "guard_pids", "notify_fd")
 
-    def __init__(self, net: str, argv: tuple[str, ...]) -> None:
+    def __init__(self, net: str, argv: tuple[str, ...], read: tuple[str, ...] = (),
+                 write: tuple[str, ...] = (), devices: tuple[str, ...] = (),
+                 signals: str = "scoped", guard_pids: tuple[int, ...] = (),
+                 notify_fd: int | None = None) -> None:
         self.net = net
         self.argv = argv
+        self.read = read
+        self.write = write
+        self.devices = devices
+        self.signals = signals
+        self.guard_pids = guard_pids
+        # --notify-fd: a supervisor's socketpair end; it sees every network attempt (_notify)
+        self.notify_fd = notify_fd
+
+    def _key(self) -> tuple:
+        return (self.net, self.argv, self.read, self.write, self.devices, self.signals,
+                self.guard_pids, self.notify_fd)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, LaunchRequest) and (self.net, self.argv) == (other.net, other.argv)
+        return isinstance(other, LaunchRequest) and self._key() == other._key()
 
     def __hash__(self) -> int:
-        return hash((self.net, self.argv))
+        return hash(self._key())
 
     def __repr__(self) -> str:
-        return f"LaunchRequest(net={self.net!r}, argv={self.argv!r})"
+        return "LaunchRequest(" + ", ".join(f"{k}={getattr(self, k)!r}" for k in self.__slots__) + ")"
+
+
+_USAGE = ("usage: launch [--net none] [--read PATH]... [--write PATH]... [--dev PATH]... "
+          "[--signals scoped|open] [--guard-pid PID]... [--notify-fd FD] -- ARGV...")
+_PATH_OPTIONS = {"--read": "read", "--write": "write", "--dev": "devices"}
 
 
 def parse_launch_args(args: list[str]) -> LaunchRequest:
-    """``[--net none] -- ARGV...`` -> LaunchRequest. The ``--`` is required so that the
-    child's own options can never be read as the launcher's."""
+    """``[options] -- ARGV...`` -> LaunchRequest. The ``--`` is required so that the child's
+    own options can never be read as the launcher's. Paths must be absolute."""
     net = "none"
+    signals = "scoped"
+    lists: dict[str, list[str]] = {"read": [], "write": [], "devices": []}
+    guards: list[int] = []
+    notify_fd: int | None = None
     i = 0
     while i < len(args):
         arg = args[i]
@@ -122,26 +252,41 @@ def parse_launch_args(args: list[str]) -> LaunchRequest:
             argv = tuple(args[i + 1 :])
             if not argv:
                 raise UsageError("no command given after '--'")
-            return LaunchRequest(net, argv)
-        if arg == "--net" or arg.startswith("--net="):
-            if arg == "--net":
-                if i + 1 >= len(args):
-                    raise UsageError("--net needs a value")
-                value = args[i + 1]
-                i += 2
-            else:
-                value = arg.split("=", 1)[1]
-                i += 1
+            return LaunchRequest(net, argv, tuple(lists["read"]), tuple(lists["write"]),
+                                 tuple(lists["devices"]), signals, tuple(guards), notify_fd)
+        name, eq, value = arg.partition("=")
+        if name not in ("--net", "--signals", "--guard-pid", "--notify-fd", *_PATH_OPTIONS):
+            if not arg.startswith("-"):
+                raise UsageError(f"missing '--' before the command {arg!r} ({_USAGE})")
+            raise UsageError(f"unknown argument {arg!r} ({_USAGE})")
+        if eq:
+            i += 1
+        else:
+            if i + 1 >= len(args):
+                raise UsageError(f"{name} needs a value")
+            value = args[i + 1]
+            i += 2
+        if name == "--net":
             if value not in NET_MODES:
                 raise UsageError(f"unsupported --net {value!r} (supported: {', '.join(NET_MODES)})")
             net = value
-            continue
-        if not arg.startswith("-"):
-            raise UsageError(
-                f"missing '--' before the command {arg!r} (usage: launch [--net none] -- ARGV...)"
-            )
-        raise UsageError(f"unknown argument {arg!r} (usage: launch [--net none] -- ARGV...)")
-    raise UsageError("missing '--' before the command (usage: launch [--net none] -- ARGV...)")
+        elif name == "--signals":
+            if value not in SIGNAL_MODES:
+                raise UsageError(f"unsupported --signals {value!r} (supported: {', '.join(SIGNAL_MODES)})")
+            signals = value
+        elif name == "--guard-pid":
+            if not value.isdigit() or int(value) < 2:
+                raise UsageError(f"--guard-pid needs a process id, got {value!r}")
+            guards.append(int(value))
+        elif name == "--notify-fd":
+            if not value.isdigit() or int(value) < 3:
+                raise UsageError(f"--notify-fd needs a descriptor number >= 3, got {value!r}")
+            notify_fd = int(value)
+        else:
+            if not value.startswith("/"):
+                raise UsageError(f"{name} needs an absolute path, got {value!r}")
+            lists[_PATH_OPTIONS[name]].append(value)
+    raise UsageError(f"missing '--' before the command ({_USAGE})")
 
 
 def parse_proc_status(text: str) -> dict[str, str]:
@@ -210,4 +355,31 @@ def derive_capabilities(probe: dict | None, platform: str) -> dict[str, str]:
     no_new_sockets = caps["seccomp_socket"] == ENFORCED and caps["seccomp_bind_connect"] == ENFORCED
     caps["loopback"] = state(no_new_sockets)
     caps["abstract_unix"] = state(no_new_sockets)
+    filtered = status.get("Seccomp") == "2"
+    # Files: outside the granted paths nothing is written or listed (EACCES is Landlock's
+    # answer), inside them writing works.
+    caps["landlock_fs"] = state(
+        ops.get("fs_write_outside") == errno.EACCES and ops.get("fs_read_outside") == errno.EACCES
+        and ops.get("fs_write_granted") == "ok")
+    # kill(<the process that ran the probe>, 0): EPERM only from the scope (the probe is
+    # launched without --guard-pid, and that process is the same user).
+    caps["landlock_signal"] = state(ops.get("signal_outside") == errno.EPERM)
+    # Both scopes are set in the one ruleset on ABI >= 6; the abstract one cannot be observed
+    # from inside (socket() is refused first), so it stands or falls with the signal scope.
+    caps["landlock_abstract_unix"] = state(
+        caps["landlock_signal"] == ENFORCED and int(probe.get("landlock_abi") or 0) >= 6)
+    cap_fields = ("CapInh", "CapPrm", "CapEff", "CapAmb")
+    zero = all(status.get(f) is not None and int(status[f], 16) == 0 for f in cap_fields)
+    bounding = status.get("CapBnd")
+    # As root the bounding set must be empty too (exec as uid 0 would refill permitted from it).
+    root = str(status.get("Uid", "")).split()[:1] == ["0"]
+    caps["caps_dropped"] = state(
+        zero and (not root or (bounding is not None and int(bounding, 16) == 0)))
+    caps["seccomp_ptrace"] = state(filtered and all(
+        ops.get(n) == errno.EPERM for n in ("ptrace", "process_vm_readv", "kcmp")))
+    caps["seccomp_privileged"] = state(filtered and all(
+        ops.get(n) == errno.EPERM for n in ("unshare", "clone_newns", "bpf", "keyctl",
+                                           "perf_event_open", "userfaultfd"))
+        and ops.get("clone3") == errno.ENOSYS)
+    caps["devices"] = state(ops.get("dev_list") == errno.EACCES and ops.get("dev_basic") == "ok")
     return caps

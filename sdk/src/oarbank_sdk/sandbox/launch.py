@@ -1,4 +1,9 @@
-"""The sandbox launcher: ``python -I -m oarbank_sdk.sandbox.launch [--net none] -- ARGV...``.
+"""The sandbox launcher: ``python -I -m oarbank_sdk.sandbox.launch [OPTIONS] -- ARGV...``.
+
+OPTIONS: ``--net none``; ``--read PATH`` / ``--write PATH`` / ``--dev PATH`` (repeatable,
+absolute: Landlock grants; nothing else but the system's folders is readable, nothing else
+writable); ``--signals scoped|open`` (default scoped: no signal outside this sandbox);
+``--guard-pid PID`` (repeatable: no signal to PID or its process group, whatever the scope).
 
 Confines itself, verifies the confinement, then execs ARGV (same pid; the filter and
 no_new_privs are inherited by ARGV and every process it starts). It never runs ARGV
@@ -68,7 +73,7 @@ def main(args: list[str] | None = None) -> int:
         from ._linux import SetupError, confine
 
         try:
-            confine(request.net, fault)
+            confine(request.net, fault, request.notify_fd, request)
         except SetupError as exc:
             return _fail(
                 _policy.EXIT_SETUP_FAILED, f"setup failed: {exc}; refusing to run {argv[0]!r} unconfined"
