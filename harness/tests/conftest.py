@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -31,10 +31,13 @@ def no_leftover_processes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[
 
 
 @pytest.fixture(scope="module", params=["local", "container:bookworm"])
-def backend(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-            ) -> Iterator[Backend]:
+def backend(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+            system_package: Callable[[str], None]) -> Iterator[Backend]:
     """Each backend this machine can run, set up (the container one builds or reuses its
     image and starts a Docker engine if none runs), torn down after the test."""
+    if request.param.startswith("container"):
+        system_package("docker.io")
+        system_package("debootstrap")
     [b] = make_backends(request.param)
     why = b.unavailable()
     if why:

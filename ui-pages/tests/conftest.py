@@ -189,9 +189,11 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
 
 
 @pytest.fixture(scope="module")
-def chromium() -> Iterator[Any]:
+def chromium(system_package: Callable[[str], None]) -> Iterator[Any]:
     """Debian's Chromium, headless, driven by Playwright (one per test module)."""
     from playwright.sync_api import sync_playwright
+
+    system_package("chromium")
 
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)

@@ -1,0 +1,89 @@
+"""Tests that need a system package: skipped on a bare machine, failed in CI.
+
+`nox -s tests` must pass on a machine with only Python. A test that needs Chromium, Docker,
+debootstrap or a PostgreSQL server asks for it through the `system_package` fixture:
+
+    def test_x(system_package):
+        system_package("chromium")
+
+When the package is missing the test is skipped with one line naming the package and the
+command that installs it, and the end of the run counts those skips. With
+`OARBANK_REQUIRE_SYSTEM_PACKAGES=1` (set by `.ci/run`) the same test fails instead, so CI never
+skips silently.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REQUIRE_ENV = "OARBANK_REQUIRE_SYSTEM_PACKAGES"
+SKIP_PREFIX = "needs the system package"
+
+
+@dataclass(frozen=True)
+class SystemPackage:
+    name: str  # the Debian package
+    present: Callable[[], bool]
+
+    @property
+    def install(self) -> str:
+        return f"apt-get install {self.name} (as root)"
+
+
+def _chromium() -> bool:
+    return Path("/usr/bin/chromium").exists()
+
+
+def _docker() -> bool:
+    # A running engine is as good as the package (the harness uses one when it finds it).
+    return shutil.which("dockerd") is not None or Path("/var/run/docker.sock").exists()
+
+
+def _postgres() -> bool:
+    return bool(glob.glob("/usr/lib/postgresql/*/bin/postgres"))
+
+
+PACKAGES = {p.name: p for p in (
+    SystemPackage("chromium", _chromium),
+    SystemPackage("docker.io", _docker),
+    SystemPackage("debootstrap", lambda: shutil.which("debootstrap") is not None),
+    SystemPackage("postgresql", _postgres),
+)}
+
+
+def require_system_package(name: str) -> None:
+    """Skip (or, under OARBANK_REQUIRE_SYSTEM_PACKAGES=1, fail) unless `name` is installed."""
+    pkg = PACKAGES[name]  # KeyError: a test asked for a package this file does not know
+    if pkg.present():
+        return
+    line = f"{SKIP_PREFIX} {pkg.name}: {pkg.install}"
+    if os.environ.get(REQUIRE_ENV) == "1":
+        pytest.fail(f"{line}; {REQUIRE_ENV}=1 forbids skipping", pytrace=False)
+    pytest.skip(line)
+
+
+@pytest.fixture(scope="session")
+def system_package() -> Callable[[str], None]:
+    return require_system_package
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    missing: dict[str, int] = {}
+    for report in terminalreporter.stats.get("skipped", []):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else ""
+        if SKIP_PREFIX in reason:
+            pkg = reason.split(SKIP_PREFIX, 1)[1].split(":", 1)[0].strip()
+            missing[pkg] = missing.get(pkg, 0) + 1
+    if missing:
+        total = sum(missing.values())
+        each = ", ".join(f"{n} for {p}" for p, n in sorted(missing.items()))
+        terminalreporter.write_line(
+            f"{total} tests skipped for missing system packages ({each}); install them with "
+            f"`apt-get install {' '.join(sorted(missing))}` to run them", yellow=True, bold=True)
