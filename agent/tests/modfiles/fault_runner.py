@@ -115,6 +115,7 @@ def hostile(payload: dict) -> dict:
     except OSError:
         sent_ok = False  # the agent may end a connector that sent an over-long line
     data = b""
+    error = None
     try:
         while True:
             part = s.recv(65536)
@@ -122,9 +123,15 @@ def hostile(payload: dict) -> dict:
                 break
             data += part
     except OSError as exc:
-        return {"replies": [], "raw": data.decode(errors="replace")[:2000], "error": str(exc)}
-    replies = [json.loads(line) for line in data.splitlines() if line.strip()]
-    return {"replies": replies, "sent_ok": sent_ok}
+        # A connector the agent ended (this job stopped reading) still delivers what the agent
+        # wrote before: the kernel hands over queued data before the reset. Keep those replies.
+        error = str(exc)
+    complete = data[: data.rfind(b"\n") + 1]  # a reset can cut the last line
+    replies = [json.loads(line) for line in complete.splitlines() if line.strip()]
+    out = {"replies": replies, "sent_ok": sent_ok}
+    if error is not None:
+        out["error"] = error
+    return out
 
 
 def open_fds() -> dict[str, str]:
