@@ -12,6 +12,7 @@ figures, and other nodes would see the pressure too) and on machines with under 
 from __future__ import annotations
 
 import contextlib
+import json
 import subprocess
 import sys
 from typing import Any
@@ -65,6 +66,8 @@ def yield_(ctx: Ctx) -> None:
                  lambda r: r["ready"] and r["users"] >= 1, 60)
     ctx.note(f"service ready with {r['users']} user(s), {len(jobs)} jobs submitted")
 
+    running_before = {j for j, st in _states(node, jobs).items() if st == "running"}
+    ctx.note(f"running before the pressure: {len(running_before)} of {len(jobs)} jobs")
     child: subprocess.Popen[bytes] | None = None
     try:
         if mode == "memory":
@@ -111,6 +114,35 @@ def yield_(ctx: Ctx) -> None:
     ctx.check(len(loads(node)) == 2, f"model.loads: {loads(node)} (want a reload after the hold)")
     ctx.note(f"all {len(jobs)} jobs succeeded after the hold lifted; model loaded again "
              f"(model.loads: {len(loads(node))} lines)")
+    _check_released_without_charge(ctx, node, records, running_before, reason)
+
+
+def _check_released_without_charge(ctx: Ctx, node: Any, records: dict[str, dict[str, Any]],
+                                   running_before: set[str], reason: str) -> None:
+    """Released jobs were requeued, not charged: each record counts one attempt (the one that
+    succeeded) and its history has the released attempt, with the hold's reason, uncounted."""
+    released = {j for j, rec in records.items() if rec.get("released", 0) >= 1}
+    ctx.check(released, f"no job was released by the hold: {records}")
+    ctx.check(running_before <= released,
+              f"jobs running when the hold came were not released: "
+              f"{sorted(running_before - released)}")
+    for job_id, rec in records.items():
+        ctx.check(rec["attempts"] == 1,
+                  f"job {job_id} counts {rec['attempts']} attempts after {rec.get('released')} "
+                  f"release(s): a released attempt was charged")
+        history = json.loads(next(
+            p for p in node.find_files("job.json") if p.parent.name == job_id).read_text())[
+            "history"]
+        outcomes = [(h["attempt"], h["outcome"]) for h in history]
+        if job_id in released:
+            gone = [h for h in history if h["outcome"] == "released"]
+            ctx.check(len(gone) == rec["released"] and all(
+                h["attempt"] is None and reason in str(h["reason"]) for h in gone),
+                f"job {job_id}: history does not record its release by {reason}: {history}")
+        ctx.check(outcomes[-1] == (1, "succeeded"),
+                  f"job {job_id}: the last attempt should be attempt 1, succeeded: {outcomes}")
+    ctx.note(f"{len(released)} job(s) released and requeued without charge: attempts 1 each, "
+             f"history {[h['outcome'] for h in history]} (last job)")
 
 
 def _states(node: Any, jobs: list[str]) -> dict[str, str]:

@@ -84,6 +84,24 @@ def test_crash_loop_fails_when_the_failing_service_is_never_withdrawn(tmp_path: 
     assert "waiting for crash-a model row: withdrawn" in cell["error"]
 
 
+def test_crash_loop_fails_when_the_restart_delay_never_grows(tmp_path: Path) -> None:
+    rc, cell = _run(tmp_path, "crash-loop", fault="flat_backoff")
+    assert rc == 1 and cell["outcome"] == "failed"
+    assert "shorter than the policy's delays" in cell["error"], cell["error"]
+
+
+def test_crash_loop_fails_when_the_withdrawn_reason_is_not_the_modules(tmp_path: Path) -> None:
+    rc, cell = _run(tmp_path, "crash-loop", fault="bare_start_errors")
+    assert rc == 1 and cell["outcome"] == "failed"
+    assert "the withdrawn reason is not the module's" in cell["error"], cell["error"]
+
+
+def test_yield_fails_when_released_attempts_are_charged(tmp_path: Path) -> None:
+    rc, cell = _run(tmp_path, "yield", fault="charge_released")
+    assert rc == 1 and cell["outcome"] == "failed"
+    assert "a released attempt was charged" in cell["error"], cell["error"]
+
+
 def test_idle_stop_fails_when_the_agent_never_stops_an_idle_service(tmp_path: Path) -> None:
     rc, cell = _run(tmp_path, "idle-stop", fault="no_idle_stop")
     assert rc == 1 and cell["outcome"] == "failed"

@@ -11,6 +11,7 @@ One asyncio loop. A job's life (each transition saved to its record before it ma
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import signal
 import sys
@@ -151,6 +152,10 @@ class Agent:
         from .broker import Broker  # the broker engineer's module
 
         self.supervisor.idle_stop = self.fault != faults.NO_IDLE_STOP
+        self.supervisor.bare_start_errors = self.fault == faults.BARE_START_ERRORS
+        if self.fault == faults.FLAT_BACKOFF:
+            for rt in self.supervisor.services.values():
+                rt.st = dataclasses.replace(rt.st, backoff_max_s=rt.st.backoff_initial_s)
         if self.fault is not None:
             log.warning("!!! %s !!!", faults.describe(self.fault))
         if self.fault == faults.KEEP_PREDECESSOR_GROUPS:
@@ -432,7 +437,8 @@ class Agent:
             # admitted|running -> queued (released by host protection): the attempt is over,
             # it is not charged and not a failure; the job goes back ahead of later ones.
             if rec.state == "running":
-                rec.attempts -= 1
+                if self.fault != faults.CHARGE_RELEASED:  # (the fault: test only)
+                    rec.attempts -= 1
                 rec.released += 1
                 rec.history.append({"attempt": None, "attempt_id": attempt_id,
                                     "wire_attempt": rec.wire_attempt, "started_at": started,

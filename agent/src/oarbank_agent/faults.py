@@ -10,15 +10,25 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-__all__ = ["ENV", "KEEP_PREDECESSOR_GROUPS", "NO_IDLE_STOP", "FAULTS", "from_env", "describe"]
+__all__ = ["ENV", "KEEP_PREDECESSOR_GROUPS", "NO_IDLE_STOP", "FLAT_BACKOFF", "BARE_START_ERRORS",
+           "CHARGE_RELEASED", "FAULTS", "from_env", "describe"]
 
 ENV = "OARBANK_AGENT_FAULT"
 KEEP_PREDECESSOR_GROUPS = "keep_predecessor_groups"
 NO_IDLE_STOP = "no_idle_stop"
+FLAT_BACKOFF = "flat_backoff"
+BARE_START_ERRORS = "bare_start_errors"
+CHARGE_RELEASED = "charge_released"
 FAULTS = {
     KEEP_PREDECESSOR_GROUPS: "restart recovery does not end the previous agent's process "
                              "groups (nor its cgroups): they keep running",
     NO_IDLE_STOP: "idle services are never stopped (the idle timeout never fires)",
+    FLAT_BACKOFF: "a failed service waits backoff_initial_s before every restart (the delay "
+                  "never grows)",
+    BARE_START_ERRORS: "a failed start is recorded as 'start failed', without the module's "
+                       "own reason (its stderr)",
+    CHARGE_RELEASED: "an attempt released by host protection is counted against the job "
+                     "(charged) like a failed one",
 }
 
 

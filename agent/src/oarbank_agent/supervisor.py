@@ -99,6 +99,8 @@ class Supervisor:
         self.status_poll_s = statuswatch.DEFAULT_FIRST_S
         # False only under the test-only fault OARBANK_AGENT_FAULT=no_idle_stop (faults.py).
         self.idle_stop = True
+        # True only under the test-only fault OARBANK_AGENT_FAULT=bare_start_errors.
+        self.bare_start_errors = False
 
     # --- set-up ---------------------------------------------------------------------------
 
@@ -346,7 +348,8 @@ class Supervisor:
                                    keep_group=True)
             rt.pgid = res.pgid
             if not res.ok:
-                raise StartFailed(res.error or "start failed")
+                raise StartFailed("start failed" if self.bare_start_errors
+                                  else res.error or "start failed")
             await asyncio.wait_for(self._until_ready(rt, ch), max(0.0, deadline - loop.time()))
         except (StartFailed, asyncio.TimeoutError) as exc:
             rt.cancellable = False  # a hold arriving now finds it failed, not starting
