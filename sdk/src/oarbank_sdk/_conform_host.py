@@ -57,6 +57,7 @@ __all__ = [
     "NodeDirs",
     "OpResult",
     "platform_token",
+    "wire_attempt",
     "op_env",
     "run_op",
     "group_pids",
@@ -365,24 +366,39 @@ class Channel(_AgentEnd):
         self._hello.set()  # wake a waiter: no hello will come now
 
     def hand(self, attempt: str, service_end: socket.socket) -> int:
-        """Send ``service_end`` to the service as a connection of ``attempt``. Takes
-        ownership of ``service_end`` (kept until the service's receipt)."""
+        """Send ``service_end`` to the service as a connection of ``attempt`` (named here;
+        the service sees its integer wire id, as from an agent). Takes ownership of
+        ``service_end`` (kept until the service's receipt)."""
         with self._lock:
             conn = self._next_conn
             self._next_conn += 1
             self._pending[conn] = service_end
-            data = encode({"op": "connection", "conn": conn, "attempt": attempt})
+            data = encode({"op": "connection", "conn": conn, "attempt": wire_attempt(attempt)})
             _sendall(self.t, self.sock, data, service_end.fileno())
             self.handed += 1
         return conn
 
     def ended(self, attempt: str) -> None:
         with self._lock:
-            _sendall(self.t, self.sock, encode({"op": "ended", "attempt": attempt}), None)
+            _sendall(self.t, self.sock, encode({"op": "ended", "attempt": wire_attempt(attempt)}),
+                     None)
 
     def pending_receipts(self) -> int:
         with self._lock:
             return len(self._pending)
+
+
+# Attempt names -> the integers services see on the channel (contract section 3: agents send
+# integers, and a service built on upstream's SDK does int(msg["attempt"])). One counter per
+# process, never reused, like an agent's.
+_wire_lock = threading.Lock()
+_wire_ids: dict[str, int] = {}
+
+
+def wire_attempt(attempt: str) -> int:
+    """The integer id of the attempt named ``attempt`` on every channel of this process."""
+    with _wire_lock:
+        return _wire_ids.setdefault(attempt, len(_wire_ids) + 1)
 
 
 class Connector(_AgentEnd):
