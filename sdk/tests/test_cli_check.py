@@ -102,6 +102,35 @@ def test_mixed_paths_exit_1_and_report_each(tmp_path: Path) -> None:
     ]
 
 
+def test_exec_paths_that_leave_the_bundle_are_refused_with_their_key(tmp_path: Path) -> None:
+    # A module runs only its own code: the sandbox lets it read its bundle, not its neighbours.
+    text = VALID.replace('exec = ["python", "{bundle}/svc.py"]',
+                         'exec = ["python", "-I", "{bundle}/../shared/svc.py", "--cfg={bundle}/a/../b"]')
+    text += '[runner]\nexec = ["{bundle}/../run"]\n'
+    proc = run("check", str(module(tmp_path, text)))
+    assert proc.returncode == 1
+    assert proc.stdout.splitlines()[1:] == [
+        'runner.exec[0]: "{bundle}/../run" leaves the bundle: a path after {bundle} must stay '
+        'inside it (no ".." component); copy shared code into the bundle',
+        'services[0].exec[2]: "{bundle}/../shared/svc.py" leaves the bundle: a path after '
+        '{bundle} must stay inside it (no ".." component); copy shared code into the bundle',
+        'services[0].exec[3]: "--cfg={bundle}/a/../b" leaves the bundle: a path after {bundle} '
+        'must stay inside it (no ".." component); copy shared code into the bundle',
+    ]
+    # inside the bundle, a dotted name or a deeper path is fine
+    ok = VALID.replace('"{bundle}/svc.py"', '"{bundle}/bin/..svc.py", "{bundle}/x/y.py"')
+    assert run("check", str(module(tmp_path, ok))).returncode == 0
+
+
+def test_every_test_module_of_the_repository_stays_inside_its_bundle() -> None:
+    repo = Path(__file__).resolve().parents[2]
+    tomls = [p for p in repo.glob("**/oarbank-module.toml")
+             if not any(part.startswith(".") for part in p.relative_to(repo).parts)]
+    assert len(tomls) > 10
+    leaving = [str(p) for p in tomls if "{bundle}/.." in p.read_text()]
+    assert leaving == []
+
+
 def test_syntax_error_and_missing_manifest(tmp_path: Path) -> None:
     path = module(tmp_path, 'manifest = 1\n[module]\nid = "a.b\n')
     proc = run("check", str(path))

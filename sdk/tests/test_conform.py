@@ -9,6 +9,7 @@ import io
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -48,6 +49,28 @@ def processes_of(bundle: Path) -> list[str]:
     return found
 
 
+@pytest.fixture(scope="session")
+def broken_root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("broken_modules")
+
+
+@pytest.fixture
+def broken(broken_root):
+    """``broken(name)``: a copy of ``broken_modules/<name>`` with the shared ``_shared/*.py``
+    copied in: a bundle runs only its own code (``{bundle}/../x`` is refused by the manifest
+    check), so the modules share their code here, not through their manifests."""
+
+    def get(name: str) -> Path:
+        dst = broken_root / name
+        if not dst.exists():
+            shutil.copytree(BROKEN / name, dst)
+            for f in (BROKEN / "_shared").glob("*.py"):
+                shutil.copy(f, dst / f.name)
+        return dst
+
+    return get
+
+
 def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
@@ -85,6 +108,10 @@ def test_reference_module_passes_with_zero_failed():
                      "service model: process group gone"):
         assert any(line.startswith(f"ok   {expected}:") or line == f"ok   {expected}"
                    for line in checks), (expected, checks)
+    if sandbox_available():  # every process of the service watched: it tried nothing
+        for when in ("after ready", "after requests"):
+            assert any(line.startswith(f"ok   service model: no network attempts ({when}): none")
+                       for line in checks), checks
     # the daemon that said hello is gone
     pid = int(re.search(r"hello: pid (\d+)", done.stdout).group(1))
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
@@ -114,10 +141,10 @@ def test_reference_module_passes_unconfined_too():
 
 
 @pytest.fixture
-def no_leftovers():
+def no_leftovers(broken_root):
     """Whatever a broken module started must be gone after conform."""
     yield
-    assert processes_of(BROKEN) == []
+    assert processes_of(broken_root) == []
 
 
 @pytest.mark.parametrize(
@@ -142,8 +169,8 @@ def no_leftovers():
         }),
     ],
 )
-def test_broken_module_fails_naming_the_problem(module, expected, no_leftovers):
-    rc, report = in_process(BROKEN / module, sandbox=False)
+def test_broken_module_fails_naming_the_problem(module, expected, broken, no_leftovers):
+    rc, report = in_process(broken(module), sandbox=False)
     assert rc == 1
     got = failures(report)
     assert set(got) == set(expected), got
@@ -152,27 +179,80 @@ def test_broken_module_fails_naming_the_problem(module, expected, no_leftovers):
     assert report["failed"] == len(expected)
 
 
-def test_healthy_twin_of_the_broken_modules_passes(no_leftovers):
+def test_healthy_twin_of_the_broken_modules_passes(broken, no_leftovers):
     # The broken modules share one service and runner; with nothing broken they pass, so each
     # failure above comes from what its module breaks, not from the shared code.
-    rc, report = in_process(BROKEN / "healthy", sandbox=False)
+    rc, report = in_process(broken("healthy"), sandbox=False)
     assert rc == 0, failures(report)
 
 
-@pytest.mark.skipif(not sandbox_available(), reason="this machine cannot run the sandbox "
-                    "(seccomp/no_new_privs unavailable): the unconfined variant above still runs")
-@pytest.mark.parametrize(("module", "call"), [("listens_tcp", "socket.AF_INET"),
-                                               ("listens_unix", "socket.AF_UNIX")])
-def test_sandbox_refused_listen_fails_the_never_listens_check(module, call, no_leftovers):
-    done = cli(str(BROKEN / module))
+needs_sandbox = pytest.mark.skipif(
+    not sandbox_available(), reason="this machine cannot run the sandbox (seccomp/no_new_privs "
+    "unavailable): the unconfined variants above still run")
+
+
+@needs_sandbox
+@pytest.mark.parametrize(("module", "call"), [("listens_tcp", "socket(AF_INET)"),
+                                               ("listens_unix", "socket(AF_UNIX)")])
+def test_sandbox_refused_listen_fails_the_network_attempts_check(module, call, broken,
+                                                                no_leftovers):
+    done = cli(str(broken(module)))
     assert done.returncode == 1, done.stdout
     fail_lines = [line for line in done.stdout.splitlines() if line.startswith("FAIL")]
-    listen = [line for line in fail_lines if "never listens" in line]
-    assert len(listen) == 1, done.stdout
-    assert "the sandbox refused a bind/listen" in listen[0]
-    assert call in listen[0] and "PermissionError" in listen[0]
+    attempts = [line for line in fail_lines if "no network attempts" in line]
+    assert len(attempts) == 1, done.stdout
+    pid = re.search(r"hello: pid (\d+)", done.stdout).group(1)
+    # the call and the process that made it (its pid, comm and command line), from the kernel
+    assert f"{call} by pid {pid} (python" in attempts[0], attempts[0]
+    assert f"{broken(module)}/service.py {module.replace('listens', 'listen')} serve)" in attempts[0]
+    # the daemon died of its PermissionError: the channel closed before `ready`
+    assert any(line.startswith("FAIL service echo: ready: the service closed the channel")
+               for line in fail_lines), done.stdout
     assert done.stdout.strip().splitlines()[-1].startswith(f"dev.test.broken_{module} 0.0.1: ")
     assert re.search(r": \d+ passed, 2 failed, 2 skipped$", done.stdout.strip())
+
+
+@needs_sandbox
+def test_a_service_that_hides_its_listen_attempts_fails_conform(broken, no_leftovers):
+    # quiet_listen: socket/bind/listen in try/except OSError: pass, then bind/listen/connect on
+    # a socketpair end it holds, all swallowed; it logs nothing and serves every request. Only
+    # the kernel's word (seccomp user notification) can fail it: and it does, naming each call
+    # and the process. In process: every descriptor of the watches is released.
+    rc, report = in_process(broken("quiet_listener"), sandbox=None)
+    got = failures(report)
+    assert rc == 1 and list(got) == ["service echo: no network attempts (after ready)"], got
+    detail = got["service echo: no network attempts (after ready)"]
+    hello = next(c["detail"] for c in report["checks"] if c["name"] == "service echo: hello")
+    pid = re.match(r"pid (\d+)", hello).group(1)
+    assert re.fullmatch(
+        rf"4 attempt\(s\) refused by the sandbox: socket\(AF_INET\), listen\(\), bind\(\), "
+        rf"connect\(\) by pid {pid} \(python: \S+ -I {broken('quiet_listener')}/service\.py "
+        rf"quiet_listen serve\)", detail), detail
+    # everything else passes: the service really serves
+    passed = {c["name"] for c in report["checks"] if c["status"] == "ok"}
+    assert {"golden one", "spec echo", "service echo: ready",
+            "service echo: no network attempts (after requests)",
+            "service echo: never listens (after ready)"} <= passed
+
+
+@needs_sandbox
+def test_the_attempt_watch_is_what_fails_the_quiet_listener(broken, no_leftovers):
+    # The test hook switches the watch off (the sandbox still refuses every call): the same
+    # module then passes, and the report says loudly that the kit was weakened.
+    env = dict(os.environ, OARBANK_CONFORM_FAULT="no_attempt_watch")
+    done = subprocess.run([sys.executable, "-m", "oarbank_sdk", "conform",
+                           str(broken("quiet_listener"))], capture_output=True, text=True,
+                          timeout=240, cwd=ROOT, env=env)
+    assert done.returncode == 0, done.stdout
+    assert ("warn network attempts: FAULT INJECTED (test only): "
+            "OARBANK_CONFORM_FAULT=no_attempt_watch") in done.stdout
+    assert "no network attempts" not in done.stdout
+    env["OARBANK_CONFORM_FAULT"] = "nonsense"
+    done = subprocess.run([sys.executable, "-m", "oarbank_sdk", "conform",
+                           str(broken("quiet_listener"))], capture_output=True, text=True,
+                          timeout=240, cwd=ROOT, env=env)
+    assert done.returncode == 1
+    assert "FAIL network attempts: OARBANK_CONFORM_FAULT='nonsense' is not a known fault" in done.stdout
 
 
 def test_invalid_manifest_stops_at_the_manifest_check(tmp_path):

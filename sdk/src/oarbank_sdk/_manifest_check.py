@@ -177,6 +177,13 @@ def _exec(r: Reader, value: Any, path: str) -> tuple[str, ...]:
         if first != "python" and not (first.startswith("{bundle}/") and len(first) > 9):
             r.add(join(path, 0), f'"{first}" must be the token "python" (the interpreter that '
                   'runs modules) or a path inside the bundle written "{bundle}/<path>"')
+        for i, arg in enumerate(argv):
+            # What runs must be the module's own code: the agent's sandbox lets a child read
+            # its bundle, not its neighbours (contract section 9).
+            if any(".." in rest.split(None, 1)[0].split("/") for rest in
+                   arg.split("{bundle}")[1:] if rest.strip()):
+                r.add(join(path, i), f'"{arg}" leaves the bundle: a path after {{bundle}} must '
+                      'stay inside it (no ".." component); copy shared code into the bundle')
     return argv
 
 

@@ -8,15 +8,19 @@ What it does, in order, each step one or more checks (``ok``, ``FAIL``, ``skip``
 3. Each endpoint service, started as the agent starts it (same op environment, its own process
    group, a channel socketpair whose child end is ``OARBANK_ENDPOINT_CHANNEL``): ``start``
    exits 0, the hello arrives, ``ready`` turns true, all within ``start_timeout_s``
-   (``ready`` polled from 50 ms, backing off to 1 s); then **never listens**: no process of
-   the service holds a listening TCP/UDP/unix socket.
+   (``ready`` polled from 50 ms, backing off to 1 s); then **no network attempts**: no
+   process of the service (ops and daemon) tried ``socket``, ``bind``, ``listen``,
+   ``connect`` or ``accept`` (seen by the sandbox's seccomp user notification, never in the
+   service's output: ``_conform_attempts``), and **never listens**: no process of the service
+   holds a listening TCP/UDP/unix socket.
 4. ``golden <name>``: each ``goldens/*.json`` through the module's runner, with a connector
    this kit brokers itself; every key of ``expected.payload`` must equal the result's.
 5. ``spec <name>``: each ``service_specs`` entry of ``conformance.json``, as HTTP/1.1 with
    ``Connection: close`` over a connection handed to the service; the status must match
    ``expect.status`` (default 200).
-6. never listens again (after the requests); ``ended`` for the kit's attempt must close the
-   connection it left open; every handed connection was ``accepted``.
+6. no network attempts and never listens again (after the requests); ``ended`` for the
+   kit's attempt must close the connection it left open; every handed connection was
+   ``accepted``.
 7. ``stop`` exits 0, then (channel closed) the process group is gone.
 
 Everything it starts is ended and every descriptor and temporary folder is released, whatever
@@ -27,7 +31,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import re
 import socket
 import sys
 import time
@@ -35,9 +38,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
+from oarbank_sdk import _conform_attempts as attempts_watch
 from oarbank_sdk import _conform_host as host
-from oarbank_sdk import _conform_inputs as inputs
-from oarbank_sdk import pages as _pages
 from oarbank_sdk import manifest as _manifest
 from oarbank_sdk._conform_report import FAIL, OK, SKIP, WARN, Report
 from oarbank_sdk._listeners import listeners, related_pids
@@ -50,7 +52,7 @@ ENDED_WAIT_S = 5.0
 GROUP_GONE_WAIT_S = 10.0
 READY_OP_TIMEOUT_S = 5.0  # contract section 2
 
-Wrap = Callable[[list[str]], list[str]]
+Wrap = Callable[..., list[str]]  # wrap(argv, read=..., write=..., signals=...) -> argv
 
 
 def run(module_dir: str | Path, json_output: bool = False, *, sandbox: bool | None = None,
@@ -75,9 +77,12 @@ def run(module_dir: str | Path, json_output: bool = False, *, sandbox: bool | No
 
 def sandbox_wrapper(mode: bool | None, report: Report) -> tuple[Wrap, bool]:
     """How ops and runners are launched: ``(wrap, confined)``. The one place that knows about
-    ``oarbank_sdk.sandbox`` (``wrap(argv) -> argv``, ``available()``, ``capabilities()``)."""
+    ``oarbank_sdk.sandbox`` (``wrap(argv, **walls) -> argv``, ``available()``,
+    ``capabilities()``); the walls (``read``, ``write``, ``signals``) are the agent's: an op
+    reads the bundle and the node's files and writes the module's data dir; a runner reads
+    the bundle and the settings and writes its workdir."""
 
-    def unconfined(argv: list[str]) -> list[str]:
+    def unconfined(argv: list[str], **_walls: Any) -> list[str]:
         return argv
 
     if mode is False:
@@ -99,28 +104,6 @@ def sandbox_wrapper(mode: bool | None, report: Report) -> tuple[Wrap, bool]:
     return unconfined, False
 
 
-# A start the sandbox refused shows as a permission error next to a socket call in what the
-# service wrote (its op output, which a daemon may inherit, or a *.log in its data dir).
-_REFUSED = re.compile(r"PermissionError|Operation not permitted|Permission denied|EPERM|EACCES")
-_NET_CALL = re.compile(r"\b(listen|bind|socket)\b")
-
-
-def _refused_listen_evidence(paths: list[Path]) -> str | None:
-    for path in paths:
-        try:
-            lines = path.read_text(encoding="utf-8", errors="replace")[-1_000_000:].splitlines()
-        except OSError:
-            continue
-        for i, line in enumerate(lines):
-            if not _REFUSED.search(line):
-                continue
-            near = [x.strip() for x in lines[max(0, i - 6) : i + 1]
-                    if _NET_CALL.search(x) and not x.strip().startswith('File "')]
-            if near:  # the first is the module's own call in a Python traceback
-                return f"{path.name}: {near[0]} -> {line.strip()}"
-    return None
-
-
 # --- one endpoint service ----------------------------------------------------------------------
 
 
@@ -128,9 +111,11 @@ class ServiceUnderTest:
     """One endpoint service run as the agent runs it."""
 
     def __init__(self, m: _manifest.Manifest, svc: _manifest.Service, node: host.NodeDirs,
-                 wrap: Wrap, confined: bool, report: Report) -> None:
+                 wrap: Wrap, confined: bool, report: Report, watch: bool = False) -> None:
         self.m, self.svc, self.node, self.report = m, svc, node, report
         self.wrap, self.confined = wrap, confined
+        # Every launch of this service's ops with a seccomp watch (None: attempts not watched)
+        self.attempts = attempts_watch.Attempts() if watch else None
         self.argv = _manifest.expand_exec(list(svc.exec), m.bundle)
         self.label = f"service {svc.name}"
         self.channel: host.Channel | None = None
@@ -143,8 +128,22 @@ class ServiceUnderTest:
             pass_fds: tuple[int, ...] = ()) -> host.OpResult:
         env = host.op_env(self.node, self.svc.name)
         env.update(env_extra or {})
-        return host.run_op(self.wrap(self.argv), op, env, self.m.bundle, max(0.1, timeout_s),
-                           pass_fds=pass_fds, output_prefix=self.logs / op)
+        # The agent's walls for ops: read the bundle and the node's files, write the data dir;
+        # signals open between the service's own processes (`stop` signals the daemon).
+        walls: dict[str, Any] = {
+            "read": [self.m.bundle, self.node.settings_file, self.node.limits_file,
+                     self.node.tools_file],
+            "write": [self.node.data], "signals": "open"}
+        if self.attempts is None:
+            return host.run_op(self.wrap(self.argv, **walls), op, env, self.m.bundle,
+                               max(0.1, timeout_s), pass_fds=pass_fds,
+                               output_prefix=self.logs / op)
+        argv, w = self.attempts.launch(self.argv, **walls)
+        try:
+            return host.run_op(argv, op, env, self.m.bundle, max(0.1, timeout_s),
+                               pass_fds=(*pass_fds, w.child_fd), output_prefix=self.logs / op)
+        finally:
+            self.attempts.spawned(w)
 
     def start(self) -> None:
         t0 = time.monotonic()
@@ -204,7 +203,22 @@ class ServiceUnderTest:
         self.check_listening("after ready" if self.ready else "after start",
                              failed_start=not self.ready)
 
+    def check_attempts(self, when: str) -> None:
+        """Every socket/bind/listen/connect/accept a process of the service tried since the
+        last check, as the sandbox's watch saw it (whether or not the service reported it)."""
+        if self.attempts is None:
+            return
+        name = f"{self.label}: no network attempts ({when})"
+        new = self.attempts.take()
+        if new:
+            self.report.add(FAIL, name, attempts_watch.summary(new))
+        elif self.attempts.errors():
+            self.report.add(FAIL, name, f"the watch stopped: {'; '.join(self.attempts.errors())}")
+        else:
+            self.report.add(OK, name, f"none ({self.attempts.launches} launch(es) watched)")
+
     def check_listening(self, when: str, failed_start: bool = False) -> None:
+        self.check_attempts(when)
         name = f"{self.label}: never listens ({when})"
         extra = (self.channel.hello_pid,) if self.channel and self.channel.hello_pid else ()
         pids = related_pids(self.pgid, extra)
@@ -212,12 +226,6 @@ class ServiceUnderTest:
         if found:
             self.report.add(FAIL, name, "; ".join(str(x) for x in found))
             return
-        if self.confined:  # a refused listen fails the check even if the service carried on
-            paths = sorted(self.logs.glob("*")) + sorted(self.node.data.rglob("*.log"))
-            evidence = _refused_listen_evidence(paths)
-            if evidence:
-                self.report.add(FAIL, name, f"the sandbox refused a bind/listen: {evidence}")
-                return
         if failed_start and not pids:
             self.report.add(SKIP, name, "no process of the service is left to inspect")
             return
@@ -305,6 +313,8 @@ class ServiceUnderTest:
             self.channel.close()
         if self.pgid is not None:
             host.end_group(self.pgid, grace_s=1.0)
+        if self.attempts is not None:
+            self.attempts.close()
 
 
 # --- goldens -----------------------------------------------------------------------------------
@@ -349,10 +359,6 @@ def _run_goldens(m: _manifest.Manifest, node: host.NodeDirs, sut: dict[str, Serv
     for i, path in enumerate(files):
         name = f"golden {path.stem}"
         g, err = _load_json(path)
-        skip = None if err else inputs.upstream_golden(g)
-        if skip:
-            report.add(SKIP, name, f"{path.name}: {skip}")
-            continue
         err = err or _golden_problem(g)
         if err:
             report.add(FAIL, name, f"{path.name}: {err}")
@@ -378,9 +384,12 @@ def _run_goldens(m: _manifest.Manifest, node: host.NodeDirs, sut: dict[str, Serv
             connectors[s] = host.Connector(attempt, ch)
         t0 = time.monotonic()
         try:
-            a = host.run_runner(wrap(runner_argv), node, attempt, stage.name, g["payload"],
-                                dict(stage.pools), connectors, m.bundle, stage.timeout_s,
-                                extra_env=dict(m.runner.env), grace_s=m.runner.stop_grace_s)
+            walls = {"read": [m.bundle, node.settings_file],
+                     "write": [node.root / "attempts" / attempt]}  # <W>, made by run_runner
+            a = host.run_runner(wrap(runner_argv, **walls), node, attempt, stage.name,
+                                g["payload"], dict(stage.pools), connectors, m.bundle,
+                                stage.timeout_s, extra_env=dict(m.runner.env),
+                                grace_s=m.runner.stop_grace_s)
         finally:
             # The attempt is over: close its connectors, tell every service it reached.
             for s, c in connectors.items():
@@ -480,10 +489,8 @@ def _run_specs(m: _manifest.Manifest, sut: dict[str, ServiceUnderTest], report: 
         report.add(SKIP, "service_specs", "no conformance.json")
         return
     doc, err = _load_json(path)
-    if err is None and not (isinstance(doc, dict)
-                            and isinstance(doc.setdefault("service_specs", []), list)):
-        # (A file with only `settings` lists no specs: that is a skip, below.)
-        err = 'must be {"service_specs": [...], "settings"?: {...}}'
+    if err is None and not (isinstance(doc, dict) and isinstance(doc.get("service_specs"), list)):
+        err = 'must be {"service_specs": [...]}'
     if err:
         report.add(FAIL, "service_specs", f"conformance.json: {err}")
         return
@@ -528,21 +535,11 @@ def _conform(module_dir: Path, report: Report, sandbox: bool | None) -> None:
         report.add(FAIL, "manifest", "; ".join(f"{p.key}: {p.message}" for p in problems))
         return
     report.module_id, report.version = m.id, m.version
-    # The same page checks as `oarbank-sdk check`: the kit must never pass what check rejects.
-    page_problems = _pages.check_module_pages(m)
-    if page_problems:
-        report.add(FAIL, "manifest", "; ".join(f"{p.key}: {p.message}" for p in page_problems))
-    else:
-        report.add(OK, "manifest", f"{m.id} {m.version}")
+    report.add(OK, "manifest", f"{m.id} {m.version}")
     wrap, confined = sandbox_wrapper(sandbox, report)
+    watch = attempts_watch.start(confined, report)
 
-    conf, conf_problem = inputs.settings(m.bundle)
-    if conf_problem:
-        report.add(FAIL, "settings", conf_problem)
-    elif conf is not None:
-        report.add(OK, "settings", f"{inputs.CONFORMANCE_FILE} settings ({len(conf)} key(s)) "
-                   "are the services' settings file")
-    node = host.NodeDirs(m.id, conf)
+    node = host.NodeDirs(m.id)
     services: dict[str, ServiceUnderTest] = {}
     leftovers: dict[str, socket.socket] = {}
     try:
@@ -550,7 +547,7 @@ def _conform(module_dir: Path, report: Report, sandbox: bool | None) -> None:
             if not svc.endpoint:
                 report.add(SKIP, f"service {svc.name}", "not an endpoint service: not started")
                 continue
-            s = services[svc.name] = ServiceUnderTest(m, svc, node, wrap, confined, report)
+            s = services[svc.name] = ServiceUnderTest(m, svc, node, wrap, confined, report, watch)
             s.start()
         if not services:
             report.add(SKIP, "services", "no endpoint service to start")

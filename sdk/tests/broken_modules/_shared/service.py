@@ -3,7 +3,8 @@
     python -I service.py MODE <op>        (the agent's ops)
     python -I service.py MODE serve       (the daemon `start` leaves running)
 
-MODE: ok, listen_tcp, listen_unix, no_hello, never_ready, answer_500.
+MODE: ok, listen_tcp, listen_unix, no_hello, never_ready, answer_500, quiet_listen (tries
+socket/bind/listen/connect, swallows every refusal, logs nothing and serves perfectly).
 HTTP: POST /echo {"prompt": s} -> 200 {"text": s.upper()} (500 for everything in answer_500).
 """
 
@@ -21,7 +22,8 @@ from pathlib import Path
 
 from oarbank_sdk import service_endpoint as ep
 
-MODES = ("ok", "listen_tcp", "listen_unix", "no_hello", "never_ready", "answer_500")
+MODES = ("ok", "listen_tcp", "listen_unix", "no_hello", "never_ready", "answer_500",
+         "quiet_listen")
 DATA = Path(os.environ.get("OARBANK_MODULE_DATA", "."))
 PID, READY, LOG = DATA / "service.pid", DATA / "service.ready", DATA / "service.log"
 
@@ -73,6 +75,22 @@ def serve(mode: str) -> None:
         s.bind(str(DATA / "service.sock"))
         s.listen()
         held.append(s)
+    elif mode == "quiet_listen":  # tries, and hides it: nothing logged, serves as if all was well
+        try:
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            s.listen()
+            held.append(s)
+        except OSError:
+            pass
+        mine, _theirs = socket.socketpair()  # a socket it holds: bind/listen/connect on it
+        held.extend((mine, _theirs))
+        for call in (lambda: mine.listen(), lambda: mine.bind(b"\0quiet"),
+                     lambda: mine.connect(b"\0elsewhere")):
+            try:
+                call()
+            except OSError:
+                pass
     if mode != "never_ready":
         READY.write_text("1")
     Handler.mode = mode
