@@ -40,6 +40,8 @@ from typing import Any, TextIO
 
 from oarbank_sdk import _conform_attempts as attempts_watch
 from oarbank_sdk import _conform_host as host
+from oarbank_sdk import _conform_inputs as inputs
+from oarbank_sdk import pages as _pages
 from oarbank_sdk import manifest as _manifest
 from oarbank_sdk._conform_report import FAIL, OK, SKIP, WARN, Report
 from oarbank_sdk._listeners import listeners, related_pids
@@ -359,6 +361,10 @@ def _run_goldens(m: _manifest.Manifest, node: host.NodeDirs, sut: dict[str, Serv
     for i, path in enumerate(files):
         name = f"golden {path.stem}"
         g, err = _load_json(path)
+        skip = None if err else inputs.upstream_golden(g)
+        if skip:
+            report.add(SKIP, name, f"{path.name}: {skip}")
+            continue
         err = err or _golden_problem(g)
         if err:
             report.add(FAIL, name, f"{path.name}: {err}")
@@ -489,8 +495,10 @@ def _run_specs(m: _manifest.Manifest, sut: dict[str, ServiceUnderTest], report: 
         report.add(SKIP, "service_specs", "no conformance.json")
         return
     doc, err = _load_json(path)
-    if err is None and not (isinstance(doc, dict) and isinstance(doc.get("service_specs"), list)):
-        err = 'must be {"service_specs": [...]}'
+    if err is None and not (isinstance(doc, dict)
+                            and isinstance(doc.setdefault("service_specs", []), list)):
+        # (A file with only `settings` lists no specs: that is a skip, below.)
+        err = 'must be {"service_specs": [...], "settings"?: {...}}'
     if err:
         report.add(FAIL, "service_specs", f"conformance.json: {err}")
         return
@@ -535,11 +543,22 @@ def _conform(module_dir: Path, report: Report, sandbox: bool | None) -> None:
         report.add(FAIL, "manifest", "; ".join(f"{p.key}: {p.message}" for p in problems))
         return
     report.module_id, report.version = m.id, m.version
-    report.add(OK, "manifest", f"{m.id} {m.version}")
+    # The same page checks as `oarbank-sdk check`: the kit must never pass what check rejects.
+    page_problems = _pages.check_module_pages(m)
+    if page_problems:
+        report.add(FAIL, "manifest", "; ".join(f"{p.key}: {p.message}" for p in page_problems))
+    else:
+        report.add(OK, "manifest", f"{m.id} {m.version}")
     wrap, confined = sandbox_wrapper(sandbox, report)
     watch = attempts_watch.start(confined, report)
 
-    node = host.NodeDirs(m.id)
+    conf, conf_problem = inputs.settings(m.bundle)
+    if conf_problem:
+        report.add(FAIL, "settings", conf_problem)
+    elif conf is not None:
+        report.add(OK, "settings", f"{inputs.CONFORMANCE_FILE} settings ({len(conf)} key(s)) "
+                   "are the services' settings file")
+    node = host.NodeDirs(m.id, conf)
     services: dict[str, ServiceUnderTest] = {}
     leftovers: dict[str, socket.socket] = {}
     try:
