@@ -20,13 +20,15 @@ pytestmark = pytest.mark.slow
 
 
 def _run(tmp_path: Path, scenario: str, *agent_flags: str, modules: Path | None = None,
-         fault: str | None = None) -> tuple[int, dict]:
+         fault: str | None = None, env_extra: dict[str, str] | None = None) -> tuple[int, dict]:
     out = tmp_path / "e2e"
     argv = [sys.executable, "-m", "harness", "--backend", "local", "--scenario", scenario,
             "--out", str(out), *(f"--agent-flag={f}" for f in agent_flags)]
     if modules is not None:
         argv += ["--modules-dir", str(modules)]
     env = None if fault is None else dict(os.environ, OARBANK_AGENT_FAULT=fault)
+    if env_extra:
+        env = dict(env or os.environ, **env_extra)
     r = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=280,
                        stdin=subprocess.DEVNULL, env=env)
     report = json.loads((out / "report.json").read_text())
@@ -42,6 +44,19 @@ def test_listener_refused_fails_when_the_agent_runs_services_unconfined(tmp_path
     rc, cell = _run(tmp_path, "listener-refused", "--sandbox=off")
     assert rc == 1 and cell["outcome"] == "failed"
     assert "a listen was granted under the agent" in cell["error"]
+
+
+def test_listener_refused_fails_when_conform_does_not_watch_attempts(tmp_path: Path) -> None:
+    # The conformance kit's test hook launches services without its attempt watch (the
+    # sandbox still refuses every call): the listener, which hides its refusals and serves,
+    # then passes conform, and the scenario must fail for exactly that.
+    rc, cell = _run(tmp_path, "listener-refused",
+                    env_extra={"OARBANK_CONFORM_FAULT": "no_attempt_watch"})
+    assert rc == 1 and cell["outcome"] == "failed"
+    assert "oarbank-sdk conform should fail the listener (exit 1, FAIL lines): exit 0" in cell["error"]
+    conform_txt = "".join(p.read_text() for p in (tmp_path / "e2e").rglob("conform.txt"))
+    assert ("warn network attempts: FAULT INJECTED (test only): "
+            "OARBANK_CONFORM_FAULT=no_attempt_watch") in conform_txt
 
 
 def test_idle_stop_fails_when_the_service_is_not_stopped_after_idle_timeout(
