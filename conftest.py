@@ -87,3 +87,14 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.write_line(
             f"{total} tests skipped for missing system packages ({each}); install them with "
             f"`apt-get install {' '.join(sorted(missing))}` to run them", yellow=True, bold=True)
+
+
+# Tests that make real memory pressure: two at once would each see the other's allocation as
+# pressure of their own, so under pytest-xdist they share one worker.
+MEMORY_PRESSURE = ("test_memory_pressure.py", "test_yield_")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if any(m in item.nodeid for m in MEMORY_PRESSURE):
+            item.add_marker(pytest.mark.xdist_group("memory-pressure"))

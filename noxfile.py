@@ -1,6 +1,7 @@
 """Every workflow of the monorepo. `nox -l` lists them.
 
-- tests      the whole test suite (real processes, descriptors, sandbox, browser)
+- tests      the whole test suite (real processes, descriptors, sandbox, browser), in parallel
+- fresh      the README's two commands on a clean clone in a bare Debian container
 - lint       ruff, plus actionlint on the CI workflows when it is installed
 - typecheck  mypy over the three distributions
 - demo       twenty jobs through one warm model service
@@ -12,6 +13,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import nox
@@ -20,7 +22,11 @@ nox.options.sessions = ["tests"]
 nox.options.reuse_existing_virtualenvs = True
 
 PACKAGES = ["-e", "sdk", "-e", "agent", "-e", "ui-pages"]
-TEST_DEPS = ["pytest>=7", "pytest-timeout", "hypothesis", "playwright", "requests", "docker"]
+TEST_DEPS = ["pytest>=7", "pytest-timeout", "pytest-xdist", "hypothesis", "playwright", "requests",
+             "docker"]
+# Tests run in parallel (pytest-xdist): most of their time is spent waiting on real processes,
+# so more workers than cores pays. OARBANK_TEST_WORKERS overrides (1: in this process).
+WORKERS = os.environ.get("OARBANK_TEST_WORKERS", "4")
 TEST_PATHS = ["sdk/tests", "agent/tests", "ui-pages/tests", "harness/tests"]
 
 
@@ -28,10 +34,22 @@ def _install(session: nox.Session, *extra: str) -> None:
     session.install(*PACKAGES, *extra)
 
 
+def _parallel() -> list[str]:
+    return [] if WORKERS == "1" else ["-n", WORKERS, "--dist", "loadgroup"]
+
+
 @nox.session
 def tests(session: nox.Session) -> None:
     _install(session, *TEST_DEPS)
-    session.run("pytest", *(session.posargs or TEST_PATHS))
+    session.run("pytest", *_parallel(), *(session.posargs or TEST_PATHS))
+
+
+@nox.session
+def fresh(session: nox.Session) -> None:
+    """The README's two commands on a clean clone in a bare Debian container (no Chromium,
+    Docker, debootstrap or PostgreSQL inside): both must pass."""
+    _install(session, "requests", "docker")
+    session.run("python", "-m", "harness.fresh_machine", *session.posargs)
 
 
 @nox.session

@@ -26,7 +26,7 @@ from typing import Any
 from harness.cache import cache_dir
 from harness.rootfs import ensure_rootfs
 
-__all__ = ["REPO", "DISTS", "NodeImage", "source_hash", "ensure_image"]
+__all__ = ["REPO", "DISTS", "NodeImage", "source_hash", "ensure_base_image", "ensure_image"]
 
 REPO = Path(__file__).resolve().parent.parent
 DISTS = ("sdk", "agent", "ui-pages")
@@ -161,9 +161,9 @@ def _drop_older(client: Any, repo: str, prefix: str, keep: str) -> None:
                 client.images.remove(old, noprune=False)
 
 
-def ensure_image(client: Any, release: str) -> NodeImage:
-    """The project image for `release`, building whichever layers are missing:
-    base (debootstrap + import), deps (venv + third-party wheels), project (our wheels)."""
+def ensure_base_image(client: Any, release: str) -> tuple[str, str, float | None]:
+    """(tag, python version, seconds spent building or None) of the bare Debian image of
+    `release`: the debootstrap rootfs (python3, python3-venv, libseccomp2) imported as is."""
     base = ensure_rootfs(release)
     base_tag = f"oarbank-node-base:{release}-{base.key}"
     base_built: float | None = base.built_s
@@ -173,6 +173,14 @@ def ensure_image(client: Any, release: str) -> NodeImage:
         client.api.import_image_from_file(str(base.tarball), repository=repo, tag=tag)
         base_built = time.monotonic() - t0 + (base.built_s or 0.0)
         _log(f"imported {base_tag} in {time.monotonic() - t0:.0f}s")
+    return base_tag, base.python, base_built
+
+
+def ensure_image(client: Any, release: str) -> NodeImage:
+    """The project image for `release`, building whichever layers are missing:
+    base (debootstrap + import), deps (venv + third-party wheels), project (our wheels)."""
+    base = ensure_rootfs(release)
+    base_tag, _, base_built = ensure_base_image(client, release)
 
     srchash = source_hash()
     tag = f"oarbank-node:{release}-{srchash}"

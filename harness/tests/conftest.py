@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -16,17 +19,26 @@ from harness.procs import processes_under  # noqa: E402
 
 @pytest.fixture(scope="session", autouse=True)
 def no_leftover_processes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """No process of any harness test survives the session."""
-    import tempfile
+    """No process of any harness test survives the session.
 
+    Runs with long out dirs put node folders in a short temporary folder (harness.scenario's
+    `place`). Each session (each pytest-xdist worker) gives the harness, in process and in the
+    `python -m harness` it starts, a temporary folder of its own, so that this check sees only
+    its own runs' nodes and never a live node of a neighbouring worker."""
     base = tmp_path_factory.getbasetemp()
-    # Runs with long out dirs put node folders under <tmp>/oarbank-e2e-<pid>/. Only those made
-    # during this session are ours: another harness run on the machine is not this session's.
-    shorts = set(Path(tempfile.gettempdir()).glob("oarbank-e2e-*"))
-    yield
-    left = processes_under(base)
-    for short in set(Path(tempfile.gettempdir()).glob("oarbank-e2e-*")) - shorts:
-        left += processes_under(short)
+    own_tmp = Path(tempfile.mkdtemp(prefix="oarbank-t-"))
+    saved = os.environ.get("TMPDIR"), tempfile.tempdir
+    os.environ["TMPDIR"] = tempfile.tempdir = str(own_tmp)
+    try:
+        yield
+    finally:
+        if saved[0] is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = saved[0]
+        tempfile.tempdir = saved[1]
+    left = processes_under(base) + processes_under(own_tmp)
+    shutil.rmtree(own_tmp, ignore_errors=True)
     assert not left, "processes left behind by the harness tests:\n" + "\n".join(map(str, left))
 
 
@@ -47,3 +59,4 @@ def backend(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
         yield b
     finally:
         b.teardown()
+
