@@ -93,7 +93,7 @@ CASES = [
     ("status-field-missing", page({"type": "status", "source": {"query": "jobs"}}),
      "body[0].field", "missing"),
     ("kv-items", page({"type": "kv", "source": {"query": "jobs"}, "items": [{"label": "x"}]}),
-     "body[0].items[0].key", "missing"),
+     "body[0].items[0].field", "missing"),
     ("kv-items-not-list", page({"type": "kv", "source": {"query": "jobs"}, "items": "a"}),
      "body[0].items", "list of items"),
     ("link-to-missing", page({"type": "link", "text": "docs"}), "body[0].to", "missing"),

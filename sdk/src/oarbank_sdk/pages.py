@@ -9,7 +9,8 @@ what it does not know, so unknown component types and unknown props are accepted
 a placeholder); what a known component needs, the common props, sources, columns, tones, the
 40-per-container cap and id uniqueness are checked. A component using a 1.2 feature (the
 ``services`` host query) must say so with ``requires`` >= "1.2", so older consoles show a
-placeholder instead of a broken table.
+placeholder instead of a broken table. Link targets and kv items are read in this project's
+and upstream's forms (``_page_forms``: the renderer reads them with the same code).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ._manifest_model import Manifest, Problem
+from ._page_forms import kv_item, link_target
 from ._manifest_reader import MISSING, Reader, describe, join
 
 __all__ = [
@@ -49,7 +51,7 @@ _COMPONENTS: dict[str, dict[str, tuple[str, bool]]] = {
     "status": {"label": ("string", False), "source": ("source", True),
                "field": ("string", True), "tones": ("tones", False)},
     "kv": {"source": ("source", True), "items": ("items", True)},
-    "link": {"text": ("string", True), "to": ("string", True)},
+    "link": {"text": ("string", True), "to": ("target", True)},
 }
 
 
@@ -157,6 +159,9 @@ def _component(r: Reader, comp: Any, path: str, ids: dict[str, str]) -> None:
     props = _COMPONENTS.get(ctype) if isinstance(ctype, str) else None
     if props is None:
         return  # unknown type: consoles show a placeholder; nothing more to check
+    if ctype == "kv" and _all_literal(comp.get("items")):
+        # Upstream's literal-only kv reads no data: a source would be unused.
+        props = props | {"source": ("source", False)}
     for prop, (kind, required) in props.items():
         value = r.get(comp, prop, path, required=required)
         p = join(path, prop)
@@ -172,6 +177,8 @@ def _component(r: Reader, comp: Any, path: str, ids: dict[str, str]) -> None:
             _tones(r, value, p)
         elif kind == "items":
             _items(r, value, p)
+        elif kind == "target":
+            _target(r, value, p)
 
 
 def _requires(r: Reader, value: Any, path: str) -> int | None:
@@ -225,8 +232,24 @@ def _items(r: Reader, value: Any, path: str) -> None:
         r.add(path, f"expected a list of items, got {describe(value)}")
         return
     for i, item in enumerate(value):
-        if not isinstance(item, str):
-            _keyed_entry(r, item, join(path, i))
+        _item, problems = kv_item(item)
+        for key, message in problems:
+            r.add(join(join(path, i), key) if key else join(path, i), message)
+
+
+def _all_literal(items: Any) -> bool:
+    if not isinstance(items, list) or not items:
+        return False
+    return all(isinstance(i, dict) and "value" in i and "field" not in i and "key" not in i
+               for i in items)
+
+
+def _target(r: Reader, value: Any, path: str) -> None:
+    if value is MISSING:
+        return
+    _t, problems = link_target(value)
+    for key, message in problems:
+        r.add(join(path, key) if key else path, message)
 
 
 def _keyed_entry(r: Reader, value: Any, path: str) -> None:

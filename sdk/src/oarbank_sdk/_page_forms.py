@@ -1,0 +1,134 @@
+"""The two forms of link targets and kv items a page may use (contract section 7), read once for
+the checker (``pages.py``) and the portal's renderer (``oarbank_ui.render``), so the two never
+disagree on what a page means.
+
+- ``link.to``: a string path (this project's form), or a typed target object naming exactly one
+  of ``job``, ``node``, ``dataset``, ``campaign``, ``page``, ``tab``, ``url`` (upstream's form;
+  ``url`` must be https). What the target points at is the portal's business: one it cannot
+  resolve is shown as text.
+- ``kv`` items: a field name (string), ``{key, label?, type?}`` (this project's form), or
+  ``{label, field?, value?, type?, format?}`` (upstream's: ``field`` reads the source's first
+  row, ``value`` is a literal). ``key`` is kept as an alias of ``field``.
+
+Each reader returns the normalised value and the problems as ``(sub-key, message)`` pairs, the
+sub-key relative to the value read ("" for the value itself).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["TARGET_KINDS", "Target", "KvItem", "link_target", "kv_item"]
+
+TARGET_KINDS = ("job", "node", "dataset", "campaign", "page", "tab", "url")
+Problems = list[tuple[str, str]]
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a link goes: ``kind`` is ``"path"`` for a plain string, else one of
+    ``TARGET_KINDS``; ``value`` the path, id or URL (ids that were integers as text)."""
+
+    kind: str
+    value: str
+
+
+@dataclass(frozen=True)
+class KvItem:
+    """One kv line: a ``field`` of the source's first row, or a literal ``value``."""
+
+    label: str
+    field: str | None
+    value: Any
+    type: str
+    format: str | None
+    tones: Any
+
+    @property
+    def literal(self) -> bool:
+        return self.field is None
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    return "an object"
+
+
+def link_target(to: Any) -> tuple[Target | None, Problems]:
+    """``link.to`` read in either form."""
+    if isinstance(to, str):
+        return Target("path", to), []
+    if not isinstance(to, dict):
+        return None, [("", "expected a string path or a target object with one of "
+                           f"{', '.join(TARGET_KINDS)}, got {_kind(to)}")]
+    # Other keys are accepted unread, as unknown props are everywhere in a page.
+    kinds = [k for k in to if k in TARGET_KINDS]
+    problems: Problems = []
+    if not kinds:
+        return None, [("", f"a target object names exactly one of {', '.join(TARGET_KINDS)}; "
+                           f"this one has {', '.join(map(repr, to)) or 'no key'}")]
+    if len(kinds) > 1:
+        problems.append(("", f"a link target names exactly one of {', '.join(TARGET_KINDS)}, "
+                             f"this one names {', '.join(kinds)}"))
+        return None, problems
+    kind = kinds[0]
+    value = to[kind]
+    if kind != "url" and isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        value = str(value)  # a numeric id: the same id as its decimal text
+    if not isinstance(value, str) or not value:
+        problems.append((kind, f"expected a non-empty string, got {_kind(value)}"
+                               if not isinstance(value, str) else "expected a non-empty string"))
+        return None, problems
+    if kind == "url" and not value.lower().startswith("https://"):
+        problems.append((kind, f"a url target must be https://, got {value[:80]!r}"))
+        return None, problems
+    return Target(kind, value), problems
+
+
+def kv_item(item: Any) -> tuple[KvItem | None, Problems]:
+    """One kv item read in any of its forms."""
+    if isinstance(item, str):
+        if not item:
+            return None, [("", "expected a non-empty field name")]
+        return KvItem(item, item, None, "text", None, None), []
+    if not isinstance(item, dict):
+        return None, [("", f"expected a field name or an item object, got {_kind(item)}")]
+    problems: Problems = []  # other keys are accepted unread, as unknown props are
+    strings: dict[str, str | None] = {}
+    for k in ("label", "field", "key", "type", "format"):
+        v = item.get(k)
+        if v is not None and (not isinstance(v, str) or not v):
+            problems.append((k, f"expected a non-empty string, got {_kind(v)}"
+                                if not isinstance(v, str) else "expected a non-empty string"))
+            v = None
+        strings[k] = v
+    field, key = strings["field"], strings["key"]
+    if field is not None and key is not None and field != key:
+        problems.append(("key", f"`key` is an alias of `field`: give one (field {field!r}, "
+                                f"key {key!r})"))
+    field = field or key
+    has_value = "value" in item
+    if field is not None and has_value:
+        problems.append(("value", "an item shows a field of the source (`field`/`key`) or a "
+                                  "literal `value`, not both"))
+    if field is None and not has_value and not any(k in item for k in ("field", "key")):
+        problems.append(("field", "required key is missing: an item shows `field` (or its "
+                                  "alias `key`) of the source's first row, or a literal `value`"))
+    label = strings["label"] or field
+    if label is None and has_value:
+        problems.append(("label", "required key is missing: an item with a literal value "
+                                  "needs a label"))
+    if problems:
+        return None, problems
+    return KvItem(label or "", field, item.get("value") if has_value else None,
+                  strings["type"] or "text", strings["format"], item.get("tones")), []
