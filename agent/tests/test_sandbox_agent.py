@@ -14,6 +14,7 @@ exact environment, so it cannot come from a job); the agent carries it to every 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -28,13 +29,33 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from agent_helpers import EXAMPLE, MODFILES, RunningAgent  # noqa: E402
+from agent_helpers import EXAMPLE, MODFILES, RunningAgent, alive  # noqa: E402
 
 MODULE_ID = "test.agent.sbx"
 REFUSED_OPS = ("tcp_listen_127.0.0.1", "udp_bind", "unix_path_listen", "abstract_unix_listen",
                "connect_127.0.0.1", "connect_::1", "connect_unix_outside", "socket_af_packet")
 LINUX_CAPS = ("no_new_privs", "seccomp_listen", "seccomp_socket", "seccomp_bind_connect",
-              "seccomp_io_uring", "loopback", "abstract_unix", "endpoints")
+              "seccomp_io_uring", "loopback", "abstract_unix", "endpoints", "landlock_fs",
+              "landlock_signal", "landlock_abstract_unix", "caps_dropped", "seccomp_ptrace",
+              "seccomp_privileged", "devices", "agent_undumpable")
+# Every non-network wall (modfiles/sandbox_probe.py walls()) and the errno the kernel answers:
+# EACCES from Landlock (files, devices) and from the ptrace access check Landlock scopes
+# (/proc/<agent>/environ, mem); EPERM from seccomp and from Landlock's signal scope.
+WALLS = {
+    "state_dir_create": "EACCES", "state_dir_append_limits": "EACCES",
+    "procs_record_create": "EACCES", "forge_job_record": "EACCES", "forge_job_json": "EACCES",
+    "list_jobs": "EACCES",
+    "settings_rewrite": "EACCES", "bundle_create": "EACCES", "bundle_append_code": "EACCES",
+    "host_tmp_create": "EACCES", "host_home_create": "EACCES", "list_dev": "EACCES",
+    "dev_null_write": "ok", "open_block_device": "EACCES",
+    "mount_tmpfs": "EPERM", "unshare_user": "EPERM", "unshare_mount": "EPERM",
+    "bpf_map_create": "EPERM",
+    "kill_agent": "EPERM", "kill_agent_group": "EPERM", "read_agent_environ": "EACCES",
+    "read_agent_mem": "EACCES", "ptrace_attach_agent": "EPERM", "process_vm_readv_agent": "EPERM",
+}
+# What the agent itself changes while a job runs (records, logs, module data); everything
+# else of the state dir must be byte-identical after hostile jobs and services ran.
+VOLATILE = ("jobs", "procs", "run", "logs")
 
 MANIFEST = """\
 manifest = 1
@@ -100,7 +121,13 @@ def targets() -> Iterator[dict[str, Any]]:
         u = stack.enter_context(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM))
         u.bind(os.path.join(short, "outside.sock"))
         u.listen(16)
-        conf = {"tcp4": t4.getsockname()[1], "tcp6": tcp6, "unix_path": u.getsockname()}
+        host_tmp = tempfile.mkdtemp(prefix="oarbank-sbx-host-")  # a folder of the host's /tmp
+        stack.callback(shutil.rmtree, host_tmp, True)
+        block = next((d for d in ("/dev/vda", "/dev/sda", "/dev/nvme0n1", "/dev/xvda",
+                                  "/dev/loop0") if os.path.exists(d)), None)
+        conf = {"tcp4": t4.getsockname()[1], "tcp6": tcp6, "unix_path": u.getsockname(),
+                "host_tmp": host_tmp, "host_home": os.path.expanduser("~"),
+                "block_device": block, "walls": True}
         # Reachable from outside the sandbox (the test's own sanity check).
         with socket.create_connection(("127.0.0.1", conf["tcp4"]), timeout=2):
             pass
@@ -112,6 +139,36 @@ def targets() -> Iterator[dict[str, Any]]:
 def _not_refused(where: str, probes: dict[str, str]) -> list[str]:
     return [f"{where}: {op} -> {probes.get(op, 'not tried')} (expected EPERM)"
             for op in REFUSED_OPS if probes.get(op) != "EPERM"]
+
+
+def _walls_not_held(where: str, probes: dict[str, str], block: bool) -> list[str]:
+    out = []
+    if probes.get("agent_found") == "no":
+        out.append(f"{where}: could not find the agent's pid (probe broken)")
+    for op, want in WALLS.items():
+        if op == "open_block_device" and not block:
+            continue
+        got = probes.get(op, "not tried")
+        if got != want:
+            out.append(f"{where}: {op} -> {got} (expected {want})")
+    return out
+
+
+def _tree_digest(root: Path, skip_top: tuple[str, ...] = ()) -> dict[str, str]:
+    """{relative path: sha256} of every regular file (module data and logs skipped)."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        rel = p.relative_to(root)
+        if rel.parts[0] in skip_top or (len(rel.parts) > 2 and rel.parts[0] == "modules"
+                                        and rel.parts[2] in ("data", "logs")):
+            continue
+        if p.is_file() and not p.is_symlink():
+            out[str(rel)] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+def _hostile_files(*roots: Path) -> list[str]:
+    return [str(p) for r in roots if r.is_dir() for p in r.rglob("hostile-*")]
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -129,6 +186,8 @@ def test_runner_and_service_daemon_are_refused_every_network_operation(
         start_agent: Callable[..., RunningAgent], probe_module: Path,
         targets: dict[str, Any]) -> None:
     agent = _start(start_agent, probe_module, targets)  # default: --sandbox auto
+    state_before = _tree_digest(agent.state_dir, VOLATILE)
+    bundle_before = _tree_digest(probe_module)
     job = agent.run_job("with_service", {}, module=MODULE_ID)
     assert job["state"] == "succeeded", job
     runner = job["result"]["payload"]["probes"]
@@ -141,6 +200,21 @@ def test_runner_and_service_daemon_are_refused_every_network_operation(
                 + _not_refused("service daemon", service["self"])
                 + _not_refused("service daemon's child", service["child"]))
     assert not failures, "not refused by the sandbox:\n" + "\n".join(failures)
+    block = bool(targets["block_device"])
+    walls = (_walls_not_held("runner", runner["self"], block)
+             + _walls_not_held("runner's child", runner["child"], block)
+             + _walls_not_held("service op start", op_start, block)
+             + _walls_not_held("service daemon", service["self"], block)
+             + _walls_not_held("service daemon's child", service["child"], block))
+    assert not walls, "walls that did not hold:\n" + "\n".join(walls)
+    # Nothing on disk changed: the state dir (but what the agent itself writes while a job
+    # runs), the bundle, and no hostile-* file anywhere (state dir, bundle, host /tmp, $HOME).
+    assert _tree_digest(agent.state_dir, VOLATILE) == state_before
+    assert _tree_digest(probe_module) == bundle_before
+    assert not _hostile_files(agent.state_dir, probe_module, Path(targets["host_tmp"]))
+    assert not list(Path(targets["host_home"]).glob("hostile-*"))
+    assert "hostile" not in (agent.state_dir / "jobs" / job["job_id"] / "job.json").read_text()
+    assert alive(agent.pid), "the agent did not survive its jobs and services"
 
     # The daemon itself, seen from outside: no_new_privs and a seccomp filter.
     daemon_pid = int((data / "daemon.pid").read_text())
@@ -169,7 +243,7 @@ def test_runner_and_service_daemon_are_refused_every_network_operation(
 def test_sandbox_off_runs_unconfined_and_status_says_so(
         start_agent: Callable[..., RunningAgent], probe_module: Path,
         targets: dict[str, Any]) -> None:
-    agent = _start(start_agent, probe_module, targets, "--sandbox", "off")
+    agent = _start(start_agent, probe_module, dict(targets, walls=False), "--sandbox", "off")
     job = agent.run_job("probe", {}, module=MODULE_ID)
     assert job["state"] == "succeeded", job
     # The probes are real: unconfined, the same operations work.
@@ -195,7 +269,8 @@ def test_forced_setup_failure_fails_the_job_with_the_sandbox_reason(
     assert job["reason"].startswith("sandbox setup failed (exit 70): "), job["reason"]
     assert "unconfined" in job["reason"], job["reason"]  # "refusing to run ... unconfined"
     data = agent.module_data(MODULE_ID)
-    assert not list(data.glob("ran-*")), "the runner ran although the launcher could not confine it"
+    ran = list((agent.state_dir / "jobs").rglob("ran"))
+    assert not ran, "the runner ran although the launcher could not confine it"
 
     # A service: none of its ops ran (not even fingerprint); its row says why.
     row = agent.service_row("probe")

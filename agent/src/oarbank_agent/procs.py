@@ -30,13 +30,15 @@ __all__ = ["GroupRecord", "ProcessRegistry", "spawn", "group_alive", "end_group"
            "signal_group", "launch_argv"]
 
 
-def launch_argv(argv: list[str]) -> list[str]:
+def launch_argv(argv: list[str], walls: sandboxing.Walls | None = None) -> list[str]:
     """The hook every op and runner argv goes through before it is executed.
 
     The installed sandbox policy (``sandboxing.install``) prefixes the SDK's launcher, so that
     this one function decides how every child of the agent is confined (identity when off).
+    ``walls``: what the child may read and write (``sandboxing.runner_walls``/``service_walls``;
+    None: nothing writable).
     """
-    return sandboxing.current().wrap(list(argv))
+    return sandboxing.current().wrap(list(argv), walls)
 
 
 @dataclass(frozen=True)
@@ -102,7 +104,8 @@ class ProcessRegistry:
 async def spawn(argv: list[str], *, env: dict[str, str], cwd: str | os.PathLike[str],
                 stdout: Any, stderr: Any, pass_fds: tuple[int, ...] = (),
                 registry: ProcessRegistry | None = None, kind: str = "op",
-                label: str = "") -> asyncio.subprocess.Process:
+                label: str = "", walls: sandboxing.Walls | None = None
+                ) -> asyncio.subprocess.Process:
     """Start ``argv`` in a new session with exactly ``env``; record its group.
 
     Only the descriptors in ``pass_fds`` (plus stdin/stdout/stderr) reach the child.
@@ -111,7 +114,8 @@ async def spawn(argv: list[str], *, env: dict[str, str], cwd: str | os.PathLike[
     """
     box = containment.current()
     cg = box.new_cgroup() if box.enabled else None
-    full = launch_argv(argv) if cg is None else box.wrap(launch_argv(argv), cg)
+    inner = launch_argv(argv, walls)
+    full = inner if cg is None else box.wrap(inner, cg)
     try:
         proc = await asyncio.create_subprocess_exec(
             *full, env=env, cwd=str(cwd), stdin=asyncio.subprocess.DEVNULL,

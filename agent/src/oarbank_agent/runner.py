@@ -158,7 +158,8 @@ async def run_attempt(ctx: ModuleCtx, node: NodeInfo, stage: mf.Stage, *, job_id
             try:
                 proc = await procs.spawn(argv, env=env, cwd=workdir, stdout=log, stderr=log,
                                          pass_fds=tuple(pass_fds), registry=registry,
-                                         kind="runner", label=attempt_id)
+                                         kind="runner", label=attempt_id,
+                                         walls=sandboxing.runner_walls(ctx, workdir))
             except OSError as exc:
                 return Outcome("failed", None, f"cannot start the runner {argv[0]}: {exc}",
                                fault="host")

@@ -12,6 +12,16 @@ Modes (``oarbank-agent run --sandbox``):
 - ``required``: refuse to start the agent when the sandbox is not available.
 - ``off``: no launcher at all. For debugging only; status says so.
 
+Walls per child (``Walls``, passed by ``procs.spawn``): a runner writes only its workdir and
+reads its bundle, the settings file and the module's data dir; a service's ops and daemon write
+only the module's data dir and read the bundle, the settings, limits and tools files; the GPU
+device nodes only for a module with ``[sandbox].devices.gpu = "compute"``. Every child is
+launched with ``--guard-pid <agent pid>`` (no signal to the agent or its process group). A
+runner's signals are scoped to its own sandbox (Landlock); a service's are not (its ``stop``
+op signals the daemon its ``start`` op left, which is another launch, another domain): see the
+sandbox README for what that leaves open. The agent itself is not dumpable
+(``PR_SET_DUMPABLE`` 0, ``set_undumpable``), so its /proc files are root's alone.
+
 Capabilities are measured (the SDK runs its probe child once), never assumed. ``endpoints``
 is ``enforced`` only when a confined child can neither make a socket nor bind, connect,
 listen or accept on one it holds: then the only connections it has are the ones the agent
@@ -27,6 +37,8 @@ Ignored (with a warning) when the policy does not enforce.
 
 from __future__ import annotations
 
+import ctypes
+import logging
 import os
 import shutil
 import sys
@@ -37,13 +49,72 @@ from typing import Any
 from oarbank_sdk import sandbox
 
 __all__ = ["MODES", "SandboxPolicy", "SandboxUnavailable", "resolve", "install", "current",
-           "launcher_failure", "LAUNCHER_PREFIX"]
+           "launcher_failure", "LAUNCHER_PREFIX", "Walls", "runner_walls", "service_walls",
+           "set_undumpable", "REQUIRED_LINUX", "SANDBOX_ESCAPE"]
+
+log = logging.getLogger("oarbank_agent.sandbox")
+SANDBOX_ESCAPE = "sandbox_escape"  # the failure reason of a group with an unconfined process
 
 MODES = ("auto", "required", "off")
 LAUNCHER_PREFIX = "oarbank-sandbox: "  # the launcher's one stderr line when it refuses
 
 # What must hold for a child's only connections to be those the agent hands it.
 _ENDPOINT_CAPS_LINUX = ("no_new_privs", "seccomp_listen", "seccomp_socket", "seccomp_bind_connect")
+# Every wall ``--sandbox required`` needs (netns is belt and braces over the socket refusal:
+# its absence is warned about, not refused).
+REQUIRED_LINUX = ("no_new_privs", "seccomp_listen", "seccomp_socket", "seccomp_bind_connect",
+                  "seccomp_io_uring", "landlock_fs", "landlock_signal", "landlock_abstract_unix",
+                  "caps_dropped", "seccomp_ptrace", "seccomp_privileged", "devices")
+_PR_SET_DUMPABLE = 4
+_PR_GET_DUMPABLE = 3
+
+
+@dataclass(frozen=True)
+class Walls:
+    """What one child may touch besides the system's folders (see ``oarbank_sdk.sandbox``)."""
+    read: tuple[str, ...] = ()
+    write: tuple[str, ...] = ()
+    gpu: bool = False
+    signals: str = "scoped"  # scoped | open
+
+
+def _gpu_compute(ctx: Any) -> bool:
+    devices = (ctx.manifest.sandbox or {}).get("devices") or {}
+    return isinstance(devices, dict) and devices.get("gpu") == "compute"
+
+
+def runner_walls(ctx: Any, workdir: os.PathLike[str] | str) -> Walls:
+    """A runner: writes its workdir (tmp and home inside); reads its bundle, the module's
+    settings file and data dir (read-only: only services write it)."""
+    bundle = str(os.path.realpath(ctx.manifest.bundle))
+    return Walls(read=(bundle, str(ctx.settings_file), str(ctx.data_dir)),
+                 write=(str(workdir),), gpu=_gpu_compute(ctx), signals="scoped")
+
+
+def service_walls(ctx: Any, node: Any) -> Walls:
+    """A service's ops and daemon: write the module's data dir (HOME and TMPDIR inside); read
+    the bundle, the settings, limits and tools files."""
+    bundle = str(os.path.realpath(ctx.manifest.bundle))
+    return Walls(read=(bundle, str(ctx.settings_file), str(node.limits_file),
+                       str(node.tools_file)),
+                 write=(str(ctx.data_dir),), gpu=_gpu_compute(ctx), signals="open")
+
+
+def set_undumpable() -> bool:
+    """``PR_SET_DUMPABLE`` 0 for the agent: /proc/<agent>/environ, mem, ... readable by root
+    with capabilities only (its children have none). True when it took effect."""
+    if not sys.platform.startswith("linux"):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+    return bool(libc.prctl(_PR_GET_DUMPABLE, 0, 0, 0, 0) == 0)
+
+
+def _undumpable() -> str:
+    if not sys.platform.startswith("linux"):
+        return sandbox.UNAVAILABLE
+    libc = ctypes.CDLL(None, use_errno=True)
+    return sandbox.ENFORCED if libc.prctl(_PR_GET_DUMPABLE, 0, 0, 0, 0) == 0 else sandbox.UNAVAILABLE
 
 
 class SandboxUnavailable(Exception):
@@ -58,10 +129,12 @@ class SandboxPolicy:
     fault: str | None = None  # test hook carried to every launcher (used only when enforcing)
     env_exe: str = "env"
 
-    def wrap(self, argv: list[str]) -> list[str]:
+    def wrap(self, argv: list[str], walls: Walls | None = None) -> list[str]:
         if not self.enforce:
             return list(argv)
-        out = sandbox.wrap(list(argv))
+        w = walls or Walls()  # nothing writable unless said
+        out = sandbox.wrap(list(argv), read=w.read, write=w.write, gpu=w.gpu,
+                           signals=w.signals, guard_pids=(os.getpid(),))
         if self.fault is not None:
             out = [self.env_exe, f"{sandbox.FAULT_ENV}={self.fault}", *out]
         return out
@@ -72,6 +145,7 @@ class SandboxPolicy:
         if not self.enforce:
             rep: dict[str, Any] = dict.fromkeys(names, sandbox.UNAVAILABLE)
             rep["endpoints"] = sandbox.UNAVAILABLE
+            rep["agent_undumpable"] = _undumpable()
             rep["mode"] = self.mode
             rep["note"] = ("sandbox off (debugging only): jobs and services run unconfined"
                            if self.mode == "off" else
@@ -82,11 +156,27 @@ class SandboxPolicy:
         needed = ("macos_seatbelt",) if sys.platform == "darwin" else _ENDPOINT_CAPS_LINUX
         rep["endpoints"] = (sandbox.ENFORCED if all(rep[n] == sandbox.ENFORCED for n in needed)
                             else sandbox.UNAVAILABLE)
+        rep["agent_undumpable"] = _undumpable()
         rep["mode"] = self.mode
         if self.fault is not None:
             rep["fault"] = (f"{sandbox.FAULT_ENV}={self.fault}: every launch is made to fail "
                             "(test hook)")
         return rep
+
+    def missing_walls(self) -> list[tuple[str, str]]:
+        """(wall, what its absence leaves open) for each wall this node lacks (Linux)."""
+        if not self.enforce or sys.platform != "linux":
+            return []
+        return [(n, sandbox.WALL_GAPS.get(n, "")) for n in (*REQUIRED_LINUX, "netns")
+                if self.capabilities.get(n) != sandbox.ENFORCED]
+
+    def warn_missing(self) -> None:
+        """``--sandbox auto`` on a kernel missing walls: one WARNING naming each."""
+        missing = self.missing_walls()
+        if missing:
+            log.warning("sandbox: this kernel lacks %d wall(s); jobs and services run without "
+                        "them: %s", len(missing),
+                        "; ".join(f"{n} unavailable ({gap})" for n, gap in missing))
 
 
 def resolve(mode: str, environ: MutableMapping[str, str] | None = None) -> SandboxPolicy:
@@ -101,6 +191,12 @@ def resolve(mode: str, environ: MutableMapping[str, str] | None = None) -> Sandb
     if mode == "off":
         return SandboxPolicy(mode, False, fault=fault)
     caps = sandbox.capabilities(refresh=True)
+    if mode == "required" and sys.platform == "linux" and sandbox.available():
+        missing = [n for n in REQUIRED_LINUX if caps.get(n) != sandbox.ENFORCED]
+        if missing:
+            raise SandboxUnavailable(
+                "--sandbox required, but this kernel lacks walls: " + "; ".join(
+                    f"{n} ({sandbox.WALL_GAPS.get(n, 'unavailable')})" for n in missing))
     if not sandbox.available():
         if mode == "required":
             needed = (("macos_seatbelt",) if sys.platform == "darwin"
