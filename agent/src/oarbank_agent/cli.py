@@ -212,20 +212,33 @@ def cmd_run(args: argparse.Namespace) -> int:
                 await sender.aclose()
         return 0
 
-    # Last, once the arguments are good: this may create the agent's cgroup.
-    from . import containment
+    # Once the arguments are good, before anything reads or writes the state dir: ours alone
+    # (0700, our user's), and locked: a second agent on it exits here (statedir.py).
+    from . import statedir
 
+    os.umask(statedir.UMASK)  # every file the agent writes is 0600, every folder 0700
     try:
-        box = containment.resolve(args.containment, args.state_dir)
-    except containment.ContainmentUnavailable as exc:
-        _err(str(exc))
-        return 1
-    containment.install(box)  # before anything starts: every group is spawned and ended through it
-    logging.getLogger("oarbank_agent").info("containment: %s (%s)", box.mode, box.note)
+        lock = statedir.prepare(args.state_dir)
+    except statedir.StateDirError as exc:
+        _err(f"--state-dir: {exc}")
+        return 2
     try:
-        return asyncio.run(main_async())
+        # Last: this may create the agent's cgroup.
+        from . import containment
+
+        try:
+            box = containment.resolve(args.containment, args.state_dir)
+        except containment.ContainmentUnavailable as exc:
+            _err(str(exc))
+            return 1
+        containment.install(box)  # before anything starts: every group is spawned and ended through it
+        logging.getLogger("oarbank_agent").info("containment: %s (%s)", box.mode, box.note)
+        try:
+            return asyncio.run(main_async())
+        finally:
+            box.close()  # an agent that never got going leaves no empty cgroup behind
     finally:
-        box.close()  # an agent that never got going leaves no empty cgroup behind
+        lock.close()
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
