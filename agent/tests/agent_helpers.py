@@ -95,10 +95,29 @@ def write_module(root: Path, *, module_id: str = "test.agent.echo",
     return root
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
+def _jsonl(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The records in ``path``. ``<state>/modules/<id>/data/runs.jsonl`` reads as every
+    attempt's runner records: a runner may write only its workdir (the sandbox), so the test
+    runners record in ``<state>/jobs/<job>/a<n>/runs.jsonl``; merged in time order."""
+    rows = _jsonl(path)
+    if path.name == "runs.jsonl" and path.parent.name == "data" and len(path.parents) > 3 \
+            and path.parents[2].name == "modules":
+        for p in sorted((path.parents[3] / "jobs").glob("*/a*/runs.jsonl")):
+            rows += _jsonl(p)
+        rows.sort(key=lambda r: r.get("t", 0))
+    return rows
+
+
+def runner_file(agent: Any, attempt: str, name: str) -> Path:
+    """Where the runner of attempt ``<job id>.<n>`` writes ``name``: its workdir."""
+    job_id, _, number = attempt.rpartition(".")
+    return agent.state_dir / "jobs" / job_id / f"a{number}" / name
 
 
 def alive(pid: int) -> bool:

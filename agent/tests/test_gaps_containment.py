@@ -13,7 +13,7 @@ import signal
 from pathlib import Path
 
 import pytest
-from agent_helpers import MODFILES, alive, write_module
+from agent_helpers import MODFILES, alive, runner_file, write_module
 
 from oarbank_agent import containment
 
@@ -36,7 +36,7 @@ def need_cgroups(agent) -> dict:  # type: ignore[no-untyped-def]
 
 
 def escapee(agent, attempt_id: str) -> dict:  # type: ignore[no-untyped-def]
-    return json.loads((agent.module_data() / f"escapee-{attempt_id}.json").read_text())
+    return json.loads(runner_file(agent, attempt_id, f"escapee-{attempt_id}.json").read_text())
 
 
 def test_a_setsid_grandchild_of_the_runner_is_gone_after_the_attempt(start_agent,
@@ -65,7 +65,7 @@ def test_kill_9_restart_ends_the_predecessors_cgroups_even_unrecorded(start_agen
     first = start_agent([mod])
     need_cgroups(first)
     job_id = first.submit("plain", {"hold_s": 60})
-    info = first.module_data() / f"escapee-{job_id}.1.json"
+    info = runner_file(first, f"{job_id}.1", f"escapee-{job_id}.1.json")
     first.wait_for(info.exists, timeout=30, what="the first attempt's escapee")
     esc = escapee(first, f"{job_id}.1")
     try:

@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from agent_helpers import MODFILES, read_jsonl, write_module
+from agent_helpers import MODFILES, read_jsonl, runner_file, write_module
 
 O_CLOEXEC = 0o2000000
 
@@ -72,7 +72,7 @@ def test_connect_after_the_attempt_ended_fails(start_agent, tmp_path: Path) -> N
                         extra_args=["--containment", "process-group"])
     rec = agent.run_job("echo", {"mode": "escape"})
     assert rec["state"] == "succeeded", rec
-    out = agent.module_data() / f"escape-{rec['job_id']}.1.json"
+    out = runner_file(agent, f"{rec['job_id']}.1", f"escape-{rec['job_id']}.1.json")
     agent.wait_for(out.exists, timeout=20, what="the escaped child's report")
     report = json.loads(out.read_text())
     assert report["connected"] is False, report

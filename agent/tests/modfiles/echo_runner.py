@@ -24,7 +24,9 @@ from pathlib import Path
 def record(event: str, **kw: object) -> None:
     line = json.dumps({"event": event, "t": time.time(), "pid": os.getpid(),
                        "attempt": os.environ.get("OARBANK_ATTEMPT_ID"), **kw}) + "\n"
-    fd = os.open(Path(os.environ["OARBANK_MODULE_DATA"]) / "runs.jsonl",
+    # The workdir: the only place a runner may write (the sandbox); agent_helpers.read_jsonl
+    # reads <module data>/runs.jsonl as every attempt's records.
+    fd = os.open(Path(os.environ["OARBANK_WORKDIR"]) / "runs.jsonl",
                  os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
         os.write(fd, line.encode())

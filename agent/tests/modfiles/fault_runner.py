@@ -145,7 +145,7 @@ def open_fds() -> dict[str, str]:
 
 
 def escape(attempt_id: str) -> dict:
-    result_path = Path(os.environ["OARBANK_MODULE_DATA"]) / f"escape-{attempt_id}.json"
+    result_path = Path(os.environ["OARBANK_WORKDIR"]) / f"escape-{attempt_id}.json"  # writable
     parent = os.getpid()
     if os.fork() == 0:
         try:

@@ -24,7 +24,7 @@ def main() -> int:
     spec = json.loads(Path(args[args.index("--spec") + 1]).read_text())
     out = Path(args[args.index("--out") + 1])
     attempt = os.environ["OARBANK_ATTEMPT_ID"]
-    info = Path(os.environ["OARBANK_MODULE_DATA"]) / f"escapee-{attempt}.json"
+    info = Path(os.environ["OARBANK_WORKDIR"]) / f"escapee-{attempt}.json"  # writable
     runner_pgid = os.getpgid(0)
     r, w = os.pipe()
     child = os.fork()
