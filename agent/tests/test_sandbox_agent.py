@@ -19,8 +19,10 @@ import json
 import os
 import shutil
 import socket
+import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -279,3 +281,67 @@ def test_forced_setup_failure_fails_the_job_with_the_sandbox_reason(
 
     sb = agent.status()["sandbox"]
     assert "OARBANK_SANDBOX_FAULT=seccomp" in sb["fault"], sb
+
+
+def _group_record(agent: RunningAgent, kind: str) -> dict[str, Any]:
+    recs = [json.loads(p.read_text()) for p in (agent.state_dir / "procs").glob("*.json")]
+    found = [r for r in recs if r["kind"] == kind]
+    assert found, f"no {kind} group recorded: {recs}"
+    return found[0]
+
+
+def _intrude(cgroup: str) -> subprocess.Popen[bytes]:
+    """An unconfined process (started here, outside any sandbox) moved into ``cgroup``."""
+    intruder = subprocess.Popen(["sleep", "120"])
+    Path(cgroup, "cgroup.procs").write_text(str(intruder.pid))
+    status = Path(f"/proc/{intruder.pid}/status").read_text()
+    assert "\nSeccomp:\t0\n" in status  # really unconfined
+    return intruder
+
+
+def test_an_unconfined_process_in_a_sandboxed_group_is_killed_and_fails_it(
+        start_agent: Callable[..., RunningAgent], probe_module: Path,
+        targets: dict[str, Any]) -> None:
+    """The escape check (escapewatch): a process of a runner's or a service's group that is
+    not confined (Seccomp 2, NoNewPrivs 1) is killed with its group, and the attempt or the
+    service fails with reason sandbox_escape."""
+    agent = _start(start_agent, probe_module, dict(targets, walls=False))
+    st = agent.status()
+    if st["containment"] != "cgroup":
+        pytest.skip(f"needs cgroup containment to move a process into a group from outside "
+                    f"(a process group cannot be joined from another session): "
+                    f"{st['containment_note']}")
+    job_id = agent.submit("probe", {"sleep_s": 60}, module=MODULE_ID)
+    agent.wait_for(lambda: any(json.loads(p.read_text())["kind"] == "runner"
+                               for p in (agent.state_dir / "procs").glob("*.json")), 30,
+                   "the runner's group record")
+    runner = _group_record(agent, "runner")
+    t0 = time.monotonic()
+    intruder = _intrude(runner["cgroup"])
+    try:
+        job = agent.wait(job_id, timeout=60)
+        assert intruder.wait(timeout=30) == -9, "the unconfined process was not killed"
+    finally:
+        if intruder.poll() is None:
+            intruder.kill()
+            intruder.wait()
+    assert job["state"] == "failed", job
+    assert job["reason"].startswith("sandbox_escape: pid "), job["reason"]
+    assert f"pid {intruder.pid} " in job["reason"] and "Seccomp 0" in job["reason"], job["reason"]
+    assert time.monotonic() - t0 < 30, "not caught within a few checks"
+    assert "sandbox_escape" in agent.log()
+
+    # A service: its daemon's group.
+    ok = agent.run_job("with_service", {}, module=MODULE_ID)
+    assert ok["state"] == "succeeded", ok
+    service = _group_record(agent, "service")
+    intruder = _intrude(service["cgroup"])
+    try:
+        assert intruder.wait(timeout=30) == -9, "the unconfined process was not killed"
+        agent.wait_for(lambda: "sandbox_escape" in (agent.service_row("probe")["error"] or ""),
+                       30, "the service to fail with sandbox_escape")
+    finally:
+        if intruder.poll() is None:
+            intruder.kill()
+            intruder.wait()
+    assert not alive(service["pgid"]), "the service's group was not ended with it"

@@ -27,6 +27,7 @@ from oarbank_sdk import manifest as mf
 from . import (
     containment,
     control,
+    escapewatch,
     faults,
     gpu_detect,
     manualwatch,
@@ -78,6 +79,7 @@ class Agent:
         # Manual services are fingerprinted again this often (manualwatch; the CLI may set it).
         self.manual_refresh_s = manualwatch.DEFAULT_INTERVAL_S
         self._manual_task: asyncio.Task[None] | None = None
+        self._escape_task: asyncio.Task[None] | None = None  # escapewatch
         # Test-only fault injection (faults.py; the CLI sets it from OARBANK_AGENT_FAULT).
         self.fault: str | None = None
 
@@ -179,6 +181,7 @@ class Agent:
         self.guard.sample()  # the first sample before anything starts
         self.guard.start()
         self._manual_task = manualwatch.start(self.supervisor, self.manual_refresh_s)
+        self._escape_task = escapewatch.start(self.registry)  # sandboxed groups stay confined
         for rt in self.supervisor.services.values():
             self.supervisor.poke(rt)  # `always` services start now
         self._admit()
@@ -197,6 +200,9 @@ class Agent:
         if self._manual_task is not None:
             self._manual_task.cancel()
             await asyncio.gather(self._manual_task, return_exceptions=True)
+        if self._escape_task is not None:
+            self._escape_task.cancel()
+            await asyncio.gather(self._escape_task, return_exceptions=True)
         await self.control.close()
         tasks = list(self._job_tasks.values())
         for t in tasks:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from oarbank_sdk import manifest as mf
 
-from . import logtail, procs, sandboxing
+from . import escapewatch, logtail, procs, sandboxing
 from .modules import ModuleCtx, NodeInfo
 from .supervisor import service_key
 
@@ -179,6 +179,9 @@ async def run_attempt(ctx: ModuleCtx, node: NodeInfo, stage: mf.Stage, *, job_id
             rc, logtail.read_tail(workdir / "runner.log"))
         if refused is not None:
             return Outcome("failed", rc, refused, fault="host")
+        escaped = escapewatch.take(proc.pid)  # the escape check ended the group: not the job's doing
+        if escaped is not None:
+            return Outcome("failed", rc, escaped, fault="job")
         return classify(rc, timed_out, workdir, stage.timeout_s)
     except asyncio.CancelledError:
         # Agent shutdown: end the attempt the same way as a timeout.

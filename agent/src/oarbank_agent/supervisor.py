@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from oarbank_sdk import manifest as mf
 
+from . import escapewatch
 from . import fingerprint as fingerprints
 from . import groupwatch, ops, procs, protection, statuswatch
 from . import lifecycle as lc
@@ -442,7 +443,10 @@ class Supervisor:
                 t.cancel()
             if pending:  # a status op in flight ends its own group before we go on
                 await asyncio.wait(pending)
-        if ch is not None and ch.closed.done():
+        escaped = escapewatch.take(pgid)  # the escape check ended its group
+        if escaped is not None:
+            error = escaped
+        elif ch is not None and ch.closed.done():
             error = f"the service closed its channel: {ch.closed.result()}"
         elif status is not None:
             error = status.result()

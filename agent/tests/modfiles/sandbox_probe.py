@@ -240,6 +240,8 @@ def run_runner(args: list[str]) -> int:
     (workdir / "ran").write_text(str(os.getpid()))
     if "exit" in payload:  # the runner's OWN exit code (e.g. 70, which is not the launcher's)
         return int(payload["exit"])
+    if "sleep_s" in payload:  # a runner that stays (the escape check test)
+        time.sleep(float(payload["sleep_s"]))
     result = {"probes": probes_here_and_in_child(), "pid": os.getpid()}
     write_json(out, {"envelope": 1, "payload": result})
     return 0
