@@ -34,6 +34,7 @@ from . import (
     procs,
     protection,
     recovery,
+    refusals,
     sandboxing,
     waiting,
 )
@@ -119,7 +120,9 @@ class Agent:
                 "time": time.time(),
                 "services": [self.supervisor.row(rt) for rt in self.supervisor.services.values()],
                 # node-level: what confines every job and service here (measured, see sandboxing)
-                "sandbox": sandboxing.current().report()}
+                "sandbox": sandboxing.current().report(),
+                # network attempts the sandbox refused, per service / attempt (refusals.py)
+                "sandbox_refusals": refusals.current().report()}
 
     def status(self) -> dict[str, Any]:
         rep = self.report()

@@ -122,6 +122,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         _err(str(exc))
         return 1
     sandboxing.install(policy)  # before anything is started: every child goes through it
+    _install_refusals(policy.enforce)
     if policy.enforce:
         sandboxing.set_undumpable()  # /proc/<agent>/environ, mem, ...: not for its children
     policy.warn_missing()  # auto on a kernel lacking walls: one WARNING naming each
@@ -241,6 +242,23 @@ def cmd_run(args: argparse.Namespace) -> int:
         lock.close()
 
 
+def _install_refusals(enforce: bool) -> None:
+    """Count each network attempt of every child (refusals.py) when user notification works
+    here; the filter refuses them either way."""
+    from . import refusals
+
+    problem = None
+    if enforce and sys.platform.startswith("linux"):
+        from oarbank_sdk.sandbox import _notify
+
+        problem = _notify.probe()
+        if problem:
+            logging.getLogger("oarbank_agent").warning(
+                "network attempts are refused but not counted (seccomp user notification "
+                "does not work here: %s)", problem)
+    refusals.install(enforce and problem is None)
+
+
 def cmd_submit(args: argparse.Namespace) -> int:
     try:
         payload = json.loads(args.payload)
@@ -321,6 +339,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     jcols = ["job_id", "module", "stage", "state", "attempts", "wire_attempt", "exit_code",
              "reason"]
     _table(jcols, [[_cell(j.get(c)) for c in jcols] for j in st["jobs"]])
+    refused = st.get("sandbox_refusals") or {}
+    if refused:  # network attempts the sandbox refused, per service / attempt (refusals.py)
+        print()
+        _table(["sandbox_refusals", "count", "last"],
+               [[k, str(v["count"]), v["last"]] for k, v in refused.items()])
     return 0
 
 

@@ -79,7 +79,8 @@ async def run_op(ctx: ModuleCtx, node: NodeInfo, service: str, op: str, *,
             proc = await procs.spawn(argv, env=env, cwd=ctx.manifest.bundle, stdout=out,
                                      stderr=err, pass_fds=pass_fds, registry=registry,
                                      kind="service" if keep_group else "op", label=label,
-                                     walls=sandboxing.service_walls(ctx, node))
+                                     walls=sandboxing.service_walls(ctx, node),
+                                     refusal_key=f"{ctx.id}/{service}")
         except OSError as exc:
             if after_spawn:
                 after_spawn()

@@ -24,13 +24,14 @@ from typing import Any
 
 import psutil
 
-from . import containment, sandboxing
+from . import containment, refusals, sandboxing
 
 __all__ = ["GroupRecord", "ProcessRegistry", "spawn", "group_alive", "end_group",
            "signal_group", "launch_argv"]
 
 
-def launch_argv(argv: list[str], walls: sandboxing.Walls | None = None) -> list[str]:
+def launch_argv(argv: list[str], walls: sandboxing.Walls | None = None,
+                notify_fd: int | None = None) -> list[str]:
     """The hook every op and runner argv goes through before it is executed.
 
     The installed sandbox policy (``sandboxing.install``) prefixes the SDK's launcher, so that
@@ -38,7 +39,7 @@ def launch_argv(argv: list[str], walls: sandboxing.Walls | None = None) -> list[
     ``walls``: what the child may read and write (``sandboxing.runner_walls``/``service_walls``;
     None: nothing writable).
     """
-    return sandboxing.current().wrap(list(argv), walls)
+    return sandboxing.current().wrap(list(argv), walls, notify_fd)
 
 
 @dataclass(frozen=True)
@@ -104,17 +105,22 @@ class ProcessRegistry:
 async def spawn(argv: list[str], *, env: dict[str, str], cwd: str | os.PathLike[str],
                 stdout: Any, stderr: Any, pass_fds: tuple[int, ...] = (),
                 registry: ProcessRegistry | None = None, kind: str = "op",
-                label: str = "", walls: sandboxing.Walls | None = None
-                ) -> asyncio.subprocess.Process:
+                label: str = "", walls: sandboxing.Walls | None = None,
+                refusal_key: str | None = None) -> asyncio.subprocess.Process:
     """Start ``argv`` in a new session with exactly ``env``; record its group.
 
     Only the descriptors in ``pass_fds`` (plus stdin/stdout/stderr) reach the child.
     With cgroup containment the child enters a cgroup of its own before its own code runs
-    (``containment``). Raises ``OSError`` if it cannot be started.
+    (``containment``). Raises ``OSError`` if it cannot be started. ``refusal_key``: count
+    the network attempts of the child and all it starts under that key (``refusals``).
     """
     box = containment.current()
     cg = box.new_cgroup() if box.enabled else None
-    inner = launch_argv(argv, walls)
+    watch = (refusals.current().watch(refusal_key)
+             if refusal_key and sandboxing.current().enforce else None)
+    if watch is not None and watch.child_fd is not None:
+        pass_fds = (*pass_fds, watch.child_fd)
+    inner = launch_argv(argv, walls, watch.child_fd if watch is not None else None)
     full = inner if cg is None else box.wrap(inner, cg)
     try:
         proc = await asyncio.create_subprocess_exec(
@@ -123,10 +129,14 @@ async def spawn(argv: list[str], *, env: dict[str, str], cwd: str | os.PathLike[
             start_new_session=True,
         )
     except BaseException:
+        if watch is not None:
+            watch.close()
         if cg is not None:
             with contextlib.suppress(OSError):
                 cg.rmdir()
         raise
+    if watch is not None:
+        watch.spawned()  # only the launcher holds its end now
     if cg is not None:
         box.remember(proc.pid, cg)
     if registry is not None:

@@ -159,7 +159,8 @@ async def run_attempt(ctx: ModuleCtx, node: NodeInfo, stage: mf.Stage, *, job_id
                 proc = await procs.spawn(argv, env=env, cwd=workdir, stdout=log, stderr=log,
                                          pass_fds=tuple(pass_fds), registry=registry,
                                          kind="runner", label=attempt_id,
-                                         walls=sandboxing.runner_walls(ctx, workdir))
+                                         walls=sandboxing.runner_walls(ctx, workdir),
+                                         refusal_key=attempt_id)
             except OSError as exc:
                 return Outcome("failed", None, f"cannot start the runner {argv[0]}: {exc}",
                                fault="host")

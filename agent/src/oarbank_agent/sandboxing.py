@@ -129,12 +129,14 @@ class SandboxPolicy:
     fault: str | None = None  # test hook carried to every launcher (used only when enforcing)
     env_exe: str = "env"
 
-    def wrap(self, argv: list[str], walls: Walls | None = None) -> list[str]:
+    def wrap(self, argv: list[str], walls: Walls | None = None,
+             notify_fd: int | None = None) -> list[str]:
+        """``notify_fd``: the launcher's end of a ``refusals.Watch`` (network attempts)."""
         if not self.enforce:
             return list(argv)
         w = walls or Walls()  # nothing writable unless said
         out = sandbox.wrap(list(argv), read=w.read, write=w.write, gpu=w.gpu,
-                           signals=w.signals, guard_pids=(os.getpid(),))
+                           signals=w.signals, guard_pids=(os.getpid(),), notify_fd=notify_fd)
         if self.fault is not None:
             out = [self.env_exe, f"{sandbox.FAULT_ENV}={self.fault}", *out]
         return out

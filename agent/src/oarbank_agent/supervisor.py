@@ -27,7 +27,7 @@ from oarbank_sdk import manifest as mf
 
 from . import escapewatch
 from . import fingerprint as fingerprints
-from . import groupwatch, ops, procs, protection, statuswatch
+from . import groupwatch, ops, procs, protection, refusals, statuswatch
 from . import lifecycle as lc
 from .modules import ModuleCtx, NodeInfo
 
@@ -143,7 +143,8 @@ class Supervisor:
             "running": up or (rt.svc.lifecycle == "manual" and rt.fp_running),
             "ready": self.is_ready(rt),
             "accepting": self.is_ready(rt) and not self.shutting_down,
-            "error": rt.st.error or rt.fp_error or rt.stop_note,
+            "error": _with_refusals(rt.st.error or rt.fp_error or rt.stop_note,
+                                    f"{rt.ctx.id}/{rt.svc.name}"),
             "held": rt.held,
             "disabled": False,
             "withdrawn": s is lc.State.WITHDRAWN,
@@ -553,3 +554,9 @@ class Supervisor:
             self.poke(rt)  # READY -> stop, BACKOFF -> forget
         pending = [rt.task for rt in self.services.values() if rt.busy()]
         await asyncio.gather(*[t for t in pending if t is not None], return_exceptions=True)
+
+
+def _with_refusals(error: str | None, key: str) -> str | None:
+    """A failed service's error says how many network attempts the sandbox refused it."""
+    more = refusals.current().describe(key) if error else None
+    return f"{error} ({more})" if more else error

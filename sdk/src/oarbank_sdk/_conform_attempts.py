@@ -125,23 +125,7 @@ def start(confined: bool, report: Report) -> bool:
 
 
 def probe() -> str | None:
-    """None when a launch with a watch works here (one confined ``python -c pass``)."""
-    import subprocess
+    """None when a launch with a watch works here."""
+    from oarbank_sdk.sandbox import _notify
 
-    a = Attempts()
-    try:
-        argv, w = a.launch([sys.executable, "-I", "-S", "-c", "pass"])
-        try:
-            done = subprocess.run(argv, pass_fds=(w.child_fd,), capture_output=True, text=True,
-                                  timeout=30, stdin=subprocess.DEVNULL, check=False)
-        finally:
-            a.spawned(w)
-        if done.returncode != 0:
-            return (done.stderr.strip() or f"exit {done.returncode}")[-300:]
-        if a.take():
-            return "the launcher's self-test was counted as an attempt"
-        return None
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"{type(exc).__name__}: {exc}"
-    finally:
-        a.close()
+    return _notify.probe()

@@ -164,12 +164,118 @@ def _family(value: int) -> str:
         return f"family {value & 0xFFFFFFFF}"
 
 
+class Session:
+    """The supervision of one launch, driven by whoever waits for readiness: a thread
+    (``Watch``) or an event loop (the agent: ``loop.add_reader``). ``sock`` is the supervisor's
+    end of the socketpair; ``record`` gets each attempt (not the launcher's self-test) before
+    the call is answered. Call ``on_sock()`` when ``sock`` is readable (False: nothing more
+    will come on it), ``on_listener()`` when ``listener`` is readable (False: no process uses
+    the filter any more, the session is over); ``close()`` at the end."""
+
+    def __init__(self, sock: socket.socket, record) -> None:
+        self.sock = sock
+        self.listener: int | None = None
+        self.launcher_pid = 0
+        self.sock_open = True
+        self._verified = False
+        self._record = record
+        self._buf = bytearray(_NOTIF.size)
+
+    def on_sock(self) -> bool:
+        if self.listener is None:
+            return self._hand_over()
+        if self.sock_open and not self._drain():
+            self.sock_open = False
+        return self.sock_open
+
+    def _hand_over(self) -> bool:
+        # close-on-exec from the start: nothing the supervisor starts may inherit a listener
+        msg, anc, _flags, _addr = self.sock.recvmsg(64, socket.CMSG_SPACE(4 * 4),
+                                                    socket.MSG_CMSG_CLOEXEC)
+        fds: list[int] = []
+        for level, kind, data in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds.extend(array.array("i", data[: len(data) - len(data) % 4]))
+        if not msg or not msg.startswith(b"F") or len(fds) != 1:
+            for fd in fds:
+                os.close(fd)
+            if not msg:  # the launcher exited (or never ran) without handing one over
+                self.sock_open = False
+                return False
+            raise RuntimeError(f"unexpected hand-over from the launcher: {msg[:40]!r}")
+        self.launcher_pid = int(msg[1:].split(b"\n", 1)[0])
+        self._verified = b"V" in msg  # (the two writes may arrive together)
+        self.listener = fds[0]
+        return True
+
+    def _drain(self) -> bool:
+        """Read what the launcher sent since (``V``); False once it closed its end."""
+        while True:
+            try:
+                data = self.sock.recv(64, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return True
+            except OSError:
+                return False
+            if not data:
+                return False
+            if b"V" in data:
+                self._verified = True
+
+    def on_listener(self) -> bool:
+        """Answer one pending call (never blocks: a poll says whether one is there)."""
+        assert self.listener is not None
+        p = select.poll()
+        p.register(self.listener, select.POLLIN)
+        events = p.poll(0)
+        ev = events[0][1] if events else 0
+        if not ev & select.POLLIN:
+            return not ev & (select.POLLHUP | select.POLLERR)
+        self._buf[:] = bytes(_NOTIF.size)  # the kernel wants it zeroed (else EINVAL)
+        try:
+            fcntl.ioctl(self.listener, _IOCTL_RECV, self._buf, True)
+        except OSError as exc:
+            if exc.errno in (errno.ENOENT, errno.EINTR):
+                return True  # the caller died (or a signal) before we took it
+            raise
+        self._one(self._buf)
+        return True
+
+    def _one(self, buf: bytearray) -> None:
+        assert self.listener is not None
+        nid, tid, _flags, nr, arch, _ip, arg0, *_args = _NOTIF.unpack(buf)
+        if self.sock_open and not self._drain():  # a `V` written before this call must be
+            self.sock_open = False                # seen before classifying it
+        if not (tid == self.launcher_pid and not self._verified):  # else: the self-test
+            comm = _read(f"/proc/{tid}/comm", 64).decode("utf-8", "replace").strip()
+            cmd = " ".join(_read(f"/proc/{tid}/cmdline").decode("utf-8", "replace")
+                           .replace("\0", " ").split())
+            name = _syscall_name(arch, nr)
+            family = _family(arg0) if name == "socket" else ""
+            attempt = Attempt(_tgid(tid), tid, name, comm or "?", cmd[:200] or "?", family)
+            # What /proc said is about this caller only if it is still waiting (no pid reuse).
+            with contextlib.suppress(OSError):
+                fcntl.ioctl(self.listener, _IOCTL_ID_VALID, struct.pack("=Q", nid))
+            # Recorded before the answer: once the call returns in the confined process, a
+            # reader that learns of anything that process did later sees it.
+            self._record(attempt)
+        with contextlib.suppress(OSError):  # ENOENT: the caller died meanwhile
+            fcntl.ioctl(self.listener, _IOCTL_SEND,
+                        bytearray(_RESP.pack(nid, 0, -errno.EPERM, 0)))
+
+    def close(self) -> None:
+        if self.listener is not None:
+            os.close(self.listener)
+            self.listener = None
+
+
 class Watch:
-    """The supervisor of one launch: ``child_fd`` goes to the launcher (``pass_fds`` and
-    ``wrap(..., notify_fd=child_fd)``); call ``spawned()`` once the launcher runs (or failed
-    to start), ``take()`` for the attempts recorded since the last call, ``close()`` at the
-    end (answers nothing more: pending and later calls of the confined processes get ENOSYS).
-    Thread-safe. ``limit`` bounds what is kept (``total`` still counts everything)."""
+    """The supervisor of one launch, in a thread of its own: ``child_fd`` goes to the launcher
+    (``pass_fds`` and ``wrap(..., notify_fd=child_fd)``); call ``spawned()`` once the launcher
+    runs (or failed to start), ``take()`` for the attempts recorded since the last call,
+    ``close()`` at the end (answers nothing more: pending and later calls of the confined
+    processes get ENOSYS). Thread-safe. ``limit`` bounds what is kept (``total`` still counts
+    everything)."""
 
     def __init__(self, name: str = "oarbank-notify", limit: int = 200) -> None:
         self._sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -224,110 +330,64 @@ class Watch:
 
     # -- the thread
 
+    def _record(self, attempt: Attempt) -> None:
+        with self._lock:
+            self.total += 1
+            if len(self._attempts) < self._limit:
+                self._attempts.append(attempt)
+
     def _run(self) -> None:
-        listener: int | None = None
+        session = Session(self._sock, self._record)
         try:
-            listener, launcher_pid = self._receive_listener()
-            if listener is None:
-                return
-            self.listening.set()
-            self._serve(listener, launcher_pid)
+            self._loop(session)
         except Exception as exc:  # noqa: BLE001 - recorded; the confined calls then get ENOSYS
             self.error = f"{type(exc).__name__}: {exc}"
         finally:
-            if listener is not None:
-                os.close(listener)
+            session.close()
 
-    def _receive_listener(self) -> tuple[int | None, int]:
+    def _loop(self, session: Session) -> None:
         poller = select.poll()
-        poller.register(self._sock.fileno(), select.POLLIN)
         poller.register(self._wake_r, select.POLLIN)
-        while True:
-            for fd, _ in poller.poll():
-                if fd == self._wake_r:
-                    return None, 0
-                msg, anc, _flags, _addr = self._sock.recvmsg(64, socket.CMSG_SPACE(4 * 4))
-                fds: list[int] = []
-                for level, kind, data in anc:
-                    if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                        fds.extend(array.array("i", data[: len(data) - len(data) % 4]))
-                if not msg:  # the launcher exited (or never ran) without handing one over
-                    for fd_ in fds:
-                        os.close(fd_)
-                    return None, 0
-                if not msg.startswith(b"F") or len(fds) != 1:
-                    for fd_ in fds:
-                        os.close(fd_)
-                    raise RuntimeError(f"unexpected hand-over from the launcher: {msg[:40]!r}")
-                pid = int(msg[1:].split(b"\n", 1)[0])
-                self._verified = b"V" in msg  # (the two writes may arrive together)
-                return fds[0], pid
-
-    def _drain(self) -> bool:
-        """Read what the launcher sent since (``V``); False once it closed its end."""
-        while True:
-            try:
-                data = self._sock.recv(64, socket.MSG_DONTWAIT)
-            except BlockingIOError:
-                return True
-            except OSError:
-                return False
-            if not data:
-                return False
-            if b"V" in data:
-                self._verified = True
-
-    def _serve(self, listener: int, launcher_pid: int) -> None:
-        poller = select.poll()
-        poller.register(listener, select.POLLIN)
-        poller.register(self._wake_r, select.POLLIN)
-        sock_open = True
         poller.register(self._sock.fileno(), select.POLLIN)
-        buf = bytearray(_NOTIF.size)
         while True:
-            for fd, ev in poller.poll():
+            for fd, _ev in poller.poll():
                 if fd == self._wake_r:
                     return
                 if fd == self._sock.fileno():
-                    if sock_open and not self._drain():
-                        sock_open = False
+                    had = session.listener is not None
+                    if not session.on_sock():
+                        if session.listener is None:
+                            return  # no launcher, no listener: nothing to watch
                         poller.unregister(fd)
-                    continue
-                if ev & select.POLLIN:
-                    buf[:] = bytes(_NOTIF.size)  # the kernel wants it zeroed (else EINVAL)
-                    try:
-                        fcntl.ioctl(listener, _IOCTL_RECV, buf, True)
-                    except OSError as exc:
-                        if exc.errno in (errno.ENOENT, errno.EINTR):
-                            continue  # the caller died (or a signal) before we took it
-                        raise
-                    self._one(listener, buf, launcher_pid, sock_open)
-                elif ev & (select.POLLHUP | select.POLLERR):
+                    if not had and session.listener is not None:
+                        poller.register(session.listener, select.POLLIN)
+                        self.listening.set()
+                elif not session.on_listener():
                     return  # no process uses the filter any more
 
-    def _one(self, listener: int, buf: bytearray, launcher_pid: int, sock_open: bool) -> None:
-        nid, tid, _flags, nr, arch, _ip, arg0, *_args = _NOTIF.unpack(buf)
-        if sock_open:
-            self._drain()  # a `V` written before this call must be seen before classifying
-        if tid == launcher_pid and not self._verified:
-            attempt = None  # the launcher's own self-test
-        else:
-            comm = _read(f"/proc/{tid}/comm", 64).decode("utf-8", "replace").strip()
-            cmd = " ".join(_read(f"/proc/{tid}/cmdline").decode("utf-8", "replace")
-                           .replace("\0", " ").split())
-            name = _syscall_name(arch, nr)
-            family = _family(arg0) if name == "socket" else ""
-            attempt = Attempt(_tgid(tid), tid, name, comm or "?", cmd[:200] or "?", family)
-            # What /proc said is about this caller only if it is still waiting (no pid reuse).
-            with contextlib.suppress(OSError):
-                fcntl.ioctl(listener, _IOCTL_ID_VALID, struct.pack("=Q", nid))
-            # Recorded before the answer: once the call returns in the confined process, a
-            # reader of take() that learns of anything that process did later sees it.
-            with self._lock:
-                self.total += 1
-                if len(self._attempts) < self._limit:
-                    self._attempts.append(attempt)
-        with contextlib.suppress(OSError):  # ENOENT: the caller died meanwhile
-            fcntl.ioctl(listener, _IOCTL_SEND, bytearray(_RESP.pack(nid, 0, -errno.EPERM, 0)))
 
-    _verified = False
+def probe() -> str | None:
+    """None when a launch with a watch works here (one confined ``python -I -S -c pass``),
+    else why not (the launcher's refusal, say on a kernel without user notification)."""
+    import subprocess
+    import sys
+
+    from oarbank_sdk import sandbox
+
+    w = Watch(name="oarbank-notify-probe")
+    try:
+        argv = sandbox.wrap([sys.executable, "-I", "-S", "-c", "pass"], notify_fd=w.child_fd)
+        try:
+            done = subprocess.run(argv, pass_fds=(w.child_fd,), capture_output=True, text=True,
+                                  timeout=30, stdin=subprocess.DEVNULL, check=False)
+        finally:
+            w.spawned()
+        if done.returncode != 0:
+            return (done.stderr.strip() or f"exit {done.returncode}")[-300:]
+        if w.take():
+            return "the launcher's self-test was counted as an attempt"
+        return None
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    finally:
+        w.close()
