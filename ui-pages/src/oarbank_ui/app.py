@@ -24,6 +24,8 @@ from importlib import resources
 from typing import Any
 from urllib.parse import quote, unquote
 
+from oarbank_sdk._page_forms import Target
+
 from .heartbeat import HeartbeatError, parse_heartbeat
 from .html import Templates, clock_text
 from .modules import PageFileError, PortalModule, find_module
@@ -82,6 +84,21 @@ def services_fetch(store: HeartbeatStore, module: PortalModule) -> Callable[...,
                               service=params.get("service"))
 
     return fetch
+
+
+def link_resolver(module: PortalModule) -> Callable[[Target], str | None]:
+    """Where a typed link target of ``module``'s pages goes on this portal: ``page`` -> that
+    page of the module, ``node`` -> the module's first panel for that node. ``job``,
+    ``dataset``, ``campaign`` and ``tab`` have no page here: None (shown as text)."""
+
+    def resolve(target: Target) -> str | None:
+        if target.kind == "page" and module.entry("page", target.value) is not None:
+            return _page_href(module.id, target.value)
+        if target.kind == "node" and module.manifest.panels:
+            return _panel_href(target.value, module.id, module.manifest.panels[0].id)
+        return None
+
+    return resolve
 
 
 class Portal:
@@ -181,7 +198,7 @@ class Portal:
             return self._html_error(500, f"Broken {kind}", str(e))
         now = self.clock()
         view = build_view(doc, RenderContext(fetch=services_fetch(self.store, mod), node=node,
-                                             now=now))
+                                             now=now, resolve=link_resolver(mod)))
         if as_json:
             return _json(200, {"rendered_at": clock_text(now), "components": data_views(view)})
         if kind == "page":

@@ -19,6 +19,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from oarbank_sdk._page_forms import Target
 from oarbank_sdk.manifest import load
 
 from .html import Templates, clock_text
@@ -65,6 +66,20 @@ def _first_node(bundle: Path) -> str | None:
     return None
 
 
+def _resolver(mod: PortalModule, node: str | None) -> Callable[[Target], str | None]:
+    """Typed link targets in a preview: a page of the module -> its preview file, the previewed
+    node -> its first panel's file; anything else has no file here (shown as text)."""
+
+    def resolve(target: Target) -> str | None:
+        if target.kind == "page" and mod.entry("page", target.value) is not None:
+            return f"page-{_UNSAFE.sub('_', target.value)}.html"
+        if target.kind == "node" and target.value == node and mod.manifest.panels:
+            return f"panel-{_UNSAFE.sub('_', mod.manifest.panels[0].id)}.html"
+        return None
+
+    return resolve
+
+
 def write_preview(module_dir: Path, out: Path, *, node: str | None = None) -> list[Path]:
     """Write the preview; returns the files written. Raises ``ManifestError``."""
     mod = PortalModule(load(module_dir))
@@ -93,7 +108,7 @@ def write_preview(module_dir: Path, out: Path, *, node: str | None = None) -> li
                     print(f"oarbank-portal: warning: {p}", file=sys.stderr)
                 view = build_view(doc, RenderContext(fetch=fixture_fetch(bundle),
                                                      node=node if kind == "panel" else None,
-                                                     now=now))
+                                                     now=now, resolve=_resolver(mod, node)))
                 subtitle = f"preview of {mod.id} {mod.manifest.version} from fixtures"
                 if kind == "panel":
                     subtitle += f" · node {node}"

@@ -12,7 +12,10 @@ Rules (a renderer never breaks on what it does not know):
 - a source that fails (unknown query, bad params, ``$node`` on a page without a node, the store
   failing) -> "data unavailable", the rest of the page renders;
 - a value of the wrong type for its column -> "—"; a null value -> empty;
-- at most 40 components per container; the rest are not rendered and a notice says how many.
+- at most 40 components per container; the rest are not rendered and a notice says how many;
+- ``link.to`` and ``kv`` items are read in both forms (``oarbank_sdk._page_forms``, the
+  checker's reader): a typed link target the portal cannot resolve (``RenderContext.resolve``
+  says where a target goes, or None) renders as plain text, never as a broken link.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
+
+from oarbank_sdk._page_forms import KvItem, Target, kv_item, link_target
 
 __all__ = [
     "HOST_CONTRACT",
@@ -63,6 +68,8 @@ _VERSION = re.compile(r"^(\d+)\.(\d+)$")
 _SAFE_LINK = re.compile(r"^(/|#|https?://|\./|\.\./|[A-Za-z0-9_.\-]+(/|$|\?))")
 
 Fetch = Callable[[str, dict[str, Any]], list[dict[str, Any]]]
+# A typed link target -> its href on this portal, or None when the portal has no page for it.
+Resolve = Callable[[Target], "str | None"]
 
 
 @dataclass
@@ -72,6 +79,7 @@ class RenderContext:
     fetch: Fetch  # (query, params) -> rows; any exception means "data unavailable"
     node: str | None = None  # the node a panel shows: the value of "$node"
     now: float = 0.0
+    resolve: Resolve | None = None  # typed link targets; None: only https urls are links
     _next: int = field(default=0, repr=False)
 
     def next_cid(self) -> str:
@@ -241,7 +249,7 @@ def _rows(source: Any, ctx: RenderContext) -> list[dict[str, Any]]:
 
 
 def _specs(raw: Any) -> list[dict[str, Any]] | None:
-    """Columns or kv items as dicts with key/label/type/tones; None when malformed."""
+    """Table columns as dicts with key/label/type/tones; None when malformed."""
     if not isinstance(raw, list):
         return None
     out = []
@@ -298,37 +306,71 @@ def _status(comp: dict[str, Any], ctx: RenderContext) -> dict[str, Any]:
     return view
 
 
+def _kv_items(raw: Any) -> list[KvItem] | None:
+    if not isinstance(raw, list):
+        return None
+    items = []
+    for entry in raw:
+        item, problems = kv_item(entry)
+        if item is None or problems:
+            return None
+        items.append(item)
+    return items
+
+
 def _kv(comp: dict[str, Any], ctx: RenderContext) -> dict[str, Any]:
-    items = _specs(comp.get("items"))
+    items = _kv_items(comp.get("items"))
     if items is None:
         return _placeholder(NOT_SUPPORTED, "kv items are malformed")
     view: dict[str, Any] = {"kind": "kv", "cid": ctx.next_cid(),
-                            "items": [{"label": i["label"], "value": _cell("", i["type"])}
+                            "items": [{"label": i.label, "value": _cell("", i.type)}
                                       for i in items],
                             "unavailable": False, "reason": ""}
-    try:
-        rows = _rows(comp.get("source"), ctx)
-    except _SourceFailed as e:
-        return view | {"unavailable": True, "reason": str(e)}
-    row = rows[0] if rows else None
+    row = None
+    if any(not i.literal for i in items):  # literal values alone read no data
+        try:
+            rows = _rows(comp.get("source"), ctx)
+        except _SourceFailed as e:
+            return view | {"unavailable": True, "reason": str(e)}
+        row = rows[0] if rows else None
     for item, out in zip(items, view["items"], strict=True):
-        out["value"] = (_value(row, item, ctx.now) if row is not None
-                        else _cell(WRONG, item["type"], title="no rows", wrong=True))
+        if item.literal:
+            out["value"] = format_cell(item.value, item.type, now=ctx.now, tones=item.tones)
+        elif row is None:
+            out["value"] = _cell(WRONG, item.type, title="no rows", wrong=True)
+        else:
+            assert item.field is not None
+            out["value"] = format_cell(row.get(item.field), item.type, now=ctx.now,
+                                       tones=item.tones, missing=item.field not in row)
     return view
 
 
 def _link(comp: dict[str, Any], ctx: RenderContext) -> dict[str, Any]:
-    text, to = comp.get("text"), comp.get("to")
+    text = comp.get("text")
+    target, _problems = link_target(comp.get("to"))
     if not isinstance(text, str):
-        text = to if isinstance(to, str) else WRONG
-    href = None
-    if isinstance(to, str):
+        text = target.value if target is not None else WRONG
+    href, why = None, "not a plain link"
+    if target is None:
+        why = "the link's target is malformed"
+    elif target.kind == "path":
+        to = target.value
         if ctx.node is not None:
             to = to.replace("$node", quote(ctx.node, safe=""))
         # Only plain links: a "javascript:" or "data:" target is shown as text, not followed.
         if _SAFE_LINK.match(to):
             href = to
-    return {"kind": "link", "text": text, "href": href}
+    elif target.kind == "url":
+        href = target.value  # https only: the reader refuses anything else
+    else:
+        if target.value == "$node" and ctx.node is not None:
+            target = Target(target.kind, ctx.node)
+        href = ctx.resolve(target) if ctx.resolve is not None else None
+        why = f"this portal has no page for {target.kind} {target.value}"
+    view = {"kind": "link", "text": text, "href": href}
+    if href is None:
+        view["why"] = why
+    return view
 
 
 def _component(comp: Any, ctx: RenderContext) -> dict[str, Any] | None:
