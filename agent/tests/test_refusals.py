@@ -41,6 +41,7 @@ def test_attempts_of_a_quiet_service_and_runner_are_counted(start_agent, tmp_pat
     job = agent.run_job("echo", {}, module=MOD)
     assert job["state"] == "succeeded", job  # the runner swallowed its refusals and succeeded
     st = agent.status()
+    assert st["sandbox_refusals_counted"] is True
     refused = st["sandbox_refusals"]
     svc = refused[f"{MOD}/echo"]
     assert svc["count"] == 2, svc  # socket(AF_INET), then listen() on its socketpair end

@@ -1,6 +1,7 @@
 """listener-refused: a service that tries to listen, hides the refusal and serves on, fails the
 conformance kit on the attempt alone (its hello, ready and requests pass); under the agent its
-listens are refused by the kernel (EPERM), it never listens, and it still serves."""
+listens are refused by the kernel (EPERM), it never listens, it still serves, and the agent
+counts the attempts (status `sandbox_refusals`)."""
 
 from __future__ import annotations
 
@@ -69,3 +70,15 @@ def listener_refused(ctx: Ctx) -> None:
     ctx.check(row["ready"] and row["running"] and not row["withdrawn"],
               f"the service should serve on (ready), its listens refused: {row}")
     ctx.note(f"row ready, error={row['error']!r}")
+    # The agent counted the attempts itself (seccomp user notification), not from the service,
+    # where this node can count them (its status says so).
+    st = node.status()
+    counted = (st.get("sandbox_refusals") or {}).get(f"{LISTENER}/web")
+    if st.get("sandbox_refusals_counted"):
+        ctx.check(counted and counted["count"] >= 2 and "socket(AF_INET)" in counted["first"],
+                  f"the agent's status should count the refused attempts (sandbox_refusals): "
+                  f"{counted}")
+        ctx.note(f"agent sandbox_refusals: {counted['count']}, first: {counted['first'][:120]}")
+    else:
+        ctx.note("this node's agent cannot count refused attempts (sandbox_refusals_counted "
+                 "false): refused, not counted")

@@ -121,8 +121,10 @@ class Agent:
                 "services": [self.supervisor.row(rt) for rt in self.supervisor.services.values()],
                 # node-level: what confines every job and service here (measured, see sandboxing)
                 "sandbox": sandboxing.current().report(),
-                # network attempts the sandbox refused, per service / attempt (refusals.py)
-                "sandbox_refusals": refusals.current().report()}
+                # network attempts the sandbox refused, per service / attempt (refusals.py);
+                # "counted" false: refused all the same, but this machine cannot count them
+                "sandbox_refusals": refusals.current().report(),
+                "sandbox_refusals_counted": refusals.current().enabled}
 
     def status(self) -> dict[str, Any]:
         rep = self.report()
