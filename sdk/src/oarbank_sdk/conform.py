@@ -41,8 +41,8 @@ from typing import Any, TextIO
 from oarbank_sdk import _conform_attempts as attempts_watch
 from oarbank_sdk import _conform_host as host
 from oarbank_sdk import _conform_inputs as inputs
-from oarbank_sdk import pages as _pages
 from oarbank_sdk import manifest as _manifest
+from oarbank_sdk import pages as _pages
 from oarbank_sdk._conform_report import FAIL, OK, SKIP, WARN, Report
 from oarbank_sdk._listeners import listeners, related_pids
 

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from ._manifest_model import Manifest, Problem
-from ._page_forms import kv_item, link_target
 from ._manifest_reader import MISSING, Reader, describe, join
+from ._page_forms import kv_item, link_target
 
 __all__ = [
     "COLUMN_TYPES",
