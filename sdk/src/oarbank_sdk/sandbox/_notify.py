@@ -30,15 +30,16 @@ The launcher side imports only what it needs (no threads); ``Watch`` is the supe
 
 from __future__ import annotations
 
+# The launcher imports this module on every watched start: only cheap C-level modules here
+# (`socket` would pull in `enum`, and `contextlib`/`threading` more: several ms a start). The
+# supervisor's side imports the rest where it runs.
+import _socket
 import array
-import contextlib
 import errno
 import fcntl
 import os
 import select
-import socket
 import struct
-import threading
 
 __all__ = ["NOTIFIED_SYSCALLS", "OPTION", "Attempt", "Watch", "hand_over", "verified",
            "listener_fd"]
@@ -77,10 +78,11 @@ def listener_fd(pyseccomp, filt) -> int:
 
 def hand_over(sock_fd: int, listener: int) -> None:
     """Send the listener to the supervisor and close our copy of it."""
-    sock = socket.socket(fileno=sock_fd)
+    sock = _socket.socket(fileno=sock_fd)
     try:
         msg = b"F%d\n" % os.getpid()
-        sock.sendmsg([msg], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [listener]))])
+        sock.sendmsg([msg], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS,
+                              array.array("i", [listener]).tobytes())])
     finally:
         sock.detach()
         os.close(listener)
@@ -133,8 +135,10 @@ def _read(path: str, limit: int = 4096) -> bytes:
 def _tgid(tid: int) -> int:
     for line in _read(f"/proc/{tid}/status").decode("utf-8", "replace").splitlines():
         if line.startswith("Tgid:"):
-            with contextlib.suppress(ValueError):
+            try:
                 return int(line.split()[1])
+            except ValueError:
+                break
     return tid
 
 
@@ -159,6 +163,8 @@ def _syscall_name(arch: int, nr: int) -> str:
 
 def _family(value: int) -> str:
     try:
+        import socket
+
         return socket.AddressFamily(value & 0xFFFFFFFF).name
     except ValueError:
         return f"family {value & 0xFFFFFFFF}"
@@ -172,7 +178,7 @@ class Session:
     will come on it), ``on_listener()`` when ``listener`` is readable (False: no process uses
     the filter any more, the session is over); ``close()`` at the end."""
 
-    def __init__(self, sock: socket.socket, record) -> None:
+    def __init__(self, sock, record) -> None:  # a socket.socket; Attempt -> None
         self.sock = sock
         self.listener: int | None = None
         self.launcher_pid = 0
@@ -190,11 +196,11 @@ class Session:
 
     def _hand_over(self) -> bool:
         # close-on-exec from the start: nothing the supervisor starts may inherit a listener
-        msg, anc, _flags, _addr = self.sock.recvmsg(64, socket.CMSG_SPACE(4 * 4),
-                                                    socket.MSG_CMSG_CLOEXEC)
+        msg, anc, _flags, _addr = self.sock.recvmsg(64, _socket.CMSG_SPACE(4 * 4),
+                                                    _socket.MSG_CMSG_CLOEXEC)
         fds: list[int] = []
         for level, kind, data in anc:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
                 fds.extend(array.array("i", data[: len(data) - len(data) % 4]))
         if not msg or not msg.startswith(b"F") or len(fds) != 1:
             for fd in fds:
@@ -212,7 +218,7 @@ class Session:
         """Read what the launcher sent since (``V``); False once it closed its end."""
         while True:
             try:
-                data = self.sock.recv(64, socket.MSG_DONTWAIT)
+                data = self.sock.recv(64, _socket.MSG_DONTWAIT)
             except BlockingIOError:
                 return True
             except OSError:
@@ -254,14 +260,17 @@ class Session:
             family = _family(arg0) if name == "socket" else ""
             attempt = Attempt(_tgid(tid), tid, name, comm or "?", cmd[:200] or "?", family)
             # What /proc said is about this caller only if it is still waiting (no pid reuse).
-            with contextlib.suppress(OSError):
+            try:
                 fcntl.ioctl(self.listener, _IOCTL_ID_VALID, struct.pack("=Q", nid))
+            except OSError:
+                pass
             # Recorded before the answer: once the call returns in the confined process, a
             # reader that learns of anything that process did later sees it.
             self._record(attempt)
-        with contextlib.suppress(OSError):  # ENOENT: the caller died meanwhile
-            fcntl.ioctl(self.listener, _IOCTL_SEND,
-                        bytearray(_RESP.pack(nid, 0, -errno.EPERM, 0)))
+        try:
+            fcntl.ioctl(self.listener, _IOCTL_SEND, bytearray(_RESP.pack(nid, 0, -errno.EPERM, 0)))
+        except OSError:
+            pass  # ENOENT: the caller died meanwhile
 
     def close(self) -> None:
         if self.listener is not None:
@@ -278,6 +287,9 @@ class Watch:
     everything)."""
 
     def __init__(self, name: str = "oarbank-notify", limit: int = 200) -> None:
+        import socket
+        import threading
+
         self._sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.child_fd: int | None = theirs.detach()
         self._wake_r, self._wake_w = os.pipe()
@@ -320,13 +332,17 @@ class Watch:
             return
         self._closed = True
         self.spawned()
-        with contextlib.suppress(OSError):
+        try:
             os.write(self._wake_w, b"x")
+        except OSError:
+            pass
         self._thread.join(10)
         self._sock.close()
         for fd in (self._wake_r, self._wake_w):
-            with contextlib.suppress(OSError):
+            try:
                 os.close(fd)
+            except OSError:
+                pass
 
     # -- the thread
 
