@@ -85,7 +85,7 @@ def test_it_passes_the_idle_stop_scenario(tmp_path: Path) -> None:
                                              'id = "dev.oarbank.e2e.fastmodel"'))
     assert 'id = "dev.oarbank.e2e.fastmodel"' in toml.read_text()
     # The service the scenario drives is the upstream-style one, not the example's daemon.
-    assert 'exec = ["python", "-I", "{bundle}/upstream_model_service.py"]' in toml.read_text()
+    assert 'exec = ["python", "-I", "{bundle}/ops.py"]' in toml.read_text()
     out = tmp_path / "e2e"
     r = subprocess.run([sys.executable, "-m", "harness", "--backend", "local", "--scenario",
                         "idle-stop", "--out", str(out), "--modules-dir", str(mods)],

@@ -8,8 +8,9 @@ kit send integer ids. Nothing here uses ``oarbank_sdk``: only ``start`` and ``se
 this file's; the other ops, the settings, the stand-in model and the HTTP handler are the
 example's own (``model_service.py`` next to this file, from harness-base.txt).
 
-The file name contains ``model_service.py`` on purpose: the scenarios find the service's
-processes by that name.
+The daemon runs as this file (``... upstream_model_service.py serve``): its name contains
+``model_service.py`` on purpose, the scenarios find the service's daemon by that name. The ops
+run through ``ops.py`` (the manifest's exec), so they are not taken for it.
 """
 
 from __future__ import annotations
