@@ -219,7 +219,15 @@ class Agent:
         containment.current().close()  # every group is ended: its cgroups are empty
 
     def _recover_jobs(self) -> None:
-        for rec in self.store.load_all():
+        records = self.store.load_all()
+        # Attempt numbers on the channel continue after an earlier agent's, so a number in
+        # status (and in a service's log) names one attempt of this state dir only.
+        used = [n for rec in records
+                for n in (rec.wire_attempt, *(h.get("wire_attempt") for h in rec.history))
+                if isinstance(n, int)]
+        if used and self.broker is not None:
+            self.broker.continue_wire_attempts_after(max(used))
+        for rec in records:
             self.jobs[rec.job_id] = rec
             if rec.state in TERMINAL:
                 continue

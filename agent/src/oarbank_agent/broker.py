@@ -19,7 +19,9 @@ Rules (the broker's state machine, written down once):
 - On the channel an attempt is a JSON integer (its wire id: positive, from one counter for the
   agent process, never reused), as the contract and the upstream SDK (which does
   ``int(msg["attempt"])``) want. The broker's callers name attempts by their job/attempt names;
-  ``wire_attempt`` gives the number, and every log line about an attempt shows both.
+  ``wire_attempt`` gives the number, and every log line about an attempt shows both. An agent
+  restarted on the same state dir continues after the highest number its jobs recorded
+  (``continue_wire_attempts_after``), so a number in ``status`` names one attempt only.
 
 Everything runs on the agent's one asyncio loop; call the public methods from that loop.
 """
@@ -45,8 +47,24 @@ log = logging.getLogger("oarbank_agent.broker")
 
 # Connection numbers are unique per agent process, across brokers and services.
 _CONN_NUMBERS = itertools.count(1)
-# Attempt wire ids likewise: unique for the agent's lifetime.
-_ATTEMPT_NUMBERS = itertools.count(1)
+
+
+class _WireIds:
+    """Attempt wire ids: unique for the agent's lifetime (across brokers), and past any number
+    an earlier agent on the same state dir used."""
+
+    def __init__(self) -> None:
+        self.last = 0
+
+    def next(self) -> int:
+        self.last += 1
+        return self.last
+
+    def at_least(self, n: int) -> None:
+        self.last = max(self.last, n)
+
+
+_ATTEMPT_NUMBERS = _WireIds()
 
 # Bytes the agent keeps for a peer that does not read before it gives up on that peer.
 CONNECTOR_MAX_OUT = 256 * 1024
@@ -428,8 +446,12 @@ class Broker:
     def _attempt(self, attempt_id: str) -> _Attempt:
         attempt = self._attempts.get(attempt_id)
         if attempt is None:
-            attempt = self._attempts[attempt_id] = _Attempt(next(_ATTEMPT_NUMBERS))
+            attempt = self._attempts[attempt_id] = _Attempt(_ATTEMPT_NUMBERS.next())
         return attempt
+
+    def continue_wire_attempts_after(self, used: int) -> None:
+        """Number the next attempts above ``used`` (the highest an earlier agent recorded)."""
+        _ATTEMPT_NUMBERS.at_least(used)
 
     def wire_attempt(self, attempt_id: str) -> int:
         """The integer that names ``attempt_id`` on service channels (allotted on first use;
