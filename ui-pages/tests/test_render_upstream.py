@@ -151,3 +151,26 @@ def test_the_portal_resolves_pages_of_the_module_and_nodes_to_its_panel() -> Non
         "/nodes/gpu%201/modules/dev.example.modelserver/panels/node")
     for kind in ("job", "dataset", "campaign", "tab"):
         assert resolve(Target(kind, "x")) is None
+
+
+def test_the_preview_links_its_own_files_and_shows_other_targets_as_text(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+    import shutil
+    from pathlib import Path
+
+    from oarbank_ui.preview import write_preview
+
+    mod = tmp_path / "modelserver"
+    shutil.copytree(Path(__file__).resolve().parents[2] / "examples" / "modelserver", mod,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    page = mod / "ui" / "pages" / "overview.json"
+    doc = json.loads(page.read_text())
+    doc["body"] += [{"type": "link", "id": "p", "text": "again", "to": {"page": "overview"}},
+                    {"type": "link", "id": "n", "text": "node", "to": {"node": "node-x"}},
+                    {"type": "link", "id": "t", "text": "tab", "to": {"tab": "health"}}]
+    page.write_text(json.dumps(doc))
+    write_preview(mod, tmp_path / "out", node="node-x")
+    html = (tmp_path / "out" / "page-overview.html").read_text()
+    assert '<a href="page-overview.html">again</a>' in html
+    assert '<a href="panel-node.html">node</a>' in html
+    assert 'title="this portal has no page for tab health">tab</span>' in html
