@@ -5,14 +5,20 @@ type?, format?}`` with ``key`` kept as an alias."""
 from __future__ import annotations
 
 import html.parser
+import json
+import shutil
+from pathlib import Path
 from typing import Any
 
 from oarbank_sdk._page_forms import Target
+from oarbank_sdk.manifest import load
 from oarbank_ui.app import link_resolver
 from oarbank_ui.html import Templates
 from oarbank_ui.modules import PortalModule
+from oarbank_ui.preview import write_preview
 from oarbank_ui.render import NOT_SUPPORTED, WRONG, RenderContext, build_view
 
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "modelserver"
 NOW = 1_800_000_000.0
 ROWS = [{"node_id": "a", "hostname": "h-a", "service": "model", "state": "ready", "users": 3,
          "health": "healthy", "reported_at": NOW - 5}]
@@ -139,11 +145,7 @@ def test_malformed_kv_items_are_a_placeholder_not_a_crash() -> None:
 
 
 def test_the_portal_resolves_pages_of_the_module_and_nodes_to_its_panel() -> None:
-    from pathlib import Path
-
-    from oarbank_sdk.manifest import load
-
-    mod = PortalModule(load(Path(__file__).resolve().parents[2] / "examples" / "modelserver"))
+    mod = PortalModule(load(EXAMPLE))
     resolve = link_resolver(mod)
     assert resolve(Target("page", "overview")) == "/modules/dev.example.modelserver/pages/overview"
     assert resolve(Target("page", "nope")) is None
@@ -153,16 +155,9 @@ def test_the_portal_resolves_pages_of_the_module_and_nodes_to_its_panel() -> Non
         assert resolve(Target(kind, "x")) is None
 
 
-def test_the_preview_links_its_own_files_and_shows_other_targets_as_text(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    import json
-    import shutil
-    from pathlib import Path
-
-    from oarbank_ui.preview import write_preview
-
+def test_the_preview_links_its_own_files_and_shows_other_targets_as_text(tmp_path: Path) -> None:
     mod = tmp_path / "modelserver"
-    shutil.copytree(Path(__file__).resolve().parents[2] / "examples" / "modelserver", mod,
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(EXAMPLE, mod, ignore=shutil.ignore_patterns("__pycache__"))
     page = mod / "ui" / "pages" / "overview.json"
     doc = json.loads(page.read_text())
     doc["body"] += [{"type": "link", "id": "p", "text": "again", "to": {"page": "overview"}},
