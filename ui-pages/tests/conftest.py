@@ -1,5 +1,6 @@
 """Shared fixtures: heartbeat documents, a real `oarbank-portal serve` process, an HTTP client
-that speaks to it over loopback TCP or its unix socket."""
+that speaks to it over loopback TCP or its unix socket, and the two stores (`store_url`: an
+SQLite file, or a fresh database on this worker's own PostgreSQL server)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))  # --import-mode=importlib: helpers by path
+
+from pgcluster import PgCluster  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "modelserver"
@@ -103,18 +108,68 @@ def http_request() -> Callable[..., Reply]:
     return request
 
 
+# -- stores ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def pg_cluster(system_package: Callable[[str], None]) -> Iterator[PgCluster]:
+    """This worker's PostgreSQL server (each xdist worker is its own process: its own server,
+    in its own folder, on a unix socket only)."""
+    system_package("postgresql")
+    cluster = PgCluster()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Where a store lives: run once with an SQLite file, once with a new PostgreSQL database."""
+    if request.param == "sqlite":
+        return str(tmp_path / "portal.db")
+    cluster: PgCluster = request.getfixturevalue("pg_cluster")
+    return cluster.create_database()
+
+
+def issue_token(db: str | Path, node_id: str) -> str:
+    """A node token, issued straight into the store (what `oarbank-portal token issue` does;
+    in-process so a test posting for 200 nodes does not start 200 processes)."""
+    from oarbank_ui.store import open_store
+
+    store = open_store(str(db), min_size=1, max_size=1) if str(db).startswith(
+        "postgresql") else open_store(db)
+    try:
+        return store.issue_token(node_id)[0]
+    finally:
+        store.close()
+
+
+def auth(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
 @dataclass
 class PortalProc:
     url: str
     proc: subprocess.Popen[bytes]
-    db: Path
+    db: str | Path
     log: Path
+    tokens: dict[str, str]
 
     def get(self, path: str, **kw: Any) -> Reply:
         return request(self.url, "GET", path, **kw)
 
-    def post_heartbeat(self, doc: Any) -> Reply:
-        return request(self.url, "POST", "/v1/heartbeat", doc)
+    def token(self, node_id: str) -> str:
+        if node_id not in self.tokens:
+            self.tokens[node_id] = issue_token(self.db, node_id)
+        return self.tokens[node_id]
+
+    def post_heartbeat(self, doc: Any, *, token: str | None = None) -> Reply:
+        """Post with the node's own token (issued on first use) unless ``token`` is given."""
+        if token is None:
+            token = self.token(doc["node_id"])
+        return request(self.url, "POST", "/v1/heartbeat", doc, headers=auth(token))
 
     def services(self, **params: str) -> list[dict[str, Any]]:
         from urllib.parse import urlencode
@@ -146,7 +201,8 @@ def start_portal(tmp_path: Path) -> Iterator[Callable[..., PortalProc]]:
     procs: list[subprocess.Popen[bytes]] = []
 
     def start(*modules: Path, unix: Path | None = None, listen: str = "127.0.0.1:0",
-              db: Path | None = None, refresh_s: float = 0.5) -> PortalProc:
+              db: str | Path | None = None, refresh_s: float = 0.5,
+              args: tuple[str, ...] = ()) -> PortalProc:
         db = db or tmp_path / "portal.db"
         log = tmp_path / f"portal-{len(procs)}.log"
         argv = [sys.executable, "-m", "oarbank_ui.cli", "serve", "--db", str(db),
@@ -154,6 +210,7 @@ def start_portal(tmp_path: Path) -> Iterator[Callable[..., PortalProc]]:
         for m in modules or (EXAMPLE,):
             argv += ["--module", str(m)]
         argv += ["--unix", str(unix)] if unix else ["--listen", listen]
+        argv += list(args)
         with open(log, "wb") as errf:
             proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=errf,
                                     start_new_session=True)
@@ -173,7 +230,7 @@ def start_portal(tmp_path: Path) -> Iterator[Callable[..., PortalProc]]:
                 line += chunk
         text = line.decode().strip()
         assert text.startswith("oarbank-portal: serving on "), text
-        return PortalProc(text.rsplit(" ", 1)[1], proc, db, log)
+        return PortalProc(text.rsplit(" ", 1)[1], proc, db, log, {})
 
     try:
         yield start

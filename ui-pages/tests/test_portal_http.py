@@ -65,7 +65,8 @@ def test_malformed_heartbeat_is_400_and_changes_nothing(start_portal, http_reque
     p = start_portal()
     p.post_heartbeat(make_heartbeat("node-a", make_row(users=2)))
     before = p.services()
-    r = http_request(p.url, "POST", "/v1/heartbeat", raw=body)
+    r = http_request(p.url, "POST", "/v1/heartbeat", raw=body,
+                     headers={"Authorization": f"Bearer {p.token('node-a')}"})
     assert r.status == 400
     assert reason in r.json()["error"]
     assert p.services() == before
@@ -88,8 +89,10 @@ def test_bad_requests(start_portal, http_request) -> None:  # type: ignore[no-un
     # headers (sending the 2 MiB body races the server's early answer and close: EPIPE).
     host, port = p.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=10) as s:
-        s.sendall(b"POST /v1/heartbeat HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                  b"Content-Length: %d\r\n\r\n" % (MAX_BODY + 1))
+        s.sendall(b"POST /v1/heartbeat HTTP/1.1\r\nHost: %s:%s\r\n"
+                  b"Content-Type: application/json\r\nAuthorization: Bearer %s\r\n"
+                  b"Content-Length: %d\r\n\r\n" % (host.encode(), port.encode(),
+                                                   p.token("node-a").encode(), MAX_BODY + 1))
         r = http.client.HTTPResponse(s)
         r.begin()
         assert r.status == 413 and "larger than 1 MiB" in r.read().decode()

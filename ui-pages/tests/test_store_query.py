@@ -1,4 +1,7 @@
-"""Heartbeat validation, the SQLite store and the `services` host query (contract section 6)."""
+"""Heartbeat validation, the store and the `services` host query (contract section 6).
+
+The store tests run twice, against SQLite and against PostgreSQL (`store_url`): the same
+queries must give the same answers."""
 
 from __future__ import annotations
 
@@ -11,14 +14,14 @@ import pytest
 
 from oarbank_ui.heartbeat import HeartbeatError, parse_heartbeat
 from oarbank_ui.services_query import COLUMNS, derive_state, derive_stopped_reason
-from oarbank_ui.store import HeartbeatStore
+from oarbank_ui.store import HeartbeatStore, open_store
 
 MOD = "dev.example.modelserver"
 
 
 @pytest.fixture
-def store(tmp_path: Path):  # type: ignore[no-untyped-def]
-    s = HeartbeatStore(tmp_path / "hb.db")
+def store(store_url: str):  # type: ignore[no-untyped-def]
+    s = open_store(store_url)
     yield s
     s.close()
 
@@ -108,10 +111,15 @@ def test_unknown_keys_are_kept_not_refused(make_heartbeat, make_row) -> None:  #
 # -- store and query ------------------------------------------------------------------------
 
 
-def test_store_uses_wal(tmp_path: Path, store: HeartbeatStore) -> None:
+def test_sqlite_store_uses_wal_and_is_owner_only(tmp_path: Path) -> None:
+    store = HeartbeatStore(tmp_path / "hb.db")
+    store.close()
+    assert (tmp_path / "hb.db").stat().st_mode & 0o777 == 0o600  # token hashes live here
     db = sqlite3.connect(tmp_path / "hb.db")
     try:
         assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert [r[0] for r in db.execute("SELECT version FROM schema_migrations ORDER BY 1")] \
+            == [1, 2]
     finally:
         db.close()
 
@@ -138,11 +146,21 @@ def test_latest_row_per_node_module_service_wins(store, make_heartbeat, make_row
     assert (rows[0]["state"], rows[0]["users"], rows[0]["reported_at"]) == ("ready", 4, 101.0)
 
 
-def test_an_older_report_does_not_undo_a_newer_one(store, make_heartbeat, make_row) -> None:  # type: ignore[no-untyped-def]
-    record(store, make_heartbeat("n1", make_row(users=4), t=200.0))
-    res = store.record(parse_heartbeat(make_heartbeat("n1", make_row(users=1), t=150.0)))
-    assert not res.applied and "older than the stored report" in res.reason
-    assert store.services([MOD])[0]["users"] == 4
+def test_reports_are_ordered_by_receipt_not_by_the_nodes_clock(store, make_heartbeat,  # type: ignore[no-untyped-def]
+                                                               make_row) -> None:
+    now = time.time()
+    # A node whose clock is decades ahead (or a forged time) must not freeze its rows.
+    ahead = parse_heartbeat(make_heartbeat("n1", make_row(users=4), t=4102444800.0))
+    assert store.record(ahead, received_at=now - 2).applied
+    later = parse_heartbeat(make_heartbeat("n1", make_row(users=1), t=100.0))
+    assert store.record(later, received_at=now - 1).applied
+    row = store.services([MOD])[0]
+    assert (row["users"], row["reported_at"]) == (1, 100.0)  # the node's time, for display
+    # A report received before the stored one (a replica's slow transaction) is not applied.
+    late = parse_heartbeat(make_heartbeat("n1", make_row(users=9), t=200.0))
+    res = store.record(late, received_at=now - 1.5)
+    assert not res.applied and "received later" in res.reason
+    assert store.services([MOD])[0]["users"] == 1
 
 
 def test_a_report_is_the_nodes_whole_snapshot(store, make_heartbeat, make_row) -> None:  # type: ignore[no-untyped-def]
@@ -182,7 +200,8 @@ def test_services_query_over_1000_nodes(store, make_heartbeat, make_row) -> None
                                      make_row(users=i % 5, running=i % 3 != 0, ready=i % 3 != 0),
                                      make_row(module="dev.example.other", service="db"), t=t))
     plan = store.query_plan(MOD)
-    assert "USING PRIMARY KEY" in plan or "USING INDEX" in plan, plan
+    assert ("USING PRIMARY KEY" in plan or "USING INDEX" in plan
+            or "service_rows_pkey" in plan), plan
     timings = []
     for _ in range(20):
         t0 = time.perf_counter()

@@ -1,10 +1,19 @@
-"""The portal's requests, free of sockets: ``Portal.handle(method, path, query, body)`` returns
-a ``Response``. ``server.py`` puts it behind a TCP or unix-socket HTTP server.
+"""The portal's requests, free of sockets: ``Portal.handle(method, path, query, body,
+headers)`` returns a ``Response``. ``asgi.py`` puts it behind uvicorn (TCP or unix socket).
+
+Every request: the Host header must be one this portal serves (``allowed_hosts``): a web page
+on another origin cannot reach it through DNS rebinding. A heartbeat additionally: only
+``application/json`` (a cross-site form or ``text/plain`` POST is refused before anything is
+parsed), only with a node's token (``Authorization: Bearer``), only for the node the token
+names (contract 6.2). ``admit`` makes the checks that need no body, so the server refuses an
+unauthenticated caller before reading what it sends.
 
 Routes:
   POST /v1/heartbeat                                   a node's report (contract section 6)
   GET  /v1/queries/services?module=M[&node_id=][&service=]   JSON list of rows (<= 200)
-  GET  /v1/nodes                                       JSON list of nodes that reported
+  GET  /v1/nodes[?limit=N][&after=NODE_ID]             JSON list of nodes, paged (Link: next)
+  GET  /healthz                                        200 when the store answers, else 503
+  GET  /metrics                                        Prometheus text format
   GET  /                                               index of modules and nodes
   GET  /modules/<module>/pages/<page id>[?format=json]
   GET  /nodes/<node id>/modules/<module>/panels/<panel id>[?format=json]
@@ -17,26 +26,33 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
-from urllib.parse import quote, unquote
+from urllib.parse import quote, unquote, urlencode
 
 from oarbank_sdk._page_forms import Target
 
 from .heartbeat import HeartbeatError, parse_heartbeat
+from .hosts import HostCheck
 from .html import Templates, clock_text
+from .metrics import CONTENT_TYPE as METRICS_TYPE
+from .metrics import PortalMetrics
 from .modules import PageFileError, PortalModule, find_module
 from .render import RenderContext, ago_text, build_view, data_views, iso_text
 from .services_query import MAX_ROWS, QueryError
-from .store import HeartbeatStore
+from .store import MAX_NODES_PAGE, HeartbeatStore
+from .tokens import bearer_token
 
-__all__ = ["MAX_BODY", "Portal", "Response", "services_fetch"]
+__all__ = ["MAX_BODY", "Admission", "Portal", "Response", "services_fetch"]
 
 log = logging.getLogger("oarbank_ui.portal")
 MAX_BODY = 1 << 20  # a heartbeat of a big node is a few tens of KiB
+INDEX_NODES = 200  # the index lists this many nodes; /v1/nodes pages through the rest
+_REFUSAL_LOG_S = 60.0  # one line per cause a minute: a flood of bad posts is not a log flood
 _STATIC_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8"}
 # Pages draw only what the portal sends; scripts only from the portal itself. Escaping is what
 # keeps markup out; this is a second lock on the same door.
@@ -60,6 +76,32 @@ def _error(status: int, message: str) -> Response:
     return _json(status, {"error": message})
 
 
+@dataclass(frozen=True)
+class Admission:
+    """A heartbeat's headers passed: the node its token names."""
+
+    node_id: str
+
+
+class _RefusalLog:
+    """A warning for the first refusal of each cause, then one a minute with the count."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last: dict[str, tuple[float, int]] = {}
+
+    def __call__(self, cause: str, message: str) -> None:
+        now = time.monotonic()
+        with self._lock:
+            last, skipped = self._last.get(cause, (-_REFUSAL_LOG_S, 0))
+            if now - last < _REFUSAL_LOG_S:
+                self._last[cause] = (last, skipped + 1)
+                return
+            self._last[cause] = (now, 0)
+        more = f" ({skipped} more refused for this cause since the last line)" if skipped else ""
+        log.warning("heartbeat refused (%s): %s%s", cause, message, more)
+
+
 def _page_href(module_id: str, page_id: str) -> str:
     return f"/modules/{quote(module_id, safe='')}/pages/{quote(page_id, safe='')}"
 
@@ -69,7 +111,8 @@ def _panel_href(node_id: str, module_id: str, panel_id: str) -> str:
             f"/panels/{quote(panel_id, safe='')}")
 
 
-def services_fetch(store: HeartbeatStore, module: PortalModule) -> Callable[..., Any]:
+def services_fetch(store: HeartbeatStore, module: PortalModule,
+                   now: Callable[[], float] = time.time) -> Callable[..., Any]:
     """The query runner a module's pages use: only ``services``, with ``node_id``/``service``."""
 
     def fetch(query: str, params: dict[str, Any]) -> list[dict[str, Any]]:
@@ -81,7 +124,7 @@ def services_fetch(store: HeartbeatStore, module: PortalModule) -> Callable[...,
             if not isinstance(v, str):
                 raise QueryError(f"services: parameter {k} must be a string")
         return store.services(module.names, node_id=params.get("node_id"),
-                              service=params.get("service"))
+                              service=params.get("service"), now=now())
 
     return fetch
 
@@ -103,62 +146,166 @@ def link_resolver(module: PortalModule) -> Callable[[Target], str | None]:
 
 class Portal:
     def __init__(self, store: HeartbeatStore, modules: dict[str, PortalModule], *,
-                 refresh_s: float = 3.0, clock: Callable[[], float] = time.time) -> None:
+                 refresh_s: float = 3.0, clock: Callable[[], float] = time.time,
+                 allowed_hosts: Sequence[str] | None = None) -> None:
         self.store = store
         self.modules = modules
         self.refresh_ms = int(refresh_s * 1000)
         self.clock = clock
         self.templates = Templates()
+        # None: no Host check (in-process use); the server always passes its list.
+        self.hosts = HostCheck(allowed_hosts) if allowed_hosts is not None else None
+        self.metrics = PortalMetrics(lambda: self.store.summary(now=self.clock()))
+        self._refusal_log = _RefusalLog()
 
     # -- dispatch --------------------------------------------------------------------------
 
+    def refuse(self, cause: str, status: int, message: str,
+               headers: dict[str, str] | None = None) -> Response:
+        """A refused report: counted by cause, logged (rate-limited), answered with why."""
+        self.metrics.refused.labels(cause).inc()
+        self._refusal_log(cause, message)
+        r = _error(status, message)
+        r.headers.update(headers or {})
+        return r
+
+    def admit(self, method: str, path: str, headers: Mapping[str, str]) -> Admission | Response:
+        """The checks a request passes before its body is read: Host for every request; for a
+        heartbeat also its content type and its token. ``headers``: lower-case names."""
+        if self.hosts is not None:
+            host = headers.get("host")
+            if not self.hosts.allows(host):
+                r = _error(400, self.hosts.refusal(host))
+                if path.rstrip("/") == "/v1/heartbeat":
+                    r = self.refuse("host", 400, self.hosts.refusal(host))
+                return r
+        if path.rstrip("/") != "/v1/heartbeat" or method != "POST":
+            return Admission("")
+        ctype = headers.get("content-type", "").split(";", 1)[0].strip().lower()
+        if ctype != "application/json":
+            return self.refuse("content_type", 415, "heartbeat: Content-Type must be "
+                               f"application/json, got {ctype or 'none'}")
+        token = bearer_token(headers.get("authorization"))
+        challenge = {"WWW-Authenticate": 'Bearer realm="oarbank-portal"'}
+        if token is None:
+            return self.refuse("unauthenticated", 401, "heartbeat: no node credential "
+                               "(Authorization: Bearer <token>; the portal's operator issues "
+                               "one with `oarbank-portal token issue NODE_ID`)", challenge)
+        node = self.store.node_for_token(token)
+        if node is None:
+            return self.refuse("unauthenticated", 401, "heartbeat: the token is not one this "
+                               "portal issued, or it was revoked", challenge)
+        return Admission(node)
+
     def handle(self, method: str, path: str, query: dict[str, list[str]],
-               body: bytes = b"") -> Response:
+               body: bytes = b"", headers: Mapping[str, str] | None = None,
+               admitted: Admission | None = None) -> Response:
+        """Answer one request. ``admitted``: what ``admit`` returned, when the server called
+        it already (before reading the body); otherwise it is called here."""
+        started = time.perf_counter()
+        route = "other"
+        try:
+            if admitted is None:
+                checked = self.admit(method, path, {k.lower(): v
+                                                    for k, v in (headers or {}).items()})
+                if isinstance(checked, Response):
+                    return checked
+                admitted = checked
+            route, r = self._dispatch(method, path, query, body, admitted)
+            return r
+        finally:
+            self.metrics.observe(route, started)
+
+    def _dispatch(self, method: str, path: str, query: dict[str, list[str]], body: bytes,
+                  admitted: Admission) -> tuple[str, Response]:
         parts = [unquote(p) for p in path.split("/") if p]
+        route = "other"
         try:
             if parts == ["v1", "heartbeat"]:
+                route = "heartbeat"
                 if method != "POST":
-                    return _error(405, "POST a heartbeat here")
-                return self.heartbeat(body)
+                    return route, _error(405, "POST a heartbeat here")
+                return route, self.heartbeat(body, admitted.node_id)
             if method not in ("GET", "HEAD"):
-                return _error(405, f"{method} is not allowed on {path}")
+                return route, _error(405, f"{method} is not allowed on {path}")
             if not parts:
-                return self.index()
+                return "index", self.index()
             if parts == ["v1", "queries", "services"]:
-                return self.services_query(query)
+                return "services", self.services_query(query)
             if parts == ["favicon.ico"]:
-                return Response(204, b"", "image/x-icon")  # browsers ask; nothing to show
+                return route, Response(204, b"", "image/x-icon")  # browsers ask; nothing to show
             if parts == ["v1", "nodes"]:
-                return _json(200, self.store.nodes())
+                return "nodes", self.nodes(query)
+            if parts == ["healthz"]:
+                return "healthz", self.healthz()
+            if parts == ["metrics"]:
+                return "metrics", Response(200, self.metrics.render(), METRICS_TYPE)
             if len(parts) == 2 and parts[0] == "static":
-                return self.static(parts[1])
+                return "static", self.static(parts[1])
             as_json = query.get("format") == ["json"]
             if len(parts) == 4 and parts[0] == "modules" and parts[2] == "pages":
-                return self.page(parts[1], "page", parts[3], node=None, as_json=as_json)
+                return "page", self.page(parts[1], "page", parts[3], node=None, as_json=as_json)
             if (len(parts) == 6 and parts[0] == "nodes" and parts[2] == "modules"
                     and parts[4] == "panels"):
-                return self.page(parts[3], "panel", parts[5], node=parts[1], as_json=as_json)
-        except Exception:  # a bug must cost one request, not the portal
+                return "panel", self.page(parts[3], "panel", parts[5], node=parts[1],
+                                          as_json=as_json)
+        except Exception:  # a bug or a store outage must cost one request, not the portal
             log.exception("error answering %s %s", method, path)
-            return _error(500, "internal error; see the portal's log")
-        return self._html_error(404, "Not found", f"nothing at {path}")
+            if route == "heartbeat":
+                return route, self.refuse("store_error", 503, "heartbeat: the portal could not "
+                                          "store it (see the portal's log); send it again")
+            return route, _error(500, "internal error; see the portal's log")
+        return route, self._html_error(404, "Not found", f"nothing at {path}")
 
     # -- heartbeats and queries ------------------------------------------------------------
 
-    def heartbeat(self, body: bytes) -> Response:
+    def heartbeat(self, body: bytes, node_id: str) -> Response:
+        """A report from the node ``node_id`` (its token's); stored when it is that node's."""
+        received_at = self.clock()  # the order of reports is the order they arrived here
         try:
             doc = json.loads(body)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            log.warning("heartbeat refused: not JSON (%s)", e)
-            return _error(400, f"heartbeat: not JSON ({e})")
+            return self.refuse("malformed", 400, f"heartbeat: not JSON ({e})")
         try:
             hb = parse_heartbeat(doc)
         except HeartbeatError as e:
-            log.warning("heartbeat refused: %s", e)
-            return _error(400, f"heartbeat: {e}")
-        result = self.store.record(hb, received_at=self.clock())
+            return self.refuse("malformed", 400, f"heartbeat: {e}")
+        if hb.node_id != node_id:
+            return self.refuse("wrong_node", 403, f"heartbeat: the token is node {node_id!r}'s; "
+                               f"this report is for {hb.node_id!r}")
+        result = self.store.record(hb, received_at=received_at)
+        (self.metrics.accepted if result.applied else self.metrics.not_applied).inc()
         return _json(200, {"ok": True, "applied": result.applied, "reason": result.reason or None,
                            "node_id": hb.node_id, "services": len(hb.services)})
+
+    def healthz(self) -> Response:
+        try:
+            health = self.store.health()
+        except Exception as e:  # the store is down: say so, with its reason
+            log.warning("healthz: the store does not answer: %s", e)
+            return _json(503, {"ok": False, "store": self.store.kind,
+                               "error": f"{type(e).__name__}: {e}"})
+        return _json(200, {"ok": True} | health)
+
+    def nodes(self, query: dict[str, list[str]]) -> Response:
+        for k, v in query.items():
+            if k not in ("limit", "after"):
+                return _error(400, f"nodes: unknown parameter {k!r} (limit, after)")
+            if len(v) != 1:
+                return _error(400, f"nodes: parameter {k} given {len(v)} times")
+        text = query.get("limit", [str(MAX_NODES_PAGE)])[0]
+        if not text.isdigit() or not 1 <= int(text) <= MAX_NODES_PAGE:
+            return _error(400, f"nodes: limit must be a whole number 1..{MAX_NODES_PAGE}, "
+                               f"got {text!r}")
+        limit = int(text)
+        after = query.get("after", [None])[0]
+        page, nxt = self.store.nodes(now=self.clock(), limit=limit, after=after)
+        resp = _json(200, page)
+        if nxt is not None:  # the body stays a plain list; the next page is in the headers
+            link = "/v1/nodes?" + urlencode({"limit": limit, "after": nxt})
+            resp.headers["Link"] = f'<{link}>; rel="next"'
+            resp.headers["X-Oarbank-Next-After"] = quote(nxt, safe="")
+        return resp
 
     def services_query(self, query: dict[str, list[str]]) -> Response:
         for k, v in query.items():
@@ -175,7 +322,7 @@ class Portal:
         names = mod.names if mod else (name,)
         rows, cut = self.store.services_page(names, node_id=query.get("node_id", [None])[0],
                                              service=query.get("service", [None])[0],
-                                             limit=MAX_ROWS)
+                                             limit=MAX_ROWS, now=self.clock())
         resp = _json(200, rows)
         if cut:  # the body stays a plain list of rows (the fixture shape); the cut is said here
             resp.headers["X-Oarbank-Rows-Truncated"] = f"first {MAX_ROWS} rows; filter by node_id or service"
@@ -197,7 +344,8 @@ class Portal:
         except PageFileError as e:
             return self._html_error(500, f"Broken {kind}", str(e))
         now = self.clock()
-        view = build_view(doc, RenderContext(fetch=services_fetch(self.store, mod), node=node,
+        view = build_view(doc, RenderContext(fetch=services_fetch(self.store, mod, self.clock),
+                                             node=node,
                                              now=now, resolve=link_resolver(mod)))
         if as_json:
             return _json(200, {"rendered_at": clock_text(now), "components": data_views(view)})
@@ -224,7 +372,8 @@ class Portal:
                           for p in m.manifest.pages],
             })
         nodes = []
-        for n in self.store.nodes():
+        listed, more = self.store.nodes(now=now, limit=INDEX_NODES)
+        for n in listed:
             panels = []
             for name in n["modules"]:
                 pm = find_module(self.modules, name)
@@ -233,10 +382,13 @@ class Portal:
                 for p in pm.manifest.panels:
                     panels.append({"title": f"{pm.short_name}: {p.title}",
                                    "href": _panel_href(n["node_id"], pm.id, p.id)})
-            nodes.append(n | {"panels": panels, "reported_ago": ago_text(now - n["reported_at"]),
-                              "reported_iso": iso_text(n["reported_at"])})
+            # "last report" is when this portal received it (the node's clock may be off)
+            tone = "warn" if n["stale"] else "neutral" if n["agent_stopped"] else "ok"
+            nodes.append(n | {"panels": panels, "reported_ago": ago_text(now - n["received_at"]),
+                              "reported_iso": iso_text(n["received_at"]),
+                              "liveness_tone": tone})
         html = self.templates.render("index.html", title="Modules and nodes", modules=modules,
-                                     nodes=nodes)
+                                     nodes=nodes, more_nodes=more is not None)
         return self._html(200, html)
 
     def static(self, name: str) -> Response:

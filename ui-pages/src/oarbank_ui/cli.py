@@ -1,19 +1,23 @@
-"""``oarbank-portal``: serve the portal, or preview a module's pages from its fixtures.
+"""``oarbank-portal``: serve the portal, manage node credentials, or preview a module's pages.
 
-  oarbank-portal serve --db FILE --module DIR [--module DIR ...]
+  oarbank-portal serve --db FILE|postgresql://... --module DIR [--module DIR ...]
                        [--listen 127.0.0.1:PORT | --unix PATH] [--refresh-s S]
+                       [--allowed-host NAME ...] [--tls-cert PEM --tls-key PEM]
+  oarbank-portal token issue|revoke NODE_ID --db ...   |   token list --db ...
+  oarbank-portal node remove NODE_ID --db ...
   oarbank-portal preview MODULE_DIR [--out DIR] [--node NODE_ID]
 
 ``serve`` prints one line ``oarbank-portal: serving on <url>`` once it accepts requests (with
-``--listen HOST:0`` the url carries the port it got). Exit 2 on bad arguments or an invalid
-module, 0 on SIGTERM/SIGINT.
+``--listen HOST:0`` the url carries the port it got). Exit 2 on bad arguments, an invalid
+module or a store it cannot open, 0 on SIGTERM/SIGINT. ``--db`` may come from
+``OARBANK_PORTAL_DB`` instead (a PostgreSQL URL with a password stays out of ``ps``).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-import signal
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,8 +27,8 @@ from oarbank_sdk.manifest import ManifestError
 from .app import Portal
 from .modules import load_modules
 from .preview import write_preview
-from .server import make_server
-from .store import HeartbeatStore
+from .server import ServeOptions, bind, serve
+from .store import HeartbeatStore, is_postgres_url, open_store
 
 __all__ = ["main"]
 
@@ -35,7 +39,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="oarbank-portal", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("serve", help="heartbeats in, the services query and pages out")
-    s.add_argument("--db", required=True, help="SQLite file for heartbeats (created if absent)")
+    _db_arg(s)
     s.add_argument("--module", action="append", default=[], metavar="MODULE_DIR",
                    help="a module folder whose pages to serve (repeatable)")
     where = s.add_mutually_exclusive_group()
@@ -44,7 +48,32 @@ def _parser() -> argparse.ArgumentParser:
     where.add_argument("--unix", metavar="PATH", help="serve on a unix socket at PATH instead")
     s.add_argument("--refresh-s", type=float, default=3.0,
                    help="how often pages refresh their data (default 3)")
+    s.add_argument("--allowed-host", action="append", default=[], metavar="NAME[:PORT]",
+                   help="a Host the portal answers (repeatable; default: the listen address, "
+                        "localhost and 127.0.0.1 on its port; '*': any, behind a proxy that "
+                        "checks)")
+    s.add_argument("--tls-cert", metavar="PEM", help="serve HTTPS with this certificate chain")
+    s.add_argument("--tls-key", metavar="PEM", help="the certificate's private key")
+    s.add_argument("--read-timeout-s", type=float, default=10.0, metavar="S",
+                   help="a request body must arrive within S seconds (default 10)")
+    s.add_argument("--max-connections", type=int, default=1000, metavar="N",
+                   help="open connections beyond N are answered 503 (default 1000)")
+    s.add_argument("--pool-size", type=int, default=10, metavar="N",
+                   help="PostgreSQL connections at most (default 10)")
     s.add_argument("-v", "--verbose", action="store_true", help="log every request")
+    t = sub.add_parser("token", help="node credentials: issue, list, revoke")
+    tsub = t.add_subparsers(dest="token_cmd", required=True)
+    for name, what in (("issue", "print a new token for NODE_ID (once; only its hash is kept)"),
+                       ("revoke", "NODE_ID's reports are refused from now on")):
+        x = tsub.add_parser(name, help=what)
+        x.add_argument("node_id", metavar="NODE_ID")
+        _db_arg(x)
+    _db_arg(tsub.add_parser("list", help="nodes holding a token, and when it was issued"))
+    n = sub.add_parser("node", help="nodes: remove")
+    nsub = n.add_subparsers(dest="node_cmd", required=True)
+    x = nsub.add_parser("remove", help="forget NODE_ID: its report, its rows and its token")
+    x.add_argument("node_id", metavar="NODE_ID")
+    _db_arg(x)
     v = sub.add_parser("preview", help="render a module's pages from fixtures/ui/queries/*.json")
     v.add_argument("module_dir", metavar="MODULE_DIR")
     v.add_argument("--out", default="oarbank-preview",
@@ -54,41 +83,109 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _db_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--db", default=os.environ.get("OARBANK_PORTAL_DB"),
+                   metavar="FILE|postgresql://...",
+                   help="the heartbeat store: an SQLite file (created 0600 if absent) or a "
+                        "PostgreSQL URL (default: $OARBANK_PORTAL_DB)")
+
+
+def _fail(message: str) -> int:
+    print(f"oarbank-portal: {message}", file=sys.stderr)
+    return 2
+
+
+def _open(args: argparse.Namespace, **pool: Any) -> HeartbeatStore | None:
+    if not args.db:
+        _fail("--db is required (an SQLite file or a postgresql:// URL)")
+        return None
+    shown = args.db
+    if is_postgres_url(args.db):
+        from .store_postgres import redact
+
+        shown = redact(args.db)
+    try:
+        return open_store(args.db, **(pool if is_postgres_url(args.db) else {}))
+    except Exception as e:
+        _fail(f"cannot open the heartbeat store {shown}: {e}")
+        return None
+
+
 def _serve(args: argparse.Namespace) -> int:
     if args.refresh_s <= 0:
-        print("oarbank-portal: --refresh-s must be > 0", file=sys.stderr)
-        return 2
+        return _fail("--refresh-s must be > 0")
+    if args.read_timeout_s <= 0 or args.max_connections < 1 or args.pool_size < 1:
+        return _fail("--read-timeout-s, --max-connections and --pool-size must be > 0")
+    if bool(args.tls_cert) != bool(args.tls_key):
+        return _fail("--tls-cert and --tls-key go together")
+    if args.tls_cert and args.unix:
+        return _fail("TLS is for --listen; a unix socket is guarded by its file mode")
     try:
         modules = load_modules(args.module)
     except (ManifestError, ValueError) as e:
-        print(f"oarbank-portal: {e}", file=sys.stderr)
+        return _fail(str(e))
+    opts = ServeOptions(listen=None if args.unix else (args.listen or DEFAULT_LISTEN),
+                        unix=args.unix, tls_cert=args.tls_cert, tls_key=args.tls_key,
+                        allowed_hosts=args.allowed_host, read_timeout_s=args.read_timeout_s,
+                        max_connections=args.max_connections, verbose=args.verbose)
+    store = _open(args, max_size=args.pool_size, min_size=min(2, args.pool_size))
+    if store is None:
         return 2
     try:
-        store = HeartbeatStore(args.db)
-    except Exception as e:
-        print(f"oarbank-portal: cannot open the heartbeat store {args.db}: {e}", file=sys.stderr)
-        return 2
-    portal = Portal(store, modules, refresh_s=args.refresh_s)
-    try:
-        server = make_server(portal, listen=None if args.unix else (args.listen or DEFAULT_LISTEN),
-                             unix=args.unix)
-    except (OSError, ValueError) as e:
-        print(f"oarbank-portal: cannot serve: {e}", file=sys.stderr)
-        store.close()
-        return 2
-
-    def stop(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, stop)
-    print(f"oarbank-portal: serving on {server.url}", flush=True)
-    try:
-        server.serve_forever(poll_interval=0.2)
-    except KeyboardInterrupt:
-        pass
+        try:
+            bound = bind(opts)
+        except (OSError, ValueError) as e:
+            return _fail(f"cannot serve: {e}")
+        portal = Portal(store, modules, refresh_s=args.refresh_s,
+                        allowed_hosts=bound.hosts)
+        try:
+            serve(portal, bound, opts)
+        except (OSError, ValueError) as e:  # e.g. a TLS file that cannot be read
+            return _fail(f"cannot serve: {e}")
     finally:
-        server.server_close()
         store.close()
+    return 0
+
+
+def _token(args: argparse.Namespace) -> int:
+    store = _open(args, min_size=1, max_size=1)
+    if store is None:
+        return 2
+    try:
+        if args.token_cmd == "issue":
+            token, replaced = store.issue_token(args.node_id)
+            print(token)
+            print(f"oarbank-portal: token for node {args.node_id} issued"
+                  + (" (its previous token no longer works)" if replaced else "")
+                  + "; it is shown only now: write it to the node's --portal-token-file "
+                    "(mode 0600)", file=sys.stderr)
+        elif args.token_cmd == "revoke":
+            if not store.revoke_token(args.node_id):
+                return _fail(f"node {args.node_id} holds no token")
+            print(f"oarbank-portal: token of node {args.node_id} revoked", file=sys.stderr)
+        else:
+            import time
+
+            for t in store.tokens():
+                when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t["issued_at"]))
+                print(f"{t['node_id']}\tissued {when}")
+    finally:
+        store.close()
+    return 0
+
+
+def _node(args: argparse.Namespace) -> int:
+    store = _open(args, min_size=1, max_size=1)
+    if store is None:
+        return 2
+    try:
+        gone = store.remove_node(args.node_id)
+    finally:
+        store.close()
+    if not any(gone.values()):
+        return _fail(f"no node {args.node_id} (no report, no token)")
+    print(f"oarbank-portal: node {args.node_id} removed ({gone['rows']} service rows"
+          f"{', its token' if gone['tokens'] else ''})", file=sys.stderr)
     return 0
 
 
@@ -109,6 +206,10 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if args.cmd == "serve":
         return _serve(args)
+    if args.cmd == "token":
+        return _token(args)
+    if args.cmd == "node":
+        return _node(args)
     return _preview(args)
 
 

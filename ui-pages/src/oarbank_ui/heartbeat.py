@@ -19,6 +19,9 @@ LIFECYCLES = ("on_demand", "always", "manual")
 MAX_SERVICES = 2000  # rows per heartbeat; far above any real node, bounds the work per post
 MAX_TEXT = 4096  # characters in any string field (an error message is the longest one)
 _SERVICE_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+# A report without heartbeat_s (an older or upstream agent) is judged by the agent's default.
+DEFAULT_HEARTBEAT_S = 10.0
+MAX_HEARTBEAT_S = 86400.0
 _BOOL_FIELDS = ("running", "ready", "accepting", "disabled", "withdrawn", "gpu_api_missing",
                 "endpoint")
 
@@ -52,6 +55,8 @@ class Heartbeat:
     hostname: str
     time: float
     services: tuple[ServiceRow, ...]
+    heartbeat_s: float = DEFAULT_HEARTBEAT_S
+    agent_stopped: bool = False
 
 
 def _text(value: Any, where: str, *, nullable: bool = False, empty_ok: bool = False) -> str | None:
@@ -123,7 +128,7 @@ def _row(value: Any, where: str) -> ServiceRow:
 def parse_heartbeat(doc: Any) -> Heartbeat:
     """Validate a decoded heartbeat; raises ``HeartbeatError`` naming what is wrong."""
     if not isinstance(doc, dict):
-        raise HeartbeatError(f"heartbeat: must be a JSON object, got {_kind(doc)}")
+        raise HeartbeatError(f"the report must be a JSON object, got {_kind(doc)}")
     for key in ("node_id", "hostname", "time", "services"):
         if key not in doc:
             raise HeartbeatError(f"{key}: missing")
@@ -145,4 +150,13 @@ def parse_heartbeat(doc: Any) -> Heartbeat:
         if pair in seen:
             raise HeartbeatError(f"services[{i}]: {row.module}/{row.service} reported twice")
         seen.add(pair)
-    return Heartbeat(node_id=node_id, hostname=hostname, time=float(t), services=rows)
+    period = doc.get("heartbeat_s", DEFAULT_HEARTBEAT_S)
+    if (isinstance(period, bool) or not isinstance(period, (int, float))
+            or not math.isfinite(period) or not 0 < period <= MAX_HEARTBEAT_S):
+        raise HeartbeatError(f"heartbeat_s: must be seconds in (0, {MAX_HEARTBEAT_S:g}], "
+                             f"got {period!r}")
+    stopped = doc.get("agent_stopped", False)
+    if not isinstance(stopped, bool):
+        raise HeartbeatError(f"agent_stopped: must be true or false, got {_kind(stopped)}")
+    return Heartbeat(node_id=node_id, hostname=hostname, time=float(t), services=rows,
+                     heartbeat_s=float(period), agent_stopped=stopped)

@@ -62,7 +62,8 @@ DEFAULT_TONES = {
     "stopped": "neutral", "idle": "neutral",
     "unhealthy": "error", "error": "error", "failed": "error", "withdrawn": "error",
     "held": "warn", "disabled": "warn", "false": "neutral",
-    "undetected": "info", "unknown": "info",
+    # "unknown" is what a stale node's rows answer (contract 6.3): a warning, not news.
+    "undetected": "info", "unknown": "warn",
 }
 _VERSION = re.compile(r"^(\d+)\.(\d+)$")
 _SAFE_LINK = re.compile(r"^(/|#|https?://|\./|\.\./|[A-Za-z0-9_.\-]+(/|$|\?))")

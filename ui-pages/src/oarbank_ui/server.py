@@ -1,129 +1,129 @@
-"""The portal behind an HTTP server: TCP (``127.0.0.1:PORT``) or a unix socket (``PATH``).
+"""The portal on uvicorn: TCP (``HOST:PORT``, optionally TLS) or a unix socket (``PATH``).
 
-Standard library ``ThreadingHTTPServer`` (a thread per connection): the portal's work per
-request is a few milliseconds of SQLite and Jinja2, so a framework would add a dependency and
-nothing we use; the unix-socket variant is a few lines on top of ``socketserver``.
+The sockets are bound here, before uvicorn starts, so ``--listen HOST:0`` knows its port (the
+``serving on`` line carries it) and a unix socket path a dead portal left is replaced while a
+live one is refused.
+
+Limits, and why: ``HEAD_TIMEOUT_S`` closes a connection whose request head has not arrived
+(uvicorn itself only times out idle keep-alive connections; a client that sends half a head
+would hold its slot forever); the body deadline is asgi.py's; ``limit_concurrency`` answers 503
+beyond that many open connections instead of taking all of them on.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
+import signal
 import socket
-import socketserver
 import stat
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
-from .app import MAX_BODY, Portal
+import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
-__all__ = ["PortalHTTPServer", "PortalUnixServer", "make_server"]
+from .app import Portal
+from .asgi import build_app
+from .hosts import default_hosts
+
+__all__ = ["ServeOptions", "bind", "serve"]
 
 log = logging.getLogger("oarbank_ui.server")
+HEAD_TIMEOUT_S = 10.0
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server_version = "oarbank-portal"
+class _Protocol(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol plus a deadline on each request head (see the module
+    docstring). Relies on ``cycle`` changing when a new request starts."""
 
-    def setup(self) -> None:
-        super().setup()
-        if self.connection.family in (socket.AF_INET, socket.AF_INET6):
-            # Headers and body go out in two writes; with Nagle on, a keep-alive client's
-            # delayed ACK adds ~40 ms to every answer.
-            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    _head_timer: asyncio.TimerHandle | None = None
 
-    def _portal(self) -> Portal:
-        return self.server.portal  # type: ignore[attr-defined]
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)
+        if transport.get_extra_info("socket") is not None:
+            sock = transport.get_extra_info("socket")
+            if sock.family in (socket.AF_INET, socket.AF_INET6):
+                # headers and body in two writes: without this a keep-alive client's delayed
+                # ACK adds ~40 ms to every answer
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._await_head()
 
-    def _answer(self, method: str) -> None:
-        url = urlsplit(self.path)
-        body = b""
-        if method == "POST":
-            length = self.headers.get("Content-Length")
-            if length is None or not length.isdigit():
-                self._send(411, b'{"error": "Content-Length is required"}\n', "application/json")
-                return
-            n = int(length)
-            if n > MAX_BODY:
-                self._send(413, b'{"error": "body larger than 1 MiB"}\n', "application/json")
-                self.close_connection = True
-                return
-            body = self.rfile.read(n)
-        query = parse_qs(url.query, keep_blank_values=True)
-        r = self._portal().handle(method, url.path, query, body)
-        self._send(r.status, r.body, r.content_type, r.headers, head=method == "HEAD")
+    def _await_head(self) -> None:
+        self._head_cycle = self.cycle
+        self._head_timer = self.loop.call_later(HEAD_TIMEOUT_S, self._head_late)
 
-    def _send(self, status: int, body: bytes, ctype: str, headers: dict[str, str] | None = None,
-              head: bool = False) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(body)))
-        for k, v in (headers or {}).items():
-            self.send_header(k, v)
-        self.end_headers()
-        if not head:
-            self.wfile.write(body)
+    def _head_late(self) -> None:
+        self._head_timer = None
+        if self.cycle is self._head_cycle:
+            log.debug("closing a connection whose request head took over %g s", HEAD_TIMEOUT_S)
+            self.transport.close()
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
-        self._answer("GET")
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self._head_timer is not None and self.cycle is not self._head_cycle:
+            self._head_timer.cancel()  # the head is in: the body has asgi.py's deadline
+            self._head_timer = None
 
-    def do_HEAD(self) -> None:  # noqa: N802
-        self._answer("HEAD")
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self._head_timer is None and not self.transport.is_closing():
+            self._await_head()
 
-    def do_POST(self) -> None:  # noqa: N802
-        self._answer("POST")
-
-    def do_PUT(self) -> None:  # noqa: N802
-        self._answer("PUT")
-
-    def do_DELETE(self) -> None:  # noqa: N802
-        self._answer("DELETE")
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
-        log.debug("%s %s", self.address_string(), format % args)
-
-    def address_string(self) -> str:
-        addr = self.client_address
-        return str(addr[0]) if isinstance(addr, tuple) and addr else "unix"
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+        super().connection_lost(exc)
 
 
-class PortalHTTPServer(ThreadingHTTPServer):
-    daemon_threads = True  # open keep-alive connections never hold up shutdown
+@dataclass
+class ServeOptions:
+    listen: str | None = None  # HOST:PORT
+    unix: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    allowed_hosts: list[str] = field(default_factory=list)  # empty: the default for the address
+    read_timeout_s: float = 10.0
+    max_connections: int = 1000
+    verbose: bool = False
 
-    def __init__(self, address: tuple[str, int], portal: Portal) -> None:
-        self.portal = portal
-        super().__init__(address, _Handler)
 
-    @property
-    def url(self) -> str:
-        host, port = self.server_address[:2]
-        return f"http://{host!s}:{port}"
+@dataclass
+class Bound:
+    sock: socket.socket
+    url: str
+    hosts: list[str]
+    unix_path: Path | None
 
 
-class PortalUnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    daemon_threads = True
-
-    def __init__(self, path: str, portal: Portal) -> None:
-        self.portal = portal
-        _clear_stale_socket(Path(path))
-        super().__init__(path, _Handler)
-
-    def get_request(self) -> tuple[socket.socket, Any]:
-        conn, _ = self.socket.accept()
-        return conn, ("unix", 0)
-
-    def server_close(self) -> None:
-        super().server_close()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.server_address)  # type: ignore[arg-type]
-
-    @property
-    def url(self) -> str:
-        return f"unix:{self.server_address}"
+def bind(opts: ServeOptions) -> Bound:
+    """The listening socket, the URL it serves and the Host names it answers."""
+    scheme = "https" if opts.tls_cert else "http"
+    if opts.unix is not None:
+        path = Path(opts.unix)
+        _clear_stale_socket(path)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.bind(str(path))
+        except OSError:
+            sock.close()
+            raise
+        return Bound(sock, f"unix:{path}", opts.allowed_hosts or default_hosts(None, None), path)
+    host, sep, port = (opts.listen or "").rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"--listen: expected HOST:PORT such as 127.0.0.1:8470, "
+                         f"got {opts.listen!r}")
+    host = host.strip("[]")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.create_server((host, int(port)), family=family, backlog=2048)
+    got = sock.getsockname()[1]
+    shown = f"[{host}]" if ":" in host else host
+    return Bound(sock, f"{scheme}://{shown}:{got}", opts.allowed_hosts or default_hosts(host, got),
+                 None)
 
 
 def _clear_stale_socket(path: Path) -> None:
@@ -145,12 +145,33 @@ def _clear_stale_socket(path: Path) -> None:
     raise OSError(f"another server is answering on {path}")
 
 
-def make_server(portal: Portal, *, listen: str | None = None,
-                unix: str | None = None) -> PortalHTTPServer | PortalUnixServer:
-    """``listen`` is ``HOST:PORT`` (port 0 picks a free one); ``unix`` is a socket path."""
-    if unix is not None:
-        return PortalUnixServer(unix, portal)
-    host, sep, port = (listen or "").rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise ValueError(f"--listen: expected HOST:PORT such as 127.0.0.1:8470, got {listen!r}")
-    return PortalHTTPServer((host.strip("[]"), int(port)), portal)
+def serve(portal: Portal, bound: Bound, opts: ServeOptions) -> None:
+    """Serve until SIGTERM/SIGINT (uvicorn's handlers: open requests finish, then exit)."""
+    config = uvicorn.Config(
+        build_app(portal, read_timeout_s=opts.read_timeout_s), http=_Protocol, ws="none",
+        lifespan="off", access_log=opts.verbose, log_config=None,
+        limit_concurrency=opts.max_connections, timeout_keep_alive=5,
+        timeout_graceful_shutdown=5, ssl_certfile=opts.tls_cert, ssl_keyfile=opts.tls_key,
+        server_header=False, date_header=False, proxy_headers=False)
+    config.load()  # TLS files are read here: a bad one fails before "serving on"
+    server = uvicorn.Server(config)
+
+    async def run() -> None:
+        task = asyncio.ensure_future(server.serve(sockets=[bound.sock]))
+        while not server.started and not task.done():
+            await asyncio.sleep(0.02)
+        if server.started:
+            print(f"oarbank-portal: serving on {bound.url}", flush=True)
+        await task
+
+    # uvicorn handles SIGTERM/SIGINT while it serves, then re-raises the signal to the handler
+    # that was there before: make that one a no-op so a stop asked for exits 0, not -15.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: None)
+    try:
+        asyncio.run(run())
+    finally:
+        bound.sock.close()
+        if bound.unix_path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(bound.unix_path)

@@ -2,14 +2,24 @@
 
 ``state`` and ``stopped_reason`` are derived from one stored row; the store calls these so the
 rule lives in exactly one place.
+
+Liveness (contract 6.3): a node that sent nothing for ``STALE_PERIODS`` of its own heartbeat
+periods is stale, judged by when the portal *received* its last report (the node's clock may be
+wrong; the portal's is the one all nodes share). Its rows answer ``unknown``. A node whose agent
+said it was stopping (its last report) answers ``stopped`` / ``agent stopped`` instead: it is
+not missing, it left.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
-__all__ = ["COLUMNS", "MAX_ROWS", "QueryError", "derive_state", "derive_stopped_reason",
-           "services_row"]
+__all__ = ["AGENT_STOPPED", "COLUMNS", "MAX_ROWS", "STALE_PERIODS", "QueryError", "derive_state",
+           "derive_stopped_reason", "is_stale", "iso_utc", "services_row"]
+
+STALE_PERIODS = 3
+AGENT_STOPPED = "agent stopped"
 
 MAX_ROWS = 200
 # Exactly the contract's columns, in its order.
@@ -44,9 +54,29 @@ def derive_stopped_reason(*, running: bool, held: str | None, disabled: bool, wi
     return "idle"
 
 
-def services_row(stored: dict[str, Any]) -> dict[str, Any]:
-    """One query row from one stored row (booleans as stored 0/1 are turned back into bools)."""
+def iso_utc(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+def is_stale(received_at: float, heartbeat_s: float, now: float) -> bool:
+    return now - received_at > STALE_PERIODS * heartbeat_s
+
+
+def services_row(stored: dict[str, Any], now: float | None = None) -> dict[str, Any]:
+    """One query row from one stored row (booleans as stored 0/1 are turned back into bools).
+    ``now`` (the portal's clock) decides liveness; None: liveness not judged."""
     running = bool(stored["running"])
+    row = _row(stored, running)
+    if stored.get("agent_stopped"):
+        row.update(state="stopped", stopped_reason=AGENT_STOPPED, users=0)
+    elif (now is not None and "received_at" in stored
+          and is_stale(stored["received_at"], stored["heartbeat_s"], now)):
+        row.update(state="unknown", stopped_reason="node not reporting (last report "
+                                                   f"{iso_utc(stored['received_at'])})")
+    return row
+
+
+def _row(stored: dict[str, Any], running: bool) -> dict[str, Any]:
     return {
         "node_id": stored["node_id"],
         "hostname": stored["hostname"],

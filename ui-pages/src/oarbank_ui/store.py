@@ -1,63 +1,52 @@
-"""The heartbeat store: SQLite in WAL mode, one file named on the command line.
+"""The heartbeat store: the same queries over SQLite (embedded, one file) or PostgreSQL (a
+server several portal replicas share). ``open_store(where)`` picks by the argument:
+``postgresql://...`` (or ``postgres://``) or a file path.
 
 Each heartbeat is a node's full snapshot: its rows replace that node's previous rows (a module
-disabled on the node disappears with its rows), so the table holds the latest row per
-(module, node, service) plus ``reported_at`` (the heartbeat's own ``time``). A heartbeat older
-than the one stored for its node is not applied (a late retry must not undo a newer report);
-``record`` says so to the caller.
+disabled on the node disappears with its rows). Reports are ordered by the time the portal
+*received* them (contract 6.2), not by the node's own ``time``: a node whose clock runs ahead,
+or a report with a far-future time, can no longer freeze the node's rows. The check is part of
+the node's upsert (``... DO UPDATE ... WHERE stored.received_at <= new``), so two replicas
+receiving two reports of one node at once still keep the later one. The node's ``time`` stays
+as ``reported_at`` for display.
 
-One connection guarded by a lock: the portal's request threads share it, and SQLite work here
-is a few milliseconds at most.
+Tokens: one per node, only its SHA-256 kept (tokens.py).
 """
 
 from __future__ import annotations
 
 import json
-import sqlite3
-import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from .heartbeat import Heartbeat
-from .services_query import MAX_ROWS, services_row
+from .services_query import MAX_ROWS, is_stale, iso_utc, services_row
+from .tokens import new_token, token_hash
 
-__all__ = ["HeartbeatStore", "RecordResult"]
+__all__ = ["HeartbeatStore", "MAX_NODES_PAGE", "RecordResult", "StoreBackend", "is_postgres_url",
+           "open_store"]
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS nodes (
-    node_id     TEXT PRIMARY KEY,
-    hostname    TEXT NOT NULL,
-    reported_at REAL NOT NULL,
-    received_at REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS service_rows (
-    module          TEXT NOT NULL,
-    node_id         TEXT NOT NULL,
-    service         TEXT NOT NULL,
-    hostname        TEXT NOT NULL,
-    health          TEXT,
-    running         INTEGER NOT NULL,
-    ready           INTEGER NOT NULL,
-    accepting       INTEGER NOT NULL,
-    error           TEXT,
-    held            TEXT,
-    disabled        INTEGER NOT NULL,
-    withdrawn       INTEGER NOT NULL,
-    gpu_api_missing INTEGER NOT NULL,
-    lifecycle       TEXT NOT NULL,
-    users           INTEGER NOT NULL,
-    endpoint        INTEGER NOT NULL,
-    reported_at     REAL NOT NULL,
-    raw             TEXT NOT NULL,
-    -- The primary key is the query's index: module first (always given), then the two
-    -- optional filters in the order rows are returned.
-    PRIMARY KEY (module, node_id, service)
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS service_rows_by_node ON service_rows (node_id);
-"""
+MAX_NODES_PAGE = 1000
+
+
+class _Tx(Protocol):
+    def all(self, sql: str, args: Any = ...) -> list[dict[str, Any]]: ...
+    def one(self, sql: str, args: Any = ...) -> dict[str, Any] | None: ...
+    def run(self, sql: str, args: Any = ...) -> int: ...
+    def many(self, sql: str, rows: list[Any]) -> None: ...
+
+
+class StoreBackend(Protocol):
+    kind: str
+    where: str
+
+    def write(self) -> Any: ...
+    def read(self) -> Any: ...
+    def schema_version(self) -> int: ...
+    def close(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -66,80 +55,126 @@ class RecordResult:
     reason: str = ""
 
 
+def is_postgres_url(where: str) -> bool:
+    return where.startswith(("postgresql://", "postgres://"))
+
+
+def open_store(where: str | Path, **pool: Any) -> HeartbeatStore:
+    """``postgresql://user@host/db`` -> PostgreSQL; anything else is an SQLite file."""
+    if isinstance(where, str) and is_postgres_url(where):
+        from .store_postgres import PostgresBackend
+
+        return HeartbeatStore(PostgresBackend(where, **pool))
+    return HeartbeatStore(where)
+
+
+_ROW_SQL = ("INSERT INTO service_rows (module, node_id, service, hostname, health, running,"
+            " ready, accepting, error, held, disabled, withdrawn, gpu_api_missing, lifecycle,"
+            " users, endpoint, reported_at, raw, received_at, heartbeat_s, agent_stopped)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+
+
 class HeartbeatStore:
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        self._lock = threading.Lock()
-        self._db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
-        self._db.row_factory = sqlite3.Row
-        mode = self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-        if str(mode).lower() != "wal":
-            raise RuntimeError(f"{self.path}: SQLite refused WAL mode (got {mode!r})")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(_SCHEMA)
+    def __init__(self, backend: StoreBackend | str | Path) -> None:
+        if isinstance(backend, (str, Path)):
+            from .store_sqlite import SQLiteBackend
+
+            backend = SQLiteBackend(backend)
+        self.backend = backend
+
+    @property
+    def kind(self) -> str:
+        return self.backend.kind
 
     def close(self) -> None:
-        with self._lock:
-            self._db.close()
+        self.backend.close()
 
-    # -- writing ---------------------------------------------------------------------------
+    # -- heartbeats ------------------------------------------------------------------------
 
     def record(self, hb: Heartbeat, *, received_at: float | None = None) -> RecordResult:
         """Store a node's snapshot in one transaction (all or nothing)."""
         now = time.time() if received_at is None else received_at
-        with self._lock:
-            db = self._db
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                prev = db.execute("SELECT reported_at FROM nodes WHERE node_id = ?",
-                                  (hb.node_id,)).fetchone()
-                if prev is not None and prev[0] > hb.time:
-                    db.execute("ROLLBACK")
-                    return RecordResult(False, f"older than the stored report of {hb.node_id} "
-                                               f"(time {prev[0]} > {hb.time})")
-                db.execute(
-                    "INSERT INTO nodes (node_id, hostname, reported_at, received_at)"
-                    " VALUES (?, ?, ?, ?) ON CONFLICT(node_id) DO UPDATE SET"
-                    " hostname = excluded.hostname, reported_at = excluded.reported_at,"
-                    " received_at = excluded.received_at",
-                    (hb.node_id, hb.hostname, hb.time, now),
-                )
-                db.execute("DELETE FROM service_rows WHERE node_id = ?", (hb.node_id,))
-                db.executemany(
-                    "INSERT INTO service_rows VALUES"
-                    " (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    [
-                        (r.module, hb.node_id, r.service, hb.hostname, r.health, r.running,
-                         r.ready, r.accepting, r.error, r.held, r.disabled, r.withdrawn,
-                         r.gpu_api_missing, r.lifecycle, r.users, r.endpoint, hb.time,
-                         json.dumps(r.raw, sort_keys=True))
-                        for r in hb.services
-                    ],
-                )
-                db.execute("COMMIT")
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
+        stopped = int(hb.agent_stopped)
+        with self.backend.write() as tx:
+            won = tx.one(
+                "INSERT INTO nodes (node_id, hostname, reported_at, received_at, heartbeat_s,"
+                " agent_stopped) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (node_id) DO UPDATE SET"
+                " hostname = excluded.hostname, reported_at = excluded.reported_at,"
+                " received_at = excluded.received_at, heartbeat_s = excluded.heartbeat_s,"
+                " agent_stopped = excluded.agent_stopped"
+                " WHERE nodes.received_at <= excluded.received_at RETURNING node_id",
+                (hb.node_id, hb.hostname, hb.time, now, hb.heartbeat_s, stopped))
+            if won is None:
+                prev = tx.one("SELECT received_at FROM nodes WHERE node_id = ?", (hb.node_id,))
+                at = iso_utc(prev["received_at"]) if prev else "?"
+                return RecordResult(False, f"a report of {hb.node_id} received later "
+                                           f"({at}) is already stored")
+            tx.run("DELETE FROM service_rows WHERE node_id = ?", (hb.node_id,))
+            tx.many(_ROW_SQL, [
+                (r.module, hb.node_id, r.service, hb.hostname, r.health, int(r.running),
+                 int(r.ready), int(r.accepting), r.error, r.held, int(r.disabled),
+                 int(r.withdrawn), int(r.gpu_api_missing), r.lifecycle, r.users,
+                 int(r.endpoint), hb.time, json.dumps(r.raw, sort_keys=True), now,
+                 hb.heartbeat_s, stopped)
+                for r in hb.services
+            ])
         return RecordResult(True)
+
+    def remove_node(self, node_id: str) -> dict[str, int]:
+        """Forget a node: its report, its rows and its token. Counts of what went."""
+        with self.backend.write() as tx:
+            rows = tx.run("DELETE FROM service_rows WHERE node_id = ?", (node_id,))
+            nodes = tx.run("DELETE FROM nodes WHERE node_id = ?", (node_id,))
+            tokens = tx.run("DELETE FROM node_tokens WHERE node_id = ?", (node_id,))
+        return {"nodes": nodes, "rows": rows, "tokens": tokens}
+
+    # -- credentials -----------------------------------------------------------------------
+
+    def issue_token(self, node_id: str, *, now: float | None = None) -> tuple[str, bool]:
+        """A new token for ``node_id`` (replacing its previous one): (token, replaced)."""
+        token = new_token()
+        with self.backend.write() as tx:
+            replaced = tx.run("DELETE FROM node_tokens WHERE node_id = ?", (node_id,)) > 0
+            tx.run("INSERT INTO node_tokens (node_id, token_hash, issued_at) VALUES (?, ?, ?)",
+                   (node_id, token_hash(token), time.time() if now is None else now))
+        return token, replaced
+
+    def revoke_token(self, node_id: str) -> bool:
+        with self.backend.write() as tx:
+            return tx.run("DELETE FROM node_tokens WHERE node_id = ?", (node_id,)) > 0
+
+    def tokens(self) -> list[dict[str, Any]]:
+        """Nodes holding a token and when it was issued (never the hash)."""
+        with self.backend.read() as tx:
+            return tx.all("SELECT node_id, issued_at FROM node_tokens ORDER BY node_id")
+
+    def node_for_token(self, token: str) -> str | None:
+        with self.backend.read() as tx:
+            row = tx.one("SELECT node_id FROM node_tokens WHERE token_hash = ?",
+                         (token_hash(token),))
+        return None if row is None else str(row["node_id"])
 
     # -- reading ---------------------------------------------------------------------------
 
     def services(self, modules: Iterable[str], *, node_id: str | None = None,
-                 service: str | None = None, limit: int = MAX_ROWS) -> list[dict[str, Any]]:
+                 service: str | None = None, limit: int = MAX_ROWS,
+                 now: float | None = None) -> list[dict[str, Any]]:
         """The ``services`` query: rows of the given module (its id and/or other names it is
         reported under), optionally one node and/or one service, at most ``limit`` (<= 200)."""
-        return self.services_page(modules, node_id=node_id, service=service, limit=limit)[0]
+        return self.services_page(modules, node_id=node_id, service=service, limit=limit,
+                                  now=now)[0]
 
     def services_page(self, modules: Iterable[str], *, node_id: str | None = None,
-                      service: str | None = None, limit: int = MAX_ROWS
-                      ) -> tuple[list[dict[str, Any]], bool]:
+                      service: str | None = None, limit: int = MAX_ROWS,
+                      now: float | None = None) -> tuple[list[dict[str, Any]], bool]:
         """``services`` and whether more rows matched than ``limit`` (so a caller can say the
-        answer was cut instead of dropping rows silently)."""
+        answer was cut instead of dropping rows silently). ``now`` judges liveness (default:
+        this process's clock)."""
         names = list(dict.fromkeys(modules))
         if not names:
             return [], False
         limit = max(0, min(limit, MAX_ROWS))
-        sql = (f"SELECT * FROM service_rows WHERE module IN ({', '.join('?' * len(names))})")
+        sql = f"SELECT * FROM service_rows WHERE module IN ({', '.join('?' * len(names))})"
         args: list[Any] = list(names)
         if node_id is not None:
             sql += " AND node_id = ?"
@@ -149,28 +184,94 @@ class HeartbeatStore:
             args.append(service)
         sql += " ORDER BY node_id, service LIMIT ?"
         args.append(limit + 1)  # one more than asked: tells whether the answer is cut
-        with self._lock:
-            rows = self._db.execute(sql, args).fetchall()
-        return [services_row(dict(r)) for r in rows[:limit]], len(rows) > limit
+        with self.backend.read() as tx:
+            rows = tx.all(sql, args)
+        t = time.time() if now is None else now
+        return [services_row(r, t) for r in rows[:limit]], len(rows) > limit
 
-    def nodes(self) -> list[dict[str, Any]]:
-        """Every node that ever reported, with the modules in its latest report."""
-        with self._lock:
-            nodes = self._db.execute(
-                "SELECT node_id, hostname, reported_at, received_at FROM nodes ORDER BY node_id"
-            ).fetchall()
-            mods = self._db.execute(
-                "SELECT DISTINCT node_id, module FROM service_rows ORDER BY node_id, module"
-            ).fetchall()
+    def nodes(self, *, now: float | None = None, limit: int = MAX_NODES_PAGE,
+              after: str | None = None) -> tuple[list[dict[str, Any]], str | None]:
+        """Nodes in node_id order after ``after``, at most ``limit``, each with the modules
+        of its latest report and its liveness; and the ``after`` of the next page (None: last
+        page)."""
+        limit = max(1, min(limit, MAX_NODES_PAGE))
+        cond, args = ("WHERE node_id > ?", [after]) if after is not None else ("", [])
+        with self.backend.read() as tx:
+            nodes = tx.all("SELECT node_id, hostname, reported_at, received_at, heartbeat_s,"
+                           f" agent_stopped FROM nodes {cond} ORDER BY node_id LIMIT ?",
+                           [*args, limit + 1])
+            page = nodes[:limit]
+            mods: list[dict[str, Any]] = []
+            if page:
+                mods = tx.all("SELECT DISTINCT node_id, module FROM service_rows WHERE"
+                              " node_id >= ? AND node_id <= ? ORDER BY node_id, module",
+                              (page[0]["node_id"], page[-1]["node_id"]))
         by_node: dict[str, list[str]] = {}
         for m in mods:
             by_node.setdefault(m["node_id"], []).append(m["module"])
-        return [dict(n) | {"modules": by_node.get(n["node_id"], [])} for n in nodes]
+        t = time.time() if now is None else now
+        out = [_node_view(n, by_node.get(n["node_id"], []), t) for n in page]
+        return out, (page[-1]["node_id"] if len(nodes) > limit else None)
+
+    def summary(self, *, now: float | None = None) -> dict[str, Any]:
+        """What /metrics shows: nodes by liveness, service rows by module, state and reason
+        (grouped in SQL; a few dozen groups whatever the fleet's size)."""
+        t = time.time() if now is None else now
+        with self.backend.read() as tx:
+            nodes = tx.all("SELECT agent_stopped, received_at < ? - 3 * heartbeat_s AS stale,"
+                           " COUNT(*) AS n FROM nodes GROUP BY 1, 2", (t,))
+            groups = tx.all(
+                "SELECT module, running, ready, held, disabled, withdrawn, gpu_api_missing,"
+                " agent_stopped, received_at < ? - 3 * heartbeat_s AS stale, COUNT(*) AS n"
+                " FROM service_rows GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9", (t,))
+        live = {"reporting": 0, "stale": 0, "stopped": 0}
+        for n in nodes:
+            key = "stopped" if n["agent_stopped"] else "stale" if n["stale"] else "reporting"
+            live[key] += int(n["n"])
+        services: dict[tuple[str, str, str], int] = {}
+        for g in groups:
+            # received_at/heartbeat_s chosen so services_row judges exactly as SQL did
+            row = services_row(g | {"node_id": "", "hostname": "", "service": "", "health": None,
+                                    "error": None, "lifecycle": "", "users": 0, "endpoint": 0,
+                                    "reported_at": 0, "received_at": 0,
+                                    "heartbeat_s": 0 if g["stale"] else 1e18}, t)
+            key = (g["module"], row["state"], _reason_label(row["stopped_reason"]))
+            services[key] = services.get(key, 0) + int(g["n"])
+        return {"nodes": live, "services": services}
+
+    def health(self) -> dict[str, Any]:
+        """A round trip to the store: ``{"store": kind, "schema": version}`` or raises."""
+        return {"store": self.kind, "schema": self.backend.schema_version()}
 
     def query_plan(self, module: str) -> str:
-        """SQLite's plan for the module-filtered query (tests check it uses the key)."""
-        with self._lock:
-            rows = self._db.execute(
-                "EXPLAIN QUERY PLAN SELECT * FROM service_rows WHERE module IN (?)"
-                " ORDER BY node_id, service LIMIT 200", (module,)).fetchall()
-        return " | ".join(str(r[-1]) for r in rows)
+        """The store's plan for the module-filtered query (tests check it uses the key)."""
+        with self.backend.read() as tx:
+            if self.kind == "sqlite":
+                rows = tx.all("EXPLAIN QUERY PLAN SELECT * FROM service_rows WHERE module IN (?)"
+                              " ORDER BY node_id, service LIMIT 200", (module,))
+                return " | ".join(str(r["detail"]) for r in rows)
+            rows = tx.all("EXPLAIN SELECT * FROM service_rows WHERE module IN (?)"
+                          " ORDER BY node_id, service LIMIT 200", (module,))
+            return " | ".join(str(next(iter(r.values()))) for r in rows)
+
+
+def _reason_label(reason: str | None) -> str:
+    # Metrics labels must stay few: the stale reason carries a time, cut it off.
+    if reason is None:
+        return ""
+    return "node not reporting" if reason.startswith("node not reporting") else reason
+
+
+def _node_view(n: dict[str, Any], modules: list[str], now: float) -> dict[str, Any]:
+    stale = is_stale(n["received_at"], n["heartbeat_s"], now)
+    if n["agent_stopped"]:
+        liveness = "agent stopped"
+    elif stale:
+        liveness = f"not reporting (last report {iso_utc(n['received_at'])})"
+    else:
+        liveness = "reporting"
+    return {"node_id": n["node_id"], "hostname": n["hostname"],
+            "reported_at": n["reported_at"], "received_at": n["received_at"],
+            "heartbeat_s": n["heartbeat_s"], "agent_stopped": bool(n["agent_stopped"]),
+            "stale": bool(stale and not n["agent_stopped"]), "liveness": liveness,
+            "modules": modules}

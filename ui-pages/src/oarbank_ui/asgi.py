@@ -1,0 +1,116 @@
+"""``Portal.handle`` as an ASGI app (Starlette), for uvicorn (server.py).
+
+What this layer adds to the request logic, and why:
+- The checks that need no body (Host, and for a heartbeat its content type and token) run
+  first: an unauthenticated caller is answered before a byte of its body is read.
+- A body must declare its length (411 otherwise) and be at most 1 MiB (413, from the declared
+  length, before reading); it must arrive within ``read_timeout_s`` (408 otherwise) so a
+  stalled client holds a connection slot for seconds, not forever.
+- A body cut short by a disconnect is dropped, never parsed: ``{`` from a client that went
+  away is not a heartbeat.
+- The store is blocking (sqlite3, psycopg's pool): requests run in Starlette's thread pool,
+  the event loop only moves bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+from urllib.parse import parse_qs
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from .app import MAX_BODY, Portal
+from .app import Response as PortalResponse
+
+__all__ = ["build_app"]
+
+_METHODS = ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"]
+
+
+class _Truncated(Exception):
+    pass
+
+
+def _to_starlette(r: PortalResponse, *, close: bool = False) -> Response:
+    headers = dict(r.headers)
+    if close:
+        # The body was not read: the connection cannot carry another request.
+        headers["Connection"] = "close"
+    return Response(r.body, status_code=r.status, headers=headers, media_type=r.content_type)
+
+
+def _json_error(status: int, message: str, **kw: Any) -> PortalResponse:
+    import json
+
+    return PortalResponse(status, (json.dumps({"error": message}) + "\n").encode(), **kw)
+
+
+async def _read_body(request: Request, length: int) -> bytes:
+    chunks: list[bytes] = []
+    got = 0
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            raise _Truncated(f"the client went away after {got} of {length} bytes")
+        chunk = message.get("body", b"")
+        got += len(chunk)
+        if got > length:  # h11 enforces Content-Length; this is the belt to its braces
+            raise _Truncated(f"more than the declared {length} bytes")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    if got != length:
+        raise _Truncated(f"{got} of the declared {length} bytes")
+    return b"".join(chunks)
+
+
+def build_app(portal: Portal, *, read_timeout_s: float = 10.0) -> Starlette:
+    async def endpoint(request: Request) -> Response:
+        scope = request.scope
+        method = scope["method"]
+        # raw_path: the path as sent (Portal.handle decodes each segment itself, so a node id
+        # with an encoded "/" stays one segment).
+        path = scope.get("raw_path", scope["path"].encode()).decode("latin-1")
+        headers: dict[str, str] = {}
+        for k, v in scope["headers"]:
+            name = k.decode("latin-1").lower()
+            value = v.decode("latin-1")
+            headers[name] = f"{headers[name]}, {value}" if name in headers else value
+        query = parse_qs(scope.get("query_string", b"").decode("latin-1"),
+                         keep_blank_values=True)
+        is_heartbeat = path.rstrip("/") == "/v1/heartbeat"
+        admitted = await run_in_threadpool(portal.admit, method, path, headers)
+        if isinstance(admitted, PortalResponse):
+            return _to_starlette(admitted, close=method == "POST")
+        body = b""
+        if method in ("POST", "PUT", "PATCH"):
+            length = headers.get("content-length", "")
+            if not length.isdigit():
+                return _to_starlette(_json_error(411, "Content-Length is required"), close=True)
+            n = int(length)
+            if n > MAX_BODY:
+                r = _json_error(413, "body larger than 1 MiB")
+                if is_heartbeat:
+                    r = portal.refuse("too_large", 413, f"heartbeat: body of {n} bytes is "
+                                      "larger than 1 MiB")
+                return _to_starlette(r, close=True)
+            try:
+                async with asyncio.timeout(read_timeout_s):
+                    body = await _read_body(request, n)
+            except TimeoutError:
+                r = portal.refuse("read_timeout", 408, f"heartbeat: body not received within "
+                                  f"{read_timeout_s:g} s")
+                return _to_starlette(r, close=True)
+            except _Truncated as e:
+                # Nobody is left to read an answer; the refusal is counted and logged.
+                portal.refuse("truncated", 400, f"heartbeat: body cut short, not parsed ({e})")
+                return Response(b"", status_code=400, headers={"Connection": "close"})
+        r = await run_in_threadpool(portal.handle, method, path, query, body, headers, admitted)
+        return _to_starlette(r)
+
+    return Starlette(routes=[Route("/{path:path}", endpoint, methods=_METHODS)])

@@ -1,0 +1,66 @@
+"""``GET /metrics``: the portal's figures in the Prometheus text format (prometheus_client).
+
+Counters and the latency histogram live in this process; the fleet's figures (nodes by
+liveness, service rows by module, state and stopped reason) are read from the store at scrape
+time, by a collector, so every replica behind one database answers the same fleet.
+Each portal gets its own registry: tests start several in one process, and nothing here
+leaks into the default global one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+__all__ = ["CONTENT_TYPE", "PortalMetrics", "REFUSAL_CAUSES"]
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# Why a report was refused (the ``cause`` label; the agent logs the same words).
+REFUSAL_CAUSES = ("host", "content_type", "unauthenticated", "wrong_node", "malformed",
+                  "too_large", "truncated", "read_timeout", "store_error")
+
+
+class _FleetCollector(Collector):
+    def __init__(self, summary: Callable[[], dict[str, Any]]) -> None:
+        self._summary = summary
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        s = self._summary()
+        nodes = GaugeMetricFamily("oarbank_portal_nodes", "Nodes known to the store, by "
+                                  "liveness (reporting, stale, stopped)", labels=["liveness"])
+        for k, v in sorted(s["nodes"].items()):
+            nodes.add_metric([k], v)
+        yield nodes
+        rows = GaugeMetricFamily("oarbank_portal_services", "Service rows by module, state and "
+                                 "stopped reason", labels=["module", "state", "stopped_reason"])
+        for (module, state, reason), v in sorted(s["services"].items()):
+            rows.add_metric([module, state, reason], v)
+        yield rows
+
+
+class PortalMetrics:
+    def __init__(self, summary: Callable[[], dict[str, Any]]) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.accepted = Counter("oarbank_portal_reports_accepted", "Reports stored",
+                                registry=self.registry)
+        self.not_applied = Counter("oarbank_portal_reports_not_applied", "Reports accepted but "
+                                   "older than the node's stored one", registry=self.registry)
+        self.refused = Counter("oarbank_portal_reports_refused", "Reports refused, by cause",
+                               ["cause"], registry=self.registry)
+        for cause in REFUSAL_CAUSES:
+            self.refused.labels(cause)  # every cause shows, at 0, before it first happens
+        self.latency = Histogram("oarbank_portal_request_seconds", "Time to answer a request, "
+                                 "by route", ["route"], registry=self.registry,
+                                 buckets=(.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5))
+        self.registry.register(_FleetCollector(summary))
+
+    def observe(self, route: str, started: float) -> None:
+        self.latency.labels(route).observe(time.perf_counter() - started)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

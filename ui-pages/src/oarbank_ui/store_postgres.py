@@ -1,0 +1,111 @@
+"""The fleet store's connections: PostgreSQL through psycopg 3 and its connection pool.
+
+Several portal processes may share one database: every write is one transaction, the
+ordering check is part of the node's upsert (store.py), and migrations run under an advisory
+lock so two portals starting together apply each one once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from .migrations import check_applied
+
+__all__ = ["PostgresBackend", "redact"]
+
+_MIGRATION_LOCK = 0x0A7BA4C  # pg_advisory_xact_lock key: "oarbank" migrations
+
+
+def redact(url: str) -> str:
+    """The URL without its password (for messages and logs)."""
+    return re.sub(r"(://[^:/@]+):[^@/]*@", r"\1:***@", url)
+
+
+def _q(sql: str) -> str:
+    # The store writes SQLite's ``?``; psycopg wants ``%s`` (no literal % or ? in our SQL).
+    return sql.replace("?", "%s")
+
+
+class _Tx:
+    def __init__(self, cur: Any) -> None:
+        self.cur = cur
+
+    def all(self, sql: str, args: Any = ()) -> list[dict[str, Any]]:
+        self.cur.execute(_q(sql), args)
+        return list(self.cur.fetchall())
+
+    def one(self, sql: str, args: Any = ()) -> dict[str, Any] | None:
+        self.cur.execute(_q(sql), args)
+        return self.cur.fetchone()  # type: ignore[no-any-return]
+
+    def run(self, sql: str, args: Any = ()) -> int:
+        self.cur.execute(_q(sql), args)
+        return int(self.cur.rowcount)
+
+    def many(self, sql: str, rows: list[Any]) -> None:
+        if rows:
+            self.cur.executemany(_q(sql), rows)
+
+
+class PostgresBackend:
+    kind = "postgresql"
+
+    def __init__(self, url: str, *, min_size: int = 2, max_size: int = 10,
+                 timeout_s: float = 10.0) -> None:
+        import psycopg
+        from psycopg.rows import dict_row
+        from psycopg_pool import ConnectionPool
+
+        self.where = redact(url)
+        self._psycopg = psycopg
+        self._pool = ConnectionPool(url, min_size=min_size, max_size=max_size, timeout=timeout_s,
+                                    kwargs={"row_factory": dict_row}, open=False,
+                                    name="oarbank-portal")
+        try:
+            # wait(): a wrong URL or a server that is down fails here, with its reason, not on
+            # the first heartbeat.
+            self._pool.open(wait=True, timeout=timeout_s)
+            self._migrate()
+        except Exception:
+            self._pool.close()
+            raise
+
+    def _migrate(self) -> None:
+        with self._pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
+            cur.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+            cur.execute("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY"
+                        " KEY, name TEXT NOT NULL, applied_at DOUBLE PRECISION NOT NULL)")
+            cur.execute("SELECT version FROM schema_migrations")
+            applied = {r["version"] for r in cur.fetchall()}
+            for m in check_applied(self.kind, applied, self.where):
+                cur.execute(m.sql)  # a script without parameters: psycopg runs it whole
+                cur.execute("INSERT INTO schema_migrations VALUES (%s, %s, %s)",
+                            (m.version, m.name, time.time()))
+
+    @contextlib.contextmanager
+    def write(self) -> Iterator[_Tx]:
+        with self._pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
+            yield _Tx(cur)
+
+    @contextlib.contextmanager
+    def read(self) -> Iterator[_Tx]:
+        # REPEATABLE READ: one snapshot for a read of several statements.
+        with self._pool.connection() as conn:
+            conn.isolation_level = self._psycopg.IsolationLevel.REPEATABLE_READ
+            try:
+                with conn.transaction(), conn.cursor() as cur:
+                    yield _Tx(cur)
+            finally:
+                conn.isolation_level = None
+
+    def schema_version(self) -> int:
+        with self.read() as tx:
+            row = tx.one("SELECT MAX(version) AS v FROM schema_migrations")
+        return int(row["v"] or 0) if row else 0
+
+    def close(self) -> None:
+        self._pool.close()
