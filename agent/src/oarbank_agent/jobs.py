@@ -1,0 +1,106 @@
+"""The job state machine, pure: no processes, no clock reads, no I/O.
+
+Rules
+=====
+
+States::
+
+    (submit) ──> queued ──admit──> admitted ──run──> running ──succeed──> succeeded
+                   ^                 │  ^               │ ──fail──────> failed
+                   │                 │  └────retry──────┘
+                   │               fail (a service it reserves is unavailable: no attempt ran)
+                   │                 v
+                   │               failed
+                   └── requeue | release | recover ── admitted | running
+
+- A job is created ``queued``, on disk before ``submit`` is answered (``store.py``).
+- ``admit``: admission took its pool tokens (FIFO per pool, ``admission.py``).
+- ``run``: every endpoint service it reserves is ready; an attempt starts (``attempts`` + 1).
+- ``retry``: the runner exited 75 (transient) and attempts are left; the tokens are kept, so
+  the job goes back to ``admitted``, not to the queue.
+- ``succeed`` / ``fail``: the last attempt's outcome (``runner.classify``); ``fail`` also from
+  ``admitted`` when a service it needs can never become ready (``service_unavailable``).
+- ``requeue``: the agent is stopping; the record stays ``queued`` so a restarted agent resumes
+  it.
+- ``release``: host protection (or its service being held or withdrawn) ended the attempt: back
+  to the queue ahead of later jobs, the attempt not charged.
+- ``recover``: a restarted agent found the job unfinished (any non-final state) and queues it
+  again; an interrupted attempt is given back (``recovery.uncharge_interrupted``).
+- ``succeeded`` and ``failed`` are final: no event leaves them.
+
+The effect layer (``jobrun.py``, ``agent.py``) performs the transition, labels it with a
+comment where it happens, and asks ``apply`` for the new state. ``TRANSITIONS`` is the whole
+table; ``apply`` refuses anything else.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+__all__ = [
+    "State",
+    "Event",
+    "TRANSITIONS",
+    "TERMINAL",
+    "IllegalTransition",
+    "apply",
+]
+
+
+class State(str, Enum):
+    QUEUED = "queued"
+    ADMITTED = "admitted"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+class Event(str, Enum):
+    ADMIT = "admit"  # admission took its tokens
+    RUN = "run"  # its services are ready: an attempt starts
+    RETRY = "retry"  # the attempt exited 75 and attempts are left (tokens kept)
+    SUCCEED = "succeed"  # the last attempt succeeded
+    FAIL = "fail"  # the last attempt failed, or a service it needs is unavailable
+    REQUEUE = "requeue"  # the agent is stopping: resumed by the next agent on the state dir
+    RELEASE = "release"  # host protection ended it: requeued ahead, not charged
+    RECOVER = "recover"  # a restarted agent found it unfinished
+
+
+# (state, event) -> state. Anything not here is a bug in the effect layer.
+TRANSITIONS: dict[tuple[State, Event], State] = {
+    (State.QUEUED, Event.ADMIT): State.ADMITTED,
+    (State.ADMITTED, Event.RUN): State.RUNNING,
+    (State.RUNNING, Event.RETRY): State.ADMITTED,
+    (State.RUNNING, Event.SUCCEED): State.SUCCEEDED,
+    (State.RUNNING, Event.FAIL): State.FAILED,
+    (State.ADMITTED, Event.FAIL): State.FAILED,
+    (State.ADMITTED, Event.REQUEUE): State.QUEUED,
+    (State.RUNNING, Event.REQUEUE): State.QUEUED,
+    (State.ADMITTED, Event.RELEASE): State.QUEUED,
+    (State.RUNNING, Event.RELEASE): State.QUEUED,
+    # The previous agent's record may say any unfinished state (a queued one is rewritten
+    # as queued: the restart always saves it again).
+    (State.QUEUED, Event.RECOVER): State.QUEUED,
+    (State.ADMITTED, Event.RECOVER): State.QUEUED,
+    (State.RUNNING, Event.RECOVER): State.QUEUED,
+}
+
+# Final states: what `wait` waits for, what a restart leaves alone.
+TERMINAL: tuple[str, ...] = (State.SUCCEEDED.value, State.FAILED.value)
+
+
+class IllegalTransition(RuntimeError):
+    """``apply`` was given an event the table has no row for: a bug in the effect layer."""
+
+
+def apply(state: State | str, event: Event) -> State:
+    """The state after ``event``. ``state`` may be the record's string. Raises
+    ``IllegalTransition`` for a pair not in the table (also for an unknown state string)."""
+    try:
+        current = State(state)
+    except ValueError:
+        raise IllegalTransition(f"unknown job state {state!r}") from None
+    target = TRANSITIONS.get((current, event))
+    if target is None:
+        raise IllegalTransition(f"job in state {current.value!r} cannot take {event.value!r}")
+    return target
