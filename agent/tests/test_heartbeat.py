@@ -344,7 +344,7 @@ def test_nothing_is_posted_after_aclose() -> None:
     asyncio.run(main())
 
 
-@pytest.mark.parametrize("url", ["https://127.0.0.1:1", "ftp://x", "unix:relative.sock",
+@pytest.mark.parametrize("url", ["ftp://x", "unix:relative.sock",
                                  "http://", "127.0.0.1:8470", "http://127.0.0.1:notaport"])
 def test_bad_portal_url_is_refused(url: str) -> None:
     with pytest.raises(ValueError, match="portal URL"):
@@ -356,6 +356,51 @@ def test_portal_url_forms() -> None:
     assert (u.host, u.port, u.prefix, u.unix_path) == ("127.0.0.1", 8470, "/portal", None)
     assert PortalURL("unix:/run/p.sock").unix_path == "/run/p.sock"
     assert PortalURL("unix:///run/p.sock").unix_path == "/run/p.sock"
+    h = PortalURL("https://portal.example")
+    assert (h.tls, h.port, h.host_header, h.private) == (True, 443, "portal.example:443", True)
+    assert PortalURL("http://10.1.2.3:8470").private is False  # a token would cross in clear
+
+
+def test_refusals_are_logged_once_per_cause_and_kept_in_status(
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="oarbank_agent.heartbeat")
+
+    async def main() -> None:
+        report, _ = make_report()
+        with portal_tcp() as (rec, url):
+            rec.answers += [(401, {"error": "heartbeat: the token is not one this portal "
+                                            "issued"})] * 3
+            rec.answers += [(200, {"ok": True, "applied": False, "reason": "a later one"})]
+            s = HeartbeatSender(url, report, period_s=0.05, token="oarbank_abc")
+            s.start()
+            await wait_until(lambda: len(rec.posts) >= 5)
+            await s.aclose()
+        st = s.status()
+        causes = {r["cause"]: r["count"] for r in st["refused"]}
+        assert causes == {"HTTP 401: heartbeat: the token is not one this portal issued": 3,
+                          "not applied: a later one": 1}
+        assert all(b["heartbeat_s"] == 0.05 for b in rec.bodies())
+        lines = [r.getMessage() for r in caplog.records if "refused this node" in r.getMessage()]
+        assert len(lines) == 2, lines  # once per cause, not once per post
+
+    asyncio.run(main())
+
+
+def test_token_file_must_be_private(tmp_path: Path) -> None:
+    from oarbank_agent.heartbeat import read_token_file
+
+    f = tmp_path / "token"
+    f.write_text("oarbank_secret\n")
+    f.chmod(0o644)
+    with pytest.raises(ValueError, match="mode 0644 lets the group or others read it"):
+        read_token_file(str(f))
+    f.chmod(0o600)
+    assert read_token_file(str(f)) == "oarbank_secret"
+    f.write_text("two words")
+    with pytest.raises(ValueError, match="several words"):
+        read_token_file(str(f))
+    with pytest.raises(ValueError, match="cannot open"):
+        read_token_file(str(tmp_path / "missing"))
 
 
 def test_aclose_returns_while_posts_keep_finishing() -> None:

@@ -3,7 +3,9 @@
 Node A runs jobs (its row: `ready`, users > 0 while they run); node B ran one job and its
 service was idle-stopped (row: `stopped`, why stopped `idle`). The page is never reloaded: the
 test watches its cells change. Then the portal goes down: agent A keeps running jobs, and the
-open page catches up once the portal is back.
+open page catches up once the portal is back. Each agent reports with its own token (issued by
+`oarbank-portal token issue`). Agent A frozen (SIGSTOP) goes stale on the page (`unknown`, a
+warning tone); agent B stopped says so in its last report (`agent stopped`).
 
 Real processes throughout: `oarbank-portal serve`, two `oarbank-agent run --portal`, the
 example module's service and runner, Debian's Chromium. The module is a copy of
@@ -40,14 +42,21 @@ HEARTBEAT_S = 1
 
 class Agent:
     def __init__(self, root: Path, node_id: str, module: Path, settings: Path,
-                 portal: str) -> None:
+                 portal: str, db: str | Path) -> None:
         self.node_id = node_id
         self.state_dir = root / node_id / "state"
         self.log = root / node_id / "agent.log"
         self.log.parent.mkdir(parents=True)
+        token = subprocess.run([sys.executable, "-m", "oarbank_ui.cli", "token", "issue",
+                                node_id, "--db", str(db)], capture_output=True, text=True,
+                               timeout=60, check=True).stdout.strip()
+        token_file = root / node_id / "portal.token"
+        token_file.touch(mode=0o600)
+        token_file.write_text(token + "\n")
         argv = [*AGENT, "run", "--state-dir", str(self.state_dir), "--module", str(module),
                 "--node-id", node_id, "--settings", f"modelserver={settings}",
-                "--portal", portal, "--heartbeat-s", str(HEARTBEAT_S)]
+                "--portal", portal, "--heartbeat-s", str(HEARTBEAT_S),
+                "--portal-token-file", str(token_file)]
         with open(self.log, "wb") as errf:
             self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=errf,
                                          stdin=subprocess.DEVNULL, start_new_session=True)
@@ -90,6 +99,7 @@ class Agent:
 
     def terminate(self) -> None:
         if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGCONT)  # a test may have frozen it
             os.killpg(self.proc.pid, signal.SIGTERM)
 
     def stop(self) -> None:
@@ -162,9 +172,9 @@ def test_two_agents_on_one_portal(start_portal, browser_page, read_table, screen
                                   module_copy, agents, tmp_path: Path) -> None:
     mod, settings = module_copy
     portal = start_portal(mod, refresh_s=0.5)
-    a = Agent(tmp_path, "node-a", mod, settings, portal.url)
+    a = Agent(tmp_path, "node-a", mod, settings, portal.url, portal.db)
     agents.append(a)
-    b = Agent(tmp_path, "node-b", mod, settings, portal.url)
+    b = Agent(tmp_path, "node-b", mod, settings, portal.url, portal.db)
     agents.append(b)
 
     page = browser_page.page
@@ -219,4 +229,21 @@ def test_two_agents_on_one_portal(start_portal, browser_page, read_table, screen
     expect(row_cells(page, "node-a").nth(STATE)).to_have_text("ready")
     assert page.evaluate("window.__sameDocument") is True
     screenshot(page, "two-agents-after-portal-outage")
+
+    # A frozen agent sends nothing: 3 of its periods later its row is `unknown`, in a warning
+    # tone, and says since when.
+    os.kill(a.proc.pid, signal.SIGSTOP)
+    expect(row_cells(page, "node-a").nth(STATE)).to_have_text("unknown", timeout=20_000)
+    expect(row_cells(page, "node-a").nth(STATE).locator(".badge")).to_have_class(
+        re.compile(r"\btone-warn\b"))
+    expect(row_cells(page, "node-a").nth(WHY)).to_contain_text("node not reporting (last "
+                                                               "report 20")
+    os.kill(a.proc.pid, signal.SIGCONT)
+    expect(row_cells(page, "node-a").nth(STATE)).to_have_text("ready", timeout=20_000)
+    # An agent that stops says so: its last report.
+    b.stop()
+    expect(row_cells(page, "node-b").nth(WHY)).to_have_text("agent stopped")
+    expect(row_cells(page, "node-b").nth(STATE)).to_have_text("stopped")
+    screenshot(page, "two-agents-stale-and-stopped")
+    assert "refused" not in a.log.read_text()  # its token was good all along
     assert browser_page.dialogs == []

@@ -43,7 +43,17 @@ def build_parser() -> argparse.ArgumentParser:
                         "group), cgroup (refuse to start without it), process-group")
     protect_cli.add_run_options(r)
     r.add_argument("--portal", metavar="URL",
-                   help="post heartbeats here: http://127.0.0.1:PORT or unix:/path/to/socket")
+                   help="post heartbeats here: http://127.0.0.1:PORT, https://HOST[:PORT] or "
+                        "unix:/path/to/socket")
+    r.add_argument("--portal-token-file", metavar="FILE",
+                   help="this node's portal token (`oarbank-portal token issue NODE_ID`), "
+                        "sent as Authorization: Bearer; must not be readable by group/others")
+    r.add_argument("--portal-ca", metavar="FILE",
+                   help="verify an https:// portal against this CA bundle (PEM) instead of "
+                        "the system's")
+    r.add_argument("--metrics-textfile", metavar="PATH",
+                   help="write this node's figures here for node_exporter's textfile "
+                        "collector (a .prom file, replaced atomically every heartbeat period)")
     r.add_argument("--heartbeat-s", type=float, default=10.0, metavar="S",
                    help="heartbeat period in seconds (default 10); state changes post at once")
     r.add_argument("--manual-refresh-s", type=float, default=30.0, metavar="S",
@@ -96,7 +106,7 @@ def _err(msg: str) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .agent import Agent, configure_logging
+    from .agent import Agent, AgentConfig, configure_logging
     from .modules import SettingsError, read_settings_arg
     from .unixpath import SocketPathTooLong, check
 
@@ -135,14 +145,34 @@ def cmd_run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         _err(str(exc))
         return 2
+    portal_token = None
     if args.portal is not None:
-        from .heartbeat import PortalURL
+        from .heartbeat import PortalURL, read_token_file
 
         try:
-            PortalURL(args.portal)
+            url = PortalURL(args.portal)
         except ValueError as exc:
             _err(f"--portal: {exc}")
             return 2
+        if args.portal_ca is not None and not url.tls:
+            _err("--portal-ca is for an https:// --portal")
+            return 2
+        if args.portal_ca is not None and not os.path.isfile(args.portal_ca):
+            _err(f"--portal-ca {args.portal_ca}: no such file")
+            return 2
+        if args.portal_token_file is not None:
+            try:
+                portal_token = read_token_file(args.portal_token_file)
+            except ValueError as exc:
+                _err(f"--portal-token-file {exc}")
+                return 2
+            if not url.private:
+                logging.getLogger("oarbank_agent").warning(
+                    "--portal %s is plain http to another host: the node token crosses the "
+                    "network in clear; use https://", args.portal)
+    elif args.portal_token_file is not None or args.portal_ca is not None:
+        _err("--portal-token-file and --portal-ca go with --portal")
+        return 2
     if args.heartbeat_s <= 0:
         _err("--heartbeat-s must be > 0")
         return 2
@@ -176,11 +206,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         watcher = use_pidfd_watcher(asyncio.get_running_loop())
         logging.getLogger("oarbank_agent").debug("child watcher: %s", watcher)
-        agent = Agent(args.state_dir, args.node_id)
-        agent.guard.config, agent.gpu = guard_config, gpu_override
-        agent.manual_refresh_s = args.manual_refresh_s
-        agent.supervisor.status_poll_s = args.status_poll_s
-        agent.fault = fault
+        agent = Agent(AgentConfig(
+            state_dir=args.state_dir, node_id=args.node_id, guard=guard_config,
+            gpu=gpu_override, manual_refresh_s=args.manual_refresh_s,
+            status_poll_s=args.status_poll_s, fault=fault))
         specs = [(p.resolve(), settings_for(p)) for p in args.modules]
         for msg in agent.load_modules(specs):
             print(msg, file=sys.stderr)
@@ -195,7 +224,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.portal:
             from .heartbeat import HeartbeatSender
 
-            sender = HeartbeatSender(args.portal, agent.report, args.heartbeat_s)
+            sender = HeartbeatSender(args.portal, agent.report, args.heartbeat_s,
+                                     token=portal_token, ca_file=args.portal_ca)
+            agent.heartbeat = sender  # `status` shows what the portal does with our reports
             # Every service state change posts at once (debounced by the sender).
             agent.on_change.append(lambda _key: sender.notify_change())
 
@@ -206,11 +237,21 @@ def cmd_run(args: argparse.Namespace) -> int:
             if sender is not None:
                 sender.start()  # the first report goes out at once, with fingerprinted rows
 
+        textfile = None
+        if args.metrics_textfile:
+            from .textfile import TextfileWriter
+
+            textfile = TextfileWriter(args.metrics_textfile, agent, args.heartbeat_s)
+            textfile.start()
         try:
             await agent.run(ready)
         finally:
+            if textfile is not None:
+                await textfile.aclose()
             if sender is not None:
-                await sender.aclose()
+                # The services are stopped by now: the portal hears it from us, not from
+                # three missed periods.
+                await sender.send_last()
         return 0
 
     # Once the arguments are good, before anything reads or writes the state dir: ours alone

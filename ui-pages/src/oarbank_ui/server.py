@@ -4,9 +4,9 @@ The sockets are bound here, before uvicorn starts, so ``--listen HOST:0`` knows 
 ``serving on`` line carries it) and a unix socket path a dead portal left is replaced while a
 live one is refused.
 
-Limits, and why: ``HEAD_TIMEOUT_S`` closes a connection whose request head has not arrived
-(uvicorn itself only times out idle keep-alive connections; a client that sends half a head
-would hold its slot forever); the body deadline is asgi.py's; ``limit_concurrency`` answers 503
+Limits, and why: the read timeout closes a connection whose request head has not arrived in
+time (uvicorn itself only times out idle keep-alive connections; a client that sends half a
+head would hold its slot forever); the same timeout bounds the body (asgi.py); ``limit_concurrency`` answers 503
 beyond that many open connections instead of taking all of them on.
 """
 
@@ -33,7 +33,6 @@ from .hosts import default_hosts
 __all__ = ["ServeOptions", "bind", "serve"]
 
 log = logging.getLogger("oarbank_ui.server")
-HEAD_TIMEOUT_S = 10.0
 
 
 class _Protocol(H11Protocol):
@@ -41,6 +40,7 @@ class _Protocol(H11Protocol):
     docstring). Relies on ``cycle`` changing when a new request starts."""
 
     _head_timer: asyncio.TimerHandle | None = None
+    head_timeout_s = 10.0  # serve() sets it from --read-timeout-s in a subclass
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
@@ -54,12 +54,13 @@ class _Protocol(H11Protocol):
 
     def _await_head(self) -> None:
         self._head_cycle = self.cycle
-        self._head_timer = self.loop.call_later(HEAD_TIMEOUT_S, self._head_late)
+        self._head_timer = self.loop.call_later(self.head_timeout_s, self._head_late)
 
     def _head_late(self) -> None:
         self._head_timer = None
         if self.cycle is self._head_cycle:
-            log.debug("closing a connection whose request head took over %g s", HEAD_TIMEOUT_S)
+            log.debug("closing a connection whose request head took over %g s",
+                      self.head_timeout_s)
             self.transport.close()
 
     def data_received(self, data: bytes) -> None:
@@ -148,7 +149,8 @@ def _clear_stale_socket(path: Path) -> None:
 def serve(portal: Portal, bound: Bound, opts: ServeOptions) -> None:
     """Serve until SIGTERM/SIGINT (uvicorn's handlers: open requests finish, then exit)."""
     config = uvicorn.Config(
-        build_app(portal, read_timeout_s=opts.read_timeout_s), http=_Protocol, ws="none",
+        build_app(portal, read_timeout_s=opts.read_timeout_s),
+        http=type("Protocol", (_Protocol,), {"head_timeout_s": opts.read_timeout_s}), ws="none",
         lifespan="off", access_log=opts.verbose, log_config=None,
         limit_concurrency=opts.max_connections, timeout_keep_alive=5,
         timeout_graceful_shutdown=5, ssl_certfile=opts.tls_cert, ssl_keyfile=opts.tls_key,
