@@ -23,7 +23,7 @@ nox.options.reuse_existing_virtualenvs = True
 
 PACKAGES = ["-e", "sdk", "-e", "agent", "-e", "ui-pages"]
 TEST_DEPS = ["pytest>=7", "pytest-timeout", "pytest-xdist", "hypothesis", "playwright", "requests",
-             "docker"]
+             "docker", "trustme"]  # trustme: a throwaway CA for the portal's TLS tests
 # Tests run in parallel (pytest-xdist): most of their time is spent waiting on real processes,
 # so more workers than cores pays. OARBANK_TEST_WORKERS overrides (1: in this process).
 WORKERS = os.environ.get("OARBANK_TEST_WORKERS", "4")

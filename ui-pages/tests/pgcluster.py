@@ -49,21 +49,26 @@ class PgCluster:
             subprocess.run([*self._as, str(bindir / "initdb"), "-D", str(self.data), "-A",
                             "trust", "-U", "postgres", "-E", "UTF8", "--no-sync"],
                            check=True, capture_output=True, timeout=120)
-            settings = ["-c", "listen_addresses=", "-c", f"unix_socket_directories={self.dir}",
-                        "-p", str(PORT), "-c", "max_connections=200",
-                        "-c", "shared_buffers=128MB"]
+            self._settings = ["-c", "listen_addresses=", "-c",
+                              f"unix_socket_directories={self.dir}", "-p", str(PORT),
+                              "-c", "max_connections=200", "-c", "shared_buffers=128MB"]
             if not durable:
-                settings += ["-c", "fsync=off", "-c", "full_page_writes=off",
-                             "-c", "synchronous_commit=off"]
-            self.log = open(self.dir / "server.log", "wb")  # noqa: SIM115 - closed in stop()
-            self.proc = subprocess.Popen([*self._as, str(bindir / "postgres"), "-D",
-                                          str(self.data), *settings],
-                                         stdout=self.log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
-            self._wait_ready(60)
+                self._settings += ["-c", "fsync=off", "-c", "full_page_writes=off",
+                                   "-c", "synchronous_commit=off"]
+            self._bindir = bindir
+            self.start_server()
         except BaseException:
             self.stop()
             raise
+
+    def start_server(self) -> None:
+        """Start (or start again, on the same data) the server."""
+        with open(self.dir / "server.log", "ab") as log:
+            self.proc = subprocess.Popen([*self._as, str(self._bindir / "postgres"), "-D",
+                                          str(self.data), *self._settings],
+                                         stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+        self._wait_ready(60)
 
     def url(self, dbname: str = "postgres") -> str:
         return f"postgresql://postgres@/{dbname}?host={self.dir}&port={PORT}"
@@ -95,6 +100,12 @@ class PgCluster:
         return self.url(name)
 
     def stop(self) -> None:
+        """Stop the server and delete its data."""
+        self.stop_server()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def stop_server(self) -> None:
+        """Stop the server; its data stays (``start_server`` brings it back)."""
         if self.proc is not None and self.proc.poll() is None:
             # SIGINT: "fast" shutdown (open sessions are ended); the server's group is ours
             with contextlib.suppress(ProcessLookupError):
@@ -104,6 +115,3 @@ class PgCluster:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(10)
-        if hasattr(self, "log"):
-            self.log.close()
-        shutil.rmtree(self.dir, ignore_errors=True)

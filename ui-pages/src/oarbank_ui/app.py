@@ -47,7 +47,7 @@ from .services_query import MAX_ROWS, QueryError
 from .store import MAX_NODES_PAGE, HeartbeatStore
 from .tokens import bearer_token
 
-__all__ = ["MAX_BODY", "Admission", "Portal", "Response", "services_fetch"]
+__all__ = ["MAX_BODY", "Admission", "Portal", "Response", "route_name", "services_fetch"]
 
 log = logging.getLogger("oarbank_ui.portal")
 MAX_BODY = 1 << 20  # a heartbeat of a big node is a few tens of KiB
@@ -74,6 +74,23 @@ def _json(status: int, doc: Any) -> Response:
 
 def _error(status: int, message: str) -> Response:
     return _json(status, {"error": message})
+
+
+def route_name(path: str) -> str:
+    """The ``route`` label of the latency histogram (a few fixed names, never the path)."""
+    parts = [p for p in path.split("?", 1)[0].split("/") if p]
+    if not parts:
+        return "index"
+    if parts[0] == "v1" and len(parts) >= 2:
+        return {"heartbeat": "heartbeat", "nodes": "nodes", "queries": "services"}.get(
+            parts[1], "other")
+    if parts[0] in ("healthz", "metrics", "static"):
+        return parts[0]
+    if parts[0] == "modules":
+        return "page"
+    if parts[0] == "nodes":
+        return "panel"
+    return "other"
 
 
 @dataclass(frozen=True)
@@ -191,7 +208,12 @@ class Portal:
             return self.refuse("unauthenticated", 401, "heartbeat: no node credential "
                                "(Authorization: Bearer <token>; the portal's operator issues "
                                "one with `oarbank-portal token issue NODE_ID`)", challenge)
-        node = self.store.node_for_token(token)
+        try:
+            node = self.store.node_for_token(token)
+        except Exception:  # the store is away: the agent retries a 5xx, not a 4xx
+            log.exception("heartbeat: looking up the token failed")
+            return self.refuse("store_error", 503, "heartbeat: the portal could not check the "
+                               "token (see the portal's log); send it again")
         if node is None:
             return self.refuse("unauthenticated", 401, "heartbeat: the token is not one this "
                                "portal issued, or it was revoked", challenge)
@@ -201,9 +223,11 @@ class Portal:
                body: bytes = b"", headers: Mapping[str, str] | None = None,
                admitted: Admission | None = None) -> Response:
         """Answer one request. ``admitted``: what ``admit`` returned, when the server called
-        it already (before reading the body); otherwise it is called here."""
+        it already (before reading the body; the server then times the whole request itself);
+        otherwise it is called here."""
         started = time.perf_counter()
-        route = "other"
+        route = route_name(path)
+        timed_here = admitted is None
         try:
             if admitted is None:
                 checked = self.admit(method, path, {k.lower(): v
@@ -211,10 +235,10 @@ class Portal:
                 if isinstance(checked, Response):
                     return checked
                 admitted = checked
-            route, r = self._dispatch(method, path, query, body, admitted)
-            return r
+            return self._dispatch(method, path, query, body, admitted)[1]
         finally:
-            self.metrics.observe(route, started)
+            if timed_here:
+                self.metrics.observe(route, started)
 
     def _dispatch(self, method: str, path: str, query: dict[str, list[str]], body: bytes,
                   admitted: Admission) -> tuple[str, Response]:

@@ -15,6 +15,7 @@ What this layer adds to the request logic, and why:
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -24,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from .app import MAX_BODY, Portal
+from .app import MAX_BODY, Portal, route_name
 from .app import Response as PortalResponse
 
 __all__ = ["build_app"]
@@ -71,6 +72,13 @@ async def _read_body(request: Request, length: int) -> bytes:
 
 def build_app(portal: Portal, *, read_timeout_s: float = 10.0) -> Starlette:
     async def endpoint(request: Request) -> Response:
+        started = time.perf_counter()
+        try:
+            return await answer(request)
+        finally:  # every request, refused ones too, from its head to its answer
+            portal.metrics.observe(route_name(request.scope["path"]), started)
+
+    async def answer(request: Request) -> Response:
         scope = request.scope
         method = scope["method"]
         # raw_path: the path as sent (Portal.handle decodes each segment itself, so a node id

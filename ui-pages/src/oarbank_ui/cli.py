@@ -24,10 +24,6 @@ from typing import Any
 
 from oarbank_sdk.manifest import ManifestError
 
-from .app import Portal
-from .modules import load_modules
-from .preview import write_preview
-from .server import ServeOptions, bind, serve
 from .store import HeartbeatStore, is_postgres_url, open_store
 
 __all__ = ["main"]
@@ -112,6 +108,11 @@ def _open(args: argparse.Namespace, **pool: Any) -> HeartbeatStore | None:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    # Imported here: `token` and `node` need neither the web stack nor the page renderer.
+    from .app import Portal
+    from .modules import load_modules
+    from .server import ServeOptions, bind, serve
+
     if args.refresh_s <= 0:
         return _fail("--refresh-s must be > 0")
     if args.read_timeout_s <= 0 or args.max_connections < 1 or args.pool_size < 1:
@@ -190,6 +191,8 @@ def _node(args: argparse.Namespace) -> int:
 
 
 def _preview(args: argparse.Namespace) -> int:
+    from .preview import write_preview
+
     try:
         written = write_preview(Path(args.module_dir), Path(args.out), node=args.node)
     except ManifestError as e:

@@ -55,20 +55,25 @@ class PostgresBackend:
     kind = "postgresql"
 
     def __init__(self, url: str, *, min_size: int = 2, max_size: int = 10,
-                 timeout_s: float = 10.0) -> None:
+                 timeout_s: float = 3.0, open_timeout_s: float = 15.0) -> None:
         import psycopg
         from psycopg.rows import dict_row
         from psycopg_pool import ConnectionPool
 
         self.where = redact(url)
         self._psycopg = psycopg
+        # timeout_s: how long a request waits for a connection; then it is answered 503 (the
+        # agent's post gives up after 5 s: an answer must come before that)
         self._pool = ConnectionPool(url, min_size=min_size, max_size=max_size, timeout=timeout_s,
                                     kwargs={"row_factory": dict_row}, open=False,
-                                    name="oarbank-portal")
+                                    name="oarbank-portal",
+                                    # a connection the server dropped (a restart) is replaced
+                                    # on checkout instead of failing the request it serves
+                                    check=ConnectionPool.check_connection)
         try:
             # wait(): a wrong URL or a server that is down fails here, with its reason, not on
             # the first heartbeat.
-            self._pool.open(wait=True, timeout=timeout_s)
+            self._pool.open(wait=True, timeout=open_timeout_s)
             self._migrate()
         except Exception:
             self._pool.close()
