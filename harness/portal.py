@@ -93,6 +93,18 @@ class Portal:
     def base(self) -> str:
         return "http://portal" if self.unix else self.url
 
+    def issue_token(self, node_id: str) -> str:
+        """A token for `node_id` (the portal refuses reports without one): what an operator
+        runs, `oarbank-portal token issue NODE_ID`."""
+        cmd = portal_command()
+        assert cmd is not None
+        r = subprocess.run([*cmd, "token", "issue", node_id, "--db",
+                            str(self.folder / "portal.db")], capture_output=True, text=True,
+                           timeout=60)
+        if r.returncode != 0:
+            raise RuntimeError(f"oarbank-portal token issue {node_id}: {r.stderr.strip()}")
+        return r.stdout.strip()
+
     def services(self, module: str, **filters: str) -> list[dict[str, Any]]:
         """The `services` host query: one row per node and service of `module`."""
         r = self.session.get(f"{self.base}/v1/queries/services",

@@ -8,6 +8,7 @@ where the agent runs (a process here, a container) and how its command line is r
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from abc import ABC, abstractmethod
@@ -43,6 +44,8 @@ class Node(ABC):
     modules: list[Path]  # module folders (copies) on the host, under root/modules
     settings: dict[str, dict[str, Any]] = field(default_factory=dict)  # module -> settings
     portal_url: str | None = None  # what the agent is given as --portal (None: no portal)
+    portal_token: str | None = None  # this node's token on that portal (it refuses reports
+    # without one); written to root/portal.token (0600) for --portal-token-file
     jobs: list[str] = field(default_factory=list)  # every job id submitted through the node
     agent_starts: int = 0
 
@@ -100,6 +103,12 @@ class Node(ABC):
             argv += ["--settings", f"{module}={self.host_to_node(f)}"]
         if self.portal_url:
             argv += ["--portal", self.portal_url]
+            if self.portal_token:
+                token_file = self.root / "portal.token"
+                fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                with os.fdopen(fd, "w") as f:
+                    f.write(self.portal_token + "\n")
+                argv += ["--portal-token-file", self.host_to_node(token_file)]
         argv += list(flags)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.agent_starts += 1

@@ -203,6 +203,7 @@ class ContainerBackend(Backend):
         ctr.reload()
         return ContainerNode(node_id=node_id, root=root, modules=copies,
                              settings=dict(settings), portal_url=portal_url,
+                             portal_token=portal.issue_token(node_id) if portal else None,
                              client=self.engine.client, container=ctr,
                              init_pid=ctr.attrs["State"]["Pid"])
 

@@ -114,4 +114,5 @@ class LocalBackend(Backend):
         root.mkdir(parents=True, exist_ok=True)
         copies = copy_modules(root, modules)
         return LocalNode(node_id=node_id, root=root, modules=copies, settings=dict(settings),
-                         portal_url=portal.agent_url if portal else None)
+                         portal_url=portal.agent_url if portal else None,
+                         portal_token=portal.issue_token(node_id) if portal else None)
