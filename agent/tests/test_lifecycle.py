@@ -97,3 +97,99 @@ def test_admission_needs_pools_and_zero_capacity() -> None:
     a.set_capacity("m/model", 1)
     assert [r.job_id for r in a.admit()] == ["j1"]
     assert a.in_use.get("m/model", 0) == 0  # needs_pools takes no token
+
+
+# --- every input of a decision lives in the state ------------------------------------------
+
+def ready(s: lc.ServiceState, now: float = 0.0) -> lc.ServiceState:
+    return lc.apply(lc.apply(s, lc.Event.START, now), lc.Event.READY, now)
+
+
+def test_every_row_of_the_table_and_the_failure_branch() -> None:
+    for (state, event), row in lc.TRANSITIONS.items():
+        s = lc.ServiceState("on_demand", 10.0, 10.0, 600.0, 3, state=state)
+        if isinstance(row, lc.Branch):
+            assert lc.target(s, event) is row.otherwise  # the first failure backs off
+            last = lc.ServiceState("on_demand", 10.0, 10.0, 600.0, 3, state=state, failures=2)
+            assert lc.target(last, event) is row.then is lc.State.WITHDRAWN
+            assert lc.apply(last, event, 0).state is lc.State.WITHDRAWN
+        else:
+            assert lc.target(s, event) is row
+            assert lc.apply(s, event, 0).state is row
+
+
+def test_everything_not_in_the_table_is_refused() -> None:
+    for state in lc.State:
+        for event in lc.Event:
+            if (state, event) in lc.TRANSITIONS:
+                continue
+            s = lc.ServiceState("on_demand", 10.0, 10.0, 600.0, 3, state=state)
+            with pytest.raises(lc.IllegalTransition):
+                lc.apply(s, event, 0)
+
+
+def test_a_held_service_is_never_started_a_ready_one_stops_and_a_start_is_cancelled() -> None:
+    wanted = lc.set_users(svc(), 1, 0)
+    held = lc.set_held(wanted, "preempt_memory")
+    assert lc.decide(wanted, 0).action == "start"
+    assert lc.decide(held, 0) == lc.Decision()
+    assert lc.decide(lc.set_held(ready(wanted), "preempt_protection"), 0) == \
+        lc.Decision("stop", reason="preempt_protection")
+    starting = lc.apply(held, lc.Event.START, 0)
+    assert lc.decide(starting, 0) == lc.Decision("cancel", reason="preempt_memory")
+    assert lc.decide(lc.apply(wanted, lc.Event.START, 0), 0) == lc.Decision()  # not held
+    # Lifted: it starts again.
+    assert lc.decide(lc.set_held(held, None), 0).action == "start"
+    # A hold keeps its pools at 0 and nobody waits for it.
+    assert lc.offered(wanted) and not lc.offered(held)
+    assert not lc.hopeless(wanted) and lc.hopeless(held)
+
+
+def test_a_service_whose_gpu_api_is_missing_is_never_started() -> None:
+    s = lc.set_gpu_missing(lc.set_users(svc("always"), 1, 0), "GPU_API_MISSING: needs cuda")
+    assert lc.decide(s, 0) == lc.Decision()
+    assert not lc.offered(s) and lc.hopeless(s)
+    assert lc.decide(lc.set_gpu_missing(s, None), 0).action == "start"
+
+
+def test_shutdown_is_in_the_state_and_comes_before_holds() -> None:
+    up = ready(lc.set_users(svc(), 1, 0))
+    down = lc.shut_down(up)
+    assert lc.decide(down, 0) == lc.Decision("stop", reason="shutdown")
+    assert lc.decide(up, 0, shutting_down=True) == lc.decide(down, 0)
+    assert lc.decide(lc.set_held(down, "preempt_memory"), 0) == \
+        lc.Decision("stop", reason="shutdown")
+    failed = lc.apply(lc.apply(lc.set_users(svc(), 1, 0), lc.Event.START, 0), lc.Event.FAILED, 0)
+    assert lc.decide(lc.shut_down(failed), 0).action == "forget"
+    assert lc.hopeless(down) and lc.offered(down)  # its pools still count while it stops
+
+
+def test_fault_no_idle_stop_keeps_an_idle_service_up_without_a_timer() -> None:
+    idle = lc.set_users(ready(lc.set_users(svc(), 1, 0)), 0, 5)
+    assert lc.decide(idle, 15) == lc.Decision("stop", reason="idle")
+    broken = lc.with_faults(idle, idle_stop=False)
+    assert lc.decide(broken, 15) == lc.Decision()  # due: nothing, and no further wake-up
+    assert lc.decide(broken, 6) == lc.Decision(wake_at=15)
+    # Holds and shutdown still stop it.
+    assert lc.decide(lc.set_held(broken, "preempt_memory"), 15).action == "stop"
+    assert lc.decide(lc.shut_down(broken), 15) == lc.Decision("stop", reason="shutdown")
+
+
+def test_fault_flat_backoff_never_grows_the_delay() -> None:
+    s = lc.with_faults(lc.set_users(svc(max_failures=9), 1, 0), flat_backoff=True)
+    for n in range(1, 5):
+        s = lc.apply(lc.apply(s, lc.Event.START, 100 * n), lc.Event.FAILED, 100 * n)
+        assert (s.failures, s.retry_at) == (n, 100 * n + 10)
+    w = lc.with_faults(lc.set_users(svc(max_failures=2), 1, 0), flat_backoff=True)
+    for _ in range(2):
+        w = lc.apply(lc.apply(w, lc.Event.START, 0), lc.Event.FAILED, 0)
+    assert w.state is lc.State.WITHDRAWN
+    assert lc.apply(w, lc.Event.PROBED, 50).retry_at == 60
+
+
+def test_withdrawn_services_offer_nothing_and_nobody_waits_for_them() -> None:
+    s = lc.set_users(svc(max_failures=1), 1, 0)
+    s = lc.apply(lc.apply(s, lc.Event.START, 0), lc.Event.FAILED, 0)
+    assert s.state is lc.State.WITHDRAWN
+    assert not lc.offered(s) and lc.hopeless(s)
+    assert lc.hopeless(svc("manual")) and lc.offered(svc("manual"))

@@ -1,22 +1,20 @@
 """The agent: wiring of modules, supervisor, broker, admission, jobs and the control socket.
 
-One asyncio loop. A job's life (each transition saved to its record before it matters):
-
-    queued --(tokens taken: admission)--> admitted --(its services ready)--> running
-    running --(exit 0 / 2 / 3 / other)--> succeeded | failed
-    running --(exit 75, attempts left)--> admitted --> running ...
-    any non-final --(agent stops)--> queued   (the record stays: a restarted agent resumes it)
+One asyncio loop. A job's states and their table are in ``jobs.py``; its run (attempts,
+retries, finishing, releasing) in ``jobrun.py``; where it stands against the node's services in
+``placement.py``. This module builds the parts from one ``AgentConfig``, connects their
+callbacks, admits jobs and answers the control socket.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import signal
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,60 +28,80 @@ from . import (
     escapewatch,
     faults,
     gpu_detect,
+    jobs,
     manualwatch,
+    placement,
     procs,
     protection,
     recovery,
     refusals,
     sandboxing,
+    statuswatch,
     waiting,
 )
-from . import lifecycle as lc
-from .admission import Admission, Request
+from .admission import Admission
+from .broker import Broker
 from .guard import DEFAULT_BUDGET_FRACTION, Guard, GuardConfig
+from .jobrun import JobRuns, move
 from .modules import ModuleCtx, NodeInfo, load_module
-from .runner import run_attempt
-from .store import TERMINAL, JobRecord, JobStore
-from .supervisor import Supervisor, service_key
+from .store import JobRecord, JobStore
+from .supervisor import Supervisor
 
-__all__ = ["Agent", "ModuleSpec"]
+__all__ = ["Agent", "AgentConfig", "ModuleSpec"]
 
 log = logging.getLogger("oarbank_agent")
 
 ModuleSpec = tuple[Path, dict[str, Any]]  # (module dir, settings)
 
 
+@dataclass
+class AgentConfig:
+    """Everything ``oarbank-agent run`` decides before the agent exists (cli.cmd_run)."""
+
+    state_dir: Path
+    node_id: str | None = None  # default: the host name
+    # Host protection (guard.py): floors, sample period, memory budget.
+    guard: GuardConfig = field(default_factory=lambda: GuardConfig(protection.Floors()))
+    gpu: gpu_detect.Detection | None = None  # an override (--gpu-apis); None: detect at start
+    # Manual services are fingerprinted again this often (manualwatch).
+    manual_refresh_s: float = manualwatch.DEFAULT_INTERVAL_S
+    # First interval of the sparse `status` polls (statuswatch).
+    status_poll_s: float = statuswatch.DEFAULT_FIRST_S
+    fault: str | None = None  # test-only fault injection (faults.py; OARBANK_AGENT_FAULT)
+
+
 class Agent:
-    def __init__(self, state_dir: Path, node_id: str | None = None) -> None:
-        self.state_dir = state_dir.resolve()
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        self.state_dir = config.state_dir.resolve()
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        self.node = NodeInfo.create(self.state_dir, node_id)
+        self.node = NodeInfo.create(self.state_dir, config.node_id)
         self.registry = procs.ProcessRegistry(self.state_dir)
         self.store = JobStore(self.state_dir)
         self.supervisor = Supervisor(self.node, self.registry)
+        self.supervisor.status_poll_s = config.status_poll_s
+        self.broker = Broker(self.supervisor)
+        self.supervisor.broker = self.broker
         self.admission = Admission()
         self.modules: dict[str, ModuleCtx] = {}
         self.jobs: dict[str, JobRecord] = {}
-        self._job_tasks: dict[str, asyncio.Task[None]] = {}
-        self._job_done: dict[str, list[asyncio.Future[None]]] = {}
+        self._stop = asyncio.Event()
+        self.runs = JobRuns(store=self.store, supervisor=self.supervisor, broker=self.broker,
+                            registry=self.registry, node=self.node, stopping=self._stop,
+                            service_keys=placement.service_keys, on_over=self._run_over,
+                            charge_released=config.fault == faults.CHARGE_RELEASED)
         self.on_change: list[Callable[[str], None]] = []  # heartbeat hook: service key changed
         self.heartbeat: Any = None  # the HeartbeatSender when there is a portal (its status)
         self.supervisor.on_change.append(self._service_changed)
         self.supervisor.on_capacity.append(self._capacity_changed)
         self.control = control.ControlServer(self.state_dir / control.SOCKET_NAME, self._request)
-        self.broker: Any = None
-        self._stop = asyncio.Event()
-        # Host protection (guard.py): the CLI may replace the config and set ``gpu`` (an
-        # override) before ``run``; otherwise the GPU APIs are detected at start.
-        self.guard = Guard(self, GuardConfig(protection.Floors()))
-        self.gpu: gpu_detect.Detection | None = None
-        self._releasing: dict[str, str] = {}  # job id -> why its task is being cancelled
-        # Manual services are fingerprinted again this often (manualwatch; the CLI may set it).
-        self.manual_refresh_s = manualwatch.DEFAULT_INTERVAL_S
+        # Host protection (guard.py); the GPU APIs are detected at start unless overridden.
+        self.guard = Guard(self, config.guard)
+        self.gpu: gpu_detect.Detection | None = config.gpu
+        self.manual_refresh_s = config.manual_refresh_s
         self._manual_task: asyncio.Task[None] | None = None
         self._escape_task: asyncio.Task[None] | None = None  # escapewatch
-        # Test-only fault injection (faults.py; the CLI sets it from OARBANK_AGENT_FAULT).
-        self.fault: str | None = None
+        self.fault: str | None = config.fault
 
     # --- modules --------------------------------------------------------------------------
 
@@ -159,13 +177,10 @@ class Agent:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
-        from .broker import Broker  # the broker engineer's module
-
-        self.supervisor.idle_stop = self.fault != faults.NO_IDLE_STOP
+        # Test-only faults: the lifecycle's inputs (decisions), and one effect (error text).
+        self.supervisor.set_faults(idle_stop=self.fault != faults.NO_IDLE_STOP,
+                                   flat_backoff=self.fault == faults.FLAT_BACKOFF)
         self.supervisor.bare_start_errors = self.fault == faults.BARE_START_ERRORS
-        if self.fault == faults.FLAT_BACKOFF:
-            for rt in self.supervisor.services.values():
-                rt.st = dataclasses.replace(rt.st, backoff_max_s=rt.st.backoff_initial_s)
         if self.fault is not None:
             log.warning("!!! %s !!!", faults.describe(self.fault))
         if self.fault == faults.KEEP_PREDECESSOR_GROUPS:
@@ -173,8 +188,6 @@ class Agent:
         else:
             # A previous agent's groups: ended, except services that may be adopted (recovery.py)
             kept = await recovery.end_leftovers(self.registry, self.supervisor)
-        self.broker = Broker(self.supervisor)
-        self.supervisor.broker = self.broker
         await self._place_gpu_services()
         if self.guard.config.budget_gb is not None:
             self.admission.budget_gb = self.guard.config.budget_gb
@@ -212,13 +225,9 @@ class Agent:
             self._escape_task.cancel()
             await asyncio.gather(self._escape_task, return_exceptions=True)
         await self.control.close()
-        tasks = list(self._job_tasks.values())
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.runs.cancel_all()  # each job stays queued on disk for the next agent
         await self.supervisor.shutdown()
-        if self.broker is not None:
-            await self.broker.aclose()
+        await self.broker.aclose()
         containment.current().close()  # every group is ended: its cgroups are empty
 
     def _recover_jobs(self) -> None:
@@ -228,22 +237,23 @@ class Agent:
         used = [n for rec in records
                 for n in (rec.wire_attempt, *(h.get("wire_attempt") for h in rec.history))
                 if isinstance(n, int)]
-        if used and self.broker is not None:
+        if used:
             self.broker.continue_wire_attempts_after(max(used))
         for rec in records:
             self.jobs[rec.job_id] = rec
-            if rec.state in TERMINAL:
+            if rec.state in jobs.TERMINAL:
                 continue
             ctx = self.modules.get(rec.module)
             if ctx is None or ctx.manifest.stage(rec.stage) is None:
                 log.warning("job %s: module %s / stage %s is not loaded; left queued",
                             rec.job_id, rec.module, rec.stage)
                 continue
-            # running|admitted (previous agent) -> queued; an interrupted attempt is not charged
+            # queued|admitted|running (previous agent) -> queued; an interrupted attempt is
+            # not charged
             if recovery.uncharge_interrupted(rec):
                 log.warning("job %s: its attempt was interrupted by the agent stopping; "
                             "requeued without charge", rec.job_id)
-            rec.state = "queued"
+            move(rec, jobs.Event.RECOVER)
             self.store.save(rec)
             self._enqueue(rec, ctx)
 
@@ -258,7 +268,7 @@ class Agent:
             known = ", ".join(s.name for s in ctx.manifest.stages) or "none"
             raise control.ControlError("unknown_stage", f"module {ctx.id} has no stage "
                                        f"{stage!r} (stages: {known})")
-        self._check_placement(ctx, st)
+        placement.check(ctx, st, self.supervisor, self.admission.budget_gb)
         # (new) -> queued: on disk before anyone hears of it
         rec = self.store.create(ctx.id, st.name, payload)
         self.jobs[rec.job_id] = rec
@@ -267,21 +277,7 @@ class Agent:
         return rec
 
     def _enqueue(self, rec: JobRecord, ctx: ModuleCtx, *, front: bool = False) -> None:
-        st = ctx.manifest.stage(rec.stage)
-        assert st is not None
-        services_mem: dict[str, float] = {}
-        gpu: str | None = None
-        for key in self._service_keys(ctx, st):
-            rt = self.supervisor.services[key]
-            if rt.svc.reserves_host_memory:
-                services_mem[key] = rt.fp_reserve_gb
-            if rt.svc.gpu.use != "none":
-                # A job reserving a GPU service's pool is a GPU job.
-                gpu = "exclusive" if "exclusive" in (gpu, rt.svc.gpu.use) else rt.svc.gpu.use
-        self.admission.enqueue(Request(
-            rec.job_id, {f"{ctx.id}/{p}": n for p, n in st.pools.items()},
-            tuple(f"{ctx.id}/{p}" for p in st.needs_pools), mem_gb=st.mem_gb or 0.0,
-            services_mem=services_mem, gpu=gpu), front=front)
+        self.admission.enqueue(placement.request_for(rec, ctx, self.supervisor), front=front)
 
     # --- host protection: placement, memory budget, releasing jobs (guard.py acts) ---------
 
@@ -291,56 +287,21 @@ class Agent:
         if self.gpu is None:
             self.gpu = await asyncio.to_thread(gpu_detect.detect)
         log.info("GPU APIs (%s): %s", self.gpu.source, ", ".join(self.gpu.apis) or "none")
-        for rt in self.supervisor.services.values():
-            rt.gpu_missing = protection.gpu_api_missing(rt.svc.gpu.apis_any, self.gpu.apis)
-
-    def _check_placement(self, ctx: ModuleCtx, st: mf.Stage) -> None:
-        """Refuse at once a job that can never run on this node (nothing is queued)."""
-        for pool in (*st.pools, *st.needs_pools):
-            svc = ctx.manifest.service_for_pool(pool)
-            rt = self.supervisor.services.get(service_key(ctx.id, svc.name)) if svc else None
-            if rt is not None and rt.gpu_missing is not None:
-                raise control.ControlError("gpu_api_missing", rt.gpu_missing)
-        budget = self.admission.budget_gb
-        need = (st.mem_gb or 0.0) + sum(
-            self.supervisor.services[k].fp_reserve_gb for k in self._service_keys(ctx, st)
-            if self.supervisor.services[k].svc.reserves_host_memory)
-        if budget is not None and need > budget + 1e-9:
-            raise control.ControlError(
-                "exceeds_memory_budget",
-                f"MEMORY_BUDGET: needs {need:g} GB; this node's budget is {budget:g} GB")
-
-    def _charge_services(self) -> None:
-        """Reserving services charge the budget while they run or have users."""
-        up = ("starting", "ready", "stopping")
-        self.admission.service_charges = {
-            key: rt.fp_reserve_gb for key, rt in self.supervisor.services.items()
-            if rt.svc.reserves_host_memory and (rt.st.state.value in up or rt.st.users > 0)}
+        for key, rt in self.supervisor.services.items():
+            self.supervisor.set_gpu_missing(
+                key, protection.gpu_api_missing(rt.svc.gpu.apis_any, self.gpu.apis))
 
     def users_of(self, key: str) -> list[str]:
         """Admitted jobs holding a pool of service ``key``."""
-        rt = self.supervisor.services[key]
-        pools = {f"{rt.ctx.id}/{p}" for p in rt.svc.pools}
-        return [r.job_id for r in self.admission.holding() if pools & set(r.pools)]
+        return placement.users_of(self.supervisor, self.admission, key)
 
     def running_job_groups(self) -> dict[str, int]:
         """Running job id -> its runner's process group."""
-        out = {}
-        for g in self.registry.records():
-            job_id = g.label.rsplit(".", 1)[0]
-            if g.kind == "runner" and job_id in self.jobs and self.jobs[job_id].state == "running":
-                out[job_id] = g.pgid
-        return out
+        return self.runs.running_groups(self.jobs)
 
     def release_jobs(self, job_ids: list[str], reason: str) -> None:
         """End these jobs' attempts and requeue them, charging no attempt (host protection)."""
-        for job_id in job_ids:
-            task = self._job_tasks.get(job_id)
-            if task is None or task.done() or job_id in self._releasing:
-                continue
-            log.warning("job %s released (%s): requeued", job_id, reason)
-            self._releasing[job_id] = reason
-            task.cancel()
+        self.runs.release(job_ids, reason)
 
     def admit(self) -> None:
         self._admit()
@@ -348,16 +309,16 @@ class Agent:
     def _admit(self) -> None:
         if self._stop.is_set():
             return
-        self._charge_services()
+        # Reserving services charge the budget while they run or have users.
+        self.admission.service_charges = placement.service_charges(self.supervisor)
         for req in self.admission.admit():
             rec = self.jobs[req.job_id]
             # queued -> admitted (tokens taken)
-            rec.state = "admitted"
+            move(rec, jobs.Event.ADMIT)
             if (rec.reason or "").startswith(waiting.WAITING):
                 rec.reason = None  # no longer waiting for its service
             self.store.save(rec)
-            self._job_tasks[rec.job_id] = asyncio.create_task(self._run_job(rec),
-                                                              name=f"job {rec.job_id}")
+            self.runs.start(rec, self.modules[rec.module])
         self._update_users()
         for job_id in self.admission.waiting():
             why = self.admission.why_waiting(job_id)
@@ -380,113 +341,17 @@ class Agent:
             self.store.save(rec)
 
     def _update_users(self) -> None:
-        for key, rt in self.supervisor.services.items():
-            users = sum(self.admission.holders(f"{rt.ctx.id}/{p}") for p in rt.svc.pools)
+        for key, users in placement.users(self.supervisor, self.admission).items():
             self.supervisor.set_users(key, users)
 
-    def _service_keys(self, ctx: ModuleCtx, stage: mf.Stage) -> list[str]:
-        keys = []
-        for pool in stage.pools:
-            svc = ctx.manifest.service_for_pool(pool)
-            if svc is not None and service_key(ctx.id, svc.name) not in keys:
-                keys.append(service_key(ctx.id, svc.name))
-        return keys
-
-    async def _run_job(self, rec: JobRecord) -> None:
-        ctx = self.modules[rec.module]
-        stage = ctx.manifest.stage(rec.stage)
-        assert stage is not None
-        requeue = False
-        attempt_id: str | None = None
-        started = 0.0
-        try:
-            while True:
-                for key in self._service_keys(ctx, stage):
-                    if not await self.supervisor.await_ready(key):
-                        if self._stop.is_set():
-                            raise asyncio.CancelledError
-                        rt = self.supervisor.services[key]
-                        why = rt.st.error or rt.st.state.value
-                        if rt.st.state is lc.State.WITHDRAWN or rt.held is not None:
-                            # admitted -> queued: it waits (readably) for the service to return
-                            self._releasing[rec.job_id] = (
-                                f"service {key} is {rt.held or 'withdrawn'} ({why})")
-                            raise asyncio.CancelledError
-                        self._finish(rec, "failed", None,
-                                     f"service_unavailable: {key} is {rt.st.state.value} ({why})")
-                        return
-                # admitted -> running
-                rec.attempts += 1
-                rec.state = "running"
-                # Released attempts keep their numbers: ids and workdirs are never reused.
-                number = rec.attempts + rec.released
-                attempt_id = f"{rec.job_id}.{number}"
-                # The number services see for this attempt (run_attempt ends it in the broker).
-                rec.wire_attempt = self.broker.wire_attempt(attempt_id)
-                workdir = self.store.job_dir(rec.job_id) / f"a{number}"
-                started = time.time()
-                rec.started_at = rec.started_at or started
-                self.store.save(rec)
-                outcome = await run_attempt(ctx, self.node, stage, job_id=rec.job_id,
-                                            payload=rec.payload, attempt_id=attempt_id,
-                                            workdir=workdir, broker=self.broker,
-                                            registry=self.registry)
-                rec.history.append({"attempt": rec.attempts, "attempt_id": attempt_id,
-                                    "wire_attempt": rec.wire_attempt, "started_at": started,
-                                    "finished_at": time.time(),
-                                    "outcome": outcome.state, "exit_code": outcome.exit_code,
-                                    "reason": outcome.reason, "fault": outcome.fault})
-                if outcome.state == "retry" and rec.attempts < stage.max_attempts:
-                    # running -> admitted (transient failure, attempts left; tokens kept)
-                    rec.state = "admitted"
-                    rec.exit_code, rec.reason = outcome.exit_code, outcome.reason
-                    self.store.save(rec)
-                    continue
-                final = "succeeded" if outcome.state == "succeeded" else "failed"
-                reason = outcome.reason
-                if outcome.state == "retry":
-                    reason = f"{reason} (gave up after {rec.attempts} attempts)"
-                # running -> succeeded | failed
-                self._finish(rec, final, outcome.exit_code, reason, outcome.result)
-                return
-        except asyncio.CancelledError:
-            released_for = self._releasing.pop(rec.job_id, "")
-            if not released_for or self._stop.is_set():
-                # admitted|running -> queued: the agent is stopping; the job is resumed later.
-                rec.state = "queued"
-                self.store.save(rec)
-                raise
-            # admitted|running -> queued (released by host protection): the attempt is over,
-            # it is not charged and not a failure; the job goes back ahead of later ones.
-            if rec.state == "running":
-                if self.fault != faults.CHARGE_RELEASED:  # (the fault: test only)
-                    rec.attempts -= 1
-                rec.released += 1
-                rec.history.append({"attempt": None, "attempt_id": attempt_id,
-                                    "wire_attempt": rec.wire_attempt, "started_at": started,
-                                    "finished_at": time.time(),
-                                    "outcome": "released", "exit_code": None,
-                                    "reason": released_for, "fault": None})
-            rec.state, rec.reason = "queued", f"released: {released_for}"
-            self.store.save(rec)
-            requeue = True
-        finally:
-            self._job_tasks.pop(rec.job_id, None)
-            self.admission.release(rec.job_id)
-            if requeue:
-                self._enqueue(rec, ctx, front=True)
-            if not self._stop.is_set():
-                self._admit()
-            self._update_users()
-
-    def _finish(self, rec: JobRecord, state: str, exit_code: int | None, reason: str | None,
-                result: dict[str, Any] | None = None) -> None:
-        rec.state, rec.exit_code, rec.reason, rec.result = state, exit_code, reason, result
-        rec.finished_at = time.time()
-        self.store.save(rec)
-        for f in self._job_done.pop(rec.job_id, []):
-            if not f.done():
-                f.set_result(None)
+    def _run_over(self, rec: JobRecord, requeued: bool) -> None:
+        """A job's run is over (finished, released or stopped): its tokens go back."""
+        self.admission.release(rec.job_id)
+        if requeued:
+            self._enqueue(rec, self.modules[rec.module], front=True)
+        if not self._stop.is_set():
+            self._admit()
+        self._update_users()
 
     # --- control requests -----------------------------------------------------------------
 
@@ -504,13 +369,12 @@ class Agent:
             return {"ok": True, "job_id": rec.job_id}
         if op in ("wait", "job"):
             rec = self._job(req.get("job_id"))
-            if op == "wait" and rec.state not in TERMINAL:
+            if op == "wait" and rec.state not in jobs.TERMINAL:
                 timeout = req.get("timeout")
                 if timeout is not None and (not isinstance(timeout, (int, float))
                                             or isinstance(timeout, bool) or timeout < 0):
                     raise control.ControlError("bad_request", "'timeout' must be seconds >= 0")
-                fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-                self._job_done.setdefault(rec.job_id, []).append(fut)
+                fut = self.runs.when_final(rec.job_id)
                 try:
                     await asyncio.wait_for(fut, timeout)
                 except asyncio.TimeoutError:

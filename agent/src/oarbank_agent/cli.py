@@ -106,7 +106,7 @@ def _err(msg: str) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .agent import Agent, configure_logging
+    from .agent import Agent, AgentConfig, configure_logging
     from .modules import SettingsError, read_settings_arg
     from .unixpath import SocketPathTooLong, check
 
@@ -206,11 +206,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         watcher = use_pidfd_watcher(asyncio.get_running_loop())
         logging.getLogger("oarbank_agent").debug("child watcher: %s", watcher)
-        agent = Agent(args.state_dir, args.node_id)
-        agent.guard.config, agent.gpu = guard_config, gpu_override
-        agent.manual_refresh_s = args.manual_refresh_s
-        agent.supervisor.status_poll_s = args.status_poll_s
-        agent.fault = fault
+        agent = Agent(AgentConfig(
+            state_dir=args.state_dir, node_id=args.node_id, guard=guard_config,
+            gpu=gpu_override, manual_refresh_s=args.manual_refresh_s,
+            status_poll_s=args.status_poll_s, fault=fault))
         specs = [(p.resolve(), settings_for(p)) for p in args.modules]
         for msg in agent.load_modules(specs):
             print(msg, file=sys.stderr)

@@ -34,9 +34,24 @@ States::
   ``idle``). The idle clock starts when users drop to zero and is cleared when one arrives.
 - On agent shutdown every running or starting service is stopped and a backing-off one is
   simply forgotten (it has no process).
+- *Held* (host protection: ``preempt_memory`` / ``preempt_protection``): a held service is never
+  started, a ready one is stopped with the hold as its reason, and a start in flight is
+  cancelled (``cancel``: the full stop order, no failure counted). Its pools count 0. Shutdown
+  decisions come first: a hold changes nothing while the agent stops.
+- *GPU missing* (``GPU_API_MISSING``): the host lacks every API of its ``apis_any``; it is never
+  started and its pools count 0.
+- *Offered*: its pools count (capacities from its fingerprint) unless it is withdrawn, held or
+  GPU-missing. *Hopeless*: a job waiting for it would wait forever (shutting down, manual,
+  held, GPU-missing or withdrawn), so nobody waits.
+- Test-only faults (``faults.py``) are inputs too: ``idle_stop`` false (``no_idle_stop``) means
+  an idle service is never stopped and no idle timer is set; ``flat_backoff`` means every
+  delay is ``backoff_initial_s``.
 
-The effect layer (``supervisor``) asks ``decide`` what to do, performs it, and reports what
-happened with ``apply``. ``TRANSITIONS`` is the whole table; ``apply`` refuses anything else.
+Everything a decision reads is in ``ServiceState``: the lifecycle's counters and clocks, and
+the inputs from outside (users, held, gpu_missing, shutting_down, the faults), each set by one
+function here. The effect layer (``supervisor``) asks ``decide`` what to do, performs it, and
+reports what happened with ``apply``. ``TRANSITIONS`` is the whole table (a failure's target
+depends on the count: a ``Branch``); ``apply`` refuses anything else.
 """
 
 from __future__ import annotations
@@ -47,14 +62,23 @@ from enum import Enum
 __all__ = [
     "State",
     "Event",
+    "Branch",
     "TRANSITIONS",
     "ServiceState",
     "Decision",
     "IllegalTransition",
     "backoff_delay",
+    "target",
     "apply",
     "decide",
+    "hold_override",
     "set_users",
+    "set_held",
+    "set_gpu_missing",
+    "shut_down",
+    "with_faults",
+    "offered",
+    "hopeless",
 ]
 
 
@@ -79,13 +103,26 @@ class Event(str, Enum):
     ADOPT = "adopt"  # agent restart: a running non-endpoint service is taken over as ready
 
 
-# (state, event) -> state. FAILED's target is computed (backoff or withdrawn): marked None.
-TRANSITIONS: dict[tuple[State, Event], State | None] = {
+@dataclass(frozen=True)
+class Branch:
+    """A target that depends on the counters: ``then`` when the failure being recorded brings
+    ``failures`` to ``max_failures``, else ``otherwise``."""
+
+    then: State
+    otherwise: State
+    when: str = "failures reach max_failures"
+
+
+# A failure is one more failure: at max_failures it withdraws the service, else it backs off.
+_FAILED = Branch(then=State.WITHDRAWN, otherwise=State.BACKOFF)
+
+# (state, event) -> state (or a Branch on the failure count).
+TRANSITIONS: dict[tuple[State, Event], State | Branch] = {
     (State.STOPPED, Event.START): State.STARTING,
     (State.BACKOFF, Event.START): State.STARTING,
     (State.STARTING, Event.READY): State.READY,
-    (State.STARTING, Event.FAILED): None,
-    (State.READY, Event.FAILED): None,
+    (State.STARTING, Event.FAILED): _FAILED,
+    (State.READY, Event.FAILED): _FAILED,
     (State.STARTING, Event.STOP): State.STOPPING,
     (State.READY, Event.STOP): State.STOPPING,
     (State.STOPPING, Event.STOPPED): State.STOPPED,
@@ -114,13 +151,20 @@ class ServiceState:
     retry_at: float | None = None  # backoff: earliest next start
     error: str | None = None  # the last failure, readable
     stopped_reason: str | None = None  # why the last stop happened (idle, shutdown, ...)
+    # Inputs from outside the service (rules above), each set by one function below.
+    held: str | None = None  # host protection keeps it down, with this reason
+    gpu_missing: str | None = None  # the GPU_API_MISSING text: never started on this node
+    shutting_down: bool = False  # the agent is stopping
+    idle_stop: bool = True  # False only under the test fault no_idle_stop
+    flat_backoff: bool = False  # True only under the test fault flat_backoff
 
 
 @dataclass(frozen=True)
 class Decision:
     """What the supervisor should do now. ``action`` is one of ``none``, ``start``, ``stop``,
-    ``forget``, ``probe`` (fingerprint a withdrawn service); ``wake_at`` is when to ask again
-    if nothing else happens (a timer)."""
+    ``forget``, ``probe`` (fingerprint a withdrawn service), ``cancel`` (a start in flight,
+    for a hold: ``reason``); ``wake_at`` is when to ask again if nothing else happens (a
+    timer)."""
 
     action: str = "none"
     reason: str | None = None
@@ -135,43 +179,52 @@ def backoff_delay(failures: int, initial_s: float, max_s: float) -> float:
     return float(min(max_s, initial_s * 2 ** min(failures - 1, 64)))
 
 
+def _delay(s: ServiceState, failures: int) -> float:
+    # flat_backoff (test fault): the cap is the first delay, so the delay never grows.
+    cap = s.backoff_initial_s if s.flat_backoff else s.backoff_max_s
+    return backoff_delay(failures, s.backoff_initial_s, cap)
+
+
+def target(s: ServiceState, event: Event) -> State:
+    """The state ``event`` leads to from ``s`` (the table's row, its branch resolved). Raises
+    ``IllegalTransition`` for a pair not in the table."""
+    row = TRANSITIONS.get((s.state, event))
+    if row is None:
+        raise IllegalTransition(f"service in state {s.state.value!r} cannot take {event.value!r}")
+    if isinstance(row, Branch):
+        # The only branch: the failure being recorded counts (s.failures + 1).
+        return row.then if s.failures + 1 >= s.max_failures else row.otherwise
+    return row
+
+
 def apply(s: ServiceState, event: Event, now: float, *, error: str | None = None,
           reason: str | None = None) -> ServiceState:
     """The state after ``event``. Raises ``IllegalTransition`` for a pair not in the table."""
-    key = (s.state, event)
-    if key not in TRANSITIONS:
-        raise IllegalTransition(f"service in state {s.state.value!r} cannot take {event.value!r}")
+    to = target(s, event)
     if event is Event.FAILED:
         failures = s.failures + 1
-        delay = backoff_delay(failures, s.backoff_initial_s, s.backoff_max_s)
-        if failures >= s.max_failures:
-            # retry_at: when a fingerprint may un-withdraw it
-            return replace(s, state=State.WITHDRAWN, failures=failures, retry_at=now + delay,
-                           error=error, idle_since=None)
-        return replace(s, state=State.BACKOFF, failures=failures, retry_at=now + delay,
+        # BACKOFF: retry_at is the next start; WITHDRAWN: when a fingerprint may un-withdraw it
+        return replace(s, state=to, failures=failures, retry_at=now + _delay(s, failures),
                        error=error, idle_since=None)
-    target = TRANSITIONS[key]
-    assert target is not None
     if event is Event.PROBED:
-        delay = backoff_delay(s.failures, s.backoff_initial_s, s.backoff_max_s)
-        return replace(s, retry_at=now + delay)
+        return replace(s, retry_at=now + _delay(s, s.failures))
     if event is Event.RECOVER:
         # The failure count is kept: only becoming ready resets it. The last error stays
         # readable until then.
-        return replace(s, state=target, retry_at=None, stopped_reason="withdrawn")
+        return replace(s, state=to, retry_at=None, stopped_reason="withdrawn")
     if event in (Event.READY, Event.ADOPT):
         # Only becoming ready resets the failure count.
-        return replace(s, state=target, failures=0, error=None, retry_at=None,
+        return replace(s, state=to, failures=0, error=None, retry_at=None,
                        idle_since=None if s.users else now, stopped_reason=None)
     if event is Event.START:
-        return replace(s, state=target, retry_at=None, stopped_reason=None)
+        return replace(s, state=to, retry_at=None, stopped_reason=None)
     if event is Event.STOP:
-        return replace(s, state=target, stopped_reason=reason)
+        return replace(s, state=to, stopped_reason=reason)
     if event is Event.STOPPED:
-        return replace(s, state=target, idle_since=None)
+        return replace(s, state=to, idle_since=None)
     if event is Event.FORGET:
-        return replace(s, state=target, retry_at=None)
-    return replace(s, state=target)  # pragma: no cover - every event is handled above
+        return replace(s, state=to, retry_at=None)
+    return replace(s, state=to)  # pragma: no cover - every event is handled above
 
 
 def set_users(s: ServiceState, users: int, now: float) -> ServiceState:
@@ -183,6 +236,38 @@ def set_users(s: ServiceState, users: int, now: float) -> ServiceState:
     return replace(s, users=0)
 
 
+def set_held(s: ServiceState, reason: str | None) -> ServiceState:
+    """Host protection holds it down (``reason``) or lifts its hold (None)."""
+    return replace(s, held=reason)
+
+
+def set_gpu_missing(s: ServiceState, text: str | None) -> ServiceState:
+    """The host lacks its GPU API (the GPU_API_MISSING text), or has one (None)."""
+    return replace(s, gpu_missing=text)
+
+
+def shut_down(s: ServiceState) -> ServiceState:
+    """The agent is stopping: from now on every decision is a shutdown decision."""
+    return replace(s, shutting_down=True)
+
+
+def with_faults(s: ServiceState, *, idle_stop: bool = True,
+                flat_backoff: bool = False) -> ServiceState:
+    """Test-only fault injection (faults.py): ``no_idle_stop``, ``flat_backoff``."""
+    return replace(s, idle_stop=idle_stop, flat_backoff=flat_backoff)
+
+
+def offered(s: ServiceState) -> bool:
+    """Whether its pools count on this node now (its fingerprint's capacities)."""
+    return not (s.state is State.WITHDRAWN or s.held is not None or s.gpu_missing is not None)
+
+
+def hopeless(s: ServiceState) -> bool:
+    """Whether waiting for it to become ready is pointless: nothing will start it."""
+    return (s.shutting_down or s.lifecycle == "manual" or s.held is not None
+            or s.gpu_missing is not None or s.state is State.WITHDRAWN)
+
+
 def wanted(s: ServiceState) -> bool:
     if s.lifecycle == "manual":
         return False
@@ -190,7 +275,40 @@ def wanted(s: ServiceState) -> bool:
 
 
 def decide(s: ServiceState, now: float, *, shutting_down: bool = False) -> Decision:
-    """What to do with a service now. Pure: the same inputs give the same answer."""
+    """What to do with a service now. Pure: the same inputs give the same answer.
+
+    ``shutting_down`` may also be given here (it adds to the state's own)."""
+    shutting_down = shutting_down or s.shutting_down
+    if s.state is State.STARTING and s.held is not None:
+        return Decision("cancel", reason=s.held)  # a hold cancels a start in flight
+    d = _lifecycle_decision(s, now, shutting_down)
+    if not shutting_down:
+        d = hold_override(s.state, d, held=s.held, gpu_missing=s.gpu_missing is not None,
+                          shutting_down=False)
+    if d.action == "stop" and d.reason == "idle" and not s.idle_stop:
+        return Decision()  # fault injection (no_idle_stop, test only): stays READY, no timer
+    return d
+
+
+def hold_override(state: State, decision: Decision, *, held: str | None,
+                  gpu_missing: bool, shutting_down: bool) -> Decision:
+    """Host protection on top of the lifecycle's decision.
+
+    A held service (``preempt_memory`` / ``preempt_protection``) is never started, and one
+    that is up is stopped with the hold as its reason; a service whose GPU API is missing is
+    never started. Shutdown decisions pass through unchanged.
+    """
+    if shutting_down:
+        return decision
+    if held is not None and state is State.READY:
+        return Decision("stop", reason=held)
+    if (held is not None or gpu_missing) and decision.action == "start":
+        return Decision()  # stays down; a lifted hold pokes it again
+    return decision
+
+
+def _lifecycle_decision(s: ServiceState, now: float, shutting_down: bool) -> Decision:
+    """The lifecycle's own rules (wanted, backoff, withdrawn, idle, shutdown)."""
     if s.state in (State.STARTING, State.STOPPING):
         return Decision()  # an effect is in flight
     if s.lifecycle == "manual":

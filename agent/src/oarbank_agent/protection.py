@@ -26,7 +26,9 @@ import enum
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from . import lifecycle as lc
+# The hold rule is the lifecycle's (every input of a service decision lives there); it is
+# named here too because host protection is where a newcomer looks for it.
+from .lifecycle import hold_override
 
 __all__ = [
     "Floors",
@@ -137,20 +139,3 @@ def parse_fraction(text: str, what: str) -> float:
     if not 0.0 <= value < 1.0:
         raise ValueError(f"{what}: {text!r} must be between 0 and 100%")
     return value
-
-
-def hold_override(state: lc.State, decision: lc.Decision, *, held: str | None,
-                  gpu_missing: bool, shutting_down: bool) -> lc.Decision:
-    """Host protection on top of the lifecycle's decision.
-
-    A held service (``preempt_memory`` / ``preempt_protection``) is never started, and one
-    that is up is stopped with the hold as its reason; a service whose GPU API is missing is
-    never started. Shutdown decisions pass through unchanged.
-    """
-    if shutting_down:
-        return decision
-    if held is not None and state is lc.State.READY:
-        return lc.Decision("stop", reason=held)
-    if (held is not None or gpu_missing) and decision.action == "start":
-        return lc.Decision()  # stays down; a lifted hold pokes it again
-    return decision

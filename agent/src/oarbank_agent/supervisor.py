@@ -6,6 +6,10 @@ it is over, when users change, or when a timer (backoff, idle) fires. Nothing he
 watch state: waits are on futures (hello, channel closed, readiness) and loop timers. The one
 thing polled is the ``ready`` op, because the contract offers no event for it.
 
+Every decision and everything it reads (users, holds, a missing GPU API, shutdown, the test
+faults) is in ``rt.st`` and ``lifecycle.decide``; this module sets those inputs through the
+lifecycle's functions and performs what comes back. ``row`` is a pure function of a runtime.
+
 Start = channel pair from the broker + ``start`` op with the child end inherited + the hello +
 ``ready`` true (polled once the hello is in: at once, then every 50 ms doubling up to
 0.1 s), all within
@@ -27,14 +31,14 @@ from oarbank_sdk import manifest as mf
 
 from . import escapewatch
 from . import fingerprint as fingerprints
-from . import groupwatch, ops, procs, protection, refusals, statuswatch
+from . import groupwatch, ops, procs, refusals, statuswatch
 from . import lifecycle as lc
 from .modules import ModuleCtx, NodeInfo
 
 if TYPE_CHECKING:
     from .broker import Broker, Channel
 
-__all__ = ["Supervisor", "ServiceRuntime", "service_key"]
+__all__ = ["Supervisor", "ServiceRuntime", "service_key", "row", "ready"]
 
 log = logging.getLogger("oarbank_agent.supervisor")
 
@@ -73,10 +77,6 @@ class ServiceRuntime:
     waiters: list[asyncio.Future[bool]] = field(default_factory=list)
     ready_at: float | None = None  # unix time of the last READY (tests compare with runners)
     stop_note: str | None = None  # the last stop escalated (shown as the row's error until READY)
-    # Host protection (guard.py): a hold keeps it down with this reason (preempt_memory /
-    # preempt_protection); gpu_missing = the GPU_API_MISSING text when the host lacks its API.
-    held: str | None = None
-    gpu_missing: str | None = None
     fp_reserve_gb: float = 0.0  # fingerprint's reserve.mem_gb (charged if reserves_host_memory)
     # A start in flight may be cancelled by a hold only while ``cancellable`` (not once it is
     # tearing down a failed start); ``cancelled_for`` is the hold that did it (its stop reason).
@@ -85,6 +85,51 @@ class ServiceRuntime:
 
     def busy(self) -> bool:
         return self.task is not None and not self.task.done()
+
+    # Host protection's inputs live in the lifecycle state (read here for views and logs).
+    @property
+    def held(self) -> str | None:
+        """preempt_memory / preempt_protection while a hold keeps it down (guard.py)."""
+        return self.st.held
+
+    @property
+    def gpu_missing(self) -> str | None:
+        """The GPU_API_MISSING text when the host lacks its API."""
+        return self.st.gpu_missing
+
+
+def ready(rt: ServiceRuntime) -> bool:
+    """Ready: READY and, for an endpoint service, its channel open."""
+    if rt.st.state is not lc.State.READY:
+        return False
+    if rt.svc.endpoint:
+        return rt.channel is not None and bool(rt.channel.is_open)
+    return True
+
+
+def row(rt: ServiceRuntime, refused: str | None = None) -> dict[str, Any]:
+    """Contract section 6 row, from the runtime alone. ``refused``: what the sandbox refused
+    the service (``refusals.describe``), added to an error."""
+    s = rt.st.state
+    up = s in (lc.State.STARTING, lc.State.READY, lc.State.STOPPING)
+    error = rt.st.error or rt.fp_error or rt.stop_note
+    return {
+        "module": rt.ctx.id,
+        "service": rt.svc.name,
+        "health": rt.health,
+        "running": up or (rt.svc.lifecycle == "manual" and rt.fp_running),
+        "ready": ready(rt),
+        "accepting": ready(rt) and not rt.st.shutting_down,
+        # A failed service's error says how many network attempts the sandbox refused it.
+        "error": f"{error} ({refused})" if error and refused else error,
+        "held": rt.st.held,
+        "disabled": False,
+        "withdrawn": s is lc.State.WITHDRAWN,
+        "gpu_api_missing": rt.st.gpu_missing is not None,
+        "lifecycle": rt.svc.lifecycle,
+        "users": rt.st.users,
+        "endpoint": rt.svc.endpoint,
+    }
 
 
 class Supervisor:
@@ -95,12 +140,13 @@ class Supervisor:
         self.services: dict[str, ServiceRuntime] = {}
         self.on_change: list[Callable[[str], None]] = []  # fired on every service change
         self.on_capacity: list[Callable[[str], None]] = []  # pools of a service changed
+        # Set once by ``shutdown`` (and into every service's state, where decisions read it);
+        # the effects read it here: no fingerprint after a stop, a cancelled start re-raises.
         self.shutting_down = False
         # First interval of the sparse `status` polls (statuswatch; the CLI may set it).
         self.status_poll_s = statuswatch.DEFAULT_FIRST_S
-        # False only under the test-only fault OARBANK_AGENT_FAULT=no_idle_stop (faults.py).
-        self.idle_stop = True
-        # True only under the test-only fault OARBANK_AGENT_FAULT=bare_start_errors.
+        # True only under the test-only fault OARBANK_AGENT_FAULT=bare_start_errors: an effect
+        # (the error text), not a decision.
         self.bare_start_errors = False
 
     # --- set-up ---------------------------------------------------------------------------
@@ -119,40 +165,17 @@ class Supervisor:
     # --- views ----------------------------------------------------------------------------
 
     def capacities(self, key: str) -> dict[str, int]:
-        """pool name -> tokens this service offers now (0 while withdrawn)."""
+        """pool name -> tokens this service offers now (0 unless ``lifecycle.offered``)."""
         rt = self.services[key]
-        withdrawn = (rt.st.state is lc.State.WITHDRAWN or rt.held is not None
-                     or rt.gpu_missing is not None)  # held / no GPU API: its pools count 0
-        return {p: (0 if withdrawn else max(0, int(rt.fp_pools.get(p, 0)))) for p in rt.svc.pools}
+        on = lc.offered(rt.st)  # withdrawn, held or no GPU API: its pools count 0
+        return {p: (max(0, int(rt.fp_pools.get(p, 0))) if on else 0) for p in rt.svc.pools}
 
     def is_ready(self, rt: ServiceRuntime) -> bool:
-        if rt.st.state is not lc.State.READY:
-            return False
-        if rt.svc.endpoint:
-            return rt.channel is not None and bool(rt.channel.is_open)
-        return True
+        return ready(rt)
 
     def row(self, rt: ServiceRuntime) -> dict[str, Any]:
-        """Contract section 6 row."""
-        s = rt.st.state
-        up = s in (lc.State.STARTING, lc.State.READY, lc.State.STOPPING)
-        return {
-            "module": rt.ctx.id,
-            "service": rt.svc.name,
-            "health": rt.health,
-            "running": up or (rt.svc.lifecycle == "manual" and rt.fp_running),
-            "ready": self.is_ready(rt),
-            "accepting": self.is_ready(rt) and not self.shutting_down,
-            "error": _with_refusals(rt.st.error or rt.fp_error or rt.stop_note,
-                                    f"{rt.ctx.id}/{rt.svc.name}"),
-            "held": rt.held,
-            "disabled": False,
-            "withdrawn": s is lc.State.WITHDRAWN,
-            "gpu_api_missing": rt.gpu_missing is not None,
-            "lifecycle": rt.svc.lifecycle,
-            "users": rt.st.users,
-            "endpoint": rt.svc.endpoint,
-        }
+        """Contract section 6 row (``row`` with what the sandbox refused this service)."""
+        return row(rt, refusals.current().describe(rt.key))
 
     # --- inputs ---------------------------------------------------------------------------
 
@@ -167,25 +190,33 @@ class Supervisor:
     def set_hold(self, key: str, reason: str | None) -> bool:
         """Hold a service down (``reason``) or lift its hold (None). A held service is
         stopped (stop reason = the hold), its pools count 0 and it is not started again until
-        the hold lifts; waiting connects are refused. Returns whether anything changed."""
+        the hold lifts (``lifecycle.decide``); waiting connects are refused. Returns whether
+        anything changed."""
         rt = self.services[key]
-        if rt.held == reason:
+        if rt.st.held == reason:
             return False
-        log.info("%s: %s", key, f"held: {reason}" if reason else f"hold {rt.held} lifted")
-        rt.held = reason
+        log.info("%s: %s", key, f"held: {reason}" if reason else f"hold {rt.st.held} lifted")
+        rt.st = lc.set_held(rt.st, reason)
         if reason is not None:
             self._resolve_waiters(rt, False)
-            if rt.st.state is lc.State.STARTING and rt.cancellable and rt.task is not None:
-                # A hold cancels a start in flight: the start task ends the process group,
-                # closes the channel and stops it with the hold as the reason (no failure).
-                rt.cancelled_for = reason
-                rt.cancellable = False
-                rt.task.cancel()
+        # Before the capacity listeners: a start in flight is cancelled at once (decide says
+        # `cancel`), so nothing reads it as starting meanwhile.
+        self._cancel_if_decided(rt)
         for cb in self.on_capacity:
             cb(key)
         self._changed(rt)
         self.poke(rt)
         return True
+
+    def set_gpu_missing(self, key: str, text: str | None) -> None:
+        """GPU placement (agent start): the GPU_API_MISSING text, or None (it may run here)."""
+        rt = self.services[key]
+        rt.st = lc.set_gpu_missing(rt.st, text)
+
+    def set_faults(self, *, idle_stop: bool, flat_backoff: bool) -> None:
+        """Test-only fault injection (faults.py), into every service's state."""
+        for rt in self.services.values():
+            rt.st = lc.with_faults(rt.st, idle_stop=idle_stop, flat_backoff=flat_backoff)
 
     async def fingerprint(self, rt: ServiceRuntime) -> None:
         if rt.gpu_missing is not None:
@@ -222,12 +253,7 @@ class Supervisor:
         if rt.busy():
             return  # the effect in flight pokes again when it is over
         now = time.time()
-        d = lc.decide(rt.st, now, shutting_down=self.shutting_down)
-        d = protection.hold_override(rt.st.state, d, held=rt.held,
-                                     gpu_missing=rt.gpu_missing is not None,
-                                     shutting_down=self.shutting_down)
-        if d.action == "stop" and d.reason == "idle" and not self.idle_stop:
-            return  # fault injection (no_idle_stop, test only): stays READY, no timer set
+        d = lc.decide(rt.st, now)
         if d.action == "start":
             rt.task = asyncio.create_task(self._start(rt), name=f"start {rt.key}")
         elif d.action == "stop":
@@ -241,6 +267,18 @@ class Supervisor:
         elif d.wake_at is not None:
             loop = asyncio.get_running_loop()
             rt.timer = loop.call_at(loop.time() + max(0.0, d.wake_at - now), self.poke, rt)
+
+    def _cancel_if_decided(self, rt: ServiceRuntime) -> None:
+        """``cancel`` (a hold on a starting service): the start task ends the process group,
+        closes the channel and stops it with the hold as the reason (no failure). Only while
+        the start may still be cancelled: not once it is tearing down a failed start."""
+        if not (rt.busy() and rt.cancellable and rt.task is not None):
+            return
+        d = lc.decide(rt.st, time.time())
+        if d.action == "cancel":
+            rt.cancelled_for = d.reason
+            rt.cancellable = False
+            rt.task.cancel()
 
     def _after_effect(self, rt: ServiceRuntime) -> None:
         rt.task = None
@@ -277,9 +315,7 @@ class Supervisor:
     # --- readiness: the broker's ServiceGate and the jobs' wait ---------------------------
 
     def _hopeless(self, rt: ServiceRuntime | None) -> bool:
-        return (rt is None or self.shutting_down or rt.svc.lifecycle == "manual"
-                or rt.held is not None or rt.gpu_missing is not None
-                or rt.st.state is lc.State.WITHDRAWN)
+        return rt is None or lc.hopeless(rt.st)
 
     def ready_now(self, service_key: str) -> bool:
         """ServiceGate's optional synchronous check: True iff ``wait_ready`` would answer True
@@ -538,6 +574,7 @@ class Supervisor:
         """Stop every service in contract stop order; forget pending restarts."""
         self.shutting_down = True
         for rt in self.services.values():
+            rt.st = lc.shut_down(rt.st)
             if rt.timer is not None:
                 rt.timer.cancel()
                 rt.timer = None
@@ -555,8 +592,3 @@ class Supervisor:
         pending = [rt.task for rt in self.services.values() if rt.busy()]
         await asyncio.gather(*[t for t in pending if t is not None], return_exceptions=True)
 
-
-def _with_refusals(error: str | None, key: str) -> str | None:
-    """A failed service's error says how many network attempts the sandbox refused it."""
-    more = refusals.current().describe(key) if error else None
-    return f"{error} ({more})" if more else error
