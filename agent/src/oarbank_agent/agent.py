@@ -41,6 +41,7 @@ from . import (
 )
 from .admission import Admission
 from .broker import Broker
+from .channel import Channels
 from .guard import DEFAULT_BUDGET_FRACTION, Guard, GuardConfig
 from .jobrun import JobRuns, move
 from .modules import ModuleCtx, NodeInfo, load_module
@@ -78,10 +79,12 @@ class Agent:
         self.node = NodeInfo.create(self.state_dir, config.node_id)
         self.registry = procs.ProcessRegistry(self.state_dir)
         self.store = JobStore(self.state_dir)
-        self.supervisor = Supervisor(self.node, self.registry)
-        self.supervisor.status_poll_s = config.status_poll_s
-        self.broker = Broker(self.supervisor)
-        self.supervisor.broker = self.broker
+        # The endpoint channels: the supervisor opens one per start, the broker hands
+        # connections over through them; both get the table, neither holds the other.
+        channels = Channels()
+        self.supervisor = Supervisor(self.node, self.registry, channels=channels,
+                                     status_poll_s=config.status_poll_s)
+        self.broker = Broker(self.supervisor, channels=channels)
         self.admission = Admission()
         self.modules: dict[str, ModuleCtx] = {}
         self.jobs: dict[str, JobRecord] = {}

@@ -5,8 +5,8 @@ Layout: ``<state>/jobs/<job id>/job.json`` (the record) and ``<state>/jobs/<job 
 before ``submit`` is answered, and again at every state change, so a restarted agent finds
 every job in its last known state (``load_all``) and can requeue what was not finished.
 
-Job states: ``queued`` -> ``admitted`` (tokens taken, waiting for its services) -> ``running``
-(an attempt's runner is up; back to ``admitted`` between retries) -> ``succeeded`` | ``failed``.
+A record's ``state`` is the plain string of a ``jobs.State``; the states and their transitions
+are ``jobs.py``'s table.
 """
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .jobs import TERMINAL
+
 __all__ = ["JobRecord", "JobStore", "TERMINAL", "new_job_id"]
 
-TERMINAL = ("succeeded", "failed")
 _seq = itertools.count()
 
 

@@ -14,7 +14,8 @@ Start = channel pair from the broker + ``start`` op with the child end inherited
 ``ready`` true (polled once the hello is in: at once, then every 50 ms doubling up to
 0.1 s), all within
 ``start_timeout_s``. Stop order = ``stop`` op, close the channel, end the process group.
-This class is also the broker's ``ServiceGate``.
+This class is also the broker's ``ServiceGate``; it opens channels in the ``Channels`` table it
+shares with the broker (given at construction: neither holds the other).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from . import lifecycle as lc
 from .modules import ModuleCtx, NodeInfo
 
 if TYPE_CHECKING:
-    from .broker import Broker, Channel
+    from .channel import Channel, Channels
 
 __all__ = ["Supervisor", "ServiceRuntime", "service_key", "row", "ready"]
 
@@ -133,18 +134,19 @@ def row(rt: ServiceRuntime, refused: str | None = None) -> dict[str, Any]:
 
 
 class Supervisor:
-    def __init__(self, node: NodeInfo, registry: procs.ProcessRegistry) -> None:
+    def __init__(self, node: NodeInfo, registry: procs.ProcessRegistry, *,
+                 channels: Channels, status_poll_s: float = statuswatch.DEFAULT_FIRST_S) -> None:
         self.node = node
         self.registry = registry
-        self.broker: Broker | None = None  # set by the agent right after construction
+        self.channels = channels  # endpoint channels, shared with the broker
         self.services: dict[str, ServiceRuntime] = {}
         self.on_change: list[Callable[[str], None]] = []  # fired on every service change
         self.on_capacity: list[Callable[[str], None]] = []  # pools of a service changed
         # Set once by ``shutdown`` (and into every service's state, where decisions read it);
         # the effects read it here: no fingerprint after a stop, a cancelled start re-raises.
         self.shutting_down = False
-        # First interval of the sparse `status` polls (statuswatch; the CLI may set it).
-        self.status_poll_s = statuswatch.DEFAULT_FIRST_S
+        # First interval of the sparse `status` polls (statuswatch; --status-poll-s).
+        self.status_poll_s = status_poll_s
         # True only under the test-only fault OARBANK_AGENT_FAULT=bare_start_errors: an effect
         # (the error text), not a decision.
         self.bare_start_errors = False
@@ -374,8 +376,7 @@ class Supervisor:
             env: dict[str, str] = {}
             pass_fds: tuple[int, ...] = ()
             if rt.svc.endpoint:
-                assert self.broker is not None
-                ch = self.broker.open_channel(rt.key)
+                ch = self.channels.open(rt.key)
                 rt.channel = ch
                 env["OARBANK_ENDPOINT_CHANNEL"] = f"fd:{ch.child_fd}"
                 pass_fds = (ch.child_fd,)

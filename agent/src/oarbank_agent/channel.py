@@ -1,0 +1,205 @@
+"""An endpoint channel: the agent's end of one run of one endpoint service (contract section 3).
+
+Rules:
+
+- The channel owns its agent end, and its child end until ``close_child_end`` (after the
+  ``start`` op is spawned, or on failure). An end handed over in a ``connection`` is owned by
+  the channel until the service's ``accepted`` arrives, then closed. Closing the channel closes
+  everything it owns.
+- The service's first line must be ``hello``, exactly once. EOF, a malformed line or a protocol
+  violation from the service is a service failure: ``closed`` resolves with the reason. The
+  agent closing a channel is silent (``closed`` stays unresolved).
+
+``Channels`` is the table of each service's current channel: the supervisor opens one per
+start, the broker looks it up to hand connections over. Both are given the same table at
+construction, so neither holds the other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+
+from oarbank_sdk import _wire as wire
+
+from ._msgstream import MessageStream
+
+__all__ = ["Channel", "Channels", "pair", "refusal", "CHANNEL_MAX_OUT"]
+
+# The broker's log: channels, connectors and hand-overs read as one story.
+log = logging.getLogger("oarbank_agent.broker")
+
+# Bytes the agent keeps for a service that does not read before it gives up on it.
+CHANNEL_MAX_OUT = 1024 * 1024
+
+
+def pair() -> tuple[socket.socket, socket.socket]:
+    # Python creates both ends close-on-exec and blocking; ends handed to peers stay blocking
+    # (O_NONBLOCK is shared with every holder of the descriptor).
+    return socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+
+
+def refusal(code: str, detail: str) -> bytes:
+    """A refusal line for a job (``service_unavailable``, ``rate_limited``, ...)."""
+    return wire.encode(wire.Refusal(code, detail).to_wire())
+
+
+class Channel:
+    """One run of one endpoint service: the agent's end of its endpoint channel.
+
+    Wait on ``hello`` and ``closed`` together: if the service dies before its hello, only
+    ``closed`` resolves. ``close()`` by the agent resolves neither.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, service_key: str) -> None:
+        self.service_key = service_key
+        agent_end, child = pair()
+        child.set_inheritable(True)
+        self._child: socket.socket | None = child
+        self.child_fd: int = child.fileno()
+        self.hello: asyncio.Future[int] = loop.create_future()
+        self.closed: asyncio.Future[str] = loop.create_future()
+        # conn -> (the service end we sent, its attempt's name), until `accepted`.
+        self._pending: dict[int, tuple[socket.socket, str]] = {}
+        self._stream = MessageStream(
+            loop,
+            agent_end,
+            name=f"channel {service_key}",
+            on_line=self._on_line,
+            on_overlong=lambda detail: self._fail(f"protocol violation: {detail}"),
+            on_broken=self._on_broken,
+            max_out=CHANNEL_MAX_OUT,
+        )
+        self._stream.start()
+        log.info("channel %s: opened (child end fd %d)", service_key, self.child_fd)
+
+    @property
+    def is_open(self) -> bool:
+        return not self._stream.closed
+
+    @property
+    def pending_ends(self) -> int:
+        """Ends handed to the service that await its ``accepted``."""
+        return len(self._pending)
+
+    @property
+    def holds_child_end(self) -> bool:
+        return self._child is not None
+
+    @property
+    def usable(self) -> bool:
+        """Open and the service said hello: connections may be handed to it."""
+        return self.is_open and self.hello.done()
+
+    def close_child_end(self) -> None:
+        """Close the agent's copy of the child end (after spawning `start`, or on failure)."""
+        if self._child is not None:
+            self._child.close()
+            self._child = None
+
+    def close(self) -> None:
+        """The agent closes the channel: the service sees EOF. Does not resolve ``closed``."""
+        if self.is_open:
+            log.info("channel %s: closed by the agent", self.service_key)
+        self._shutdown()
+
+    # --- internals ----------------------------------------------------------------------------
+
+    def _shutdown(self) -> None:
+        self._stream.close()
+        self.close_child_end()
+        for sock, _attempt in self._pending.values():
+            sock.close()
+        self._pending.clear()
+
+    def _fail(self, reason: str) -> None:
+        """The service broke the channel (EOF or protocol violation): a service failure."""
+        if not self.is_open:
+            return
+        # open -> closed by the service: the supervisor acts on `closed`.
+        log.warning("channel %s: %s", self.service_key, reason)
+        self._shutdown()
+        if not self.closed.done():
+            self.closed.set_result(reason)
+
+    def _on_broken(self, reason: str) -> None:
+        if reason.startswith("peer closed its end"):
+            reason = "the service closed its endpoint channel" + reason[len("peer closed its end") :]
+        elif reason.startswith("peer is not reading"):
+            reason = "the service is not reading its endpoint channel" + reason[len("peer is not reading") :]
+        self._fail(reason)
+
+    def _on_line(self, line: bytes) -> None:
+        try:
+            msg = wire.parse_from_service(wire.decode(line))
+        except wire.WireError as exc:
+            self._fail(f"protocol violation: {exc.detail}")
+            return
+        if isinstance(msg, wire.Hello):
+            if self.hello.done():
+                self._fail("protocol violation: a second 'hello'")
+                return
+            # open -> open and hello'd: connections may now flow to this service.
+            log.info("channel %s: hello from pid %d", self.service_key, msg.pid)
+            self.hello.set_result(msg.pid)
+            return
+        if not self.hello.done():
+            self._fail("protocol violation: 'accepted' before 'hello'")
+            return
+        entry = self._pending.pop(msg.conn, None)
+        if entry is None:
+            log.warning(
+                "channel %s: 'accepted' for connection %d, which is not awaiting a receipt: ignored",
+                self.service_key,
+                msg.conn,
+            )
+            return
+        entry[0].close()
+
+    # --- what the broker sends ------------------------------------------------------------------
+
+    def send_connection(self, conn: int, attempt_id: str, wire_id: int,
+                        end: socket.socket) -> bool:
+        """Hand ``end`` to the service as connection ``conn`` of attempt ``wire_id``; the
+        channel owns ``end`` until the service's ``accepted``. False if the channel broke
+        meanwhile."""
+        self._pending[conn] = (end, attempt_id)
+        return self._stream.send(wire.encode(wire.Connection(conn, wire_id).to_wire()), end)
+
+    def send_ended(self, wire_id: int) -> None:
+        """Tell the service the attempt ``wire_id`` is over."""
+        self._stream.send(wire.encode(wire.Ended(wire_id).to_wire()))
+
+    def drop_pending(self, attempt_id: str) -> None:
+        """Close the ends of ``attempt_id`` still awaiting the service's receipt."""
+        for conn in [c for c, (_s, a) in self._pending.items() if a == attempt_id]:
+            self._pending.pop(conn)[0].close()
+
+
+class Channels:
+    """Each endpoint service's current channel (service key -> Channel)."""
+
+    def __init__(self) -> None:
+        self._by_key: dict[str, Channel] = {}
+
+    def open(self, service_key: str) -> Channel:
+        """A fresh channel for a new run of ``service_key``; closes that service's previous one."""
+        old = self._by_key.pop(service_key, None)
+        if old is not None:
+            old.close()
+        ch = Channel(asyncio.get_running_loop(), service_key)
+        self._by_key[service_key] = ch
+        return ch
+
+    def get(self, service_key: str) -> Channel | None:
+        return self._by_key.get(service_key)
+
+    def all(self) -> list[Channel]:
+        return list(self._by_key.values())
+
+    def close_all(self) -> None:
+        """Close every channel (silently)."""
+        for ch in self._by_key.values():
+            ch.close()
+        self._by_key.clear()
