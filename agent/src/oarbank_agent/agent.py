@@ -42,7 +42,18 @@ from . import (
 from .admission import Admission
 from .broker import Broker
 from .channel import Channels
-from .guard import DEFAULT_BUDGET_FRACTION, Guard, GuardConfig
+from .guard import (
+    DEFAULT_BUDGET_FRACTION,
+    Action,
+    Admit,
+    AllowGpu,
+    Guard,
+    GuardConfig,
+    Hold,
+    Pause,
+    ReleaseGpuJobs,
+    ReleaseJobs,
+)
 from .jobrun import JobRuns, move
 from .modules import ModuleCtx, NodeInfo, load_module
 from .store import JobRecord, JobStore
@@ -98,8 +109,10 @@ class Agent:
         self.supervisor.on_change.append(self._service_changed)
         self.supervisor.on_capacity.append(self._capacity_changed)
         self.control = control.ControlServer(self.state_dir / control.SOCKET_NAME, self._request)
-        # Host protection (guard.py); the GPU APIs are detected at start unless overridden.
-        self.guard = Guard(self, config.guard)
+        # Host protection (guard.py) samples and reports; the agent applies (``_protect``).
+        # The GPU APIs are detected at start unless overridden.
+        self.guard = Guard(config.guard, self.supervisor, running_jobs=self.running_job_groups,
+                           report=self._protect)
         self.gpu: gpu_detect.Detection | None = config.gpu
         self.manual_refresh_s = config.manual_refresh_s
         self._manual_task: asyncio.Task[None] | None = None
@@ -154,7 +167,8 @@ class Agent:
                                                    key=lambda r: (r.submitted_at, r.seq))]
         rep["state_dir"] = str(self.state_dir)
         rep["gpu"] = self.gpu.as_dict() if self.gpu is not None else None
-        rep["protection"] = self.guard.report()
+        rep["protection"] = self.guard.report(self.admission.budget_gb,
+                                              self.admission.charged_gb())
         rep.update(containment.current().report())  # cgroup | process-group, and why
         rep["fault"] = self.fault  # test-only fault injection: never on silently
         # what the portal did with this node's reports (refusals by cause: heartbeat.py)
@@ -202,7 +216,7 @@ class Agent:
         await recovery.adopt_running(self.registry, self.supervisor, kept)
         self._recover_jobs()
         await self.control.start()
-        self.guard.sample()  # the first sample before anything starts
+        self._protect(self.guard.sample())  # the first sample before anything starts
         self.guard.start()
         self._manual_task = manualwatch.start(self.supervisor, self.manual_refresh_s)
         self._escape_task = escapewatch.start(self.registry)  # sandboxed groups stay confined
@@ -306,8 +320,25 @@ class Agent:
         """End these jobs' attempts and requeue them, charging no attempt (host protection)."""
         self.runs.release(job_ids, reason)
 
-    def admit(self) -> None:
-        self._admit()
+    def _protect(self, actions: list[Action]) -> None:
+        """Apply what host protection reports, in its order (guard.py decides, we act)."""
+        for a in actions:
+            if isinstance(a, Pause):
+                self.admission.paused = a.reason  # nothing is admitted while set
+            elif isinstance(a, AllowGpu):
+                self.admission.gpu_allowed = a.allowed
+            elif isinstance(a, ReleaseGpuJobs):
+                self.release_jobs([r.job_id for r in self.admission.holding() if r.gpu],
+                                  a.reason)
+            elif isinstance(a, ReleaseJobs):
+                self.release_jobs(list(a.job_ids), a.reason)
+            elif isinstance(a, Hold):
+                self.supervisor.set_hold(a.key, a.reason)
+                if a.release_users:
+                    # Released after the hold: its pools count 0 by now, nothing is readmitted.
+                    self.release_jobs(self.users_of(a.key), a.reason)
+            elif isinstance(a, Admit):
+                self._admit()
 
     def _admit(self) -> None:
         if self._stop.is_set():
@@ -391,9 +422,10 @@ class Agent:
             rule = req.get("rule")
             if rule is not None:
                 try:
-                    self.guard.set_rule(str(rule))
+                    actions = self.guard.set_rule(str(rule))
                 except ValueError as exc:
                     raise control.ControlError("bad_request", str(exc)) from None
+                self._protect(actions)
             return {"ok": True, "rules": self.guard.rules(),
                     "held": {k: rt.held for k, rt in self.supervisor.services.items()
                              if rt.held is not None}}

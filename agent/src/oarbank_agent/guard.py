@@ -1,9 +1,13 @@
-"""Host protection, the acting half (contract section 5): samples the OS, applies holds.
+"""Host protection, the sampling half (contract section 5): samples the OS, reports actions.
 
 The decisions are pure (``protection``: pressure with hysteresis, soft stops, the hard
-victim, hold precedence; ``admission``: memory budget and GPU rules); this module reads
-``psutil.virtual_memory()`` every ``sample_s`` seconds (2 s by default), the resident memory
-of process groups from ``/proc``, and acts through the agent and its supervisor.
+victim; ``lifecycle``: what a hold does to a service; ``admission``: memory budget and GPU
+rules); this module reads ``psutil.virtual_memory()`` every ``sample_s`` seconds (2 s by
+default) and the resident memory of process groups from ``/proc``, keeps the protection state
+(pressure, memory holds, host rules), and *reports* what should happen as a list of actions
+(``Pause``, ``AllowGpu``, ``Hold``, ``ReleaseJobs``, ``ReleaseGpuJobs``, ``Admit``), in the
+order they must be applied. The agent applies them (``Agent._protect``): the guard reads the
+supervisor's services but changes nothing outside itself.
 
 Holds (a service's ``held`` in the report), first that applies:
 
@@ -32,8 +36,9 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Union
 
 import psutil
 
@@ -51,9 +56,10 @@ from .protection import (
 )
 
 if TYPE_CHECKING:
-    from .agent import Agent
+    from .supervisor import Supervisor
 
-__all__ = ["Guard", "GuardConfig", "group_rss", "DEFAULT_BUDGET_FRACTION", "DEFAULT_SAMPLE_S"]
+__all__ = ["Guard", "GuardConfig", "group_rss", "DEFAULT_BUDGET_FRACTION", "DEFAULT_SAMPLE_S",
+           "Action", "Pause", "AllowGpu", "Hold", "ReleaseJobs", "ReleaseGpuJobs", "Admit"]
 
 log = logging.getLogger("oarbank_agent.guard")
 
@@ -68,6 +74,56 @@ class GuardConfig:
     floors: Floors
     sample_s: float = DEFAULT_SAMPLE_S
     budget_gb: float | None = None  # None: DEFAULT_BUDGET_FRACTION of total memory
+
+
+# --- what the guard reports (applied by the agent, in order) --------------------------------
+
+@dataclass(frozen=True)
+class Pause:
+    """Admission's pause: nothing is admitted while ``reason`` is set (None: admit again)."""
+
+    reason: str | None
+
+
+@dataclass(frozen=True)
+class AllowGpu:
+    """Whether GPU jobs may be admitted (the forbid-gpu host rule)."""
+
+    allowed: bool
+
+
+@dataclass(frozen=True)
+class Hold:
+    """Hold service ``key`` down (``reason``) or lift its hold (None); ``release_users``: a
+    newly held service's users are released right after (their attempts ended, requeued)."""
+
+    key: str
+    reason: str | None
+    release_users: bool = False
+
+
+@dataclass(frozen=True)
+class ReleaseJobs:
+    """End these jobs' attempts and requeue them, not charged."""
+
+    job_ids: tuple[str, ...]
+    reason: str
+
+
+@dataclass(frozen=True)
+class ReleaseGpuJobs:
+    """Release every admitted GPU job (the forbid-gpu rule: also those on a service that does
+    not yield)."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Admit:
+    """Try admission again (pressure ended)."""
+
+
+Action = Union[Pause, AllowGpu, Hold, ReleaseJobs, ReleaseGpuJobs, Admit]
 
 
 def group_rss(pgids: set[int]) -> dict[int, int]:
@@ -86,8 +142,16 @@ def group_rss(pgids: set[int]) -> dict[int, int]:
 
 
 class Guard:
-    def __init__(self, agent: Agent, config: GuardConfig) -> None:
-        self.agent = agent
+    """``supervisor``: read for the services' states; ``running_jobs``: running job id -> its
+    runner's process group (hard-floor candidates); ``report``: where the actions of each
+    periodic sample go (the agent applies them)."""
+
+    def __init__(self, config: GuardConfig, supervisor: Supervisor, *,
+                 running_jobs: Callable[[], dict[str, int]],
+                 report: Callable[[list[Action]], None]) -> None:
+        self.supervisor = supervisor
+        self._running_jobs = running_jobs
+        self._report = report
         self.config = config
         self.pressure = Pressure.NONE
         self.available_fraction: float | None = None
@@ -112,15 +176,16 @@ class Guard:
     async def _loop(self) -> None:
         while True:
             try:
-                self.sample()
+                self._report(self.sample())
             except Exception:  # a bug here must not end protection for good
                 log.exception("memory guard sample failed")
             await asyncio.sleep(self.config.sample_s)
 
     # --- host rules (control socket: op "protect") ----------------------------------------
 
-    def set_rule(self, rule: str) -> None:
-        """``forbid-gpu`` | ``allow-gpu`` | ``evict`` | ``end-evict``."""
+    def set_rule(self, rule: str) -> list[Action]:
+        """``forbid-gpu`` | ``allow-gpu`` | ``evict`` | ``end-evict``: the actions it takes.
+        Raises ValueError for another rule."""
         if rule == "forbid-gpu":
             self.gpu_forbidden = True
         elif rule == "allow-gpu":
@@ -133,19 +198,19 @@ class Guard:
             raise ValueError(f"unknown host rule {rule!r} "
                              "(known: forbid-gpu, allow-gpu, evict, end-evict)")
         log.info("host rule: %s", rule)
-        self.agent.admission.gpu_allowed = not self.gpu_forbidden
+        out: list[Action] = [AllowGpu(not self.gpu_forbidden)]
         if self.gpu_forbidden:
             # GPU jobs are held too, also those on a service that does not yield.
-            self.agent.release_jobs([r.job_id for r in self.agent.admission.holding() if r.gpu],
-                                    HELD_PROTECTION)
-        self.refresh()
+            out.append(ReleaseGpuJobs(HELD_PROTECTION))
+        return out + self.refresh()
 
     def rules(self) -> dict[str, Any]:
         return {"gpu_forbidden": self.gpu_forbidden, "evicted": self.evicted}
 
     # --- memory ---------------------------------------------------------------------------
 
-    def sample(self) -> None:
+    def sample(self) -> list[Action]:
+        """Sample memory now: the actions the pressure asks for."""
         vm = psutil.virtual_memory()
         frac = vm.available / vm.total if vm.total else 1.0
         self.available_fraction = frac
@@ -155,30 +220,29 @@ class Guard:
             log.warning("memory pressure %s -> %s (%.1f%% available; floors soft %.1f%% "
                         "hard %.1f%%)", before.value, self.pressure.value, frac * 100,
                         self.config.floors.soft * 100, self.config.floors.hard * 100)
-        sup = self.agent.supervisor
+        sup = self.supervisor
         if self.pressure is Pressure.NONE:
-            self.agent.admission.paused = None
+            out: list[Action] = [Pause(None)]
             if self.mem_held:
                 self.mem_held.clear()
-                self.refresh()
-                self.agent.admit()
+                out += self.refresh()
+                out.append(Admit())
             elif before is not Pressure.NONE:
-                self.agent.admit()
-            return
-        self.agent.admission.paused = (
-            f"memory pressure: {frac * 100:.1f}% of memory available "
-            f"(soft floor {self.config.floors.soft * 100:g}%)")
+                out.append(Admit())
+            return out
+        out = [Pause(f"memory pressure: {frac * 100:.1f}% of memory available "
+                     f"(soft floor {self.config.floors.soft * 100:g}%)")]
         running = [rt for rt in sup.services.values()
                    if rt.st.state in _UP and rt.held is None and rt.svc.lifecycle != "manual"]
         services = [Candidate(rt.key, "service", 0, rt.svc.yieldable, rt.st.users)
                     for rt in running]
         self.mem_held.update(soft_stops(services))
         if self.pressure is Pressure.HARD:
-            self._hard(running)
-        self.refresh()
+            out += self._hard(running)
+        return out + self.refresh()
 
-    def _hard(self, running: list[Any]) -> None:
-        jobs = self.agent.running_job_groups()  # job id -> runner pgid
+    def _hard(self, running: list[Any]) -> list[Action]:
+        jobs = self._running_jobs()  # job id -> runner pgid
         svc_groups = {rt.key: rt.pgid for rt in running
                       if rt.pgid is not None and rt.key not in self.mem_held}
         rss = group_rss(set(jobs.values()) | set(svc_groups.values()))
@@ -189,15 +253,15 @@ class Guard:
         victim = hard_victim(cands)
         if victim is None:
             log.warning("under the hard memory floor with nothing that may be stopped")
-            return
+            return []
         self.last_victim = {"key": victim.key, "kind": victim.kind,
                             "footprint_bytes": victim.footprint_bytes, "time": time.time()}
         log.warning("hard memory floor: stopping %s %s (%d MiB resident)", victim.kind,
                     victim.key, victim.footprint_bytes >> 20)
         if victim.kind == "service":
-            self.mem_held.add(victim.key)
-        else:
-            self.agent.release_jobs([victim.key], HELD_MEMORY)
+            self.mem_held.add(victim.key)  # held (and its users released) by the refresh
+            return []
+        return [ReleaseJobs((victim.key,), HELD_MEMORY)]
 
     # --- holds ----------------------------------------------------------------------------
 
@@ -212,23 +276,21 @@ class Guard:
             return HELD_MEMORY
         return None
 
-    def refresh(self) -> None:
-        """Apply the wanted hold to every service; a newly held one has its users released."""
-        sup = self.agent.supervisor
-        for key, rt in sup.services.items():
+    def refresh(self) -> list[Action]:
+        """The wanted hold of every service whose hold differs; a newly held one has its users
+        released (after the hold: its pools count 0 from then on, so nothing is readmitted
+        meanwhile)."""
+        out: list[Action] = []
+        for key, rt in self.supervisor.services.items():
             want = self.wanted_hold(rt)
             was = rt.held
             if want == was:
                 continue
-            if want is not None and was is None:
-                # Released first (attempt ended, requeued), then the service stops: its pools
-                # count 0 from set_hold on, so nothing is readmitted meanwhile.
-                sup.set_hold(key, want)
-                self.agent.release_jobs(self.agent.users_of(key), want)
-            else:
-                sup.set_hold(key, want)
+            out.append(Hold(key, want, release_users=want is not None and was is None))
+        return out
 
-    def report(self) -> dict[str, Any]:
+    def report(self, budget_gb: float | None, charged_gb: float) -> dict[str, Any]:
+        """For status: the protection state, with admission's budget and what is charged."""
         vm_frac = self.available_fraction
         return {
             "pressure": self.pressure.value,
@@ -236,8 +298,8 @@ class Guard:
             "floors": {"soft": self.config.floors.soft, "hard": self.config.floors.hard,
                        "recover_margin": self.config.floors.recover_margin},
             "sample_s": self.config.sample_s,
-            "budget_gb": self.agent.admission.budget_gb,
-            "charged_gb": round(self.agent.admission.charged_gb(), 3),
+            "budget_gb": budget_gb,
+            "charged_gb": round(charged_gb, 3),
             "held_for_memory": sorted(self.mem_held),
             "last_victim": self.last_victim,
             "rules": self.rules(),
