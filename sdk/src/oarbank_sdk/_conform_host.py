@@ -36,6 +36,7 @@ from pathlib import Path
 import psutil
 
 from oarbank_sdk import _transport
+from oarbank_sdk import advice
 from oarbank_sdk._opdoc import last_json_object
 from oarbank_sdk._wire import (
     Accepted,
@@ -322,6 +323,7 @@ class Channel(_AgentEnd):
         self._hello = threading.Event()
         self.hello_pid: int | None = None
         self.closed_reason: str | None = None  # set when the SERVICE closed or broke it
+        self.closed_why: str | None = None  # how: "end of file", a read error
         self.problems: list[str] = []  # protocol violations by the service
         self.handed = 0
         self.start()
@@ -362,7 +364,8 @@ class Channel(_AgentEnd):
     def on_eof(self, why: str) -> None:
         if not self._closing:
             # state: the service closed its channel (a service failure per the contract)
-            self.closed_reason = f"the service closed the channel ({why})"
+            self.closed_why = why
+            self.closed_reason = advice.channel_closed(why)
         self._hello.set()  # wake a waiter: no hello will come now
 
     def hand(self, attempt: str, service_end: socket.socket) -> int:

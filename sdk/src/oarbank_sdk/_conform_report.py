@@ -1,4 +1,7 @@
-"""The conformance kit's report: one line per check, a summary, or JSON."""
+"""The conformance kit's report: one line per check, a summary, or JSON.
+
+``note`` adds lines that are not checks (a failing service's log tail, where a kept data
+folder is): printed indented under the checks in text mode, listed under ``notes`` in JSON."""
 
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ class Report:
     module_id: str = "?"
     version: str = "?"
     checks: list[Check] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
     wall_s: float = 0.0
 
     def add(self, status: str, name: str, detail: str = "") -> Check:
@@ -37,6 +41,12 @@ class Report:
             print(check.line(), file=self.stream, flush=True)
         return check
 
+    def note(self, lines: list[str]) -> None:
+        self.notes.extend(lines)
+        if self.stream is not None:
+            for line in lines:
+                print(f"     | {line}", file=self.stream, flush=True)
+
     def count(self, status: str) -> int:
         return sum(1 for c in self.checks if c.status == status)
 
@@ -45,7 +55,9 @@ class Report:
         return self.count(FAIL)
 
     def summary(self) -> str:
-        return (f"{self.module_id} {self.version}: {self.count(OK)} passed, {self.failed} failed, "
+        # Before the manifest is read there is no id: the folder names the module.
+        who = self.module_dir if self.module_id == "?" else f"{self.module_id} {self.version}"
+        return (f"{who}: {self.count(OK)} passed, {self.failed} failed, "
                 f"{self.count(SKIP)} skipped")
 
     def to_json(self) -> str:
@@ -59,4 +71,5 @@ class Report:
             "warnings": self.count(WARN),
             "wall_s": round(self.wall_s, 3),
             "checks": [asdict(c) for c in self.checks],
+            "notes": self.notes,
         }, indent=2)

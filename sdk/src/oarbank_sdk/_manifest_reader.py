@@ -8,6 +8,7 @@ default, so checking goes on and every problem in the file is reported at once.
 from __future__ import annotations
 
 import datetime
+import difflib
 import math
 import re
 from collections.abc import Iterable
@@ -86,7 +87,9 @@ class Reader:
         allowed = list(allowed)
         for key in table:
             if key not in allowed:
-                self.add(join(path, key), f"unknown key; {what} takes: {', '.join(allowed)}")
+                close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.75)
+                hint = f"did you mean {close[0]!r}? " if close else ""
+                self.add(join(path, key), f"unknown key; {hint}{what} takes: {', '.join(allowed)}")
 
     def get(
         self,

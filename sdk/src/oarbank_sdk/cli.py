@@ -67,7 +67,7 @@ def _cmd_conform(args: argparse.Namespace) -> int:
         print("oarbank-sdk conform: the conformance kit is not in this installation",
               file=sys.stderr)
         return 2
-    return int(run(args.module_dir, json_output=args.json))
+    return int(run(args.module_dir, json_output=args.json, keep=args.keep))
 
 
 def _add_conform(sub: argparse._SubParsersAction) -> None:
@@ -79,6 +79,9 @@ def _add_conform(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("module_dir", metavar="MODULE_DIR", help="the module folder")
     p.add_argument("--json", action="store_true", help="print a machine-readable report")
+    p.add_argument("--keep", action="store_true",
+                   help="keep the node folder (the module's data folder, every op's output, "
+                   "each attempt) and print where it is")
     p.set_defaults(func=_cmd_conform)
 
 

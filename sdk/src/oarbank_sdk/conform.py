@@ -40,7 +40,10 @@ from typing import Any, TextIO
 
 from oarbank_sdk import _conform_attempts as attempts_watch
 from oarbank_sdk import _conform_host as host
+from oarbank_sdk import _conform_expect as expect
 from oarbank_sdk import _conform_inputs as inputs
+from oarbank_sdk import _conform_start as starting
+from oarbank_sdk import advice
 from oarbank_sdk import manifest as _manifest
 from oarbank_sdk import pages as _pages
 from oarbank_sdk._conform_report import FAIL, OK, SKIP, WARN, Report
@@ -58,15 +61,16 @@ Wrap = Callable[..., list[str]]  # wrap(argv, read=..., write=..., signals=...) 
 
 
 def run(module_dir: str | Path, json_output: bool = False, *, sandbox: bool | None = None,
-        stream: TextIO | None = None) -> int:
+        stream: TextIO | None = None, keep: bool = False) -> int:
     """Run the kit on ``module_dir``; print a line per check and the summary (or the JSON
     report). ``sandbox``: None = use it where available, False = never (tests), True = fail
-    when it is unavailable. Returns 1 if any check failed, else 0."""
+    when it is unavailable. ``keep``: leave the node folder (data, logs, attempts) in place
+    and name it. Returns 1 if any check failed, else 0."""
     out = stream if stream is not None else sys.stdout
     report = Report(str(module_dir), stream=None if json_output else out)
     t0 = time.monotonic()
     try:
-        _conform(Path(module_dir), report, sandbox)
+        _conform(Path(module_dir), report, sandbox, keep)
     except Exception as exc:  # a bug here must still end in a report, never a traceback only
         report.add(FAIL, "conform", f"internal error: {type(exc).__name__}: {exc}")
     report.wall_s = time.monotonic() - t0
@@ -147,7 +151,12 @@ class ServiceUnderTest:
         finally:
             self.attempts.spawned(w)
 
+    def _ready_true(self, timeout_s: float) -> bool:
+        r = self._op("ready", timeout_s)
+        return r.rc == 0 and r.doc is not None and r.doc.get("ready") is True
+
     def start(self) -> None:
+        starting.check_fingerprint(self, self.svc.pools)
         t0 = time.monotonic()
         limit = self.svc.start_timeout_s
         deadline = t0 + limit
@@ -167,15 +176,14 @@ class ServiceUnderTest:
         else:
             self.report.add(OK, f"{self.label}: start", f"exit 0 in {r.elapsed_s:.2f} s")
         if r.rc != 0 or r.timed_out:
+            starting.show_logs(self, self.node.data)
             self.report.add(SKIP, f"{self.label}: hello", "start failed")
             self.report.add(SKIP, f"{self.label}: ready", "start failed")
             self.check_listening("after start", failed_start=True)
             return
 
-        pid = ch.wait_hello(deadline - time.monotonic())
+        pid = starting.await_hello(self, ch, self.node.data, deadline, limit, self._ready_true)
         if pid is None:
-            why = ch.closed_reason or f"no hello within start_timeout_s ({limit:g} s)"
-            self.report.add(FAIL, f"{self.label}: hello", why)
             self.report.add(SKIP, f"{self.label}: ready", "no hello")
             self.check_listening("after start", failed_start=True)
             return
@@ -202,6 +210,8 @@ class ServiceUnderTest:
         else:
             self.report.add(FAIL, f"{self.label}: ready", f"not true within start_timeout_s "
                             f"({limit:g} s); last answer: {json.dumps(last)[:200]}")
+        if not self.ready:
+            starting.show_logs(self, self.node.data)
         self.check_listening("after ready" if self.ready else "after start",
                              failed_start=not self.ready)
 
@@ -294,6 +304,7 @@ class ServiceUnderTest:
                             f"did not exit within stop_timeout_s ({self.svc.stop_timeout_s:g} s)")
         elif r.rc != 0:
             self.report.add(FAIL, f"{self.label}: stop", f"exit {r.rc}: {r.tail()}")
+            starting.show_logs(self, self.node.data)
         else:
             self.report.add(OK, f"{self.label}: stop", f"exit 0 in {r.elapsed_s:.2f} s")
         if self.channel is not None:
@@ -412,10 +423,12 @@ def _run_goldens(m: _manifest.Manifest, node: host.NodeDirs, sut: dict[str, Serv
                    else a.stderr.strip().replace("\n", " | ")[-300:])
             report.add(FAIL, name, f"runner exit {a.rc}: {why}")
             continue
-        result = a.result
-        if result is None or result.get("envelope") != 1 or not isinstance(result.get("payload"), dict):
-            report.add(FAIL, name, 'result.json missing or not {"envelope": 1, "payload": {...}}')
+        raw, err = _load_json(a.workdir / "result.json")
+        problem = err or advice.envelope_problem(raw)
+        if problem:
+            report.add(FAIL, name, problem)
             continue
+        result = raw
         diffs = []
         for key, want in g["expected"]["payload"].items():
             if key not in result["payload"]:
@@ -460,8 +473,8 @@ def _spec_problem(spec: Any) -> str | None:
     if "method" in spec and not (isinstance(spec["method"], str) and spec["method"].isalpha()):
         return "'method' must be an HTTP method like \"POST\""
     expect = spec.get("expect", {})
-    if not isinstance(expect, dict) or set(expect) - {"status"}:
-        return "'expect' must be an object with only 'status'"
+    if not isinstance(expect, dict) or set(expect) - {"status", "body"}:
+        return "'expect' must be an object with 'status' and/or 'body'"
     status = expect.get("status", 200)
     if not isinstance(status, int) or isinstance(status, bool) or not 100 <= status <= 599:
         return "'expect.status' must be an HTTP status (100-599)"
@@ -527,8 +540,14 @@ def _run_specs(m: _manifest.Manifest, sut: dict[str, ServiceUnderTest], report: 
             report.add(FAIL, name, f"{method} {spec['path']}: no answer ({type(exc).__name__}: {exc})")
             continue
         text = body[:200].decode("utf-8", "replace")
-        if status == want:
-            report.add(OK, name, f"{method} {spec['path']} -> {status}")
+        want_body = spec.get("expect", {}).get("body")
+        wrong_body = (expect.body_problem(want_body, body)
+                      if status == want and "body" in spec.get("expect", {}) else None)
+        if wrong_body:
+            report.add(FAIL, name, f"{method} {spec['path']} -> {status}, but {wrong_body}")
+        elif status == want:
+            report.add(OK, name, f"{method} {spec['path']} -> {status}"
+                       + (" with the expected body" if want_body is not None else ""))
         else:
             report.add(FAIL, name, f"{method} {spec['path']}: expected status {want}, got "
                        f"{status}: {text}")
@@ -537,10 +556,11 @@ def _run_specs(m: _manifest.Manifest, sut: dict[str, ServiceUnderTest], report: 
 # --- the whole run -----------------------------------------------------------------------------
 
 
-def _conform(module_dir: Path, report: Report, sandbox: bool | None) -> None:
+def _conform(module_dir: Path, report: Report, sandbox: bool | None, keep: bool) -> None:
     m, problems = _manifest.check(module_dir)
     if m is None or problems:
-        report.add(FAIL, "manifest", "; ".join(f"{p.key}: {p.message}" for p in problems))
+        toml = module_dir / "oarbank-module.toml" if module_dir.is_dir() else module_dir
+        report.add(FAIL, "manifest", "; ".join(f"{toml}: {p.key}: {p.message}" for p in problems))
         return
     report.module_id, report.version = m.id, m.version
     # The same page checks as `oarbank-sdk check`: the kit must never pass what check rejects.
@@ -596,4 +616,8 @@ def _conform(module_dir: Path, report: Report, sandbox: bool | None) -> None:
             sock.close()
         for s in services.values():
             s.cleanup()
-        node.cleanup()
+        if keep:
+            report.note([f"kept the node folder: {node.root} (the module's data folder: "
+                         f"{node.data}; each op's output: {node.root / 'ops'})"])
+        else:
+            node.cleanup()

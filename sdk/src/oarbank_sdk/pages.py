@@ -23,6 +23,7 @@ from typing import Any
 from ._manifest_model import Manifest, Problem
 from ._manifest_reader import MISSING, Reader, describe, join
 from ._page_forms import kv_item, link_target
+from ._page_refs import reference_problems
 
 __all__ = [
     "COLUMN_TYPES",
@@ -107,7 +108,8 @@ def check_page_data(doc: Any, kind: str = "page", name: str = "<page>") -> list[
 
 
 def check_module_pages(manifest: Manifest) -> list[Problem]:
-    """Every file under the manifest's ``[ui]``: it exists in the bundle and is a valid page."""
+    """Every file under the manifest's ``[ui]``: it exists in the bundle, is a valid page, and
+    names only queries a portal answers and services the module has (``_page_refs``)."""
     problems: list[Problem] = []
     for kind, entries in (("page", manifest.pages), ("panel", manifest.panels)):
         for i, entry in enumerate(entries):
@@ -117,6 +119,7 @@ def check_module_pages(manifest: Manifest) -> list[Problem]:
                                         f"{entry.file} does not exist in the bundle"))
                 continue
             problems.extend(check_page(file, kind, name=entry.file))
+            problems.extend(reference_problems(manifest, file, entry.file))
     return problems
 
 

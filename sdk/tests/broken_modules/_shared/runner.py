@@ -20,7 +20,10 @@ def main(argv: list[str]) -> int:
              for p in payload["prompts"]]
     tmp = args["--out"] + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump({"envelope": 1, "payload": {"texts": texts}}, f)
+        result = {"envelope": 1, "payload": {"texts": texts}}
+        if os.environ.get("BROKEN_RESULT") == "no_envelope":  # set by the manifest's [runner].env
+            del result["envelope"]
+        json.dump(result, f)
     os.replace(tmp, args["--out"])
     return 0
 

@@ -4,7 +4,10 @@
     python -I service.py MODE serve       (the daemon `start` leaves running)
 
 MODE: ok, listen_tcp, listen_unix, no_hello, never_ready, answer_500, quiet_listen (tries
-socket/bind/listen/connect, swallows every refusal, logs nothing and serves perfectly).
+socket/bind/listen/connect, swallows every refusal, logs nothing and serves perfectly),
+fp_pools (fingerprint answers a pool the manifest does not provide), fp_protocol (fingerprint
+lists service protocol 2 only), ready_no_hello (ready says true, no hello ever), no_inherit
+(`start` does not pass the channel on: the daemon's Acceptor() fails and it exits).
 HTTP: POST /echo {"prompt": s} -> 200 {"text": s.upper()} (500 for everything in answer_500).
 """
 
@@ -23,7 +26,7 @@ from pathlib import Path
 from oarbank_sdk import service_endpoint as ep
 
 MODES = ("ok", "listen_tcp", "listen_unix", "no_hello", "never_ready", "answer_500",
-         "quiet_listen")
+         "quiet_listen", "fp_pools", "fp_protocol", "ready_no_hello", "no_inherit")
 DATA = Path(os.environ.get("OARBANK_MODULE_DATA", "."))
 PID, READY, LOG = DATA / "service.pid", DATA / "service.ready", DATA / "service.log"
 
@@ -60,7 +63,9 @@ class Handler(BaseHTTPRequestHandler):
 
 def serve(mode: str) -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    if mode == "no_hello":
+    if mode in ("no_hello", "ready_no_hello"):
+        if mode == "ready_no_hello":
+            READY.write_text("1")  # `ready` says true although no hello came
         while True:  # holds the channel, never says hello
             time.sleep(1)
     acc = ep.Acceptor()
@@ -104,9 +109,10 @@ def main(mode: str, op: str) -> int:
     if op == "start":
         if not alive(PID):
             with open(LOG, "ab") as log:
+                passed = {} if mode == "no_inherit" else ep.inherit_channel()
                 proc = subprocess.Popen([sys.executable, "-I", __file__, mode, "serve"],
                                         stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                        **ep.inherit_channel())
+                                        **passed)
             PID.write_text(str(proc.pid))
         result: dict = {"ok": True}
     elif op == "stop":
@@ -116,8 +122,9 @@ def main(mode: str, op: str) -> int:
     elif op in ("status", "ready"):
         result = {"running": alive(PID), "ready": alive(PID) and READY.exists()}
     elif op == "fingerprint":
-        result = {"service_protocol": {"supported": [1]}, "health": "healthy",
-                  "pools": {"echo": 2}, "reserve": {"mem_gb": 0.1}, "running": alive(PID)}
+        result = {"service_protocol": {"supported": [2 if mode == "fp_protocol" else 1]},
+                  "health": "healthy", "pools": {"model" if mode == "fp_pools" else "echo": 2},
+                  "reserve": {"mem_gb": 0.1}, "running": alive(PID)}
     else:
         result = {"objects": []} if op == "list_owned" else {"ok": True}
     print(json.dumps(result))
