@@ -45,7 +45,7 @@ class Service:
     def start(self) -> host.OpResult:
         env = host.op_env(self.node, "model")
         env["OARBANK_ENDPOINT_CHANNEL"] = self.channel.env_value
-        r = host.run_op(SERVICE_ARGV, "start", env, BUNDLE, 10, pass_fds=(self.channel.child_fd,))
+        r = host.run_op(SERVICE_ARGV, "start", env, BUNDLE, 10, inherit=(self.channel.child_fd,))
         self.channel.close_child_end()
         self.pgid = r.pid
         return r

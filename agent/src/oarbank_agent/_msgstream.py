@@ -24,7 +24,7 @@ import socket
 from collections import deque
 from collections.abc import Callable
 
-from oarbank_sdk import _transport, _wire
+from oarbank_sdk.protocol import current_transport, wire
 
 __all__ = ["MessageStream"]
 
@@ -52,13 +52,13 @@ class MessageStream:
         self._loop = loop
         self._sock = sock
         self._fd = sock.fileno()
-        self._transport = _transport.current()
+        self._transport = current_transport()
         self.name = name
         self._on_line = on_line
         self._on_overlong = on_overlong
         self._on_broken = on_broken
         self.max_out = max_out
-        self._splitter = _wire.LineSplitter()
+        self._splitter = wire.LineSplitter()
         self._lines: deque[bytes] = deque()
         self._out: deque[tuple[bytes, socket.socket | None]] = deque()
         self.out_bytes = 0
@@ -152,7 +152,7 @@ class MessageStream:
             return
         try:
             lines = self._splitter.feed(data)
-        except _wire.WireError as exc:
+        except wire.WireError as exc:
             self._on_overlong(exc.detail)
             return
         self._lines.extend(lines)

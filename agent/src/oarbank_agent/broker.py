@@ -41,14 +41,17 @@ import logging
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from oarbank_sdk import _wire as wire
+from oarbank_sdk.protocol import current_transport, wire
 
-from .channel import Channel, Channels, pair, refusal
+from .channel import Channel, Channels, refusal
 from .connector import Connector
 
 __all__ = ["ServiceGate", "Channel", "Broker"]
 
 log = logging.getLogger("oarbank_agent.broker")
+
+# Pairs for the hand-over (one per connect: made once, not looked up on the hot path).
+_TRANSPORT = current_transport()
 
 # Connection numbers are unique per agent process, across brokers and services.
 _CONN_NUMBERS = itertools.count(1)
@@ -219,7 +222,7 @@ class Broker:
             ))
             return
         number = next(_CONN_NUMBERS)
-        service_end, job_end = pair()
+        service_end, job_end = _TRANSPORT.pair()
         attempt = self._attempts.get(conn.attempt_id)
         if attempt is not None:
             reached = attempt.reached.setdefault(conn.service_key, [])

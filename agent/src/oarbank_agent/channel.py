@@ -21,23 +21,19 @@ import asyncio
 import logging
 import socket
 
-from oarbank_sdk import _wire as wire
+from oarbank_sdk.protocol import current_transport, wire
+
+from oarbank_sdk import advice
 
 from ._msgstream import MessageStream
 
-__all__ = ["Channel", "Channels", "pair", "refusal", "CHANNEL_MAX_OUT"]
+__all__ = ["Channel", "Channels", "refusal", "CHANNEL_MAX_OUT"]
 
 # The broker's log: channels, connectors and hand-overs read as one story.
 log = logging.getLogger("oarbank_agent.broker")
 
 # Bytes the agent keeps for a service that does not read before it gives up on it.
 CHANNEL_MAX_OUT = 1024 * 1024
-
-
-def pair() -> tuple[socket.socket, socket.socket]:
-    # Python creates both ends close-on-exec and blocking; ends handed to peers stay blocking
-    # (O_NONBLOCK is shared with every holder of the descriptor).
-    return socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
 
 
 def refusal(code: str, detail: str) -> bytes:
@@ -54,8 +50,9 @@ class Channel:
 
     def __init__(self, loop: asyncio.AbstractEventLoop, service_key: str) -> None:
         self.service_key = service_key
-        agent_end, child = pair()
-        child.set_inheritable(True)
+        # The child end goes to the service's `start` op (supervisor: transport.format and
+        # the op's inherited handles); ours stays here.
+        agent_end, child = current_transport().pair(child=True)
         self._child: socket.socket | None = child
         self.child_fd: int = child.fileno()
         self.hello: asyncio.Future[int] = loop.create_future()
@@ -125,7 +122,8 @@ class Channel:
 
     def _on_broken(self, reason: str) -> None:
         if reason.startswith("peer closed its end"):
-            reason = "the service closed its endpoint channel" + reason[len("peer closed its end") :]
+            how = reason[len("peer closed its end") :].strip()
+            reason = advice.channel_closed(how or "end of file")  # conform's words
         elif reason.startswith("peer is not reading"):
             reason = "the service is not reading its endpoint channel" + reason[len("peer is not reading") :]
         self._fail(reason)

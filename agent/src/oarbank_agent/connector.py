@@ -32,10 +32,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from oarbank_sdk import _wire as wire
+from oarbank_sdk.protocol import current_transport, wire
 
 from ._msgstream import MessageStream
-from .channel import pair, refusal
+from .channel import refusal
 from .ratelimit import TokenBucket
 
 __all__ = ["Connector", "Switchboard", "Verdict", "decide", "CONNECTOR_MAX_OUT",
@@ -119,8 +119,8 @@ class Connector:
         self.wire = wire_id
         self.service_key = service_key
         self.name = f"connector attempt={attempt_id} (wire {wire_id}) service={service_key}"
-        agent_end, child = pair()
-        child.set_inheritable(True)
+        # The child end goes to the attempt's runner (runner.py); ours stays here.
+        agent_end, child = current_transport().pair(child=True)
         self.child: socket.socket | None = child
         self.child_fd = child.fileno()
         self.bucket = TokenBucket(rate_burst, rate_per_s, loop.time())

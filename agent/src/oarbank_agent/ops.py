@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from oarbank_sdk._opdoc import last_json_object
+from oarbank_sdk.protocol import last_json_object
 
 from . import logtail, procs, sandboxing
 from .modules import ModuleCtx, NodeInfo
@@ -51,10 +51,12 @@ class OpResult:
 
 async def run_op(ctx: ModuleCtx, node: NodeInfo, service: str, op: str, *,
                  timeout_s: float, registry: procs.ProcessRegistry,
-                 extra_env: dict[str, str] | None = None, pass_fds: tuple[int, ...] = (),
+                 extra_env: dict[str, str] | None = None, inherit: tuple[int, ...] = (),
                  after_spawn: Callable[[], None] | None = None,
                  keep_group: bool = False, args: tuple[str, ...] = ()) -> OpResult:
     """Run one op and return what it said. Never raises for the op's own failures.
+
+    ``inherit``: handles the op's process gets (the ``start`` op: its channel's child end).
 
     ``after_spawn`` runs right after the fork attempt (also when it failed), so the caller can
     close descriptors meant only for the child. With ``keep_group`` (the ``start`` op) the
@@ -77,7 +79,7 @@ async def run_op(ctx: ModuleCtx, node: NodeInfo, service: str, op: str, *,
         err_start = err.tell()  # where this op's stderr begins (a launcher refusal lands there)
         try:
             proc = await procs.spawn(argv, env=env, cwd=ctx.manifest.bundle, stdout=out,
-                                     stderr=err, pass_fds=pass_fds, registry=registry,
+                                     stderr=err, inherit=inherit, registry=registry,
                                      kind="service" if keep_group else "op", label=label,
                                      walls=sandboxing.service_walls(ctx, node),
                                      refusal_key=f"{ctx.id}/{service}")

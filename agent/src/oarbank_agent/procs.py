@@ -24,6 +24,8 @@ from typing import Any
 
 import psutil
 
+from oarbank_sdk.protocol import current_transport
+
 from . import containment, refusals, sandboxing
 
 __all__ = ["GroupRecord", "ProcessRegistry", "spawn", "group_alive", "end_group",
@@ -103,13 +105,14 @@ class ProcessRegistry:
 
 
 async def spawn(argv: list[str], *, env: dict[str, str], cwd: str | os.PathLike[str],
-                stdout: Any, stderr: Any, pass_fds: tuple[int, ...] = (),
+                stdout: Any, stderr: Any, inherit: tuple[int, ...] = (),
                 registry: ProcessRegistry | None = None, kind: str = "op",
                 label: str = "", walls: sandboxing.Walls | None = None,
                 refusal_key: str | None = None) -> asyncio.subprocess.Process:
     """Start ``argv`` in a new session with exactly ``env``; record its group.
 
-    Only the descriptors in ``pass_fds`` (plus stdin/stdout/stderr) reach the child.
+    Only the handles in ``inherit`` (plus stdin/stdout/stderr) reach the child, passed the
+    transport's way (``oarbank_sdk.protocol``: ``inheritable_kwargs``).
     With cgroup containment the child enters a cgroup of its own before its own code runs
     (``containment``). Raises ``OSError`` if it cannot be started. ``refusal_key``: count
     the network attempts of the child and all it starts under that key (``refusals``).
@@ -119,14 +122,14 @@ async def spawn(argv: list[str], *, env: dict[str, str], cwd: str | os.PathLike[
     watch = (refusals.current().watch(refusal_key)
              if refusal_key and sandboxing.current().enforce else None)
     if watch is not None and watch.child_fd is not None:
-        pass_fds = (*pass_fds, watch.child_fd)
+        inherit = (*inherit, watch.child_fd)
     inner = launch_argv(argv, walls, watch.child_fd if watch is not None else None)
     full = inner if cg is None else box.wrap(inner, cg)
     try:
         proc = await asyncio.create_subprocess_exec(
             *full, env=env, cwd=str(cwd), stdin=asyncio.subprocess.DEVNULL,
-            stdout=stdout, stderr=stderr, pass_fds=pass_fds, close_fds=True,
-            start_new_session=True,
+            stdout=stdout, stderr=stderr, start_new_session=True,
+            **current_transport().inheritable_kwargs(*inherit),
         )
     except BaseException:
         if watch is not None:

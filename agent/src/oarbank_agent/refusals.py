@@ -22,10 +22,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import socket
 import sys
 from dataclasses import dataclass
 from typing import Any
+
+from oarbank_sdk.protocol import current_transport
 
 __all__ = ["Refusals", "Watch", "install", "current"]
 
@@ -90,7 +91,7 @@ class Refusals:
 
 
 class Watch:
-    """One launch's watch on the running loop: ``child_fd`` to the launcher (``pass_fds`` and
+    """One launch's watch on the running loop: ``child_fd`` to the launcher (inherited, and
     ``--notify-fd``), ``spawned()`` once the launcher runs (or failed to start). It closes
     itself when no process uses the filter any more."""
 
@@ -99,7 +100,7 @@ class Watch:
 
         self._owner, self.key = owner, key
         self._loop = asyncio.get_running_loop()
-        self._sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock, theirs = current_transport().pair()
         self._sock.setblocking(False)
         self.child_fd: int | None = theirs.detach()
         self._session = _notify.Session(self._sock, lambda a: owner.record(key, a))

@@ -18,7 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from oarbank_sdk import advice
 from oarbank_sdk import manifest as mf
+from oarbank_sdk.protocol import current_transport
 
 from . import escapewatch, logtail, procs, sandboxing
 from .modules import ModuleCtx, NodeInfo
@@ -53,17 +55,6 @@ def _read_json(path: Path) -> tuple[Any, str | None]:
         return None, f"{path.name} is unreadable ({exc})"
 
 
-def _envelope_problem(result: Any) -> str | None:
-    """What makes ``result`` not a contract result (``{"envelope": 1, "payload": {...}}``)."""
-    if not isinstance(result, dict):
-        return "not a JSON object"
-    if result.get("envelope") != 1:
-        return f"'envelope' must be 1, got {json.dumps(result.get('envelope'))}"
-    if not isinstance(result.get("payload"), dict):
-        return "'payload' must be a JSON object"
-    return None
-
-
 def _with_log(reason: str, workdir: Path) -> str:
     """``reason: <last meaningful line of runner.log>`` (bounded read, at most 300 chars)."""
     return logtail.with_summary(reason, logtail.read_tail(workdir / "runner.log"))
@@ -77,7 +68,7 @@ def classify(rc: int, timed_out: bool, workdir: Path, timeout_s: float) -> Outco
                        fault="job")
     if rc == 0:
         result, err = _read_json(workdir / "result.json")
-        err = err or _envelope_problem(result)
+        err = err or advice.envelope_problem(result)  # conform's words
         if err is None:
             return Outcome("succeeded", 0, None, result)
         return Outcome("failed", 0, f"exit 0 without a valid result.json: {err}")
@@ -147,17 +138,18 @@ async def run_attempt(ctx: ModuleCtx, node: NodeInfo, stage: mf.Stage, *, job_id
         "run", "--spec", str(workdir / "spec.json"), "--workdir", str(workdir),
         "--out", str(workdir / "result.json")]
     env = runner_env(ctx, node, stage, attempt_id, workdir)
-    pass_fds: list[int] = []
+    inherit: list[int] = []
+    transport = current_transport()
     proc = None
     try:
         for svc in endpoint_services(ctx, stage):
             fd = broker.open_connector(attempt_id, service_key(ctx.id, svc.name))
-            env[svc.env_name] = f"fd:{fd}"
-            pass_fds.append(fd)
+            env[svc.env_name] = transport.format(fd)  # the connector's child end
+            inherit.append(fd)
         with open(workdir / "runner.log", "ab") as log:
             try:
                 proc = await procs.spawn(argv, env=env, cwd=workdir, stdout=log, stderr=log,
-                                         pass_fds=tuple(pass_fds), registry=registry,
+                                         inherit=tuple(inherit), registry=registry,
                                          kind="runner", label=attempt_id,
                                          walls=sandboxing.runner_walls(ctx, workdir),
                                          refusal_key=attempt_id)

@@ -26,13 +26,16 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from oarbank_sdk import advice
 from oarbank_sdk import manifest as mf
+from oarbank_sdk.protocol import current_transport
 
 from . import escapewatch
 from . import fingerprint as fingerprints
-from . import groupwatch, ops, procs, refusals, statuswatch
+from . import groupwatch, logtail, ops, procs, refusals, statuswatch
 from . import lifecycle as lc
 from .modules import ModuleCtx, NodeInfo
 
@@ -50,6 +53,16 @@ READY_POLL_FIRST_S = 0.05
 # Each poll is a process start (~50-150 ms of CPU), so polling faster buys little; a
 # cap of 1 s made a service that had just loaded wait up to 1 s for its first job.
 READY_POLL_MAX_S = 0.1
+# A channel closed before the hello: how long the daemon may take to end (and to write why)
+# before the start's group is ended, so its last log line can be quoted.
+EXIT_WAIT_S = 2.0
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def service_key(module_id: str, service: str) -> str:
@@ -83,6 +96,7 @@ class ServiceRuntime:
     # tearing down a failed start); ``cancelled_for`` is the hold that did it (its stop reason).
     cancellable: bool = False
     cancelled_for: str | None = None
+    start_began: float | None = None  # monotonic time of the last START (jobs show the wait)
 
     def busy(self) -> bool:
         return self.task is not None and not self.task.done()
@@ -369,32 +383,36 @@ class Supervisor:
         # STOPPED|BACKOFF -> STARTING
         self._transition(rt, lc.Event.START)
         rt.cancellable, rt.cancelled_for = True, None
+        rt.start_began = time.monotonic()
+        log_from = _size(rt.ctx.log_dir / f"{rt.svc.name}.log")  # the daemon's part starts here
         loop = asyncio.get_running_loop()
         deadline = loop.time() + rt.svc.start_timeout_s
         ch = None
         try:
             env: dict[str, str] = {}
-            pass_fds: tuple[int, ...] = ()
+            inherit: tuple[int, ...] = ()
             if rt.svc.endpoint:
                 ch = self.channels.open(rt.key)
                 rt.channel = ch
-                env["OARBANK_ENDPOINT_CHANNEL"] = f"fd:{ch.child_fd}"
-                pass_fds = (ch.child_fd,)
+                # The child end, named the transport's way (fd:<n> here), inherited by `start`.
+                env["OARBANK_ENDPOINT_CHANNEL"] = current_transport().format(ch.child_fd)
+                inherit = (ch.child_fd,)
             res = await ops.run_op(rt.ctx, self.node, rt.svc.name, "start",
                                    timeout_s=max(0.1, deadline - loop.time()),
-                                   registry=self.registry, extra_env=env, pass_fds=pass_fds,
+                                   registry=self.registry, extra_env=env, inherit=inherit,
                                    after_spawn=ch.close_child_end if ch else None,
                                    keep_group=True)
             rt.pgid = res.pgid
             if not res.ok:
                 raise StartFailed("start failed" if self.bare_start_errors
                                   else res.error or "start failed")
-            await asyncio.wait_for(self._until_ready(rt, ch), max(0.0, deadline - loop.time()))
+            await asyncio.wait_for(self._until_ready(rt, ch, log_from),
+                                   max(0.0, deadline - loop.time()))
         except (StartFailed, asyncio.TimeoutError) as exc:
             rt.cancellable = False  # a hold arriving now finds it failed, not starting
             error = str(exc) if isinstance(exc, StartFailed) else (
-                f"not ready within start_timeout_s={rt.svc.start_timeout_s:g}"
-                f" ({'no hello' if ch and not ch.hello.done() else 'ready never true'})")
+                advice.no_hello(rt.svc.start_timeout_s) if ch and not ch.hello.done() else
+                f"not ready within start_timeout_s={rt.svc.start_timeout_s:g} (ready never true)")
             await self._teardown(rt, run_stop=False)
             # STARTING -> BACKOFF | WITHDRAWN
             self._transition(rt, lc.Event.FAILED, error=error)
@@ -423,17 +441,20 @@ class Supervisor:
         rt.watch = asyncio.create_task(self._watch(rt, ch), name=f"watch {rt.key}")
         self._after_effect(rt)
 
-    async def _until_ready(self, rt: ServiceRuntime, ch: Channel | None) -> None:
+    async def _until_ready(self, rt: ServiceRuntime, ch: Channel | None,
+                           log_from: int = 0) -> None:
         """Wait for the hello, then poll `ready` (at once, then 50 ms doubling to 0.1 s)."""
         if ch is not None:
             # `ready` may not answer true before the hello (contract), so polling earlier only
             # burns process starts while the service is still coming up.
             either: list[asyncio.Future[Any]] = [ch.hello, ch.closed]
             await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+            if not ch.hello.done():
+                raise StartFailed(await self._closed_before_hello(rt, ch, log_from))
         delay = READY_POLL_FIRST_S
         while True:
             if ch is not None and ch.closed.done():
-                raise StartFailed(f"the service closed its channel: {ch.closed.result()}")
+                raise StartFailed(ch.closed.result())
             res = await ops.run_op(rt.ctx, self.node, rt.svc.name, "ready",
                                    timeout_s=ops.OP_TIMEOUTS["ready"], registry=self.registry)
             if res.ok and res.doc is not None and res.doc.get("ready") is True:
@@ -447,8 +468,23 @@ class Supervisor:
             waits: set[asyncio.Future[Any]] = {ch.hello, ch.closed}
             await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
             if ch.closed.done() or not ch.is_open:
-                reason = ch.closed.result() if ch.closed.done() else "closed"
-                raise StartFailed(f"the service closed its channel: {reason}")
+                raise StartFailed(ch.closed.result() if ch.closed.done()
+                                  else advice.channel_closed("closed"))
+
+    async def _closed_before_hello(self, rt: ServiceRuntime, ch: Channel, log_from: int) -> str:
+        """Why the channel closed before the hello, in conform's words: whether the daemon is
+        gone (a moment given to it) and the last line it wrote to the service log."""
+        reason = ch.closed.result()
+        if not reason.startswith(advice.CHANNEL_CLOSED):
+            return reason  # a protocol violation says what it is
+        left = groupwatch.members(rt.pgid) if rt.pgid is not None else []
+        waited = 0.0
+        while left and waited < EXIT_WAIT_S:
+            await asyncio.sleep(0.05)
+            waited += 0.05
+            left = groupwatch.members(rt.pgid) if rt.pgid is not None else []
+        text = logtail.read_tail(rt.ctx.log_dir / f"{rt.svc.name}.log", log_from)
+        return advice.closed_before_hello(reason, bool(left), logtail.summary(text))
 
     async def _watch(self, rt: ServiceRuntime, ch: Channel | None) -> None:
         """A ready service failing on its own: an endpoint service closing its channel, or
@@ -485,7 +521,7 @@ class Supervisor:
         if escaped is not None:
             error = escaped
         elif ch is not None and ch.closed.done():
-            error = f"the service closed its channel: {ch.closed.result()}"
+            error = ch.closed.result()  # "the service closed its channel (...)" or a violation
         elif status is not None:
             error = status.result()
         else:

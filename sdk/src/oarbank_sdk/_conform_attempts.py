@@ -45,7 +45,7 @@ class Attempts:
     def launch(self, argv: list[str], **walls: Any) -> tuple[list[str], Any]:
         """``argv`` inside the sandbox (``walls``: ``sandbox.wrap``'s read/write/signals) with
         a new watch: ``(argv, watch)``; the caller passes ``watch.child_fd`` to the child
-        (``pass_fds``) and calls ``spawned(watch)`` after."""
+        (inherited) and calls ``spawned(watch)`` after."""
         from oarbank_sdk import sandbox
 
         w = self._notify.Watch(name="conform-attempts")

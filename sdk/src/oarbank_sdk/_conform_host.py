@@ -148,14 +148,15 @@ def run_op(
     env: dict[str, str],
     cwd: str | Path,
     timeout_s: float,
-    pass_fds: tuple[int, ...] = (),
+    inherit: tuple[int, ...] = (),
     kill_group_on_timeout: bool = True,
     output_prefix: Path | None = None,
 ) -> OpResult:
     """Run ``argv + [op]`` in a new process group; wait for the op itself (not for what it
     leaves running). stdout/stderr go to files, not pipes: a daemon that inherits them must
     not keep us waiting for an end of file. With ``output_prefix`` the files are kept as
-    ``<prefix>.out`` / ``<prefix>.err`` (what a daemon writes there later can be read too)."""
+    ``<prefix>.out`` / ``<prefix>.err`` (what a daemon writes there later can be read too).
+    ``inherit``: the handles the op gets (passed the transport's way)."""
     with _output_file(output_prefix, ".out") as out, _output_file(output_prefix, ".err") as err:
         t0 = time.monotonic()
         proc = subprocess.Popen(
@@ -165,9 +166,8 @@ def run_op(
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=err,
-            pass_fds=pass_fds,
-            close_fds=True,
             start_new_session=True,  # its own process group (and session), like the agent
+            **_transport.current().inheritable_kwargs(*inherit),
         )
         try:
             rc: int | None = proc.wait(timeout=timeout_s)
@@ -281,7 +281,7 @@ class _AgentEnd(_Reader):
     ``close`` closes them with the socket."""
 
     def __init__(self, name: str) -> None:
-        agent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        agent_end, child_end = _transport.current().pair()
         super().__init__(agent_end, name)
         self.child_fd: int | None = child_end.detach()
         self._lock = threading.Lock()
@@ -323,7 +323,6 @@ class Channel(_AgentEnd):
         self._hello = threading.Event()
         self.hello_pid: int | None = None
         self.closed_reason: str | None = None  # set when the SERVICE closed or broke it
-        self.closed_why: str | None = None  # how: "end of file", a read error
         self.problems: list[str] = []  # protocol violations by the service
         self.handed = 0
         self.start()
@@ -364,7 +363,6 @@ class Channel(_AgentEnd):
     def on_eof(self, why: str) -> None:
         if not self._closing:
             # state: the service closed its channel (a service failure per the contract)
-            self.closed_why = why
             self.closed_reason = advice.channel_closed(why)
         self._hello.set()  # wake a waiter: no hello will come now
 
@@ -444,7 +442,7 @@ class Connector(_AgentEnd):
             why = self.channel.closed_reason or "the service has not said hello"
             self._refuse("service_unavailable", f"the service is not ready: {why}")
             return
-        job_end, service_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        job_end, service_end = self.t.pair()
         try:
             self.channel.hand(self.attempt, service_end)
         except OSError as exc:
@@ -545,8 +543,8 @@ def run_runner(
            "--out", str(w / "result.json")]
     with open(w / "runner.log", "wb") as log:
         proc = subprocess.Popen(cmd, cwd=str(cwd), env=env, stdin=subprocess.DEVNULL,
-                                stdout=log, stderr=log, pass_fds=fds, close_fds=True,
-                                start_new_session=True)
+                                stdout=log, stderr=log, start_new_session=True,
+                                **_transport.current().inheritable_kwargs(*fds))
     for c in connectors.values():
         c.close_child_end()  # only the runner holds them now
     try:

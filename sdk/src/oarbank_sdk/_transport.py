@@ -4,6 +4,10 @@ On Linux and macOS a handle value is ``fd:<n>``; streams are ``socketpair(AF_UNI
 SOCK_STREAM)`` ends and descriptors ride along a message with SCM_RIGHTS. Windows (``handle:<n>``,
 duplicated pipe handles) plugs in here as another ``Transport`` without touching callers.
 
+Everything that makes a pair (``pair``), names a handle for a child's environment (``format``)
+or hands handles to a child (``inheritable_kwargs``) goes through here: the agent, the
+conformance kit and the job side alike. Public as ``oarbank_sdk.protocol``.
+
 Standard library only: the service side of the SDK imports this.
 """
 
@@ -30,6 +34,11 @@ class UnsupportedHandle(ValueError):
 class Transport(Protocol):
     scheme: str
 
+    def pair(self, *, child: bool = False) -> tuple[socket.socket, socket.socket]:
+        """A connected stream pair (ours, theirs), both blocking and not inherited by children.
+        ``child``: ``theirs`` is meant for a child process (made inheritable; pass it with
+        ``inheritable_kwargs`` and close our copy once the child is started)."""
+
     def parse(self, value: str) -> int:
         """``fd:<n>`` -> n. Raises ``UnsupportedHandle``."""
 
@@ -46,12 +55,21 @@ class Transport(Protocol):
     def recv(self, sock: socket.socket, bufsize: int) -> tuple[bytes, list[int]]:
         """Receive data and any handles that came with it (close-on-exec, owned by caller)."""
 
-    def inheritable_kwargs(self, handle: int) -> dict:
-        """``subprocess.Popen`` keyword arguments that pass ``handle`` to a child."""
+    def inheritable_kwargs(self, *handles: int) -> dict:
+        """``subprocess.Popen`` keyword arguments that pass ``handles`` (and nothing else) to
+        a child."""
 
 
 class PosixTransport:
     scheme = "fd"
+
+    def pair(self, *, child: bool = False) -> tuple[socket.socket, socket.socket]:
+        # Python creates both ends close-on-exec and blocking; ends handed to peers stay
+        # blocking (O_NONBLOCK is shared with every holder of the descriptor).
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        if child:
+            theirs.set_inheritable(True)
+        return ours, theirs
 
     def parse(self, value: str) -> int:
         prefix = self.scheme + ":"
@@ -102,8 +120,8 @@ class PosixTransport:
             pass
         return data, fds
 
-    def inheritable_kwargs(self, handle: int) -> dict:
-        return {"pass_fds": (handle,), "close_fds": True}
+    def inheritable_kwargs(self, *handles: int) -> dict:
+        return {"pass_fds": tuple(handles), "close_fds": True}
 
 
 def current() -> Transport:

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from oarbank_sdk import _conform_attempts as attempts_watch
+from oarbank_sdk import _transport
 from oarbank_sdk import _conform_host as host
 from oarbank_sdk import _conform_expect as expect
 from oarbank_sdk import _conform_inputs as inputs
@@ -131,7 +132,7 @@ class ServiceUnderTest:
         self.logs.mkdir(parents=True, exist_ok=True)
 
     def _op(self, op: str, timeout_s: float, env_extra: dict[str, str] | None = None,
-            pass_fds: tuple[int, ...] = ()) -> host.OpResult:
+            inherit: tuple[int, ...] = ()) -> host.OpResult:
         env = host.op_env(self.node, self.svc.name)
         env.update(env_extra or {})
         # The agent's walls for ops: read the bundle and the node's files, write the data dir;
@@ -142,12 +143,12 @@ class ServiceUnderTest:
             "write": [self.node.data], "signals": "open"}
         if self.attempts is None:
             return host.run_op(self.wrap(self.argv, **walls), op, env, self.m.bundle,
-                               max(0.1, timeout_s), pass_fds=pass_fds,
+                               max(0.1, timeout_s), inherit=inherit,
                                output_prefix=self.logs / op)
         argv, w = self.attempts.launch(self.argv, **walls)
         try:
             return host.run_op(argv, op, env, self.m.bundle, max(0.1, timeout_s),
-                               pass_fds=(*pass_fds, w.child_fd), output_prefix=self.logs / op)
+                               inherit=(*inherit, w.child_fd), output_prefix=self.logs / op)
         finally:
             self.attempts.spawned(w)
 
@@ -162,7 +163,7 @@ class ServiceUnderTest:
         deadline = t0 + limit
         self.channel = ch = host.Channel()
         r = self._op("start", limit, {"OARBANK_ENDPOINT_CHANNEL": ch.env_value},
-                     pass_fds=(ch.child_fd,) if ch.child_fd is not None else ())
+                     inherit=(ch.child_fd,) if ch.child_fd is not None else ())
         ch.close_child_end()  # only the service holds it now
         self.pgid = r.pid  # state: the service's process group exists from here on
         if r.timed_out:
@@ -245,7 +246,7 @@ class ServiceUnderTest:
 
     def hand(self, attempt: str) -> socket.socket:
         assert self.channel is not None
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        ours, theirs = _transport.current().pair()
         try:
             self.channel.hand(attempt, theirs)
         except OSError:
