@@ -421,3 +421,194 @@ def test_service_endpoint_does_not_import_the_sandbox() -> None:
     done = _run([sys.executable, "-I", "-c", code])
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+# --- the walls beyond the network (Landlock, capabilities, process and privileged syscalls) ---
+
+WALLS_SCRIPT = textwrap.dedent(
+    r"""
+    import ctypes, errno, json, os, signal, subprocess, sys
+
+    cfg = json.loads(sys.argv[1])
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    NR = {"x86_64": {"ptrace": 101, "mount": 165, "unshare": 272, "bpf": 321, "clone": 56,
+                     "process_vm_readv": 310, "kcmp": 312, "keyctl": 250,
+                     "perf_event_open": 298, "userfaultfd": 323, "init_module": 175},
+          "aarch64": {"ptrace": 117, "mount": 40, "unshare": 97, "bpf": 280, "clone": 220,
+                      "process_vm_readv": 270, "kcmp": 272, "keyctl": 219,
+                      "perf_event_open": 241, "userfaultfd": 282, "init_module": 105}}[os.uname().machine]
+
+    def sys_(name, *args):
+        nr = NR[name] if isinstance(name, str) else name
+        if libc.syscall(ctypes.c_long(nr), *(ctypes.c_long(a) for a in args)) < 0:
+            e = ctypes.get_errno()
+            raise OSError(e, os.strerror(e))
+
+    def create(path):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+
+    def tryit(fn):
+        try:
+            fn()
+        except OSError as exc:
+            return errno.errorcode.get(exc.errno, str(exc.errno))
+        return "ok"
+
+    me = os.getpid()
+    r = {
+        "write_granted": tryit(lambda: create(os.path.join(cfg["write"], f"ok-{me}"))),
+        "write_readonly": tryit(lambda: create(os.path.join(cfg["read"], f"hostile-{me}"))),
+        "append_readonly": tryit(lambda: open(os.path.join(cfg["read"], "code.py"), "a").close()),
+        "write_outside": tryit(lambda: create(os.path.join(cfg["outside"], f"hostile-{me}"))),
+        "read_outside": tryit(lambda: open(os.path.join(cfg["outside"], "secret")).read()),
+        "list_outside": tryit(lambda: os.listdir(cfg["outside"])),
+        "read_granted": tryit(lambda: open(os.path.join(cfg["read"], "code.py")).read()),
+        "etc_shadow": tryit(lambda: open("/etc/shadow").read()),
+        "list_root": tryit(lambda: os.listdir("/")),
+        "dev_null": tryit(lambda: open("/dev/null", "w").write("x")),
+        "dev_ptmx": tryit(lambda: os.close(os.open("/dev/ptmx", os.O_RDWR | os.O_NOCTTY))),
+        "list_dev": tryit(lambda: os.listdir("/dev")),
+        "kill_parent": tryit(lambda: os.kill(cfg["parent"], 0)),
+        "kill_guarded": tryit(lambda: os.kill(cfg["guarded"], 0)),
+        "kill_all": tryit(lambda: os.kill(-1, 0)),
+        "environ_parent": tryit(lambda: open(f"/proc/{cfg['parent']}/environ", "rb").read()),
+        "process_vm_readv": tryit(lambda: sys_("process_vm_readv", me, 0, 0, 0, 0, 0)),
+        "kcmp": tryit(lambda: sys_("kcmp", me, me, 0, 0, 0)),
+        "clone3": tryit(lambda: sys_(435, 0, 0)),
+        "bpf": tryit(lambda: sys_("bpf", 0, 0, 0)),
+        "keyctl": tryit(lambda: sys_("keyctl", 0, 0, 0, 0, 0)),
+        "perf_event_open": tryit(lambda: sys_("perf_event_open", 0, 0, -1, -1, 0)),
+        "userfaultfd": tryit(lambda: sys_("userfaultfd", 0)),
+        "thread_starts": tryit(lambda: __import__("threading").Thread(target=lambda: None).start()),
+        "fork_starts": tryit(lambda: subprocess.run(["true"], check=True)),
+    }
+    if not cfg.get("control"):
+        # Only inside the sandbox: unconfined (as root) these would really attach to the test,
+        # mount, fork a process in a new pid namespace, unshare, load a module.
+        r.update({
+            "ptrace_attach": tryit(lambda: sys_("ptrace", 16, cfg["parent"], 0, 0)),
+            "mount": tryit(lambda: sys_("mount", 0, 0, 0, 0, 0)),
+            "unshare_user": tryit(lambda: sys_("unshare", 0x10000000)),
+            "clone_newpid": tryit(lambda: sys_("clone", 0x20000000 | 17, 0, 0, 0, 0)),
+            "init_module": tryit(lambda: sys_("init_module", 0, 0, 0)),
+        })
+    status = dict(l.split(":", 1) for l in open("/proc/self/status") if ":" in l)
+    out = {"results": r, "caps": {k: status[k].strip() for k in status if k.startswith("Cap")}}
+    if cfg.get("grandchild"):
+        sub = dict(cfg, grandchild=False)
+        done = subprocess.run([sys.executable, "-I", __file__, json.dumps(sub)],
+                              capture_output=True, text=True, timeout=60)
+        out["grandchild"] = json.loads(done.stdout) if done.returncode == 0 else done.stderr
+    print(json.dumps(out))
+    """
+)
+
+# attempt -> what the kernel answers inside the sandbox (Landlock: EACCES; seccomp and the
+# signal scope: EPERM; clone3: ENOSYS, so the C library falls back to the filtered clone).
+WALLS_EXPECTED = {
+    "write_granted": "ok", "read_granted": "ok", "dev_null": "ok",
+    "thread_starts": "ok", "fork_starts": "ok",
+    "write_readonly": "EACCES", "append_readonly": "EACCES", "write_outside": "EACCES",
+    "read_outside": "EACCES", "list_outside": "EACCES", "etc_shadow": "EACCES",
+    "list_root": "EACCES", "dev_ptmx": "EACCES", "list_dev": "EACCES",
+    "kill_parent": "EPERM", "kill_guarded": "EPERM", "kill_all": "EPERM",
+    "environ_parent": "EACCES", "ptrace_attach": "EPERM", "process_vm_readv": "EPERM",
+    "kcmp": "EPERM", "mount": "EPERM", "unshare_user": "EPERM", "clone_newpid": "EPERM",
+    "clone3": "ENOSYS", "bpf": "EPERM", "keyctl": "EPERM", "perf_event_open": "EPERM",
+    "userfaultfd": "EPERM", "init_module": "EPERM",
+}
+
+
+@pytest.fixture
+def walls_setup(tmp_path: Path):
+    read, write, outside = tmp_path / "bundle", tmp_path / "work", tmp_path / "state"
+    for d in (read, write, outside):
+        d.mkdir()
+    (read / "code.py").write_text("# the bundle\n")
+    (read / "walls.py").write_text(WALLS_SCRIPT)
+    (outside / "secret").write_text("agent state\n")
+    guarded = subprocess.Popen(["sleep", "60"], start_new_session=True)  # stands for the agent
+    cfg = {"read": str(read), "write": str(write), "outside": str(outside),
+           "parent": os.getpid(), "guarded": guarded.pid, "grandchild": True}
+    try:
+        yield cfg, read, write, outside
+    finally:
+        guarded.kill()
+        guarded.wait()
+
+
+def _walls(cfg: dict, argv_prefix: list[str] | None, **wrap_kw) -> dict:
+    argv = [sys.executable, "-I", os.path.join(cfg["read"], "walls.py"), json.dumps(cfg)]
+    full = sandbox.wrap(argv, **wrap_kw) if argv_prefix is None else argv
+    done = _run(full)
+    assert done.returncode == 0, f"walls script failed: rc={done.returncode} {done.stderr}"
+    return json.loads(done.stdout)
+
+
+def _digest(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_every_wall_holds_in_child_and_grandchild(walls_setup) -> None:
+    cfg, read, write, outside = walls_setup
+    before = (_digest(read), _digest(outside))
+    report = _walls(cfg, None, read=[read], write=[write], guard_pids=[cfg["guarded"]])
+    for who, rep in (("child", report), ("grandchild", report["grandchild"])):
+        assert isinstance(rep, dict), f"{who} did not report: {rep}"
+        wrong = {k: (rep["results"].get(k), want) for k, want in WALLS_EXPECTED.items()
+                 if rep["results"].get(k) != want}
+        assert not wrong, f"{who}: (got, expected): {wrong}"
+        assert set(rep["caps"].values()) == {"0000000000000000"}, f"{who}: {rep['caps']}"
+    assert (_digest(read), _digest(outside)) == before, "the read-only or outside folder changed"
+    assert sorted(p.name.split("-")[0] for p in write.iterdir()) == ["ok", "ok"]
+
+
+def test_the_same_attempts_get_through_without_the_sandbox(walls_setup) -> None:
+    """Control: unconfined (as root here) the attempts are not refused with those errnos, so
+    the refusals above are the sandbox's doing. Only the harmless ones are compared."""
+    cfg, read, write, outside = walls_setup
+    report = _walls(dict(cfg, grandchild=False, control=True), [])
+    r = report["results"]
+    for k in ("write_readonly", "append_readonly", "write_outside", "read_outside",
+              "list_outside", "list_root", "dev_ptmx", "list_dev", "kill_parent",
+              "kill_guarded", "environ_parent"):
+        assert r[k] == "ok", f"unconfined {k}: {r[k]}"
+    for k in ("process_vm_readv", "kcmp", "clone3", "bpf", "keyctl", "perf_event_open",
+              "userfaultfd"):
+        assert r[k] not in ("EPERM", "EACCES"), f"unconfined {k} refused: {r[k]}"
+
+
+def test_dev_option_grants_a_device_node_and_signals_open_drops_the_scope(walls_setup) -> None:
+    cfg, read, write, _ = walls_setup
+    cfg = dict(cfg, grandchild=False)
+    rep = _walls(cfg, None, read=[read], write=[write], signals="open")["results"]
+    assert rep["kill_parent"] == "ok"  # no scope: a same-user process outside can be signalled
+    assert rep["kill_all"] == "EPERM"  # kill(-1) stays refused
+    assert rep["dev_ptmx"] == "EACCES"
+    # --dev is how the GPU nodes are granted ([sandbox].devices.gpu = "compute"): the same
+    # rule on another character device, since this machine may have no GPU.
+    argv = [sys.executable, "-I", os.path.join(cfg["read"], "walls.py"), json.dumps(cfg)]
+    full = sandbox.wrap(argv, read=[read], write=[write])
+    i = full.index("--")
+    done = _run([*full[:i], "--dev", "/dev/ptmx", *full[i:]])
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["results"]["dev_ptmx"] == "ok"
+
+
+def test_gpu_devices_are_the_gpu_nodes_present() -> None:
+    nodes = sandbox.gpu_devices()
+    assert all(n.startswith(("/dev/nvidia", "/dev/dri", "/dev/kfd")) for n in nodes), nodes
+    argv = sandbox.launcher_argv(gpu=True)
+    assert [argv[i + 1] for i, a in enumerate(argv) if a == "--dev"] == nodes
+
+
+@pytest.mark.parametrize("args, reason", [
+    (["--read", "relative/path", "--", "true"], "needs an absolute path"),
+    (["--signals", "loose", "--", "true"], "unsupported --signals 'loose'"),
+    (["--guard-pid", "abc", "--", "true"], "--guard-pid needs a process id"),
+])
+def test_bad_wall_arguments_are_a_setup_failure(args: list[str], reason: str) -> None:
+    done = _run([sys.executable, "-I", "-m", "oarbank_sdk.sandbox.launch", *args])
+    assert done.returncode == 70
+    assert reason in done.stderr
