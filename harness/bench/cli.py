@@ -36,6 +36,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep", action="store_true", help="keep the temp dir (logs, state)")
     p.add_argument("--profile", type=Path, metavar="DIR",
                    help="run py-spy on each agent; collapsed stacks go to DIR/<agent>.txt")
+    p.add_argument("--portal", action="store_true",
+                   help="instead: the portal under 10,000 nodes' heartbeats, SQLite and "
+                        "PostgreSQL side by side (harness/bench/portal.py); results in "
+                        ".bench/portal.json")
+    p.add_argument("--portal-nodes", type=int, default=10_000, metavar="N",
+                   help="with --portal: simulated nodes (default 10,000, one report each 10 s)")
+    p.add_argument("--portal-seconds", type=float, default=60.0, metavar="S",
+                   help="with --portal: how long the load runs per store (default 60)")
+    p.add_argument("--portal-workers", type=int, default=2, metavar="N",
+                   help="with --portal: the portal's --workers (default 2: one per core of the "
+                        "2-core machine the targets are for)")
+    p.add_argument("--portal-stores", default="sqlite,postgresql", metavar="LIST",
+                   help="with --portal: which stores (default sqlite,postgresql)")
     return p
 
 
@@ -71,8 +84,27 @@ def run_bench(quick: bool, only: list[str], keep: bool = False,
     return results
 
 
+def _portal(args: argparse.Namespace) -> int:
+    from .portal import run_portal_bench
+
+    stores = tuple(x.strip() for x in args.portal_stores.split(",") if x.strip())
+    if not stores or set(stores) - {"sqlite", "postgresql"}:
+        print("bench: --portal-stores takes sqlite, postgresql or both", file=sys.stderr)
+        return 2
+    out = args.out.with_name("portal.json")
+    results = run_portal_bench(nodes=args.portal_nodes, seconds=args.portal_seconds,
+                               stores=stores, workers=args.portal_workers, out=out)
+    print(results["table"])
+    print(f"\nportal bench: {len(stores)} store(s), {args.portal_nodes} nodes, "
+          f"{args.portal_seconds:g} s each, {args.portal_workers} portal worker(s); "
+          f"results in {out}")
+    return 1 if any("error" in v for v in results["stores"].values()) else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.portal:
+        return _portal(args)
     only = [x.strip() for x in args.only.split(",") if x.strip()]
     unknown = [x for x in only if x not in FIGURES]
     if unknown:

@@ -23,26 +23,11 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))  # --import-mode=importlib: helpers by path
 
 from pgcluster import PgCluster  # noqa: E402
+from portal_helpers import MODULE_ID, auth, heartbeat, service_row  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "modelserver"
-MODULE_ID = "dev.example.modelserver"
 ARTIFACTS = REPO / ".artifacts"
-
-
-def service_row(**over: Any) -> dict[str, Any]:
-    row = {"module": MODULE_ID, "service": "model", "health": "healthy", "running": True,
-           "ready": True, "accepting": True, "error": None, "held": None, "disabled": False,
-           "withdrawn": False, "gpu_api_missing": False, "lifecycle": "on_demand", "users": 0,
-           "endpoint": True}
-    row.update(over)
-    return row
-
-
-def heartbeat(node_id: str, *rows: dict[str, Any], hostname: str | None = None,
-              t: float | None = None) -> dict[str, Any]:
-    return {"node_id": node_id, "hostname": hostname or f"host-{node_id}",
-            "time": time.time() if t is None else t, "services": list(rows)}
 
 
 @pytest.fixture
@@ -143,10 +128,6 @@ def issue_token(db: str | Path, node_id: str) -> str:
         return store.issue_token(node_id)[0]
     finally:
         store.close()
-
-
-def auth(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
 
 
 @dataclass

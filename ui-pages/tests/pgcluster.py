@@ -32,7 +32,7 @@ def server_bindir() -> Path | None:
 
 
 class PgCluster:
-    def __init__(self, *, durable: bool = False) -> None:
+    def __init__(self, *, durable: bool = False, extra: list[str] | None = None) -> None:
         bindir = server_bindir()
         if bindir is None:
             raise RuntimeError("no PostgreSQL server (apt-get install postgresql)")
@@ -55,6 +55,7 @@ class PgCluster:
             if not durable:
                 self._settings += ["-c", "fsync=off", "-c", "full_page_writes=off",
                                    "-c", "synchronous_commit=off"]
+            self._settings += list(extra or [])
             self._bindir = bindir
             self.start_server()
         except BaseException:

@@ -18,8 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
-from conftest import MODULE_ID, auth, heartbeat, service_row
+from portal_helpers import MODULE_ID, auth, heartbeat, service_row
 
 CLI = [sys.executable, "-m", "oarbank_ui.cli"]
 

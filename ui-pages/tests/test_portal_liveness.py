@@ -10,8 +10,7 @@ import sys
 import time
 from typing import Any
 
-import pytest
-from conftest import MODULE_ID, heartbeat, service_row
+from portal_helpers import MODULE_ID, heartbeat, service_row
 
 CLI = [sys.executable, "-m", "oarbank_ui.cli"]
 ISO = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ"

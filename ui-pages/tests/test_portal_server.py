@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 import psutil
-from conftest import heartbeat, service_row
+from portal_helpers import heartbeat, service_row
 
 
 def connect(p: Any) -> socket.socket:
@@ -128,3 +128,20 @@ def test_a_body_needs_a_declared_length(start_portal) -> None:  # type: ignore[n
     reply = read_all(s, 10)
     s.close()
     assert reply.startswith(b"HTTP/1.1 411") and b"Content-Length is required" in reply
+
+
+def test_several_workers_on_one_socket(start_portal, store_url) -> None:  # type: ignore[no-untyped-def]
+    """--workers 2: two processes answer on one socket; /metrics, answered by either, sums
+    both (prometheus_client's multiprocess files); SIGTERM stops them all, exit 0."""
+    p = start_portal(db=store_url, args=("--workers", "2"))
+    workers = psutil.Process(p.proc.pid).children()
+    assert len(workers) == 2
+    for i in range(20):  # new connections each: the kernel spreads them over the workers
+        assert p.post_heartbeat(heartbeat(f"n{i}", service_row())).status == 200
+    for _ in range(4):
+        text = p.get("/metrics").text
+        assert "oarbank_portal_reports_accepted_total 20.0" in text, text[:2000]
+    assert len(p.services()) == 20
+    p.proc.terminate()
+    assert p.proc.wait(20) == 0
+    assert not any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers)

@@ -186,9 +186,11 @@ class Portal:
         r.headers.update(headers or {})
         return r
 
-    def admit(self, method: str, path: str, headers: Mapping[str, str]) -> Admission | Response:
+    def admit(self, method: str, path: str, headers: Mapping[str, str], *,
+              lookup: bool = True) -> Admission | Response:
         """The checks a request passes before its body is read: Host for every request; for a
-        heartbeat also its content type and its token. ``headers``: lower-case names."""
+        heartbeat also its content type and its token (``lookup=False``: only that there is
+        one, without asking the store). ``headers``: lower-case names."""
         if self.hosts is not None:
             host = headers.get("host")
             if not self.hosts.allows(host):
@@ -208,6 +210,8 @@ class Portal:
             return self.refuse("unauthenticated", 401, "heartbeat: no node credential "
                                "(Authorization: Bearer <token>; the portal's operator issues "
                                "one with `oarbank-portal token issue NODE_ID`)", challenge)
+        if not lookup:
+            return Admission("")
         try:
             node = self.store.node_for_token(token)
         except Exception:  # the store is away: the agent retries a 5xx, not a 4xx
@@ -221,24 +225,28 @@ class Portal:
 
     def handle(self, method: str, path: str, query: dict[str, list[str]],
                body: bytes = b"", headers: Mapping[str, str] | None = None,
-               admitted: Admission | None = None) -> Response:
-        """Answer one request. ``admitted``: what ``admit`` returned, when the server called
-        it already (before reading the body; the server then times the whole request itself);
-        otherwise it is called here."""
+               admitted: Admission | None = None, timed: bool = True) -> Response:
+        """Answer one request. ``admitted``: what ``admit`` returned, when the caller called
+        it already; otherwise it is called here. ``timed=False``: the server times the whole
+        request itself (from its head, body read included)."""
         started = time.perf_counter()
         route = route_name(path)
-        timed_here = admitted is None
+        timed_here = timed
         try:
-            if admitted is None:
-                checked = self.admit(method, path, {k.lower(): v
-                                                    for k, v in (headers or {}).items()})
-                if isinstance(checked, Response):
-                    return checked
-                admitted = checked
-            return self._dispatch(method, path, query, body, admitted)[1]
+            with self.store.session():
+                return self._handle(method, path, query, body, headers, admitted)
         finally:
             if timed_here:
                 self.metrics.observe(route, started)
+
+    def _handle(self, method: str, path: str, query: dict[str, list[str]], body: bytes,
+                headers: Mapping[str, str] | None, admitted: Admission | None) -> Response:
+        if admitted is None:
+            checked = self.admit(method, path, {k.lower(): v for k, v in (headers or {}).items()})
+            if isinstance(checked, Response):
+                return checked
+            admitted = checked
+        return self._dispatch(method, path, query, body, admitted)[1]
 
     def _dispatch(self, method: str, path: str, query: dict[str, list[str]], body: bytes,
                   admitted: Admission) -> tuple[str, Response]:

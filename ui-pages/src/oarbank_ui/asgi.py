@@ -1,8 +1,10 @@
 """``Portal.handle`` as an ASGI app (Starlette), for uvicorn (server.py).
 
 What this layer adds to the request logic, and why:
-- The checks that need no body (Host, and for a heartbeat its content type and token) run
-  first: an unauthenticated caller is answered before a byte of its body is read.
+- The checks that need neither the body nor the store (Host; for a heartbeat its content type
+  and that it carries a token at all) run on the event loop first: a caller without a token
+  is answered before a byte of its body is read. The token itself is looked up with the rest
+  of the request, in one trip to the thread pool (a hop costs about as much as the lookup).
 - A body must declare its length (411 otherwise) and be at most 1 MiB (413, from the declared
   length, before reading); it must arrive within ``read_timeout_s`` (408 otherwise) so a
   stalled client holds a connection slot for seconds, not forever.
@@ -92,9 +94,9 @@ def build_app(portal: Portal, *, read_timeout_s: float = 10.0) -> Starlette:
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"),
                          keep_blank_values=True)
         is_heartbeat = path.rstrip("/") == "/v1/heartbeat"
-        admitted = await run_in_threadpool(portal.admit, method, path, headers)
-        if isinstance(admitted, PortalResponse):
-            return _to_starlette(admitted, close=method == "POST")
+        early = portal.admit(method, path, headers, lookup=False)
+        if isinstance(early, PortalResponse):
+            return _to_starlette(early, close=method == "POST")
         body = b""
         if method in ("POST", "PUT", "PATCH"):
             length = headers.get("content-length", "")
@@ -118,7 +120,8 @@ def build_app(portal: Portal, *, read_timeout_s: float = 10.0) -> Starlette:
                 # Nobody is left to read an answer; the refusal is counted and logged.
                 portal.refuse("truncated", 400, f"heartbeat: body cut short, not parsed ({e})")
                 return Response(b"", status_code=400, headers={"Connection": "close"})
-        r = await run_in_threadpool(portal.handle, method, path, query, body, headers, admitted)
+        r = await run_in_threadpool(portal.handle, method, path, query, body, headers, None,
+                                    False)
         return _to_starlette(r)
 
     return Starlette(routes=[Route("/{path:path}", endpoint, methods=_METHODS)])

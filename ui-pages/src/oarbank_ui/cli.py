@@ -54,6 +54,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="a request body must arrive within S seconds (default 10)")
     s.add_argument("--max-connections", type=int, default=1000, metavar="N",
                    help="open connections beyond N are answered 503 (default 1000)")
+    s.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="serve from N processes on one socket (a portal is CPU-bound: one "
+                        "process uses one core; default 1)")
     s.add_argument("--pool-size", type=int, default=10, metavar="N",
                    help="PostgreSQL connections at most (default 10)")
     s.add_argument("-v", "--verbose", action="store_true", help="log every request")
@@ -108,10 +111,29 @@ def _open(args: argparse.Namespace, **pool: Any) -> HeartbeatStore | None:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    if args.workers < 1:
+        return _fail("--workers must be >= 1")
+    metrics_dir = None
+    if args.workers > 1:
+        import tempfile
+
+        # before prometheus_client is imported (metrics.py): its values go to shared files
+        metrics_dir = tempfile.mkdtemp(prefix="oarbank-portal-metrics-")
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+    try:
+        return _serve_in(args)
+    finally:
+        if metrics_dir is not None:
+            import shutil
+
+            shutil.rmtree(metrics_dir, ignore_errors=True)
+
+
+def _serve_in(args: argparse.Namespace) -> int:
     # Imported here: `token` and `node` need neither the web stack nor the page renderer.
     from .app import Portal
     from .modules import load_modules
-    from .server import ServeOptions, bind, serve
+    from .server import ServeOptions, bind, serve, serve_workers
 
     if args.refresh_s <= 0:
         return _fail("--refresh-s must be > 0")
@@ -129,7 +151,8 @@ def _serve(args: argparse.Namespace) -> int:
                         unix=args.unix, tls_cert=args.tls_cert, tls_key=args.tls_key,
                         allowed_hosts=args.allowed_host, read_timeout_s=args.read_timeout_s,
                         max_connections=args.max_connections, verbose=args.verbose)
-    store = _open(args, max_size=args.pool_size, min_size=min(2, args.pool_size))
+    pool = {"max_size": args.pool_size, "min_size": min(2, args.pool_size)}
+    store = _open(args, **pool)  # here, once: a store that cannot be opened fails the start
     if store is None:
         return 2
     try:
@@ -137,6 +160,14 @@ def _serve(args: argparse.Namespace) -> int:
             bound = bind(opts)
         except (OSError, ValueError) as e:
             return _fail(f"cannot serve: {e}")
+        if args.workers > 1:
+            store.close()  # connections do not survive a fork: each worker opens its own
+
+            def make_portal() -> Portal:
+                own = open_store(args.db, **(pool if is_postgres_url(args.db) else {}))
+                return Portal(own, modules, refresh_s=args.refresh_s, allowed_hosts=bound.hosts)
+
+            return serve_workers(make_portal, bound, opts, args.workers)
         portal = Portal(store, modules, refresh_s=args.refresh_s,
                         allowed_hosts=bound.hosts)
         try:

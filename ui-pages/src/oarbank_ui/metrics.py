@@ -4,11 +4,15 @@ Counters and the latency histogram live in this process; the fleet's figures (no
 liveness, service rows by module, state and stopped reason) are read from the store at scrape
 time, by a collector, so every replica behind one database answers the same fleet.
 Each portal gets its own registry: tests start several in one process, and nothing here
-leaks into the default global one.
+leaks into the default global one. With ``--workers N`` (several processes on one socket) the
+counters and the histogram are prometheus_client's multiprocess ones
+(``PROMETHEUS_MULTIPROC_DIR``, set by the CLI before this module is imported): a scrape, which
+any worker may answer, sums every worker's figures.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -46,16 +50,23 @@ class _FleetCollector(Collector):
 class PortalMetrics:
     def __init__(self, summary: Callable[[], dict[str, Any]]) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
+        own: CollectorRegistry | None = self.registry
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            from prometheus_client import multiprocess
+
+            # the figures live in files every worker writes; a scrape reads them all
+            multiprocess.MultiProcessCollector(self.registry)
+            own = None
         self.accepted = Counter("oarbank_portal_reports_accepted", "Reports stored",
-                                registry=self.registry)
+                                registry=own)
         self.not_applied = Counter("oarbank_portal_reports_not_applied", "Reports accepted but "
-                                   "older than the node's stored one", registry=self.registry)
+                                   "older than the node's stored one", registry=own)
         self.refused = Counter("oarbank_portal_reports_refused", "Reports refused, by cause",
-                               ["cause"], registry=self.registry)
+                               ["cause"], registry=own)
         for cause in REFUSAL_CAUSES:
             self.refused.labels(cause)  # every cause shows, at 0, before it first happens
         self.latency = Histogram("oarbank_portal_request_seconds", "Time to answer a request, "
-                                 "by route", ["route"], registry=self.registry,
+                                 "by route", ["route"], registry=own,
                                  buckets=(.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5))
         self.registry.register(_FleetCollector(summary))
 

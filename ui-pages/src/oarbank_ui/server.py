@@ -6,8 +6,9 @@ live one is refused.
 
 Limits, and why: the read timeout closes a connection whose request head has not arrived in
 time (uvicorn itself only times out idle keep-alive connections; a client that sends half a
-head would hold its slot forever); the same timeout bounds the body (asgi.py); ``limit_concurrency`` answers 503
-beyond that many open connections instead of taking all of them on.
+head would hold its slot forever); the same timeout bounds the body (asgi.py);
+``limit_concurrency`` answers 503 beyond that many open connections instead of taking all of
+them on.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import os
 import signal
 import socket
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,24 +28,35 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+try:  # the C parser and loop (uvicorn[standard]): about twice the requests per CPU second
+    import uvloop  # noqa: F401
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _Fast
+except ImportError:  # pragma: no cover - pure-Python fallback, same behaviour
+    _Fast = None  # type: ignore[assignment,misc]
+
 from .app import Portal
 from .asgi import build_app
 from .hosts import default_hosts
 
-__all__ = ["ServeOptions", "bind", "serve"]
+__all__ = ["ServeOptions", "bind", "serve", "serve_workers"]
 
 log = logging.getLogger("oarbank_ui.server")
 
 
-class _Protocol(H11Protocol):
-    """uvicorn's HTTP/1.1 protocol plus a deadline on each request head (see the module
-    docstring). Relies on ``cycle`` changing when a new request starts."""
+class _HeadDeadline:
+    """Mixed into uvicorn's HTTP/1.1 protocol (httptools or h11): a deadline on each request
+    head (see the module docstring). Relies on ``cycle`` changing when a new request starts,
+    which both of uvicorn's protocols do."""
+
+    cycle: Any
+    loop: Any
+    transport: Any
 
     _head_timer: asyncio.TimerHandle | None = None
     head_timeout_s = 10.0  # serve() sets it from --read-timeout-s in a subclass
 
     def connection_made(self, transport: Any) -> None:
-        super().connection_made(transport)
+        super().connection_made(transport)  # type: ignore[misc]
         if transport.get_extra_info("socket") is not None:
             sock = transport.get_extra_info("socket")
             if sock.family in (socket.AF_INET, socket.AF_INET6):
@@ -64,13 +77,13 @@ class _Protocol(H11Protocol):
             self.transport.close()
 
     def data_received(self, data: bytes) -> None:
-        super().data_received(data)
+        super().data_received(data)  # type: ignore[misc]
         if self._head_timer is not None and self.cycle is not self._head_cycle:
             self._head_timer.cancel()  # the head is in: the body has asgi.py's deadline
             self._head_timer = None
 
     def on_response_complete(self) -> None:
-        super().on_response_complete()
+        super().on_response_complete()  # type: ignore[misc]
         if self._head_timer is None and not self.transport.is_closing():
             self._await_head()
 
@@ -78,7 +91,12 @@ class _Protocol(H11Protocol):
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
-        super().connection_lost(exc)
+        super().connection_lost(exc)  # type: ignore[misc]
+
+
+def _protocol(head_timeout_s: float) -> type:
+    base = _Fast if _Fast is not None else H11Protocol
+    return type("Protocol", (_HeadDeadline, base), {"head_timeout_s": head_timeout_s})
 
 
 @dataclass
@@ -146,24 +164,30 @@ def _clear_stale_socket(path: Path) -> None:
     raise OSError(f"another server is answering on {path}")
 
 
-def serve(portal: Portal, bound: Bound, opts: ServeOptions) -> None:
-    """Serve until SIGTERM/SIGINT (uvicorn's handlers: open requests finish, then exit)."""
+def serve(portal: Portal, bound: Bound, opts: ServeOptions, *,
+          on_started: Callable[[], None] | None = None, owner: bool = True) -> None:
+    """Serve until SIGTERM/SIGINT (uvicorn's handlers: open requests finish, then exit).
+    ``on_started`` (default: print the ``serving on`` line) runs once requests are accepted;
+    ``owner``: this process closes the socket for good (removes a unix socket's file)."""
     config = uvicorn.Config(
         build_app(portal, read_timeout_s=opts.read_timeout_s),
-        http=type("Protocol", (_Protocol,), {"head_timeout_s": opts.read_timeout_s}), ws="none",
+        http=_protocol(opts.read_timeout_s), loop="uvloop" if _Fast is not None else "asyncio",
+        ws="none",
         lifespan="off", access_log=opts.verbose, log_config=None,
         limit_concurrency=opts.max_connections, timeout_keep_alive=5,
         timeout_graceful_shutdown=5, ssl_certfile=opts.tls_cert, ssl_keyfile=opts.tls_key,
         server_header=False, date_header=False, proxy_headers=False)
     config.load()  # TLS files are read here: a bad one fails before "serving on"
     server = uvicorn.Server(config)
+    started = on_started or (lambda: print(f"oarbank-portal: serving on {bound.url}",
+                                           flush=True))
 
     async def run() -> None:
         task = asyncio.ensure_future(server.serve(sockets=[bound.sock]))
         while not server.started and not task.done():
             await asyncio.sleep(0.02)
         if server.started:
-            print(f"oarbank-portal: serving on {bound.url}", flush=True)
+            started()
         await task
 
     # uvicorn handles SIGTERM/SIGINT while it serves, then re-raises the signal to the handler
@@ -171,9 +195,100 @@ def serve(portal: Portal, bound: Bound, opts: ServeOptions) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: None)
     try:
-        asyncio.run(run())
+        _run_loop(run())
     finally:
         bound.sock.close()
-        if bound.unix_path is not None:
+        if owner and bound.unix_path is not None:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(bound.unix_path)
+
+
+def _run_loop(coro: Any) -> None:
+    # uvloop when installed (uvicorn's loop setting covers only uvicorn.run; we run the loop)
+    if _Fast is not None:
+        import uvloop
+
+        if hasattr(asyncio, "Runner"):  # 3.11+
+            with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+                runner.run(coro)
+            return
+        uvloop.install()
+    asyncio.run(coro)
+
+
+def _say_ready(fd: int) -> None:
+    os.write(fd, b"1")
+
+
+def serve_workers(make_portal: Callable[[], Portal], bound: Bound, opts: ServeOptions,
+                  workers: int) -> int:
+    """``workers`` processes on one listening socket (the kernel spreads connections), each
+    its own event loop, thread pool and store connections: a portal is CPU-bound in Python,
+    so more processes is how it uses more cores. The parent only supervises: it prints
+    ``serving on`` when every worker accepts, forwards SIGTERM/SIGINT, and exits 0 when they
+    have stopped (1 when one died on its own; the rest are stopped then)."""
+    ready_r, ready_w = os.pipe()
+    children: list[int] = []
+    for _ in range(workers):
+        pid = os.fork()
+        if pid == 0:  # the worker
+            os.close(ready_r)
+            code = 1
+            try:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
+                serve(make_portal(), bound, opts, owner=False,
+                      on_started=lambda: _say_ready(ready_w))
+                code = 0
+            except BaseException:  # noqa: BLE001 - a worker's end is its exit code
+                log.exception("portal worker %d failed", os.getpid())
+            finally:
+                os._exit(code)
+        children.append(pid)
+    os.close(ready_w)
+    stopping = False
+
+    def stop(signum: int, frame: Any) -> None:
+        nonlocal stopping
+        stopping = True
+        for c in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(c, signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    ready = 0
+    while ready < workers:
+        try:
+            got = os.read(ready_r, workers - ready)
+        except InterruptedError:
+            continue
+        if not got:  # every worker closed its end: they died before serving
+            break
+        ready += len(got)
+    os.close(ready_r)
+    if ready == workers:
+        log.info("%d workers accept requests", workers)
+        print(f"oarbank-portal: serving on {bound.url}", flush=True)
+    else:
+        stop(signal.SIGTERM, None)
+    failed = ready != workers
+    left = set(children)
+    while left:
+        try:
+            pid, status = os.wait()
+        except ChildProcessError:
+            break
+        except InterruptedError:
+            continue
+        left.discard(pid)
+        if os.waitstatus_to_exitcode(status) != 0 and not stopping:
+            log.error("portal worker %d exited (%s); stopping the others", pid,
+                      os.waitstatus_to_exitcode(status))
+            failed = True
+            stop(signal.SIGTERM, None)
+    bound.sock.close()
+    if bound.unix_path is not None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(bound.unix_path)
+    return 1 if failed else 0

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import re
+import threading
 import time
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,6 +20,10 @@ from .migrations import check_applied
 __all__ = ["PostgresBackend", "redact"]
 
 _MIGRATION_LOCK = 0x0A7BA4C  # pg_advisory_xact_lock key: "oarbank" migrations
+# A connection idle this long is checked (one round trip) before it serves a request: after a
+# server restart the pool's old connections are dead. One in steady use is not: a check per
+# request would be a round trip per request.
+_CHECK_IDLE_S = 1.0
 
 
 def redact(url: str) -> str:
@@ -40,7 +46,8 @@ class _Tx:
 
     def one(self, sql: str, args: Any = ()) -> dict[str, Any] | None:
         self.cur.execute(_q(sql), args)
-        return self.cur.fetchone()  # type: ignore[no-any-return]
+        row: dict[str, Any] | None = self.cur.fetchone()
+        return row
 
     def run(self, sql: str, args: Any = ()) -> int:
         self.cur.execute(_q(sql), args)
@@ -64,12 +71,12 @@ class PostgresBackend:
         self._psycopg = psycopg
         # timeout_s: how long a request waits for a connection; then it is answered 503 (the
         # agent's post gives up after 5 s: an answer must come before that)
+        self._used: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
+        self._local = threading.local()  # session(): this thread's checked-out connection
+        # autocommit: a single read is one round trip; writes open their own transaction
         self._pool = ConnectionPool(url, min_size=min_size, max_size=max_size, timeout=timeout_s,
-                                    kwargs={"row_factory": dict_row}, open=False,
-                                    name="oarbank-portal",
-                                    # a connection the server dropped (a restart) is replaced
-                                    # on checkout instead of failing the request it serves
-                                    check=ConnectionPool.check_connection)
+                                    kwargs={"row_factory": dict_row, "autocommit": True},
+                                    open=False, name="oarbank-portal", check=self._check)
         try:
             # wait(): a wrong URL or a server that is down fails here, with its reason, not on
             # the first heartbeat.
@@ -91,15 +98,51 @@ class PostgresBackend:
                 cur.execute("INSERT INTO schema_migrations VALUES (%s, %s, %s)",
                             (m.version, m.name, time.time()))
 
+    def _check(self, conn: Any) -> None:
+        """A dropped connection (a server restart) is replaced on checkout instead of failing
+        the request it would serve; only connections idle for a while are asked."""
+        last = self._used.get(conn)
+        now = time.monotonic()
+        if last is None or now - last > _CHECK_IDLE_S:
+            self._pool.check_connection(conn)  # raises: the pool replaces it
+        self._used[conn] = now
+
+    @contextlib.contextmanager
+    def session(self) -> Iterator[None]:
+        """One connection for every read and write of this thread until the block ends: a
+        heartbeat's token lookup and its write share one checkout."""
+        if getattr(self._local, "conn", None) is not None:
+            yield
+            return
+        with self._pool.connection() as conn:
+            self._local.conn = conn
+            try:
+                yield
+            finally:
+                self._local.conn = None
+
+    @contextlib.contextmanager
+    def _conn(self) -> Iterator[Any]:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            yield conn
+            return
+        with self._pool.connection() as conn:
+            yield conn
+
     @contextlib.contextmanager
     def write(self) -> Iterator[_Tx]:
-        with self._pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
+        with self._conn() as conn, conn.transaction(), conn.cursor() as cur:
             yield _Tx(cur)
 
     @contextlib.contextmanager
-    def read(self) -> Iterator[_Tx]:
+    def read(self, snapshot: bool = True) -> Iterator[_Tx]:
         # REPEATABLE READ: one snapshot for a read of several statements.
-        with self._pool.connection() as conn:
+        if not snapshot:
+            with self._conn() as conn, conn.cursor() as cur:
+                yield _Tx(cur)
+            return
+        with self._conn() as conn:
             conn.isolation_level = self._psycopg.IsolationLevel.REPEATABLE_READ
             try:
                 with conn.transaction(), conn.cursor() as cur:

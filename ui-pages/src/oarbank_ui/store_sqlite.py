@@ -101,14 +101,22 @@ class SQLiteBackend:
             self._w.execute("COMMIT")
 
     @contextlib.contextmanager
-    def read(self) -> Iterator[_Tx]:
+    def read(self, snapshot: bool = True) -> Iterator[_Tx]:
+        """``snapshot``: one snapshot for several statements (a node list and its modules
+        agree); a single statement is consistent on its own and skips BEGIN/COMMIT."""
         with self._rlock:
-            # One snapshot for the whole read (a node list and its modules agree).
+            if not snapshot:
+                yield _Tx(self._r)
+                return
             self._r.execute("BEGIN")
             try:
                 yield _Tx(self._r)
             finally:
                 self._r.execute("COMMIT")
+
+    @contextlib.contextmanager
+    def session(self) -> Iterator[None]:
+        yield  # one file, two long-lived connections: nothing to hold per request
 
     def schema_version(self) -> int:
         with self.read() as tx:

@@ -1,0 +1,319 @@
+"""``nox -s bench -- --portal``: the portal under a fleet's heartbeats, SQLite and PostgreSQL
+side by side, in one run.
+
+What runs: a real ``oarbank-portal serve`` process per store (the PostgreSQL one on a server
+this bench starts in a temp dir, fsync on, ``synchronous_commit=off`` like SQLite's
+``synchronous=NORMAL`` in WAL: a crash may lose the last moments, never corrupt); 10,000
+simulated nodes, each with its own token and 3 service rows, reporting every 10 s, i.e.
+1,000 reports/s, for 60 s, over real HTTP on loopback.
+
+The load client is asyncio in this process (not wrk or k6): each report must carry its own
+node's token and a fresh body, and a load tool would need a script for that and is not
+installed here. It is open-loop: report k is due at ``k / rate`` whatever the portal does,
+and its latency counts from when it was due, so a portal that falls behind shows it in p99
+(no coordinated omission). 64 keep-alive connections carry the reports.
+
+Figures per store: sustained rate (reports answered 200 per second), p50/p99 of a report,
+refused (non-200) and lost (no answer within 10 s) reports, the portal's own accepted count
+(from /metrics) against the client's, the ``services`` query over the 10,000 nodes (p50/p99,
+module only: 200 rows; and one node), and the portal's peak RSS. Targets (goals, reported,
+not asserted): 0 lost, p99 <= 100 ms, >= 1,000 reports/s, services p50 <= 20 ms.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import json
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from .config import MODELSERVER, REPO
+from .stats import percentile
+
+__all__ = ["run_portal_bench"]
+
+MODULE = "dev.example.modelserver"
+SERVICES = ("model", "tokenizer", "embedder")
+CONNECTIONS = 64
+ANSWER_TIMEOUT_S = 10.0
+
+
+def _pgcluster() -> Any:
+    """The tests' throwaway PostgreSQL server (one implementation for tests and bench)."""
+    path = REPO / "ui-pages" / "tests" / "pgcluster.py"
+    spec = importlib.util.spec_from_file_location("oarbank_pgcluster", path)
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _row(service: str) -> dict[str, Any]:
+    return {"module": MODULE, "service": service, "health": "healthy", "running": True,
+            "ready": True, "accepting": True, "error": None, "held": None, "disabled": False,
+            "withdrawn": False, "gpu_api_missing": False, "lifecycle": "on_demand",
+            "users": 1, "endpoint": True}
+
+
+class PortalProcess:
+    def __init__(self, db: str, folder: Path, workers: int) -> None:
+        argv = [sys.executable, "-m", "oarbank_ui.cli", "serve", "--db", db, "--module",
+                str(MODELSERVER), "--listen", "127.0.0.1:0", "--pool-size", "8",
+                "--workers", str(workers)]
+        self.log = open(folder / "portal.log", "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=self.log,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        assert self.proc.stdout is not None
+        line = b""
+        deadline = time.monotonic() + 60
+        while not line.endswith(b"\n"):
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                self.stop()
+                raise RuntimeError(f"portal did not start: {(folder / 'portal.log').read_text()}")
+            if select.select([self.proc.stdout], [], [], 1)[0]:
+                line += os.read(self.proc.stdout.fileno(), 1)
+        m = re.search(rb"serving on http://([\d.]+):(\d+)", line)
+        assert m, line
+        self.host, self.port = m.group(1).decode(), int(m.group(2))
+        self.ps = psutil.Process(self.proc.pid)  # the parent, and its workers below
+        self.peak_rss = 0
+        self._sampling = True
+        self._sampler = threading.Thread(target=self._sample, daemon=True)
+        self._sampler.start()
+
+    def _sample(self) -> None:
+        while self._sampling:
+            with contextlib.suppress(psutil.Error):
+                rss = sum(p.memory_info().rss for p in [self.ps, *self.ps.children()])
+                self.peak_rss = max(self.peak_rss, rss)
+            time.sleep(0.5)
+
+    def stop(self) -> None:
+        self._sampling = False
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        if self.proc.stdout:
+            self.proc.stdout.close()
+        self.log.close()
+
+
+async def _read_reply(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+    head = await reader.readuntil(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1])
+    m = re.search(rb"(?i)content-length:\s*(\d+)", head)
+    body = await reader.readexactly(int(m.group(1))) if m else b""
+    return status, body
+
+
+async def _load(host: str, port: int, tokens: list[tuple[str, str]], rate: float,
+                seconds: float) -> dict[str, Any]:
+    queue: asyncio.Queue[tuple[float, int] | None] = asyncio.Queue()
+    latencies: list[float] = []
+    statuses: dict[str, int] = {}
+    not_applied = 0
+    lost = 0
+    host_header = f"{host}:{port}"
+
+    async def worker() -> None:
+        nonlocal not_applied, lost
+        conn: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        while (item := await queue.get()) is not None:
+            due, k = item
+            node, token = tokens[k % len(tokens)]
+            doc = {"node_id": node, "hostname": f"host-{node}", "time": time.time(),
+                   "heartbeat_s": len(tokens) / rate, "services": [_row(s) for s in SERVICES]}
+            body = json.dumps(doc).encode()
+            req = (f"POST /v1/heartbeat HTTP/1.1\r\nHost: {host_header}\r\n"
+                   f"Authorization: Bearer {token}\r\nContent-Type: application/json\r\n"
+                   f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+            try:
+                if conn is None:
+                    conn = await asyncio.open_connection(host, port)
+                conn[1].write(req)
+                status, reply = await asyncio.wait_for(_read_reply(conn[0]), ANSWER_TIMEOUT_S)
+            except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError, ValueError):
+                lost += 1
+                if conn is not None:
+                    conn[1].transport.abort()
+                conn = None
+                continue
+            latencies.append(time.perf_counter() - due)
+            statuses[str(status)] = statuses.get(str(status), 0) + 1
+            if status == 200 and b'"applied": false' in reply:
+                not_applied += 1
+        if conn is not None:
+            conn[1].close()
+
+    workers = [asyncio.create_task(worker()) for _ in range(CONNECTIONS)]
+    total = int(rate * seconds)
+    start = time.perf_counter() + 0.2
+    k = 0
+    while k < total:
+        now = time.perf_counter()
+        while k < total and start + k / rate <= now:
+            queue.put_nowait((start + k / rate, k))
+            k += 1
+        await asyncio.sleep(0.001)
+    for _ in workers:
+        queue.put_nowait(None)
+    await asyncio.gather(*workers)
+    elapsed = time.perf_counter() - start
+    ok = statuses.get("200", 0)
+    return {"sent": total, "ok": ok, "statuses": statuses, "lost": lost,
+            "not_applied": not_applied, "elapsed_s": round(elapsed, 2),
+            "rate": round(ok / elapsed, 1),
+            "p50_ms": round((percentile(latencies, 50) or 0) * 1000, 2),
+            "p99_ms": round((percentile(latencies, 99) or 0) * 1000, 2),
+            "max_ms": round(max(latencies, default=0) * 1000, 2)}
+
+
+async def _queries(host: str, port: int, path: str, n: int) -> dict[str, Any]:
+    reader, writer = await asyncio.open_connection(host, port)
+    times = []
+    rows = 0
+    try:
+        for _ in range(n):
+            t0 = time.perf_counter()
+            writer.write(f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode())
+            status, body = await _read_reply(reader)
+            times.append(time.perf_counter() - t0)
+            assert status == 200, body[:200]
+            rows = len(json.loads(body))
+    finally:
+        writer.close()
+    return {"rows": rows, "p50_ms": round((percentile(times, 50) or 0) * 1000, 2),
+            "p99_ms": round((percentile(times, 99) or 0) * 1000, 2)}
+
+
+def _accepted(host: str, port: int) -> float:
+    import urllib.request
+
+    req = urllib.request.Request(f"http://{host}:{port}/metrics")
+    with urllib.request.urlopen(req, timeout=30) as r:  # noqa: S310 - loopback
+        text = r.read().decode()
+    for line in text.splitlines():
+        if line.startswith("oarbank_portal_reports_accepted_total "):
+            return float(line.split()[1])
+    return -1.0
+
+
+def _one_store(kind: str, db: str, folder: Path, nodes: int, rate: float,
+               seconds: float, workers: int) -> dict[str, Any]:
+    from oarbank_ui.store import open_store
+
+    store = open_store(db)
+    t0 = time.perf_counter()
+    tokens = store.issue_tokens([f"node-{i:05d}" for i in range(nodes)])
+    issued_s = time.perf_counter() - t0
+    store.close()
+    portal = PortalProcess(db, folder, workers)
+    try:
+        print(f"bench portal [{kind}]: {nodes} nodes, {rate:g} reports/s for {seconds:g} s ...",
+              file=sys.stderr, flush=True)
+        load = asyncio.run(_load(portal.host, portal.port, list(tokens.items()), rate, seconds))
+        accepted = _accepted(portal.host, portal.port)
+        q_all = asyncio.run(_queries(portal.host, portal.port,
+                                     f"/v1/queries/services?module={MODULE}", 200))
+        q_one = asyncio.run(_queries(portal.host, portal.port,
+                                     f"/v1/queries/services?module={MODULE}&node_id=node-05000",
+                                     200))
+        rss = portal.peak_rss
+    finally:
+        portal.stop()
+    return {"store": kind, "tokens_issued_s": round(issued_s, 2), "load": load,
+            "portal_accepted": accepted, "services_200_rows": q_all, "services_one_node": q_one,
+            "portal_peak_rss_mb": round(rss / 2**20, 1)}
+
+
+def _table(results: dict[str, Any]) -> str:
+    s, p = results["stores"].get("sqlite", {}), results["stores"].get("postgresql", {})
+
+    def get(d: dict[str, Any], *path: str) -> Any:
+        for k in path:
+            if not isinstance(d, dict) or k not in d:
+                return "-"
+            d = d[k]
+        return d
+
+    def ratio(a: Any, b: Any) -> str:
+        return f"{b / a:.2f}" if isinstance(a, (int, float)) and isinstance(b, (int, float)) \
+            and a else "-"
+
+    rows = [
+        ("reports sent", ("load", "sent"), ""),
+        ("answered 200", ("load", "ok"), ""),
+        ("sustained rate (reports/s)", ("load", "rate"), ">= 1000"),
+        ("report p50 (ms)", ("load", "p50_ms"), ""),
+        ("report p99 (ms)", ("load", "p99_ms"), "<= 100"),
+        ("report max (ms)", ("load", "max_ms"), ""),
+        ("refused (non-200)", ("load", "statuses"), "0"),
+        ("lost (no answer)", ("load", "lost"), "0"),
+        ("not applied", ("load", "not_applied"), "0"),
+        ("portal's accepted count", ("portal_accepted",), "= answered"),
+        ("services, 200 rows: p50 (ms)", ("services_200_rows", "p50_ms"), "<= 20"),
+        ("services, 200 rows: p99 (ms)", ("services_200_rows", "p99_ms"), ""),
+        ("services, one node: p50 (ms)", ("services_one_node", "p50_ms"), ""),
+        ("portal peak RSS, all workers (MiB)", ("portal_peak_rss_mb",), ""),
+        ("10,000 tokens issued (s)", ("tokens_issued_s",), ""),
+    ]
+    out = ["| figure | SQLite | PostgreSQL | PostgreSQL / SQLite | target |",
+           "|---|---|---|---|---|"]
+    for name, path, target in rows:
+        a, b = get(s, *path), get(p, *path)
+        if path == ("load", "statuses"):
+            a = sum(v for k, v in a.items() if k != "200") if isinstance(a, dict) else a
+            b = sum(v for k, v in b.items() if k != "200") if isinstance(b, dict) else b
+        out.append(f"| {name} | {a} | {b} | {ratio(a, b)} | {target} |")
+    return "\n".join(out)
+
+
+def run_portal_bench(*, nodes: int = 10_000, period_s: float = 10.0, seconds: float = 60.0,
+                     stores: tuple[str, ...] = ("sqlite", "postgresql"), workers: int = 2,
+                     out: Path | None = None) -> dict[str, Any]:
+    rate = nodes / period_s
+    results: dict[str, Any] = {
+        "started_at": time.time(), "nodes": nodes, "period_s": period_s, "seconds": seconds,
+        "rate_target": rate, "connections": CONNECTIONS, "cpus": os.cpu_count(),
+        "portal_workers": workers, "load_average": os.getloadavg(),
+        "client": "asyncio, open loop, in the bench process", "stores": {}}
+    with tempfile.TemporaryDirectory(prefix="oarbank-portal-bench-") as tmp:
+        folder = Path(tmp)
+        for kind in stores:
+            if kind == "sqlite":
+                results["stores"][kind] = _one_store(kind, str(folder / "portal.db"), folder,
+                                                     nodes, rate, seconds, workers)
+                continue
+            pg = _pgcluster()
+            if pg.server_bindir() is None:
+                results["stores"][kind] = {"error": "no PostgreSQL server (apt-get install "
+                                                    "postgresql)"}
+                continue
+            cluster = pg.PgCluster(durable=True, extra=["-c", "synchronous_commit=off"])
+            try:
+                results["stores"][kind] = _one_store(kind, cluster.create_database("bench"),
+                                                     folder, nodes, rate, seconds, workers)
+            finally:
+                cluster.stop()
+    results["table"] = _table(results)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(results, indent=2) + "\n")
+    return results
