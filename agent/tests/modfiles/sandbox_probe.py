@@ -168,7 +168,7 @@ def walls() -> dict[str, str]:
     if not conf.get("walls"):
         return {}
     state = state_dir()
-    tag = f"hostile-{os.getpid()}"
+    tag = f"hostile-{conf.get('token', 'x')}-{os.getpid()}"
     bundle = Path(__file__).resolve().parent
     agent = agent_pid()
     out = {
