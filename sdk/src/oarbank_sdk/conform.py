@@ -82,6 +82,12 @@ def run(module_dir: str | Path, json_output: bool = False, *, sandbox: bool | No
 # --- the sandbox seam ------------------------------------------------------------------------
 
 
+def _gpu_compute(m: _manifest.Manifest) -> bool:
+    """``[sandbox].devices.gpu = "compute"``: the agent grants the GPU device nodes."""
+    devices = (m.sandbox or {}).get("devices") or {}
+    return isinstance(devices, dict) and devices.get("gpu") == "compute"
+
+
 def sandbox_wrapper(mode: bool | None, report: Report) -> tuple[Wrap, bool]:
     """How ops and runners are launched: ``(wrap, confined)``. The one place that knows about
     ``oarbank_sdk.sandbox`` (``wrap(argv, **walls) -> argv``, ``available()``,
@@ -140,7 +146,7 @@ class ServiceUnderTest:
         walls: dict[str, Any] = {
             "read": [self.m.bundle, self.node.settings_file, self.node.limits_file,
                      self.node.tools_file],
-            "write": [self.node.data], "signals": "open"}
+            "write": [self.node.data], "signals": "open", "gpu": _gpu_compute(self.m)}
         if self.attempts is None:
             return host.run_op(self.wrap(self.argv, **walls), op, env, self.m.bundle,
                                max(0.1, timeout_s), inherit=inherit,
@@ -403,7 +409,8 @@ def _run_goldens(m: _manifest.Manifest, node: host.NodeDirs, sut: dict[str, Serv
         t0 = time.monotonic()
         try:
             walls = {"read": [m.bundle, node.settings_file],
-                     "write": [node.root / "attempts" / attempt]}  # <W>, made by run_runner
+                     "write": [node.root / "attempts" / attempt],  # <W>, made by run_runner
+                     "gpu": _gpu_compute(m)}
             a = host.run_runner(wrap(runner_argv, **walls), node, attempt, stage.name,
                                 g["payload"], dict(stage.pools), connectors, m.bundle,
                                 stage.timeout_s, extra_env=dict(m.runner.env),
