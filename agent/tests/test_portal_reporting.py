@@ -1,0 +1,107 @@
+"""A real agent reporting to a real portal (`oarbank-portal serve`, a token issued by its CLI):
+the node's figures for node_exporter (--metrics-textfile), and a refused report logged once
+and shown in `status`."""
+
+from __future__ import annotations
+
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from agent_helpers import RunningAgent, write_module
+
+PORTAL = [sys.executable, "-m", "oarbank_ui.cli"]
+
+
+@pytest.fixture
+def portal(tmp_path: Path) -> Iterator[dict[str, Any]]:
+    db = tmp_path / "portal.db"
+    log = open(tmp_path / "portal.log", "wb")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen([*PORTAL, "serve", "--db", str(db), "--listen", "127.0.0.1:0"],
+                            stdout=subprocess.PIPE, stderr=log, start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        line = b""
+        deadline = time.monotonic() + 60
+        while not line.endswith(b"\n"):
+            assert time.monotonic() < deadline and proc.poll() is None, "portal did not start"
+            if select.select([proc.stdout], [], [], 1)[0]:
+                line += os.read(proc.stdout.fileno(), 1)
+        yield {"url": line.decode().split()[-1], "db": db}
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(20)
+        assert proc.stdout is not None
+        proc.stdout.close()
+        log.close()
+
+
+def portal_cli(*args: str, db: Path) -> str:
+    r = subprocess.run([*PORTAL, *args, "--db", str(db)], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
+
+
+def samples(text: str) -> dict[str, float]:
+    return {m.group(1): float(m.group(2))
+            for m in re.finditer(r"(?m)^(oarbank_agent_[^ ]+) (\S+)$", text)}
+
+
+def wait_for(cond: Any, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.1)
+
+
+def test_textfile_and_refusals(tmp_path: Path, portal: dict[str, Any]) -> None:
+    mod = write_module(tmp_path / "mod")
+    token = tmp_path / "portal.token"
+    token.touch(mode=0o600)
+    token.write_text(portal_cli("token", "issue", "test-node", db=portal["db"]) + "\n")
+    prom = tmp_path / "textfile" / "oarbank.prom"
+    prom.parent.mkdir()
+    agent = RunningAgent(tmp_path / "a", [mod], {}, extra_args=[
+        "--portal", portal["url"], "--portal-token-file", str(token), "--heartbeat-s", "0.3",
+        "--metrics-textfile", str(prom)])
+    try:
+        job = agent.submit("echo", {"text": "hi"})
+        assert agent.wait(job)["state"] == "succeeded"
+        node = 'node_id="test-node"'
+        wait_for(lambda: prom.exists() and samples(prom.read_text()).get(
+            f'oarbank_agent_jobs{{{node},state="succeeded"}}') == 1)
+        figures = samples(prom.read_text())
+        assert figures[f"oarbank_agent_attempts_total{{{node}}}"] == 1
+        assert figures[f'oarbank_agent_services{{module="test.agent.echo",{node},'
+                       'state="ready"}'] == 1
+        assert figures[f'oarbank_agent_heartbeat_posts_total{{{node},result="ok"}}'] >= 1
+        assert prom.stat().st_mode & 0o777 == 0o644  # node_exporter runs as another user
+        assert list(prom.parent.iterdir()) == [prom]  # no temp file left beside it
+        hb = agent.status()["heartbeat"]
+        assert hb["token"] is True and hb["refused"] == [] and hb["posts_ok"] >= 1
+
+        # The operator revokes the node's token: refused, logged once, shown in status.
+        portal_cli("token", "revoke", "test-node", db=portal["db"])
+        wait_for(lambda: any(r["count"] >= 3 for r in agent.status()["heartbeat"]["refused"]))
+        (cause,) = agent.status()["heartbeat"]["refused"]
+        assert cause["cause"] == ("HTTP 401: heartbeat: the token is not one this portal "
+                                  "issued, or it was revoked")
+        assert agent.log().count("refused this node's report") == 1
+        wait_for(lambda: samples(prom.read_text()).get(
+            f"oarbank_agent_heartbeat_refused_total{{{node}}}", 0) >= 3)
+    finally:
+        agent.stop()
+    # the last figures: the agent stopped its service
+    figures = samples(prom.read_text())
+    assert figures[f'oarbank_agent_services{{module="test.agent.echo",{node},'
+                   'state="stopped"}'] == 1
