@@ -33,9 +33,8 @@ from oarbank_sdk import advice
 from oarbank_sdk import manifest as mf
 from oarbank_sdk.protocol import current_transport
 
-from . import escapewatch
+from . import escapewatch, groupwatch, logtail, ops, procs, refusals, statuswatch
 from . import fingerprint as fingerprints
-from . import groupwatch, logtail, ops, procs, refusals, statuswatch
 from . import lifecycle as lc
 from .modules import ModuleCtx, NodeInfo
 

@@ -23,10 +23,6 @@ import _thread
 import os
 import sys
 
-TYPE_CHECKING = False  # not `typing`: the launcher imports this package on every start
-if TYPE_CHECKING:
-    from collections.abc import Iterable
-
 from ._policy import (
     CAPABILITY_NAMES,
     ENFORCED,
@@ -36,10 +32,14 @@ from ._policy import (
     GPU_DEVICES_GLOBS,
     NET_MODES,
     SIGNAL_MODES,
-    WALL_GAPS,
     UNAVAILABLE,
+    WALL_GAPS,
     derive_capabilities,
 )
+
+TYPE_CHECKING = False  # not `typing`: the launcher imports this package on every start
+if TYPE_CHECKING:
+    from collections.abc import Iterable
 
 __all__ = [
     "wrap",
@@ -157,9 +157,8 @@ def _netns_of_self() -> str:
 def _probe() -> dict[str, str]:
     # Imported here: the launcher imports this package and should start as fast as it can.
     import json
-    import subprocess
-
     import shutil
+    import subprocess
     import tempfile
 
     # Same environment as every real launch (including a FAULT_ENV someone left set): the
