@@ -55,6 +55,7 @@ def test_heartbeat_then_query_and_pages(start_portal, make_heartbeat, make_row) 
     ("body", "reason"),
     [
         (b"{not json", "heartbeat: not JSON"),
+        (b"[]", "heartbeat: the report must be a JSON object, got a list"),
         (json.dumps({"node_id": "node-a"}).encode(), "heartbeat: hostname: missing"),
         (json.dumps({"node_id": "node-a", "hostname": "h", "time": 1, "services": [
             {"module": MOD, "service": "model"}]}).encode(), "services[0].lifecycle: missing"),
@@ -69,6 +70,7 @@ def test_malformed_heartbeat_is_400_and_changes_nothing(start_portal, http_reque
                      headers={"Authorization": f"Bearer {p.token('node-a')}"})
     assert r.status == 400
     assert reason in r.json()["error"]
+    assert "heartbeat: heartbeat" not in r.json()["error"]  # said once
     assert p.services() == before
     assert reason.split(": ", 1)[-1] in p.log.read_text()  # and the portal's log says why
 
