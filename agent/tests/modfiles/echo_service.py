@@ -2,7 +2,8 @@
 
 Every event goes to <module data>/events.jsonl as {"event", "t", "pid", ...}. Behaviour comes
 from the node settings (OARBANK_SETTINGS_FILE): slots, load_s, start_fail, never_ready,
-no_hello, die_after_ready_s, die_once_after_ready_s (only the first daemon dies), stop_hang (the
+no_hello, die_after_ready_s, die_once_after_ready_s (only the first daemon dies), die_after_ended
+(the daemon exits once it has been told that many attempts ended), stop_hang (the
 stop op never returns), ignore_term (the daemon ignores SIGTERM), linger_after_eof (it does not
 exit when the agent closes its channel), detach (the daemon leaves the start op's process group:
 a session of its own). A daemon exits at once (status 1) when the file
@@ -187,6 +188,7 @@ def serve() -> int:
     conns: dict[str, list[socket.socket]] = {}
     lock = threading.Lock()
     splitter = _wire.LineSplitter()
+    ended = 0
     while True:
         chunk, fds = tr.recv(ch, 65536)
         if not chunk:
@@ -215,6 +217,9 @@ def serve() -> int:
                     s.close()
                 record("ended", attempt=msg.attempt, connections=len(mine),
                        open_before=still_open, open_after=sum(1 for s in mine if s.fileno() >= 0))
+                ended += 1
+                if conf.get("die_after_ended") is not None and ended >= int(conf["die_after_ended"]):
+                    os._exit(1)
 
 
 def echo(sock: socket.socket) -> None:
