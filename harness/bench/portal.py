@@ -11,7 +11,8 @@ The load client is asyncio in this process (not wrk or k6): each report must car
 node's token and a fresh body, and a load tool would need a script for that and is not
 installed here. It is open-loop: report k is due at ``k / rate`` whatever the portal does,
 and its latency counts from when it was due, so a portal that falls behind shows it in p99
-(no coordinated omission). 64 keep-alive connections carry the reports.
+(no coordinated omission). 64 keep-alive connections carry the reports; uvloop when installed
+(the client shares the machine's cores with the portal: the less it takes, the fairer).
 
 Figures per store: sustained rate (reports answered 200 per second), p50/p99 of a report,
 refused (non-200) and lost (no answer within 10 s) reports, the portal's own accepted count
@@ -215,6 +216,15 @@ def _accepted(host: str, port: int) -> float:
     return -1.0
 
 
+def _arun(coro: Any) -> Any:
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(coro)
+
+
 def _one_store(kind: str, db: str, folder: Path, nodes: int, rate: float,
                seconds: float, workers: int) -> dict[str, Any]:
     from oarbank_ui.store import open_store
@@ -228,11 +238,11 @@ def _one_store(kind: str, db: str, folder: Path, nodes: int, rate: float,
     try:
         print(f"bench portal [{kind}]: {nodes} nodes, {rate:g} reports/s for {seconds:g} s ...",
               file=sys.stderr, flush=True)
-        load = asyncio.run(_load(portal.host, portal.port, list(tokens.items()), rate, seconds))
+        load = _arun(_load(portal.host, portal.port, list(tokens.items()), rate, seconds))
         accepted = _accepted(portal.host, portal.port)
-        q_all = asyncio.run(_queries(portal.host, portal.port,
+        q_all = _arun(_queries(portal.host, portal.port,
                                      f"/v1/queries/services?module={MODULE}", 200))
-        q_one = asyncio.run(_queries(portal.host, portal.port,
+        q_one = _arun(_queries(portal.host, portal.port,
                                      f"/v1/queries/services?module={MODULE}&node_id=node-05000",
                                      200))
         rss = portal.peak_rss

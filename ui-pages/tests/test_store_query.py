@@ -220,3 +220,15 @@ def test_services_query_over_1000_nodes(store, make_heartbeat, make_row) -> None
     print(f"\nservices query over 1,000 nodes (2,000 rows): median {timings[10] * 1000:.2f} ms, "
           f"max {timings[-1] * 1000:.2f} ms for 200 rows; node+service filter "
           f"{filtered * 1000:.2f} ms")
+
+
+def test_the_largest_report_is_stored_whole(store, make_heartbeat, make_row) -> None:  # type: ignore[no-untyped-def]
+    """2,000 rows (MAX_SERVICES): written in chunks that stay under SQLite's parameter limit."""
+    from oarbank_ui.heartbeat import MAX_SERVICES
+
+    rows = [make_row(service=f"s{i:04d}") for i in range(MAX_SERVICES)]
+    record(store, make_heartbeat("big", *rows))
+    assert store.services_page([MOD], node_id="big")[1] is True  # more than 200 stored
+    assert [r["service"] for r in store.services([MOD], node_id="big", service="s1999")] == [
+        "s1999"]
+    assert store.summary()["services"] == {(MOD, "ready", ""): MAX_SERVICES}

@@ -72,7 +72,11 @@ def open_store(where: str | Path, **pool: Any) -> HeartbeatStore:
 _ROW_SQL = ("INSERT INTO service_rows (module, node_id, service, hostname, health, running,"
             " ready, accepting, error, held, disabled, withdrawn, gpu_api_missing, lifecycle,"
             " users, endpoint, reported_at, raw, received_at, heartbeat_s, agent_stopped)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+            " VALUES ")
+_ROW_VALUES = "(" + ", ".join("?" * 21) + ")"
+# A node's rows go in multi-row INSERTs (one statement, one round trip to PostgreSQL, instead of
+# one per row); chunked so a statement stays under SQLite's 32,766 parameters.
+_ROWS_PER_INSERT = 500
 
 
 class HeartbeatStore:
@@ -116,14 +120,18 @@ class HeartbeatStore:
                 return RecordResult(False, f"a report of {hb.node_id} received later "
                                            f"({at}) is already stored")
             tx.run("DELETE FROM service_rows WHERE node_id = ?", (hb.node_id,))
-            tx.many(_ROW_SQL, [
+            rows = [
                 (r.module, hb.node_id, r.service, hb.hostname, r.health, int(r.running),
                  int(r.ready), int(r.accepting), r.error, r.held, int(r.disabled),
                  int(r.withdrawn), int(r.gpu_api_missing), r.lifecycle, r.users,
                  int(r.endpoint), hb.time, json.dumps(r.raw, sort_keys=True), now,
                  hb.heartbeat_s, stopped)
                 for r in hb.services
-            ])
+            ]
+            for i in range(0, len(rows), _ROWS_PER_INSERT):
+                chunk = rows[i:i + _ROWS_PER_INSERT]
+                tx.run(_ROW_SQL + ", ".join([_ROW_VALUES] * len(chunk)),
+                       [v for row in chunk for v in row])
         return RecordResult(True)
 
     def remove_node(self, node_id: str) -> dict[str, int]:
