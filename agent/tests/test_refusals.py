@@ -45,7 +45,7 @@ def test_attempts_of_a_quiet_service_and_runner_are_counted(start_agent, tmp_pat
     refused = st["sandbox_refusals"]
     svc = refused[f"{MOD}/echo"]
     assert svc["count"] == 2, svc  # socket(AF_INET), then listen() on its socketpair end
-    assert re.fullmatch(r"socket\(AF_INET\) by pid \d+ \(python: \S+ -I \S+/quiet_trier\.py "
+    assert re.fullmatch(r"socket\(AF_INET\) by pid \d+ \(python[\d.]*: \S+ -I \S+/quiet_trier\.py "
                         r"serve\)", svc["first"]), svc
     assert svc["last"].startswith("listen() by pid ")
     att = refused[f"{job['job_id']}.1"]
@@ -76,7 +76,7 @@ def test_a_service_that_fails_after_refused_attempts_says_so_in_its_error(
     n = agent.status()["sandbox_refusals"][f"{MOD}/echo"]["count"]
     assert n >= 4 and n % 2 == 0, n  # each of its starts: socket + listen on its socketpair end
     assert re.search(rf"\(the sandbox refused {n} network attempt\(s\), the last: listen\(\) by "
-                     rf"pid \d+ \(python: \S+ -I \S+/quiet_trier\.py serve\)\)$", row["error"]), row
+                     rf"pid \d+ \(python[\d.]*: \S+ -I \S+/quiet_trier\.py serve\)\)$", row["error"]), row
     # the heartbeat row is the same row (Agent.report)
     report = json.loads(subprocess.run(
         [sys.executable, "-m", "oarbank_agent", "status", "--state-dir", str(agent.state_dir),

@@ -37,7 +37,9 @@ def run(*args: str, via: str = "cli") -> subprocess.CompletedProcess[str]:
     elif via == "package":
         cmd = [sys.executable, "-m", "oarbank_sdk", *args]
     else:
-        exe = shutil.which("oarbank-sdk")
+        # The script pip put beside this interpreter (PATH need not name the venv's bin).
+        exe = shutil.which("oarbank-sdk", path=str(Path(sys.executable).parent)) or \
+            shutil.which("oarbank-sdk")
         if exe is None:
             pytest.fail("the oarbank-sdk entry point is not installed (pip install -e sdk)")
         cmd = [exe, *args]

@@ -226,7 +226,7 @@ def test_a_service_that_hides_its_listen_attempts_fails_conform(broken, no_lefto
     pid = re.match(r"pid (\d+)", hello).group(1)
     assert re.fullmatch(
         rf"4 attempt\(s\) refused by the sandbox: socket\(AF_INET\), listen\(\), bind\(\), "
-        rf"connect\(\) by pid {pid} \(python: \S+ -I {broken('quiet_listener')}/service\.py "
+        rf"connect\(\) by pid {pid} \(python[\d.]*: \S+ -I {broken('quiet_listener')}/service\.py "
         rf"quiet_listen serve\)", detail), detail
     # everything else passes: the service really serves
     passed = {c["name"] for c in report["checks"] if c["status"] == "ok"}
