@@ -92,7 +92,9 @@ def test_transient_exit_is_retried_up_to_max_attempts(start_agent, tmp_path: Pat
 
 
 def test_timeout_terminates_the_runner_group(start_agent, tmp_path: Path) -> None:
-    mod = write_module(tmp_path / "m", stages=[{"name": "plain", "timeout_s": 0.5}],
+    # timeout_s leaves a runner started under load the time to install its SIGTERM handler:
+    # killed before that, the stubborn one would die of the TERM (-15), not the KILL.
+    mod = write_module(tmp_path / "m", stages=[{"name": "plain", "timeout_s": 2.5}],
                        runner={"stop_grace_s": 0.3})
     agent = start_agent([mod])
     polite = agent.run_job("plain", {"sleep_s": 30})
