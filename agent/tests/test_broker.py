@@ -702,7 +702,7 @@ def test_channel_failures_resolve_closed_with_a_reason():
         (b"\x00\x01binary\n", "protocol violation"),
         (b'{"op":"connect","pid":1}\n', "unknown op 'connect'"),
         (b"x" * 5000, "protocol violation"),
-        (b"", "closed its endpoint channel"),
+        (b"", "the service closed its channel (end of file)"),
         (b'{"op":"hel', "mid-message"),
     ]
 
@@ -715,7 +715,7 @@ def test_channel_failures_resolve_closed_with_a_reason():
             ch.close_child_end()
             if data:
                 svc.send(data)
-            if needle in ("closed its endpoint channel", "mid-message"):
+            if needle in ("the service closed its channel (end of file)", "mid-message"):
                 svc.sock.shutdown(socket.SHUT_WR)
             reason = await asyncio.wait_for(ch.closed, TIMEOUT)
             assert needle in reason, (needle, reason)

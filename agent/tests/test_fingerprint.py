@@ -22,7 +22,8 @@ def test_a_service_that_does_not_speak_protocol_1_offers_nothing(proto: object) 
     doc = dict(GOOD, service_protocol=proto)
     fp = parse(doc)
     assert (fp.health, fp.pools) == ("unhealthy", {})
-    assert "this agent speaks service protocol 1" in (fp.problem or "")
+    assert "service_protocol.supported is" in (fp.problem or "")
+    assert 'it must list 1 (answer "service_protocol": {"supported": [1]})' in (fp.problem or "")
 
 
 def test_unhealthy_or_unknown_health_offers_nothing() -> None:

@@ -24,10 +24,13 @@ def test_exit_0_with_an_enveloped_result_succeeds(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("doc", "why"),
     [
-        (["not", "an", "object"], "not a JSON object"),
-        ({"payload": {}}, "'envelope' must be 1, got null"),
-        ({"envelope": 2, "payload": {}}, "'envelope' must be 1, got 2"),
-        ({"envelope": 1, "payload": "text"}, "'payload' must be a JSON object"),
+        (["not", "an", "object"], 'result.json holds a list ["not", "an", "object"], not '
+                                   '{"envelope": 1, "payload": {...}}'),
+        ({"payload": {}}, "result.json has no 'envelope' (its keys: ['payload']): write "
+                          '{"envelope": 1, "payload": {...}}'),
+        ({"envelope": 2, "payload": {}}, "result.json 'envelope' must be 1, got 2"),
+        ({"envelope": 1, "payload": "text"}, "result.json 'payload' must be an object, got "
+                                             '"text"'),
     ],
 )
 def test_exit_0_with_a_result_outside_the_contract_fails_naming_why(

@@ -18,7 +18,9 @@ Files in the module data dir (OARBANK_MODULE_DATA):
     model.pid     the daemon's pid (written by ``start``)
     model.ready   the daemon's pid, written once the model is loaded
     model.loads   one line (a pid) per model load: the demo counts them
-    model.log     the daemon's stdout/stderr
+
+The daemon's stderr is the one ``start`` got: the agent's log of this service (conform's
+``ops/<service>/start.err``), so a daemon that dies early is quoted in the agent's error.
 
 Standard library plus ``oarbank_sdk.service_endpoint`` only.
 """
@@ -40,7 +42,6 @@ from oarbank_sdk import service_endpoint as ep
 PID_FILE = "model.pid"
 READY_FILE = "model.ready"
 LOADS_FILE = "model.loads"
-LOG_FILE = "model.log"
 
 DEFAULTS = {"slots": 4, "model_gb": 0.5, "load_s": 1.0}
 MAX_BODY = 1 << 20  # a prompt larger than 1 MiB is a bad request, not a reason to run out of memory
@@ -214,7 +215,7 @@ class Handler(BaseHTTPRequestHandler):
     do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = _route
 
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (stdlib name)
-        # stderr is model.log: one short line per request, nothing on the agent's side.
+        # stderr is the service's log on the agent: one short line per request.
         sys.stderr.write(f"{time.strftime('%H:%M:%S')} {format % args}\n")
 
 
@@ -265,17 +266,16 @@ def op_start() -> dict:
     if "OARBANK_ENDPOINT_CHANNEL" not in os.environ:
         raise OpError("OARBANK_ENDPOINT_CHANNEL is not set: only the agent can start this service")
     (d / READY_FILE).unlink(missing_ok=True)
-    with open(d / LOG_FILE, "ab") as log:
-        # Stays in this op's process group (the agent ends the group on stop); stdout and
-        # stderr go to the log so the agent's read of this op's stdout ends when we exit.
-        proc = subprocess.Popen(
-            [sys.executable, "-I", os.path.abspath(__file__), "serve"],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-            cwd=os.path.dirname(os.path.abspath(__file__)),
-            **ep.inherit_channel(),
-        )
+    # Stays in this op's process group (the agent ends the group on stop). Its stdout is not
+    # this op's (the agent reads this op's answer there); its stderr is: the service's log,
+    # where the agent finds the daemon's last words if it dies before its hello.
+    proc = subprocess.Popen(
+        [sys.executable, "-I", os.path.abspath(__file__), "serve"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        cwd=os.path.dirname(os.path.abspath(__file__)),
+        **ep.inherit_channel(),
+    )
     (d / PID_FILE).write_text(f"{proc.pid}\n")
     return {"ok": True}
 

@@ -55,7 +55,7 @@ from .guard import (
     ReleaseJobs,
 )
 from .jobrun import JobRuns, move
-from .modules import ModuleCtx, NodeInfo, load_module
+from .modules import ModuleCtx, NodeInfo, load_module, module_names
 from .store import JobRecord, JobStore
 from .supervisor import Supervisor
 
@@ -98,6 +98,7 @@ class Agent:
         self.broker = Broker(self.supervisor, channels=channels)
         self.admission = Admission()
         self.modules: dict[str, ModuleCtx] = {}
+        self.refused: dict[str, str] = {}  # a refused module's names -> why (load_modules)
         self.jobs: dict[str, JobRecord] = {}
         self._stop = asyncio.Event()
         self.runs = JobRuns(store=self.store, supervisor=self.supervisor, broker=self.broker,
@@ -130,6 +131,8 @@ class Agent:
                 ctx = load_module(path, self.state_dir, settings)
             except mf.ManifestError as exc:
                 refused.append(str(exc))
+                for name in module_names(path):  # `submit` to it gives this refusal
+                    self.refused[name] = "; ".join(str(exc).splitlines())
                 continue
             except OSError as exc:
                 refused.append(f"{path}: cannot load: {exc}")
@@ -161,10 +164,20 @@ class Agent:
                 "sandbox_refusals": refusals.current().report(),
                 "sandbox_refusals_counted": refusals.current().enabled}
 
+    def _with_wait(self, rec: JobRecord, view: dict[str, Any]) -> dict[str, Any]:
+        """A job's view; an admitted job waiting for a starting service says so, with the
+        seconds spent and allowed (computed now: it is never stored)."""
+        ctx = self.modules.get(rec.module)
+        stage = ctx.manifest.stage(rec.stage) if ctx else None
+        if rec.state == jobs.State.ADMITTED.value and not view.get("reason") and ctx and stage:
+            view["reason"] = waiting.starting_wait_reason(self.supervisor, ctx, stage,
+                                                          time.monotonic())
+        return view
+
     def status(self) -> dict[str, Any]:
         rep = self.report()
-        rep["jobs"] = [r.summary() for r in sorted(self.jobs.values(),
-                                                   key=lambda r: (r.submitted_at, r.seq))]
+        rep["jobs"] = [self._with_wait(r, r.summary())
+                       for r in sorted(self.jobs.values(), key=lambda r: (r.submitted_at, r.seq))]
         rep["state_dir"] = str(self.state_dir)
         rep["gpu"] = self.gpu.as_dict() if self.gpu is not None else None
         rep["protection"] = self.guard.report(self.admission.budget_gb,
@@ -276,6 +289,9 @@ class Agent:
 
     def submit(self, module: str, stage: str, payload: dict[str, Any]) -> JobRecord:
         ctx = self.find_module(module)
+        if ctx is None and module in self.refused:
+            raise control.ControlError("unknown_module", f"module {module!r} was refused when "
+                                       f"the agent started: {self.refused[module]}")
         if ctx is None:
             known = ", ".join(sorted(self.modules)) or "none"
             raise control.ControlError("unknown_module",
@@ -412,10 +428,12 @@ class Agent:
                 try:
                     await asyncio.wait_for(fut, timeout)
                 except asyncio.TimeoutError:
-                    return {"ok": False, "code": "timeout", "job": rec.public(),
+                    view = self._with_wait(rec, rec.public())
+                    why = f"; {view['reason']}" if view.get("reason") else ""
+                    return {"ok": False, "code": "timeout", "job": view,
                             "error": f"job {rec.job_id} not finished after {timeout:g}s "
-                                     f"(state: {rec.state})"}
-            return {"ok": True, "job": rec.public()}
+                                     f"(state: {rec.state}{why})"}
+            return {"ok": True, "job": self._with_wait(rec, rec.public())}
         if op == "status":
             return {"ok": True, "status": self.status()}
         if op == "protect":

@@ -15,9 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from oarbank_sdk import advice
+
 __all__ = ["SERVICE_PROTOCOL", "Fingerprint", "parse"]
 
-SERVICE_PROTOCOL = 1
+SERVICE_PROTOCOL = advice.SERVICE_PROTOCOL
 _HEALTH = ("healthy", "unhealthy", "undetected")
 
 
@@ -39,14 +41,9 @@ def parse(doc: dict[str, Any]) -> Fingerprint:
     reserve = doc.get("reserve")
     gb = reserve.get("mem_gb") if isinstance(reserve, dict) else None
     reserve_gb = float(gb) if isinstance(gb, (int, float)) and not isinstance(gb, bool) and gb >= 0 else 0.0
-    proto = doc.get("service_protocol")
-    supported = proto.get("supported") if isinstance(proto, dict) else None
-    if not isinstance(supported, list) or not any(
-        _is_count(v) and v == SERVICE_PROTOCOL for v in supported
-    ):
-        return Fingerprint("unhealthy", {}, running, reserve_gb,
-                           f"fingerprint: service_protocol.supported is {supported!r}; this agent "
-                           f"speaks service protocol {SERVICE_PROTOCOL}")
+    wrong_protocol = advice.protocol_problem(doc.get("service_protocol"))  # conform's words
+    if wrong_protocol:
+        return Fingerprint("unhealthy", {}, running, reserve_gb, wrong_protocol)
     health = doc.get("health")
     if health not in _HEALTH:
         return Fingerprint("unhealthy", {}, running, reserve_gb,

@@ -16,9 +16,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
 from oarbank_sdk import manifest as mf
 
-__all__ = ["NodeInfo", "ModuleCtx", "load_module", "SettingsError", "read_settings_arg"]
+__all__ = ["NodeInfo", "ModuleCtx", "load_module", "module_names", "SettingsError",
+           "read_settings_arg"]
 
 
 @dataclass(frozen=True)
@@ -109,6 +115,22 @@ def load_module(path: Path, state_dir: Path, settings: dict[str, Any]) -> Module
         d.mkdir(parents=True, exist_ok=True)
     _write_json(ctx.settings_file, settings)
     return ctx
+
+
+def module_names(path: Path) -> set[str]:
+    """The names a person may give ``submit`` for the module at ``path`` even when its manifest
+    is refused: its folder, and its ``[module] id`` and short name when they can be read."""
+    folder = path if path.is_dir() else path.parent
+    names = {folder.name}
+    toml = folder / "oarbank-module.toml" if path.is_dir() else path
+    try:
+        with open(toml, "rb") as f:
+            module_id = tomllib.load(f).get("module", {}).get("id")
+    except (OSError, ValueError, AttributeError):
+        module_id = None
+    if isinstance(module_id, str) and module_id:
+        names |= {module_id, module_id.rsplit(".", 1)[-1]}
+    return names
 
 
 def _write_json(path: Path, value: Any) -> None:

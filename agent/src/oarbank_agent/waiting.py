@@ -3,12 +3,15 @@
 Admission itself only sees token counts; a pool that counts 0 because its service is
 withdrawn, held, or missing from its fingerprint looks the same there. This names the cause,
 so that ``status`` and the job record say what the job waits for instead of waiting silently.
+An admitted job waiting for its service to finish starting says so too, with the time spent
+and the time allowed (``starting_wait_reason``, computed when read: it changes every second).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from oarbank_sdk import advice
 from oarbank_sdk import manifest as mf
 
 from . import lifecycle as lc
@@ -18,7 +21,7 @@ if TYPE_CHECKING:
     from .modules import ModuleCtx
     from .supervisor import Supervisor
 
-__all__ = ["WAITING", "service_wait_reason"]
+__all__ = ["WAITING", "service_wait_reason", "starting_wait_reason"]
 
 WAITING = "waiting: "  # the prefix of every reason written here (cleared once admitted)
 
@@ -41,6 +44,28 @@ def service_wait_reason(sup: Supervisor, ctx: ModuleCtx, stage: mf.Stage) -> str
         if rt.gpu_missing is not None:
             return f"{WAITING}service {rt.key}: {rt.gpu_missing}"
         if sup.capacities(rt.key).get(pool, 0) <= 0:
-            why = rt.fp_error or f"its fingerprint reports health {rt.health!r} and no tokens"
+            # A healthy fingerprint that answers other pools than the manifest provides is
+            # named as conform names it: no token of this pool will ever come.
+            mismatch = (advice.pools_mismatch(rt.fp_pools, svc.pools)
+                        if rt.health == "healthy" and pool not in rt.fp_pools else None)
+            why = rt.fp_error or mismatch or (
+                f"its fingerprint reports health {rt.health!r} and no tokens")
             return f"{WAITING}pool {pool!r} of service {rt.key} has no tokens on this node ({why})"
+    return None
+
+
+def starting_wait_reason(sup: Supervisor, ctx: ModuleCtx, stage: mf.Stage,
+                         now: float) -> str | None:
+    """For an admitted job: the first of its endpoint services still starting, with the
+    seconds since its start (``now``: monotonic) and its start_timeout_s; None if none is."""
+    for pool in stage.pools:
+        svc = ctx.manifest.service_for_pool(pool)
+        if svc is None or not svc.endpoint:
+            continue
+        rt = sup.services.get(service_key(ctx.id, svc.name))
+        if rt is None or rt.st.state is not lc.State.STARTING or rt.start_began is None:
+            continue
+        hello = rt.channel is not None and rt.channel.hello.done()
+        return WAITING + advice.starting_wait(rt.key, now - rt.start_began,
+                                              svc.start_timeout_s, hello)
     return None

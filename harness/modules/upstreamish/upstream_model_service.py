@@ -81,7 +81,7 @@ def op_start() -> dict:
         return {"ok": True}
     fd = int(os.environ["OARBANK_ENDPOINT_CHANNEL"].split(":", 1)[1])
     (d / ms.READY_FILE).unlink(missing_ok=True)
-    with open(d / ms.LOG_FILE, "ab") as log:
+    with open(d / "model.log", "ab") as log:  # its own log (the example inherits stderr)
         proc = subprocess.Popen([sys.executable, "-I", __file__, "serve"], stdin=subprocess.DEVNULL,
                                 stdout=log, stderr=log, cwd=HERE, pass_fds=(fd,))
     (d / ms.PID_FILE).write_text(f"{proc.pid}\n")

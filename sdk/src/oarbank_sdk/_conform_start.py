@@ -87,7 +87,7 @@ def await_hello(s: Service, ch: host.Channel, data_dir: Path, deadline: float,
         time.sleep(0.05)
         left_pids = host.group_pids(s.pgid) if s.pgid else []
     s.report.add(FAIL, f"{s.label}: hello", advice.closed_before_hello(
-        ch.closed_why or "end of file", bool(left_pids), logs.last_line(s.logs, data_dir)))
+        ch.closed_reason or advice.channel_closed("end of file"), bool(left_pids), logs.last_line(s.logs, data_dir)))
     show_logs(s, data_dir)
     return None
 

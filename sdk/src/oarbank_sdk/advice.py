@@ -8,7 +8,8 @@ same words, defined here once. Each function is pure (values in, one line out):
 - ``channel_closed``: the service closed its endpoint channel (any time);
 - ``closed_before_hello``: it did so before its hello; whether the daemon is gone and its last
   log line say which fix applies;
-- ``fingerprint_problems``: a fingerprint whose pools or protocol make every job wait forever;
+- ``fingerprint_problems`` (``protocol_problem``, ``pools_mismatch``): a fingerprint whose
+  protocol or pools make every job of the service wait forever;
 - ``envelope_problem``: a ``result.json`` that is not ``{"envelope": 1, "payload": {...}}``,
   naming what was found;
 - ``starting_wait``: a job waiting on a service that is starting, with the time spent and the
@@ -30,6 +31,8 @@ __all__ = [
     "ready_before_hello",
     "channel_closed",
     "closed_before_hello",
+    "protocol_problem",
+    "pools_mismatch",
     "fingerprint_problems",
     "envelope_problem",
     "starting_wait",
@@ -59,10 +62,11 @@ def channel_closed(reason: str) -> str:
     return f"{CHANNEL_CLOSED} ({reason})"
 
 
-def closed_before_hello(reason: str, daemon_left: bool, last_log_line: str | None) -> str:
-    """The channel closed before any hello. ``daemon_left``: a process of the service's start
-    group still ran when it closed; ``last_log_line``: the end of the service's log, if any."""
-    text = f"{channel_closed(reason)} before its hello: "
+def closed_before_hello(closed: str, daemon_left: bool, last_log_line: str | None) -> str:
+    """The channel closed before any hello. ``closed``: ``channel_closed``'s text;
+    ``daemon_left``: a process of the service's start group still ran a moment later;
+    ``last_log_line``: the end of the service's log, if any."""
+    text = f"{closed} before its hello: "
     if daemon_left:
         text += (f"a process of the service still runs without the channel: {INHERIT_FIX}")
     else:
@@ -73,37 +77,48 @@ def closed_before_hello(reason: str, daemon_left: bool, last_log_line: str | Non
     return text
 
 
+def protocol_problem(service_protocol: Any) -> str | None:
+    """A fingerprint's ``service_protocol`` that does not list 1 (None when it does)."""
+    proto = service_protocol
+    supported = proto.get("supported") if isinstance(proto, dict) else None
+    if isinstance(supported, list) and any(v == SERVICE_PROTOCOL and type(v) is int
+                                           for v in supported):
+        return None
+    return (f"fingerprint service_protocol.supported is {json.dumps(supported)}: it must list "
+            f'{SERVICE_PROTOCOL} (answer "service_protocol": {{"supported": [1]}})')
+
+
+def pools_mismatch(answered: Iterable[str], provides: Iterable[str]) -> str | None:
+    """A fingerprint's ``pools`` keys other than the manifest's ``provides.pools`` (a job
+    reserving a pool the fingerprint never offers waits forever); None when they agree."""
+    got, declared = sorted(set(answered)), sorted(set(provides))
+    if got == declared:
+        return None
+    missing = [p for p in declared if p not in got]
+    extra = [p for p in got if p not in declared]
+    detail = "; ".join(x for x in (
+        f"missing {missing} (jobs reserving them wait forever)" if missing else "",
+        f"not in provides.pools: {extra}" if extra else "") if x)
+    return (f"fingerprint pools keys {got} differ from the manifest's provides.pools "
+            f"{declared}: {detail}; the fingerprint must answer the pools the manifest provides")
+
+
 def fingerprint_problems(doc: Any, provides: Iterable[str]) -> list[str]:
     """What in a ``fingerprint`` answer keeps every job of the service waiting forever: a
-    ``service_protocol.supported`` without 1, or ``pools`` keys other than the manifest's
-    ``provides.pools`` (a job reserves a pool the fingerprint never offers)."""
+    ``service_protocol.supported`` without 1, ``pools`` keys other than ``provides.pools``,
+    a pool count that is not an integer >= 0."""
     if not isinstance(doc, dict):
         return [f"fingerprint answered {_found(doc)}, not a JSON object"]
-    problems = []
-    proto = doc.get("service_protocol")
-    supported = proto.get("supported") if isinstance(proto, dict) else None
-    if not (isinstance(supported, list) and any(
-            v == SERVICE_PROTOCOL and type(v) is int for v in supported)):
-        problems.append(
-            f"fingerprint service_protocol.supported is {json.dumps(supported)}: it must list "
-            f'{SERVICE_PROTOCOL} (answer "service_protocol": {{"supported": [1]}})')
-    declared = sorted(set(provides))
+    problems = [p for p in (protocol_problem(doc.get("service_protocol")),) if p]
     pools = doc.get("pools")
     if not isinstance(pools, dict):
         problems.append(f"fingerprint pools is {_found(pools)}: answer an object with one count "
-                        f"per pool of provides.pools {declared}")
+                        f"per pool of provides.pools {sorted(set(provides))}")
         return problems
-    got = sorted(pools)
-    if got != declared:
-        missing = [p for p in declared if p not in pools]
-        extra = [p for p in got if p not in declared]
-        detail = "; ".join(x for x in (
-            f"missing {missing} (jobs reserving them wait forever)" if missing else "",
-            f"not in provides.pools: {extra}" if extra else "") if x)
-        problems.append(f"fingerprint pools keys {got} differ from the manifest's provides.pools "
-                        f"{declared}: {detail}; the fingerprint must answer the pools the "
-                        "manifest provides")
-    for pool in got:
+    mismatch = pools_mismatch(pools, provides)
+    if mismatch:
+        problems.append(mismatch)
+    for pool in sorted(pools):
         n = pools[pool]
         if not (type(n) is int and n >= 0):
             problems.append(f"fingerprint pools.{pool} is {_found(n)}: a count of jobs, an "
