@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from agent_helpers import EXAMPLE, write_module
+
 from oarbank_agent import control
 from oarbank_sdk import advice
 

@@ -16,8 +16,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 from oarbank_sdk import advice, conform
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -21,9 +21,8 @@ import asyncio
 import logging
 import socket
 
-from oarbank_sdk.protocol import current_transport, wire
-
 from oarbank_sdk import advice
+from oarbank_sdk.protocol import current_transport, wire
 
 from ._msgstream import MessageStream
 

@@ -34,7 +34,7 @@ def subset_problem(want: Any, got: Any, path: str = "body") -> str | None:
     if isinstance(want, list):
         if not isinstance(got, list) or len(got) != len(want):
             return f"{path}: expected {_short(want)}, got {_short(got)}"
-        for i, (w, g) in enumerate(zip(want, got)):
+        for i, (w, g) in enumerate(zip(want, got, strict=True)):
             problem = subset_problem(w, g, f"{path}[{i}]")
             if problem:
                 return problem

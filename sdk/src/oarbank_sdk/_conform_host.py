@@ -35,8 +35,7 @@ from pathlib import Path
 
 import psutil
 
-from oarbank_sdk import _transport
-from oarbank_sdk import advice
+from oarbank_sdk import _transport, advice
 from oarbank_sdk._opdoc import last_json_object
 from oarbank_sdk._wire import (
     Accepted,

@@ -86,8 +86,9 @@ def await_hello(s: Service, ch: host.Channel, data_dir: Path, deadline: float,
     while left_pids and time.monotonic() < gone_by:
         time.sleep(0.05)
         left_pids = host.group_pids(s.pgid) if s.pgid else []
+    closed = ch.closed_reason or advice.channel_closed("end of file")
     s.report.add(FAIL, f"{s.label}: hello", advice.closed_before_hello(
-        ch.closed_reason or advice.channel_closed("end of file"), bool(left_pids), logs.last_line(s.logs, data_dir)))
+        closed, bool(left_pids), logs.last_line(s.logs, data_dir)))
     show_logs(s, data_dir)
     return None
 

@@ -39,12 +39,11 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from oarbank_sdk import _conform_attempts as attempts_watch
-from oarbank_sdk import _transport
-from oarbank_sdk import _conform_host as host
 from oarbank_sdk import _conform_expect as expect
+from oarbank_sdk import _conform_host as host
 from oarbank_sdk import _conform_inputs as inputs
 from oarbank_sdk import _conform_start as starting
-from oarbank_sdk import advice
+from oarbank_sdk import _transport, advice
 from oarbank_sdk import manifest as _manifest
 from oarbank_sdk import pages as _pages
 from oarbank_sdk._conform_report import FAIL, OK, SKIP, WARN, Report
