@@ -209,3 +209,16 @@ def test_the_agent_refuses_a_readable_token_file(tmp_path: Path) -> None:
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
     assert f"{token}: mode 0640 lets the group or others read it; chmod 600" in r.stderr
+
+
+def test_the_agent_refuses_a_bad_ca_file(tmp_path: Path) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_text("not a certificate\n")
+    base = [sys.executable, "-m", "oarbank_agent", "run", "--state-dir", str(tmp_path / "s"),
+            "--module", "x"]
+    r = subprocess.run([*base, "--portal", "https://127.0.0.1:9", "--portal-ca", str(ca)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and f"--portal-ca {ca}: not a readable PEM CA bundle" in r.stderr
+    r = subprocess.run([*base, "--portal", "http://127.0.0.1:9", "--portal-ca", str(ca)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--portal-ca is for an https:// --portal" in r.stderr

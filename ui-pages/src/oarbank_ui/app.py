@@ -194,10 +194,9 @@ class Portal:
         if self.hosts is not None:
             host = headers.get("host")
             if not self.hosts.allows(host):
-                r = _error(400, self.hosts.refusal(host))
-                if path.rstrip("/") == "/v1/heartbeat":
-                    r = self.refuse("host", 400, self.hosts.refusal(host))
-                return r
+                if path.rstrip("/") == "/v1/heartbeat":  # a report refused: counted, logged
+                    return self.refuse("host", 400, self.hosts.refusal(host))
+                return _error(400, self.hosts.refusal(host))
         if path.rstrip("/") != "/v1/heartbeat" or method != "POST":
             return Admission("")
         ctype = headers.get("content-type", "").split(";", 1)[0].strip().lower()
