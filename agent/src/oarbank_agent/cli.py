@@ -30,6 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--module", action="append", required=True, type=Path, dest="modules",
                    metavar="MODULE_DIR")
     r.add_argument("--node-id")
+    r.add_argument("--allow-empty", action="store_true",
+                   help="run even when no --module could be loaded (by default that exits 2)")
     r.add_argument("--settings", action="append", default=[], metavar="MODULE=FILE",
                    help="this node's settings (JSON object) for a module (id or short name)")
     r.add_argument("--sandbox", choices=("auto", "required", "off"), default="auto",
@@ -222,8 +224,10 @@ def cmd_run(args: argparse.Namespace) -> int:
                    if agent.find_module(n) is None and n not in agent.modules]
         if unknown:
             _err(f"--settings for a module that is not loaded: {', '.join(unknown)}")
-        if not agent.modules:
-            _err("no module could be loaded")
+        if not agent.modules and not args.allow_empty:
+            _err("no module could be loaded: each refusal above says why (fix the manifest, "
+                 "check it with `oarbank-sdk check`, or run with --allow-empty)")
+            return 2
 
         sender = None
         if args.portal:
@@ -344,8 +348,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
         return 1
     if not reply.get("ok"):
         if reply.get("code") == "timeout":
+            job = reply.get("job", {})
+            why = f"; {job['reason']}" if job.get("reason") else ""  # e.g. a starting service
             _err(f"timed out after {args.timeout:g}s waiting for job {job_id} "
-                 f"(state: {reply.get('job', {}).get('state')}); it keeps running")
+                 f"(state: {job.get('state')}{why}); it keeps running")
         else:
             _err(reply.get("error", "wait failed"))
         return 1
