@@ -31,7 +31,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from oarbank_sdk import service_endpoint as ep
 
-SERVICE = "model"
+SERVICE = "model"  # the service (and pool) the stage reserves; `oarbank-sdk new` sets it
+PATH = "/v1/generate"  # the service's HTTP path
 MAX_PARALLEL = 8  # connections in flight per job; the agent allows bursts of 64 connects
 
 
@@ -77,7 +78,7 @@ def check_payload(payload: object) -> tuple[list[str], float]:
 def generate(prompt: str) -> dict:
     """One request to the service. Endpoint refusals are transient; error answers are not."""
     try:
-        r = ep.request(SERVICE, "POST", "/v1/generate", {"prompt": prompt})
+        r = ep.request(SERVICE, "POST", PATH, {"prompt": prompt})
     except ep.EndpointError as exc:  # refused (e.g. service_unavailable) or connector closed
         raise JobFailure(75, "endpoint_unavailable", f"{exc.code}: {exc.detail}", "transient")
     except OSError as exc:  # the service dropped the connection mid-request
@@ -85,7 +86,7 @@ def generate(prompt: str) -> dict:
                          "transient")
     if r.status != 200:
         text = r.body[:500].decode("utf-8", "replace")
-        raise JobFailure(1, "service_error", f"POST /v1/generate answered {r.status}: {text}",
+        raise JobFailure(1, "service_error", f"POST {PATH} answered {r.status}: {text}",
                          None)
     try:
         answer = r.json()
@@ -93,7 +94,7 @@ def generate(prompt: str) -> dict:
             raise ValueError("no string 'text' in the answer")
         return answer
     except (ValueError, AttributeError) as exc:
-        raise JobFailure(1, "service_error", f"POST /v1/generate: bad answer ({exc})", None)
+        raise JobFailure(1, "service_error", f"POST {PATH}: bad answer ({exc})", None)
 
 
 class Events:

@@ -39,9 +39,11 @@ from pathlib import Path
 
 from oarbank_sdk import service_endpoint as ep
 
-PID_FILE = "model.pid"
-READY_FILE = "model.ready"
-LOADS_FILE = "model.loads"
+SERVICE = "model"  # the service's name and its pool's (oarbank-module.toml); `oarbank-sdk new` sets it
+PATH = "/v1/generate"  # the one HTTP path it answers; the runner posts there
+PID_FILE = f"{SERVICE}.pid"
+READY_FILE = f"{SERVICE}.ready"
+LOADS_FILE = f"{SERVICE}.loads"
 
 DEFAULTS = {"slots": 4, "model_gb": 0.5, "load_s": 1.0}
 MAX_BODY = 1 << 20  # a prompt larger than 1 MiB is a bad request, not a reason to run out of memory
@@ -184,9 +186,9 @@ class Handler(BaseHTTPRequestHandler):
         return self.rfile.read(length)
 
     def _route(self) -> None:
-        if self.path != "/v1/generate":
+        if self.path != PATH:
             self._read_body()  # keep the connection usable for the next request
-            self._error(404, f"no such path {self.path!r}; try POST /v1/generate")
+            self._error(404, f"no such path {self.path!r}; try POST {PATH}")
             return
         if self.command != "POST":
             self._read_body()
@@ -251,7 +253,7 @@ def op_fingerprint() -> dict:
     return {
         "service_protocol": {"supported": [1]},
         "health": "healthy",
-        "pools": {"model": conf["slots"]},
+        "pools": {SERVICE: conf["slots"]},  # exactly the manifest's provides.pools
         "reserve": {"mem_gb": conf["model_gb"]},
         "running": running,
     }

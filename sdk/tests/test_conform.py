@@ -160,7 +160,7 @@ def no_leftovers(broken_root):
         }),
         ("no_hello", {"service echo: hello": r"no hello within start_timeout_s \(2 s\)"}),
         ("never_ready", {
-            "service echo: ready": r"not true within start_timeout_s \(2 s\); last answer: "
+            "service echo: ready": r"not true within start_timeout_s \(6 s\); last answer: "
                                    r"\{\"running\": true, \"ready\": false\}",
         }),
         ("answers_500", {"spec echo": r"POST /echo: expected status 200, got 500"}),
@@ -206,7 +206,7 @@ def test_sandbox_refused_listen_fails_the_network_attempts_check(module, call, b
     assert f"{call} by pid {pid} (python" in attempts[0], attempts[0]
     assert f"{broken(module)}/service.py {module.replace('listens', 'listen')} serve)" in attempts[0]
     # the daemon died of its PermissionError: the channel closed before `ready`
-    assert any(line.startswith("FAIL service echo: ready: the service closed the channel")
+    assert any(line.startswith("FAIL service echo: ready: the service closed its channel")
                for line in fail_lines), done.stdout
     assert done.stdout.strip().splitlines()[-1].startswith(f"dev.test.broken_{module} 0.0.1: ")
     assert re.search(r": \d+ passed, 2 failed, 2 skipped$", done.stdout.strip())

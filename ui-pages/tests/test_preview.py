@@ -66,3 +66,23 @@ def test_preview_of_an_invalid_module(tmp_path: Path) -> None:
     r = preview(tmp_path, tmp_path / "out")
     assert r.returncode == 2
     assert "oarbank-module.toml" in r.stderr
+
+
+def test_relative_fixture_times_render_relative_to_now(tmp_path: Path) -> None:
+    # The example's fixtures say "-4s", "-6s", "-2s", "-3m": a preview made any day reads
+    # seconds and minutes ago, never "333 d ago".
+    out = tmp_path / "out"
+    r = preview(EXAMPLE, out)
+    assert r.returncode == 0, r.stderr
+    page = (out / "page-overview.html").read_text()
+    for ago in ("4 s ago", "6 s ago", "2 s ago", "3 min ago"):
+        assert ago in page, ago
+    assert " d ago" not in page
+
+
+def test_fixture_times_resolve_only_relative_values() -> None:
+    from oarbank_ui.fixture_times import resolve_rows
+
+    rows = [{"a": "-5m", "b": "-1.5h", "c": "now", "d": "-2d", "e": "5m", "f": "-5x", "g": 3}]
+    assert resolve_rows(rows, 1000000.0) == [{"a": 999700.0, "b": 994600.0, "c": 1000000.0,
+                                              "d": 827200.0, "e": "5m", "f": "-5x", "g": 3}]

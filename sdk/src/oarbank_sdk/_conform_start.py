@@ -28,8 +28,10 @@ __all__ = ["FINGERPRINT_TIMEOUT_S", "EXIT_WAIT_S", "check_fingerprint", "await_h
 
 FINGERPRINT_TIMEOUT_S = 5.0  # the agent's fingerprint op timeout (contract section 2)
 EXIT_WAIT_S = 2.0  # after a channel closed before the hello: time for the daemon to end
-READY_POLL_FIRST_S = 0.2  # `ready` while no hello yet: first after this, doubling to 1 s
-READY_POLL_MAX_S = 1.0
+# `ready` while no hello yet: first after 1 s, doubling to 2 s (each poll is a process: a
+# service still coming up is not slowed by a swarm of them)
+READY_POLL_FIRST_S = 1.0
+READY_POLL_MAX_S = 2.0
 
 
 class Service(Protocol):

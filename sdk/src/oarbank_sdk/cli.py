@@ -4,7 +4,11 @@
   panels they list. Valid: ``<path>: ok <module id> <version>``; invalid: ``<path>: INVALID``
   then one ``<key path>: <message>`` line per problem. Exit 0 all valid, 1 any invalid,
   2 bad command line.
-- ``oarbank-sdk conform MODULE_DIR [--json]``: the conformance kit (``oarbank_sdk.conform``).
+- ``oarbank-sdk conform MODULE_DIR [--json] [--keep]``: the conformance kit
+  (``oarbank_sdk.conform``).
+- ``oarbank-sdk new DIR --id ID --service NAME --stage NAME [--from PATH]``: a module made
+  from the reference example with those names (``oarbank_sdk.scaffold``). Exit 0 written,
+  2 bad names or DIR not empty.
 
 Adding a subcommand: write ``_cmd_<name>(args) -> int`` and one ``_add_<name>(sub)`` that
 registers its arguments and sets ``func``; list it in ``_SUBCOMMANDS``.
@@ -85,9 +89,44 @@ def _add_conform(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_conform)
 
 
+# -- new ------------------------------------------------------------------------------------
+
+
+def _cmd_new(args: argparse.Namespace) -> int:
+    from .scaffold import ScaffoldError, new_module
+
+    try:
+        files = new_module(Path(args.dir), args.id, args.service, args.stage, args.template)
+    except ScaffoldError as exc:
+        print(f"oarbank-sdk new: {exc}", file=sys.stderr)
+        return 2
+    print(f"{args.dir}: {args.id} with service {args.service!r} and stage {args.stage!r} "
+          f"({len(files)} files); next: oarbank-sdk check {args.dir} && "
+          f"oarbank-sdk conform {args.dir}")
+    return 0
+
+
+def _add_new(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "new",
+        help="make a module from the reference example",
+        description="Copy the reference module (examples/modelserver) into DIR with its module "
+        "id, service (and pool) and stage renamed everywhere they live.",
+    )
+    p.add_argument("dir", metavar="DIR", help="the new module's folder (new or empty)")
+    p.add_argument("--id", required=True, help="module id, reverse DNS: com.acme.scorer")
+    p.add_argument("--service", required=True, help="the service's (and its pool's) name")
+    p.add_argument("--stage", required=True, help="the stage's name")
+    p.add_argument("--from", dest="template", type=Path, default=None, metavar="PATH",
+                   help="the reference module to copy (default: the repository's "
+                   "examples/modelserver)")
+    p.set_defaults(func=_cmd_new)
+
+
 # -- wiring ---------------------------------------------------------------------------------
 
-_SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_check, _add_conform]
+_SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_check, _add_conform,
+                                                                    _add_new]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -5,6 +5,7 @@ shape ``GET /v1/queries/<query>`` returns, so a fixture can be captured from a l
 params filter rows by equality on the keys rows have. The result is static HTML in ``--out``:
 ``index.html``, ``page-<id>.html``, ``panel-<id>.html`` and ``static/``; open it in a browser.
 Panels show the node given with ``--node`` (default: the first ``node_id`` in the fixtures).
+A row value ``"-5m"`` (or ``"now"``) is a time relative to the preview (``fixture_times``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 from oarbank_sdk._page_forms import Target
 from oarbank_sdk.manifest import load
 
+from .fixture_times import resolve_rows
 from .html import Templates, clock_text
 from .modules import PageFileError, PortalModule
 from .render import RenderContext, build_view
@@ -32,8 +34,10 @@ __all__ = ["fixture_fetch", "write_preview"]
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
-def fixture_fetch(bundle: Path) -> Callable[[str, dict[str, Any]], list[dict[str, Any]]]:
-    """A query runner over ``<bundle>/fixtures/ui/queries/<query>.json``."""
+def fixture_fetch(bundle: Path, now: float | None = None
+                  ) -> Callable[[str, dict[str, Any]], list[dict[str, Any]]]:
+    """A query runner over ``<bundle>/fixtures/ui/queries/<query>.json``; relative times in
+    rows (``"-5m"``) are read against ``now`` (default: the time of each fetch)."""
 
     def fetch(query: str, params: dict[str, Any]) -> list[dict[str, Any]]:
         if not re.fullmatch(r"[a-z][a-z0-9_]*", query):
@@ -47,6 +51,7 @@ def fixture_fetch(bundle: Path) -> Callable[[str, dict[str, Any]], list[dict[str
             raise QueryError(f"{rel}: {e}")
         if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
             raise QueryError(f"{rel}: expected a JSON list of row objects")
+        rows = resolve_rows(rows, time.time() if now is None else now)
         for k, v in params.items():
             rows = [r for r in rows if k not in r or r[k] == v]
         return rows[:MAX_ROWS]
@@ -106,7 +111,7 @@ def write_preview(module_dir: Path, out: Path, *, node: str | None = None) -> li
             else:
                 for p in problems:
                     print(f"oarbank-portal: warning: {p}", file=sys.stderr)
-                view = build_view(doc, RenderContext(fetch=fixture_fetch(bundle),
+                view = build_view(doc, RenderContext(fetch=fixture_fetch(bundle, now),
                                                      node=node if kind == "panel" else None,
                                                      now=now, resolve=_resolver(mod, node)))
                 subtitle = f"preview of {mod.id} {mod.manifest.version} from fixtures"
