@@ -1,14 +1,10 @@
 """``oarbank-sdk new DIR --id ID --service NAME --stage NAME``: a module from the reference.
 
 The reference module (``examples/modelserver``) is copied with every name set consistently;
-nothing else changes, so the new module passes ``check`` and ``conform`` as generated. Where
-each name lives (the example README's "Make it yours" lists the same places):
-
-| name | where |
-|---|---|
-| module id | ``[module] id`` |
-| service | ``[[services]] name``, its ``provides.pools``, the stage's ``requires.pools``, ``SERVICE`` in the service (fingerprint ``pools``, data files) and in the runner (``OARBANK_SERVICE_<NAME>``), ``service_specs[].service``, pages' and panels' ``params.service``, ``fixtures/ui/queries/services.json`` rows, the file names ``<service>_service.py`` / ``<stage>_runner.py`` in ``exec`` |
-| stage | ``[[stages]] name``, each golden's ``stage``, the HTTP path ``/v1/<stage>`` (``PATH`` in service and runner, ``service_specs[].path``) |
+nothing else changes, so the new module passes ``check`` and ``conform`` as generated. The
+places each name lives are the ones the example README's "Make it yours" lists: the manifest
+(id, service, pool, stage, exec file names), ``SERVICE`` and ``PATH`` in the two scripts,
+``conformance.json``, goldens, pages, panels and fixtures.
 
 Each edit must find exactly what the reference holds; if the reference changed under it the
 command fails naming the edit, never writing a half-renamed module. Public API:
