@@ -6,9 +6,12 @@ What it does, in order, each step one or more checks (``ok``, ``FAIL``, ``skip``
 2. ``sandbox``: ops, daemons and runners run inside ``oarbank_sdk.sandbox`` when it can confine
    them here (``warn`` and unconfined otherwise: the listen check below still runs).
 3. Each endpoint service, started as the agent starts it (same op environment, its own process
-   group, a channel socketpair whose child end is ``OARBANK_ENDPOINT_CHANNEL``): ``start``
-   exits 0, the hello arrives, ``ready`` turns true, all within ``start_timeout_s``
-   (``ready`` polled from 50 ms, backing off to 1 s); then **no network attempts**: no
+   group, a channel socketpair whose child end is ``OARBANK_ENDPOINT_CHANNEL``): first its
+   ``fingerprint`` (``pools`` keys = ``provides.pools``, service protocol 1:
+   ``_conform_start``); ``start`` exits 0, the hello arrives (``ready`` true before it fails
+   at once; a channel closed before it says whether the daemon is gone, quoting its last log
+   line), ``ready`` turns true, all within ``start_timeout_s`` (``ready`` polled from 50 ms,
+   backing off to 1 s); a failing check prints the tail of the service's logs; then **no network attempts**: no
    process of the service (ops and daemon) tried ``socket``, ``bind``, ``listen``,
    ``connect`` or ``accept`` (seen by the sandbox's seccomp user notification, never in the
    service's output: ``_conform_attempts``), and **never listens**: no process of the service
@@ -17,14 +20,16 @@ What it does, in order, each step one or more checks (``ok``, ``FAIL``, ``skip``
    this kit brokers itself; every key of ``expected.payload`` must equal the result's.
 5. ``spec <name>``: each ``service_specs`` entry of ``conformance.json``, as HTTP/1.1 with
    ``Connection: close`` over a connection handed to the service; the status must match
-   ``expect.status`` (default 200).
+   ``expect.status`` (default 200) and the JSON answer contain ``expect.body`` if given.
 6. no network attempts and never listens again (after the requests); ``ended`` for the
    kit's attempt must close the connection it left open; every handed connection was
    ``accepted``.
 7. ``stop`` exits 0, then (channel closed) the process group is gone.
 
 Everything it starts is ended and every descriptor and temporary folder is released, whatever
-fails. Public API: ``run(module_dir, json_output=False) -> int`` (0 all passed, 1 any failure).
+fails (the node folder is kept, and named, with ``keep``). The texts that name a fix are
+``oarbank_sdk.advice``'s, the agent's too. Public API: ``run(module_dir, json_output=False,
+keep=False) -> int`` (0 all passed, 1 any failure).
 """
 
 from __future__ import annotations
