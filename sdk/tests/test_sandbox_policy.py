@@ -44,10 +44,20 @@ def test_derive_capabilities_claims_nothing_it_did_not_see() -> None:
     nothing = dict.fromkeys(_policy.CAPABILITY_NAMES, "unavailable")
     assert _policy.derive_capabilities(None, "linux") == nothing
     refused = errno.EPERM
+    zero = "0000000000000000"
     probe = {
-        "status": {"NoNewPrivs": "1", "Seccomp": "2"},
+        "status": {"NoNewPrivs": "1", "Seccomp": "2", "Uid": "0\t0\t0\t0", "CapInh": zero,
+                   "CapPrm": zero, "CapEff": zero, "CapBnd": zero, "CapAmb": zero},
         "own_netns": True,
+        "landlock_abi": 7,
         "ops": {
+            # the walls beyond the network (see _probe._walls)
+            "fs_write_granted": "ok", "fs_write_outside": errno.EACCES,
+            "fs_read_outside": errno.EACCES, "signal_outside": errno.EPERM,
+            **{k: refused for k in ("ptrace", "process_vm_readv", "kcmp", "unshare",
+                                    "clone_newns", "bpf", "keyctl", "perf_event_open",
+                                    "userfaultfd")},
+            "clone3": errno.ENOSYS, "dev_list": errno.EACCES, "dev_basic": "ok",
             **{
                 k: refused
                 for k in (
@@ -78,6 +88,47 @@ def test_derive_capabilities_claims_nothing_it_did_not_see() -> None:
     # socketpair broken: socket refusal is not the capability we promise either.
     broken = {**probe, "ops": {**probe["ops"], "socketpair": errno.EPERM}}
     assert _policy.derive_capabilities(broken, "linux")["seccomp_socket"] == "unavailable"
+
+
+@pytest.mark.parametrize(("change", "lost"), [
+    ({"ops": {"fs_write_outside": "ok"}}, ["landlock_fs"]),
+    ({"ops": {"fs_read_outside": errno.EPERM}}, ["landlock_fs"]),  # not Landlock's answer
+    ({"ops": {"fs_write_granted": errno.EACCES}}, ["landlock_fs"]),  # granted must work
+    ({"ops": {"signal_outside": "ok"}}, ["landlock_signal", "landlock_abstract_unix"]),
+    ({"landlock_abi": 5}, ["landlock_abstract_unix"]),
+    ({"status": {"CapEff": "0000000000000001"}}, ["caps_dropped"]),
+    ({"status": {"CapBnd": "000001ffffffffff"}}, ["caps_dropped"]),  # uid 0: bounding too
+    ({"ops": {"kcmp": errno.EINVAL}}, ["seccomp_ptrace"]),
+    ({"ops": {"unshare": "ok"}}, ["seccomp_privileged"]),
+    ({"ops": {"clone3": errno.EPERM}}, ["seccomp_privileged"]),  # must be ENOSYS (fallback)
+    ({"ops": {"dev_list": "ok"}}, ["devices"]),
+    ({"ops": {"dev_basic": errno.EACCES}}, ["devices"]),
+])
+def test_each_wall_is_lost_when_the_probe_did_not_see_it(change: dict, lost: list[str]) -> None:
+    zero = "0000000000000000"
+    full = {
+        "status": {"NoNewPrivs": "1", "Seccomp": "2", "Uid": "0\t0\t0\t0", "CapInh": zero,
+                   "CapPrm": zero, "CapEff": zero, "CapBnd": zero, "CapAmb": zero},
+        "own_netns": True, "landlock_abi": 7,
+        "ops": {"fs_write_granted": "ok", "fs_write_outside": errno.EACCES,
+                "fs_read_outside": errno.EACCES, "signal_outside": errno.EPERM,
+                **{k: errno.EPERM for k in ("ptrace", "process_vm_readv", "kcmp", "unshare",
+                                            "clone_newns", "bpf", "keyctl", "perf_event_open",
+                                            "userfaultfd")},
+                "clone3": errno.ENOSYS, "dev_list": errno.EACCES, "dev_basic": "ok"},
+    }
+    walls = ("landlock_fs", "landlock_signal", "landlock_abstract_unix", "caps_dropped",
+             "seccomp_ptrace", "seccomp_privileged", "devices")
+    caps = _policy.derive_capabilities(full, "linux")
+    assert {w: caps[w] for w in walls} == dict.fromkeys(walls, "enforced")
+    probe = {**full, **{k: ({**full[k], **v} if isinstance(v, dict) else v)
+                        for k, v in change.items()}}
+    caps = _policy.derive_capabilities(probe, "linux")
+    assert {w: caps[w] for w in walls if caps[w] != "enforced"} == dict.fromkeys(lost, "unavailable")
+    # a non-root child keeps its (unusable) bounding set: not a lost wall
+    nonroot = {**full, "status": {**full["status"], "Uid": "1000\t1000\t1000\t1000",
+                                  "CapBnd": "000001ffffffffff"}}
+    assert _policy.derive_capabilities(nonroot, "linux")["caps_dropped"] == "enforced"
 
 
 def test_seatbelt_profile_from_the_template() -> None:
@@ -117,3 +168,15 @@ def test_linux_path_does_not_depend_on_seatbelt() -> None:
         tree = ast.parse((pkg / name).read_text())
         imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
         assert "_seatbelt" not in imported, name
+
+
+def test_wall_options_are_parsed_in_order_and_repeatable() -> None:
+    req = _policy.parse_launch_args(["--read", "/a", "--read=/b", "--write", "/w", "--dev",
+                                     "/dev/nvidia0", "--signals", "open", "--guard-pid", "42",
+                                     "--guard-pid=43", "--", "prog", "--read", "x"])
+    assert req.read == ("/a", "/b") and req.write == ("/w",) and req.devices == ("/dev/nvidia0",)
+    assert req.signals == "open" and req.guard_pids == (42, 43)
+    assert req.argv == ("prog", "--read", "x")  # the child's own options stay its own
+    plain = _policy.parse_launch_args(["--", "prog"])
+    assert (plain.read, plain.write, plain.devices, plain.signals, plain.guard_pids) == (
+        (), (), (), "scoped", ())
