@@ -22,6 +22,9 @@ class Result:
     seconds: float
     evidence: list[str] = field(default_factory=list)  # what was seen, in order
     error: str | None = None  # why it failed (None when passed)
+    # The agent's sandbox walls on this backend (`status` -> sandbox: wall -> enforced |
+    # unavailable, plus mode); None when no agent answered.
+    sandbox: dict[str, str] | None = None
 
     @property
     def outcome(self) -> str:
@@ -78,6 +81,16 @@ class Report:
         if self.skipped_backends:
             lines += ["", "Backends not run here:", ""]
             lines += [f"- `{b}`: {why}" for b, why in self.skipped_backends.items()]
+        walls = {}
+        for r in self.results:
+            if r.sandbox and r.backend not in walls:
+                walls[r.backend] = r.sandbox
+        if walls:
+            names = list(dict.fromkeys(k for sb in walls.values() for k in sb))
+            lines += ["", "## Sandbox walls (the agent's status on each backend)", "",
+                      "| wall | " + " | ".join(walls) + " |", "|---|" + "---|" * len(walls)]
+            lines += [f"| {n} | " + " | ".join(_md(str(sb.get(n, "—"))) for sb in walls.values())
+                      + " |" for n in names]
         lines += ["", "## Evidence", ""]
         for r in self.results:
             lines.append(f"### {r.scenario} on {r.backend}: {r.outcome}")

@@ -80,6 +80,22 @@ def nothing_left(ctx: Ctx) -> None:
     ctx.note(f"nothing left: no process of {len(ctx.nodes)} node(s) survives")
 
 
+def sandbox_walls(ctx: Ctx) -> dict[str, str] | None:
+    """The first live agent's sandbox walls (its `status`), noted as evidence."""
+    for node in ctx.nodes:
+        if not node.agent_alive():
+            continue
+        with contextlib.suppress(Exception):
+            sb = node.status().get("sandbox") or {}
+            walls = {k: str(v) for k, v in sb.items() if isinstance(v, str)}
+            on = sorted(k for k, v in walls.items() if v == "enforced")
+            off = sorted(k for k, v in walls.items() if v == "unavailable")
+            ctx.note(f"sandbox ({walls.get('mode', '?')}): enforced: {', '.join(on) or '-'}; "
+                     f"unavailable: {', '.join(off) or '-'}")
+            return walls
+    return None
+
+
 def run_one(backend: Backend, sc: Scenario, out: Path, agent_flags: tuple[str, ...] = ()
             ) -> Result:
     folder = out / "runs" / _safe(backend.name) / sc.name
@@ -88,6 +104,7 @@ def run_one(backend: Backend, sc: Scenario, out: Path, agent_flags: tuple[str, .
     ctx = Ctx(backend, folder, agent_flags)
     t0 = time.monotonic()
     error: str | None = None
+    walls: dict[str, str] | None = None
     try:
         if sc.needs_portal:
             from harness.portal import Portal
@@ -95,6 +112,7 @@ def run_one(backend: Backend, sc: Scenario, out: Path, agent_flags: tuple[str, .
             ctx.portal = Portal(ctx.place("portal"), portal_modules())
             ctx.note(f"portal serving at {ctx.portal.url}")
         sc.fn(ctx)
+        walls = sandbox_walls(ctx)
         nothing_lost(ctx)
         nothing_left(ctx)
     except ScenarioFailed as exc:
@@ -118,7 +136,7 @@ def run_one(backend: Backend, sc: Scenario, out: Path, agent_flags: tuple[str, .
         for node_id, tail in log_tails.items():
             ctx.evidence.append(f"{node_id} agent.log tail: {tail}")
     return Result(sc.name, backend.name, error is None, time.monotonic() - t0,
-                  ctx.evidence, error)
+                  ctx.evidence, error, walls)
 
 
 def run_matrix(backends: list[Backend], scenarios: list[Scenario], out: Path,

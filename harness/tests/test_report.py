@@ -56,3 +56,18 @@ def test_an_empty_report_is_not_ok() -> None:
     r = Report()
     r.results = [Result("x", "local", True, 1.0)]
     assert r.ok is True
+
+
+def test_markdown_lists_every_sandbox_wall_per_backend(tmp_path: Path) -> None:
+    r = _report()
+    r.results[0].sandbox = {"landlock_fs": "enforced", "caps_dropped": "enforced",
+                            "mode": "auto"}
+    r.results[1].sandbox = {"landlock_fs": "unavailable", "caps_dropped": "enforced",
+                            "mode": "auto"}
+    j, m = r.write(tmp_path / "out")
+    text = m.read_text()
+    assert "## Sandbox walls" in text
+    assert "| wall | local | container:bookworm |" in text
+    assert "| landlock_fs | enforced | unavailable |" in text
+    assert "| caps_dropped | enforced | enforced |" in text
+    assert json.loads(j.read_text())["results"][0]["sandbox"]["landlock_fs"] == "enforced"
