@@ -96,7 +96,9 @@ def _portal(args: argparse.Namespace) -> int:
                                stores=stores, workers=args.portal_workers, out=out)
     print(results["table"])
     print(f"\nportal bench: {len(stores)} store(s), {args.portal_nodes} nodes, "
-          f"{args.portal_seconds:g} s each, {args.portal_workers} portal worker(s); "
+          f"{args.portal_seconds:g} s each, {args.portal_workers} portal worker(s); load average "
+          f"{results['load_average_at_start'][0]:.1f} at the start, "
+          f"{results['load_average_at_end'][0]:.1f} at the end on {os.cpu_count()} CPUs; "
           f"results in {out}")
     return 1 if any("error" in v for v in results["stores"].values()) else 0
 

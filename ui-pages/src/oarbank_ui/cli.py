@@ -58,7 +58,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="serve from N processes on one socket (a portal is CPU-bound: one "
                         "process uses one core; default 1)")
     s.add_argument("--pool-size", type=int, default=10, metavar="N",
-                   help="PostgreSQL connections at most (default 10)")
+                   help="store connections at most (PostgreSQL), and requests handled at once "
+                        "per worker (default 10)")
     s.add_argument("-v", "--verbose", action="store_true", help="log every request")
     t = sub.add_parser("token", help="node credentials: issue, list, revoke")
     tsub = t.add_subparsers(dest="token_cmd", required=True)
@@ -150,7 +151,8 @@ def _serve_in(args: argparse.Namespace) -> int:
     opts = ServeOptions(listen=None if args.unix else (args.listen or DEFAULT_LISTEN),
                         unix=args.unix, tls_cert=args.tls_cert, tls_key=args.tls_key,
                         allowed_hosts=args.allowed_host, read_timeout_s=args.read_timeout_s,
-                        max_connections=args.max_connections, verbose=args.verbose)
+                        max_connections=args.max_connections, verbose=args.verbose,
+                        threads=args.pool_size)
     pool = {"max_size": args.pool_size, "min_size": min(2, args.pool_size)}
     store = _open(args, **pool)  # here, once: a store that cannot be opened fails the start
     if store is None:

@@ -108,6 +108,10 @@ class ServeOptions:
     allowed_hosts: list[str] = field(default_factory=list)  # empty: the default for the address
     read_timeout_s: float = 10.0
     max_connections: int = 1000
+    # Requests answered at once (the thread pool): as many as the store has connections, so a
+    # request never holds a thread only to wait for a connection (more threads would only
+    # fight over the GIL and the pool's lock).
+    threads: int = 10
     verbose: bool = False
 
 
@@ -183,6 +187,9 @@ def serve(portal: Portal, bound: Bound, opts: ServeOptions, *,
                                            flush=True))
 
     async def run() -> None:
+        import anyio.to_thread
+
+        anyio.to_thread.current_default_thread_limiter().total_tokens = opts.threads
         task = asyncio.ensure_future(server.serve(sockets=[bound.sock]))
         while not server.started and not task.done():
             await asyncio.sleep(0.02)

@@ -58,6 +58,39 @@ class _Tx:
             self.cur.executemany(_q(sql), rows)
 
 
+class _PipelinedTx:
+    """Statements queued in psycopg's pipeline mode: sent together, waited for only when a
+    result is read (``one``/``all``) and at COMMIT. A heartbeat is then two round trips (the
+    node's upsert, whose answer decides; its rows and the commit) instead of six. A cursor per
+    statement: a result read later must still be its own."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+
+    @property
+    def cur(self) -> Any:
+        return self.conn.cursor()
+
+    def all(self, sql: str, args: Any = ()) -> list[dict[str, Any]]:
+        cur = self.cur
+        cur.execute(_q(sql), args)
+        return list(cur.fetchall())
+
+    def one(self, sql: str, args: Any = ()) -> dict[str, Any] | None:
+        cur = self.cur
+        cur.execute(_q(sql), args)
+        row: dict[str, Any] | None = cur.fetchone()
+        return row
+
+    def run(self, sql: str, args: Any = ()) -> int:
+        self.cur.execute(_q(sql), args)
+        return -1  # not known before the pipeline syncs; callers that need it do not pipeline
+
+    def many(self, sql: str, rows: list[Any]) -> None:
+        if rows:
+            self.cur.executemany(_q(sql), rows)
+
+
 class PostgresBackend:
     kind = "postgresql"
 
@@ -131,7 +164,13 @@ class PostgresBackend:
             yield conn
 
     @contextlib.contextmanager
-    def write(self) -> Iterator[_Tx]:
+    def write(self, pipelined: bool = False) -> Iterator[_Tx | _PipelinedTx]:
+        """One transaction; ``pipelined``: statements go out together (``run`` then answers
+        -1: only for callers that do not need its row count)."""
+        if pipelined:
+            with self._conn() as conn, conn.pipeline(), conn.transaction():
+                yield _PipelinedTx(conn)
+            return
         with self._conn() as conn, conn.transaction(), conn.cursor() as cur:
             yield _Tx(cur)
 

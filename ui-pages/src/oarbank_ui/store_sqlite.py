@@ -90,7 +90,9 @@ class SQLiteBackend:
             raise
 
     @contextlib.contextmanager
-    def write(self) -> Iterator[_Tx]:
+    def write(self, pipelined: bool = False) -> Iterator[_Tx]:
+        """One transaction (``pipelined`` is PostgreSQL's business: here every statement is a
+        function call, not a round trip)."""
         with self._wlock:
             self._w.execute("BEGIN IMMEDIATE")
             try:
