@@ -1,9 +1,10 @@
 """The agent: wiring of modules, supervisor, broker, admission, jobs and the control socket.
 
-One asyncio loop. A job's states and their table are in ``jobs.py``; its run (attempts,
-retries, finishing, releasing) in ``jobrun.py``; where it stands against the node's services in
-``placement.py``. This module builds the parts from one ``AgentConfig``, connects their
-callbacks, admits jobs and answers the control socket.
+One asyncio loop. A job's states and their table are in ``jobs.py``; from submit to its run
+(records, queue, admission, users) in ``jobqueue.py``; its run (attempts, retries, finishing,
+releasing) in ``jobrun.py``; where it stands against the node's services in ``placement.py``.
+This module builds the parts from one ``AgentConfig``, connects their callbacks, applies host
+protection's actions and answers the control socket.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from . import (
     gpu_detect,
     jobs,
     manualwatch,
-    placement,
     procs,
     protection,
     recovery,
@@ -54,7 +54,7 @@ from .guard import (
     ReleaseGpuJobs,
     ReleaseJobs,
 )
-from .jobrun import JobRuns, move
+from .jobqueue import JobQueue
 from .modules import ModuleCtx, NodeInfo, load_module, module_names
 from .store import JobRecord, JobStore
 from .supervisor import Supervisor
@@ -99,12 +99,13 @@ class Agent:
         self.admission = Admission()
         self.modules: dict[str, ModuleCtx] = {}
         self.refused: dict[str, str] = {}  # a refused module's names -> why (load_modules)
-        self.jobs: dict[str, JobRecord] = {}
         self._stop = asyncio.Event()
-        self.runs = JobRuns(store=self.store, supervisor=self.supervisor, broker=self.broker,
-                            registry=self.registry, node=self.node, stopping=self._stop,
-                            service_keys=placement.service_keys, on_over=self._run_over,
-                            charge_released=config.fault == faults.CHARGE_RELEASED)
+        self.queue = JobQueue(store=self.store, supervisor=self.supervisor,
+                              admission=self.admission, broker=self.broker,
+                              registry=self.registry, node=self.node, modules=self.modules,
+                              stopping=self._stop,
+                              charge_released=config.fault == faults.CHARGE_RELEASED)
+        self.jobs: dict[str, JobRecord] = self.queue.jobs  # every job this agent knows
         self.on_change: list[Callable[[str], None]] = []  # heartbeat hook: service key changed
         self.heartbeat: Any = None  # the HeartbeatSender when there is a portal (its status)
         self.supervisor.on_change.append(self._service_changed)
@@ -112,8 +113,8 @@ class Agent:
         self.control = control.ControlServer(self.state_dir / control.SOCKET_NAME, self._request)
         # Host protection (guard.py) samples and reports; the agent applies (``_protect``).
         # The GPU APIs are detected at start unless overridden.
-        self.guard = Guard(config.guard, self.supervisor, running_jobs=self.running_job_groups,
-                           report=self._protect)
+        self.guard = Guard(config.guard, self.supervisor,
+                           running_jobs=self.queue.running_job_groups, report=self._protect)
         self.gpu: gpu_detect.Detection | None = config.gpu
         self.manual_refresh_s = config.manual_refresh_s
         self._manual_task: asyncio.Task[None] | None = None
@@ -199,7 +200,7 @@ class Agent:
         rt = self.supervisor.services[key]
         for pool, n in self.supervisor.capacities(key).items():
             self.admission.set_capacity(f"{rt.ctx.id}/{pool}", n)
-        self._admit()
+        self.queue.admit()
 
     # --- running --------------------------------------------------------------------------
 
@@ -227,7 +228,7 @@ class Agent:
         await asyncio.gather(*(self.supervisor.fingerprint(rt)
                                for rt in self.supervisor.services.values()))
         await recovery.adopt_running(self.registry, self.supervisor, kept)
-        self._recover_jobs()
+        self.queue.recover()
         await self.control.start()
         self._protect(self.guard.sample())  # the first sample before anything starts
         self.guard.start()
@@ -235,7 +236,7 @@ class Agent:
         self._escape_task = escapewatch.start(self.registry)  # sandboxed groups stay confined
         for rt in self.supervisor.services.values():
             self.supervisor.poke(rt)  # `always` services start now
-        self._admit()
+        self.queue.admit()
         if ready:
             ready()
         try:
@@ -255,37 +256,10 @@ class Agent:
             self._escape_task.cancel()
             await asyncio.gather(self._escape_task, return_exceptions=True)
         await self.control.close()
-        await self.runs.cancel_all()  # each job stays queued on disk for the next agent
+        await self.queue.runs.cancel_all()  # each job stays queued on disk for the next agent
         await self.supervisor.shutdown()
         await self.broker.aclose()
         containment.current().close()  # every group is ended: its cgroups are empty
-
-    def _recover_jobs(self) -> None:
-        records = self.store.load_all()
-        # Attempt numbers on the channel continue after an earlier agent's, so a number in
-        # status (and in a service's log) names one attempt of this state dir only.
-        used = [n for rec in records
-                for n in (rec.wire_attempt, *(h.get("wire_attempt") for h in rec.history))
-                if isinstance(n, int)]
-        if used:
-            self.broker.continue_wire_attempts_after(max(used))
-        for rec in records:
-            self.jobs[rec.job_id] = rec
-            if rec.state in jobs.TERMINAL:
-                continue
-            ctx = self.modules.get(rec.module)
-            if ctx is None or ctx.manifest.stage(rec.stage) is None:
-                log.warning("job %s: module %s / stage %s is not loaded; left queued",
-                            rec.job_id, rec.module, rec.stage)
-                continue
-            # queued|admitted|running (previous agent) -> queued; an interrupted attempt is
-            # not charged
-            if recovery.uncharge_interrupted(rec):
-                log.warning("job %s: its attempt was interrupted by the agent stopping; "
-                            "requeued without charge", rec.job_id)
-            move(rec, jobs.Event.RECOVER)
-            self.store.save(rec)
-            self._enqueue(rec, ctx)
 
     def submit(self, module: str, stage: str, payload: dict[str, Any]) -> JobRecord:
         ctx = self.find_module(module)
@@ -301,18 +275,9 @@ class Agent:
             known = ", ".join(s.name for s in ctx.manifest.stages) or "none"
             raise control.ControlError("unknown_stage", f"module {ctx.id} has no stage "
                                        f"{stage!r} (stages: {known})")
-        placement.check(ctx, st, self.supervisor, self.admission.budget_gb)
-        # (new) -> queued: on disk before anyone hears of it
-        rec = self.store.create(ctx.id, st.name, payload)
-        self.jobs[rec.job_id] = rec
-        self._enqueue(rec, ctx)
-        self._admit()
-        return rec
+        return self.queue.submit(ctx, st, payload)
 
-    def _enqueue(self, rec: JobRecord, ctx: ModuleCtx, *, front: bool = False) -> None:
-        self.admission.enqueue(placement.request_for(rec, ctx, self.supervisor), front=front)
-
-    # --- host protection: placement, memory budget, releasing jobs (guard.py acts) ---------
+    # --- host protection: GPU placement, and what guard.py reports ---------------------------
 
     async def _place_gpu_services(self) -> None:
         """GPU APIs (detected, each probe under a watchdog, unless overridden): a service
@@ -324,18 +289,6 @@ class Agent:
             self.supervisor.set_gpu_missing(
                 key, protection.gpu_api_missing(rt.svc.gpu.apis_any, self.gpu.apis))
 
-    def users_of(self, key: str) -> list[str]:
-        """Admitted jobs holding a pool of service ``key``."""
-        return placement.users_of(self.supervisor, self.admission, key)
-
-    def running_job_groups(self) -> dict[str, int]:
-        """Running job id -> its runner's process group."""
-        return self.runs.running_groups(self.jobs)
-
-    def release_jobs(self, job_ids: list[str], reason: str) -> None:
-        """End these jobs' attempts and requeue them, charging no attempt (host protection)."""
-        self.runs.release(job_ids, reason)
-
     def _protect(self, actions: list[Action]) -> None:
         """Apply what host protection reports, in its order (guard.py decides, we act)."""
         for a in actions:
@@ -344,64 +297,17 @@ class Agent:
             elif isinstance(a, AllowGpu):
                 self.admission.gpu_allowed = a.allowed
             elif isinstance(a, ReleaseGpuJobs):
-                self.release_jobs([r.job_id for r in self.admission.holding() if r.gpu],
-                                  a.reason)
+                self.queue.release([r.job_id for r in self.admission.holding() if r.gpu],
+                                   a.reason)
             elif isinstance(a, ReleaseJobs):
-                self.release_jobs(list(a.job_ids), a.reason)
+                self.queue.release(list(a.job_ids), a.reason)
             elif isinstance(a, Hold):
                 self.supervisor.set_hold(a.key, a.reason)
                 if a.release_users:
                     # Released after the hold: its pools count 0 by now, nothing is readmitted.
-                    self.release_jobs(self.users_of(a.key), a.reason)
+                    self.queue.release(self.queue.users_of(a.key), a.reason)
             elif isinstance(a, Admit):
-                self._admit()
-
-    def _admit(self) -> None:
-        if self._stop.is_set():
-            return
-        # Reserving services charge the budget while they run or have users.
-        self.admission.service_charges = placement.service_charges(self.supervisor)
-        for req in self.admission.admit():
-            rec = self.jobs[req.job_id]
-            # queued -> admitted (tokens taken)
-            move(rec, jobs.Event.ADMIT)
-            if (rec.reason or "").startswith(waiting.WAITING):
-                rec.reason = None  # no longer waiting for its service
-            self.store.save(rec)
-            self.runs.start(rec, self.modules[rec.module])
-        self._update_users()
-        for job_id in self.admission.waiting():
-            why = self.admission.why_waiting(job_id)
-            if why is not None:
-                self.jobs[job_id].reason = why  # readable in status; saved with the next change
-            else:
-                self._note_service_wait(self.jobs[job_id])
-
-    def _note_service_wait(self, rec: JobRecord) -> None:
-        """A queued job whose pools count 0 because of its service says so (saved)."""
-        ctx = self.modules.get(rec.module)
-        stage = ctx.manifest.stage(rec.stage) if ctx else None
-        if ctx is None or stage is None:
-            return
-        why = waiting.service_wait_reason(self.supervisor, ctx, stage)
-        if why is None and not (rec.reason or "").startswith(waiting.WAITING):
-            return
-        if why != rec.reason:
-            rec.reason = why
-            self.store.save(rec)
-
-    def _update_users(self) -> None:
-        for key, users in placement.users(self.supervisor, self.admission).items():
-            self.supervisor.set_users(key, users)
-
-    def _run_over(self, rec: JobRecord, requeued: bool) -> None:
-        """A job's run is over (finished, released or stopped): its tokens go back."""
-        self.admission.release(rec.job_id)
-        if requeued:
-            self._enqueue(rec, self.modules[rec.module], front=True)
-        if not self._stop.is_set():
-            self._admit()
-        self._update_users()
+                self.queue.admit()
 
     # --- control requests -----------------------------------------------------------------
 
@@ -424,7 +330,7 @@ class Agent:
                 if timeout is not None and (not isinstance(timeout, (int, float))
                                             or isinstance(timeout, bool) or timeout < 0):
                     raise control.ControlError("bad_request", "'timeout' must be seconds >= 0")
-                fut = self.runs.when_final(rec.job_id)
+                fut = self.queue.runs.when_final(rec.job_id)
                 try:
                     await asyncio.wait_for(fut, timeout)
                 except asyncio.TimeoutError:

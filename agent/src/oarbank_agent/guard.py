@@ -26,7 +26,8 @@ Holds (a service's ``held`` in the report), first that applies:
 
 A service that becomes held has its users **released**: each job holding one of its pools
 has its attempt ended and goes back to the queue without being charged an attempt
-(``Agent.release_jobs``). A job chosen as the hard victim is released the same way.
+(``JobQueue.release``, applied by the agent). A job chosen as the hard victim is released the
+same way.
 """
 
 from __future__ import annotations
