@@ -78,7 +78,7 @@ def test_no_hello_names_the_acceptor_and_the_job_says_it_waits_on_a_start(start_
 
 def test_fingerprint_pools_other_than_provides_name_the_mismatch_in_the_wait(start_agent,
                                                                              tmp_path):
-    module = example_copy(tmp_path, ('"pools": {"model": conf["slots"]}',
+    module = example_copy(tmp_path, ('"pools": {SERVICE: conf["slots"]}',
                                      '"pools": {"scorer": conf["slots"]}'))
     agent = start_agent([module], {"modelserver": {"load_s": 0}})
     job = agent.submit("generate", {"prompts": ["hi"]}, module="modelserver")
