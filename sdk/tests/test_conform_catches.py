@@ -177,3 +177,22 @@ def test_an_unknown_manifest_key_names_the_file_and_the_likely_key(tmp_path):
     assert lines[0].startswith(f"FAIL manifest: {toml}: services[0].idle_timout_s: unknown key; "
                                "did you mean 'idle_timeout_s'? [[services]] takes: ")
     assert lines[-1] == f"{bundle}: 0 passed, 1 failed, 0 skipped"  # not "? ?"
+
+
+def test_a_non_endpoint_service_has_its_fingerprint_checked_too(tmp_path):
+    bundle = broken(tmp_path, "healthy")
+    toml = bundle / "oarbank-module.toml"
+    toml.write_text(toml.read_text() + '''
+[[services]]
+name = "side"
+exec = ["python", "-I", "{bundle}/service.py", "fp_pools"]
+endpoint = false
+lifecycle = "manual"
+provides = { pools = ["side"] }
+''')
+    rc, report = run(bundle)
+    assert rc == 1
+    assert failures(report) == {"service side: fingerprint": advice.pools_mismatch(
+        ["model"], ["side"])}
+    skipped = {c["name"]: c["detail"] for c in report["checks"] if c["status"] == "skip"}
+    assert skipped["service side"] == "not an endpoint service: not started"

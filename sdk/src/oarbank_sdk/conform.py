@@ -5,15 +5,16 @@ What it does, in order, each step one or more checks (``ok``, ``FAIL``, ``skip``
 1. ``manifest``: ``oarbank_sdk.manifest.check``; nothing else runs on an invalid manifest.
 2. ``sandbox``: ops, daemons and runners run inside ``oarbank_sdk.sandbox`` when it can confine
    them here (``warn`` and unconfined otherwise: the listen check below still runs).
-3. Each endpoint service, started as the agent starts it (same op environment, its own process
-   group, a channel socketpair whose child end is ``OARBANK_ENDPOINT_CHANNEL``): first its
+3. Each endpoint service (of the others only the fingerprint), started as the agent starts
+   it (same op environment, its own process group, a channel socketpair whose child end is
+   ``OARBANK_ENDPOINT_CHANNEL``): first its
    ``fingerprint`` (``pools`` keys = ``provides.pools``, service protocol 1:
    ``_conform_start``); ``start`` exits 0, the hello arrives (``ready`` true before it fails
    at once; a channel closed before it says whether the daemon is gone, quoting its last log
    line), ``ready`` turns true, all within ``start_timeout_s`` (``ready`` polled from 50 ms,
-   backing off to 1 s); a failing check prints the tail of the service's logs; then **no network attempts**: no
-   process of the service (ops and daemon) tried ``socket``, ``bind``, ``listen``,
-   ``connect`` or ``accept`` (seen by the sandbox's seccomp user notification, never in the
+   backing off to 1 s); a failing check prints the tail of the service's logs; then **no
+   network attempts**: no process of the service (ops and daemon) tried ``socket``, ``bind``,
+   ``listen``, ``connect`` or ``accept`` (seen by the sandbox's seccomp user notification, never in the
    service's output: ``_conform_attempts``), and **never listens**: no process of the service
    holds a listening TCP/UDP/unix socket.
 4. ``golden <name>``: each ``goldens/*.json`` through the module's runner, with a connector
@@ -596,6 +597,12 @@ def _conform(module_dir: Path, report: Report, sandbox: bool | None, keep: bool)
     try:
         for svc in m.services:
             if not svc.endpoint:
+                # Not started here, but its fingerprint gates its pools on a node all the same.
+                other = ServiceUnderTest(m, svc, node, wrap, confined, report, watch)
+                try:
+                    starting.check_fingerprint(other, svc.pools)
+                finally:
+                    other.cleanup()
                 report.add(SKIP, f"service {svc.name}", "not an endpoint service: not started")
                 continue
             s = services[svc.name] = ServiceUnderTest(m, svc, node, wrap, confined, report, watch)
