@@ -15,7 +15,7 @@ def agent_restart(ctx: Ctx) -> None:
     node = ctx.node("restart-a", ["fastmodel"], settings={FAST: {"load_s": 0.3, "slots": 4}})
 
     # Four jobs that hold the service for a while, so the kill lands while they use it.
-    jobs = [node.submit(FAST, "generate", {"prompts": [f"r{i}"], "hold_s": 10})["job_id"]
+    jobs = [node.submit(FAST, "generate", {"prompts": [f"r{i}"], "hold_s": 20})["job_id"]
             for i in range(4)]
     r = wait_row(ctx, node, FAST, "model", "ready with users",
                  lambda r: r["ready"] and r["users"] >= 1, 60)
@@ -35,8 +35,10 @@ def agent_restart(ctx: Ctx) -> None:
              f"model loaded by pid {old_pid}")
 
     running = {j: r.get("state") for j, r in node.job_states().items() if j in jobs}
-    ctx.check(not any(s in ("succeeded", "failed") for s in running.values()),
-              f"jobs finished before the kill: the kill would prove nothing: {running}")
+    # On a loaded machine each `submit` can take seconds, so an early job may be done already;
+    # what matters is that the kill lands while some job uses the service.
+    ctx.check(any(s == "running" for s in running.values()),
+              f"no job was running at the kill: the kill would prove nothing: {running}")
     node.kill_agent()
     ctx.note("agent killed with SIGKILL while jobs used the service")
     survivors = [p for p in node.processes() if p.pid in old_pids]

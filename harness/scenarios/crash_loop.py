@@ -4,8 +4,13 @@ services query)."""
 
 from __future__ import annotations
 
+import sys
 import time
-import tomllib
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # the SDK depends on tomli there
+    import tomli as tomllib
 
 from harness.scenario import Ctx, module_path, scenario
 from harness.scenarios.common import wait_portal, wait_row

@@ -41,37 +41,48 @@ def _pressure_plan(ctx: Ctx) -> tuple[str, tuple[str, ...]]:
                       "--mem-recover-margin", "0.005", "--mem-sample-s", "0.5")
 
 
-def _allocate() -> subprocess.Popen[bytes]:
-    code = (f"import sys, time\nb = bytearray(b'\\x01') * {int(ALLOC_GIB * GIB)}\n"
+def _pressure_child() -> subprocess.Popen[bytes]:
+    """A child that allocates (and touches) ALLOC_GIB once told to: started before the jobs,
+    so that its interpreter's start-up (seconds on a loaded machine) is not in the window in
+    which the jobs must still be using the service."""
+    code = ("import sys, time\nsys.stdout.write('started\\n'); sys.stdout.flush()\n"
+            "sys.stdin.readline()\n"
+            f"b = bytearray(b'\\x01') * {int(ALLOC_GIB * GIB)}\n"
             "sys.stdout.write('held\\n'); sys.stdout.flush(); time.sleep(300)\n")
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
-                         stdin=subprocess.DEVNULL, start_new_session=True)
+                         stdin=subprocess.PIPE, start_new_session=True)
     assert p.stdout is not None
-    p.stdout.readline()  # the memory is touched once this line arrives
+    p.stdout.readline()  # "started"
     return p
+
+
+def _allocate(p: subprocess.Popen[bytes]) -> None:
+    assert p.stdin is not None and p.stdout is not None
+    p.stdin.write(b"go\n")
+    p.stdin.flush()
+    p.stdout.readline()  # the memory is touched once "held" arrives
 
 
 @scenario("yield", "memory pressure (or an evict rule) stops the yieldable service with its "
           "jobs released and requeued; they finish after the hold lifts", needs_portal=True)
 def yield_(ctx: Ctx) -> None:
     mode, flags = _pressure_plan(ctx)
-    reason = "preempt_memory" if mode == "memory" else "preempt_protection"
-    node = ctx.node("yield-a", ["fastmodel"], flags=flags,
-                    settings={FAST: {"load_s": 0.3, "slots": 4, "model_gb": 1.0}})
-    # Each job holds the service 12 s: long enough that the pressure lands while they use it,
-    # even on a slow machine (the scenario checks that it did).
-    jobs = [node.submit(FAST, "generate", {"prompts": [f"y{i}"], "hold_s": 12})["job_id"]
-            for i in range(3)]
-    r = wait_row(ctx, node, FAST, "model", "ready with users",
-                 lambda r: r["ready"] and r["users"] >= 1, 60)
-    ctx.note(f"service ready with {r['users']} user(s), {len(jobs)} jobs submitted")
-
-    running_before = {j for j, st in _states(node, jobs).items() if st == "running"}
-    ctx.note(f"running before the pressure: {len(running_before)} of {len(jobs)} jobs")
-    child: subprocess.Popen[bytes] | None = None
+    child = _pressure_child() if mode == "memory" else None
     try:
-        if mode == "memory":
-            child = _allocate()
+        reason = "preempt_memory" if mode == "memory" else "preempt_protection"
+        node = ctx.node("yield-a", ["fastmodel"], flags=flags,
+                        settings={FAST: {"load_s": 0.3, "slots": 4, "model_gb": 1.0}})
+        # Each job holds the service 20 s: long enough that the pressure lands while they use it,
+        # even on a loaded machine (the scenario checks that it did); short enough that released
+        # jobs finish soon after the hold, before other work on the machine moves the floors.
+        jobs = [node.submit(FAST, "generate", {"prompts": [f"y{i}"], "hold_s": 20})["job_id"]
+                for i in range(3)]
+        r = wait_row(ctx, node, FAST, "model", "ready with users",
+                     lambda r: r["ready"] and r["users"] >= 1, 60)
+        ctx.note(f"service ready with {r['users']} user(s), {len(jobs)} jobs submitted")
+
+        if child is not None:
+            _allocate(child)
             ctx.note(f"pressure child holds {ALLOC_GIB} GiB "
                      f"({psutil.virtual_memory().available / GIB:.1f} GiB available now)")
         else:
@@ -82,8 +93,11 @@ def yield_(ctx: Ctx) -> None:
                         lambda r: r["held"] == reason and not r["running"], 60)
         ctx.note(f"row: held={held['held']} running={held['running']} users={held['users']}")
         states = _states(node, jobs)
-        ctx.check(not any(s == "succeeded" for s in states.values()),
-                  f"jobs finished before the hold, so none was released: {states}")
+        # On a loaded machine an early job may finish before the pressure lands; the others,
+        # which used the service when it did, must have been released.
+        ctx.check(not all(s == "succeeded" for s in states.values()),
+                  f"every job finished before the hold, so none was released: {states}")
+        in_use = {j for j, st in states.items() if st != "succeeded"}
         ctx.check(not any(s in ("running",) for s in states.values()),
                   f"jobs still run while the service is held: {states}")
         ctx.check(not any(s == "failed" for s in states.values()),
@@ -99,8 +113,9 @@ def yield_(ctx: Ctx) -> None:
             with contextlib.suppress(ProcessLookupError):
                 child.kill()
             child.wait(30)
-            if child.stdout:
-                child.stdout.close()
+            for pipe in (child.stdin, child.stdout):
+                if pipe:
+                    pipe.close()
     if mode == "memory":
         ctx.note("pressure child ended")
     else:
@@ -108,24 +123,24 @@ def yield_(ctx: Ctx) -> None:
         ctx.check(rr.rc == 0, f"protect --end-evict failed: {rr}")
         ctx.note("owner's rule lifted: protect --end-evict")
 
-    records = ctx.wait_jobs(node, jobs, 120)
+    records = ctx.wait_jobs(node, jobs, 180)
     final = {j: rec["state"] for j, rec in records.items()}
     ctx.check(all(s == "succeeded" for s in final.values()), f"after the hold: {final}")
-    ctx.check(len(loads(node)) == 2, f"model.loads: {loads(node)} (want a reload after the hold)")
+    ctx.check(len(loads(node)) >= 2, f"model.loads: {loads(node)} (want a reload after the hold)")
     ctx.note(f"all {len(jobs)} jobs succeeded after the hold lifted; model loaded again "
              f"(model.loads: {len(loads(node))} lines)")
-    _check_released_without_charge(ctx, node, records, running_before, reason)
+    _check_released_without_charge(ctx, node, records, in_use, reason)
 
 
 def _check_released_without_charge(ctx: Ctx, node: Any, records: dict[str, dict[str, Any]],
-                                   running_before: set[str], reason: str) -> None:
+                                   in_use: set[str], reason: str) -> None:
     """Released jobs were requeued, not charged: each record counts one attempt (the one that
     succeeded) and its history has the released attempt, with the hold's reason, uncounted."""
     released = {j for j, rec in records.items() if rec.get("released", 0) >= 1}
     ctx.check(released, f"no job was released by the hold: {records}")
-    ctx.check(running_before <= released,
-              f"jobs running when the hold came were not released: "
-              f"{sorted(running_before - released)}")
+    ctx.check(in_use <= released,
+              f"jobs unfinished when the hold came were not released: "
+              f"{sorted(in_use - released)}")
     for job_id, rec in records.items():
         ctx.check(rec["attempts"] == 1,
                   f"job {job_id} counts {rec['attempts']} attempts after {rec.get('released')} "
