@@ -303,7 +303,7 @@ class Agent:
                 self.queue.release(list(a.job_ids), a.reason)
             elif isinstance(a, Hold):
                 self.supervisor.set_hold(a.key, a.reason)
-                if a.release_users:
+                if a.release_users and a.reason is not None:
                     # Released after the hold: its pools count 0 by now, nothing is readmitted.
                     self.queue.release(self.queue.users_of(a.key), a.reason)
             elif isinstance(a, Admit):

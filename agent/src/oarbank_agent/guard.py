@@ -39,7 +39,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
@@ -124,7 +124,7 @@ class Admit:
     """Try admission again (pressure ended)."""
 
 
-Action = Union[Pause, AllowGpu, Hold, ReleaseJobs, ReleaseGpuJobs, Admit]
+Action = Pause | AllowGpu | Hold | ReleaseJobs | ReleaseGpuJobs | Admit
 
 
 def group_rss(pgids: set[int]) -> dict[int, int]:
