@@ -5,7 +5,7 @@ same words, defined here once. Each function is pure (values in, one line out):
 
 - ``no_hello``: the start window passed and the daemon never said hello;
 - ``ready_before_hello``: ``ready`` answered true while no hello had come;
-- ``channel_closed``: the service closed its endpoint channel (any time);
+- ``channel_closed``: the service closed its channel (any time; also the agent's log line);
 - ``closed_before_hello``: it did so before its hello; whether the daemon is gone and its last
   log line say which fix applies;
 - ``fingerprint_problems`` (``protocol_problem``, ``pools_mismatch``): a fingerprint whose
