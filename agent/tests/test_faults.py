@@ -126,8 +126,10 @@ def test_connects_fail_unavailable_after_start_timeout_while_it_backs_off(
     outcomes = rec["result"]["payload"]["outcomes"]
     refused = [o for o in outcomes if o.get("error") == "service_unavailable"]
     assert refused, outcomes
-    # Each waited its start_timeout_s for a run that was not coming, then was refused.
-    assert all(1.9 <= o["dt"] < 4.5 for o in refused), refused
+    # Each waited for a run that was not coming, then was refused: at most start_timeout_s
+    # after it came (less for a connect that came while a start was already under way, whose
+    # time runs from that start; a margin for a loaded machine), the first one the full wait.
+    assert all(o["dt"] < 6.0 for o in refused) and refused[0]["dt"] >= 1.9, refused
     pids = [o["pid"] for o in outcomes if "pid" in o]
     assert len(set(pids)) == 2 and pids[-1] != pids[0], outcomes
 
