@@ -24,6 +24,7 @@ seconds. ``<module>`` is a module id or its short name.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -232,11 +233,26 @@ class Portal:
         route = route_name(path)
         timed_here = timed
         try:
-            with self.store.session():
+            stack = contextlib.ExitStack()
+            try:
+                stack.enter_context(self.store.session())
+            except Exception as e:  # no connection to be had: the store is down
+                return self._store_down(route, e)
+            with stack:
                 return self._handle(method, path, query, body, headers, admitted)
         finally:
             if timed_here:
                 self.metrics.observe(route, started)
+
+    def _store_down(self, route: str, e: Exception) -> Response:
+        log.warning("the store does not answer: %s: %s", type(e).__name__, e)
+        if route == "heartbeat":  # a 5xx: the agent sends it again
+            return self.refuse("store_error", 503, "heartbeat: the portal could not store it "
+                               "(see the portal's log); send it again")
+        if route == "healthz":
+            return _json(503, {"ok": False, "store": self.store.kind,
+                               "error": f"{type(e).__name__}: {e}"})
+        return _error(503, "the portal's store does not answer; see the portal's log")
 
     def _handle(self, method: str, path: str, query: dict[str, list[str]], body: bytes,
                 headers: Mapping[str, str] | None, admitted: Admission | None) -> Response:
