@@ -391,5 +391,6 @@ def test_required_starts_where_every_wall_is_enforced(
     from oarbank_agent.sandboxing import REQUIRED_LINUX
     assert {n: sb[n] for n in REQUIRED_LINUX} == dict.fromkeys(REQUIRED_LINUX, "enforced"), sb
     assert "lacks" not in agent.log()  # no missing-wall warning here
+    assert "sandbox: Landlock ABI " in agent.log()  # checked at start
     job = agent.run_job("probe", {}, module=MODULE_ID)
     assert job["state"] == "succeeded", job

@@ -173,7 +173,12 @@ class SandboxPolicy:
                 if self.capabilities.get(n) != sandbox.ENFORCED]
 
     def warn_missing(self) -> None:
-        """``--sandbox auto`` on a kernel missing walls: one WARNING naming each."""
+        """``--sandbox auto`` on a kernel missing walls: one WARNING naming each. (Also logs
+        the kernel's Landlock ABI: 6 or more has the signal and abstract-unix scopes.)"""
+        if self.enforce and sys.platform == "linux":
+            from oarbank_sdk.sandbox import _landlock
+
+            log.info("sandbox: Landlock ABI %d on this kernel", _landlock.abi())
         missing = self.missing_walls()
         if missing:
             log.warning("sandbox: this kernel lacks %d wall(s); jobs and services run without "
