@@ -394,3 +394,30 @@ def test_required_starts_where_every_wall_is_enforced(
     assert "sandbox: Landlock ABI " in agent.log()  # checked at start
     job = agent.run_job("probe", {}, module=MODULE_ID)
     assert job["state"] == "succeeded", job
+
+
+def test_walls_per_child_follow_the_manifest(tmp_path: Path) -> None:
+    """What the agent hands each launcher: a runner writes only its workdir, a service only its
+    module's data dir; the GPU nodes only for [sandbox].devices.gpu = "compute" (the harness's
+    gpumodel), and the launcher argv carries them (none on a machine without a GPU)."""
+    from oarbank_agent import sandboxing
+    from oarbank_agent.modules import NodeInfo, load_module
+    from oarbank_sdk import sandbox
+
+    repo = Path(__file__).resolve().parents[2]
+    node = NodeInfo.create(tmp_path, "n")
+    gpu = load_module(repo / "harness" / "modules" / "gpumodel", tmp_path, {})
+    plain = load_module(EXAMPLE, tmp_path, {})
+    w = tmp_path / "jobs" / "j1" / "a1"
+    rw, sw = sandboxing.runner_walls(plain, w), sandboxing.service_walls(plain, node)
+    assert rw.write == (str(w),) and rw.signals == "scoped" and not rw.gpu
+    assert str(plain.data_dir) in rw.read and str(plain.settings_file) in rw.read
+    assert sw.write == (str(plain.data_dir),) and sw.signals == "open" and not sw.gpu
+    assert str(node.limits_file) in sw.read and str(node.tools_file) in sw.read
+    assert not any(str(tmp_path / "jobs") in p for p in (*sw.read, *sw.write))
+    assert sandboxing.runner_walls(gpu, w).gpu and sandboxing.service_walls(gpu, node).gpu
+    policy = sandboxing.SandboxPolicy("auto", True, {})
+    argv = policy.wrap(["true"], sandboxing.service_walls(gpu, node))
+    assert [argv[i + 1] for i, a in enumerate(argv) if a == "--dev"] == sandbox.gpu_devices()
+    assert argv[argv.index("--guard-pid") + 1] == str(os.getpid())
+    assert "--dev" not in policy.wrap(["true"], sandboxing.service_walls(plain, node))
