@@ -314,7 +314,7 @@ def _table(results: dict[str, Any]) -> str:
         ("services, 200 rows: p99 (ms)", ("services_200_rows", "p99_ms"), ""),
         ("services, one node: p50 (ms)", ("services_one_node", "p50_ms"), ""),
         ("portal peak RSS, all workers (MiB)", ("portal_peak_rss_mb",), ""),
-        ("10,000 tokens issued (s)", ("tokens_issued_s",), ""),
+        ("tokens issued, all nodes (s)", ("tokens_issued_s",), ""),
     ]
     out = ["| figure | SQLite | PostgreSQL | PostgreSQL / SQLite | target |",
            "|---|---|---|---|---|"]
