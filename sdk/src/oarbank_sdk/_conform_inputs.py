@@ -15,6 +15,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .jsonkind import kind_of as _kind
+
 __all__ = ["CONFORMANCE_FILE", "settings", "upstream_golden"]
 
 CONFORMANCE_FILE = "conformance.json"
@@ -64,16 +66,3 @@ def upstream_golden(g: Any) -> str | None:
             "not have; give the runner's payload directly as "
             '{"name", "stage", "payload", "expected": {"payload"}} to run it here')
 
-
-def _kind(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, (int, float)):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "a list"
-    return "an object"

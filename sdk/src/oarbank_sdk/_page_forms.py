@@ -19,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .jsonkind import kind_of as _kind
+
 __all__ = ["TARGET_KINDS", "Target", "KvItem", "link_target", "kv_item"]
 
 TARGET_KINDS = ("job", "node", "dataset", "campaign", "page", "tab", "url")
@@ -48,20 +50,6 @@ class KvItem:
     @property
     def literal(self) -> bool:
         return self.field is None
-
-
-def _kind(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, (int, float)):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "a list"
-    return "an object"
 
 
 def link_target(to: Any) -> tuple[Target | None, Problems]:

@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from oarbank_sdk.jsonkind import kind_of as _kind
+
 __all__ = ["Heartbeat", "HeartbeatError", "ServiceRow", "parse_heartbeat"]
 
 LIFECYCLES = ("on_demand", "always", "manual")
@@ -70,22 +72,6 @@ def _text(value: Any, where: str, *, nullable: bool = False, empty_ok: bool = Fa
     if len(value) > MAX_TEXT:
         raise HeartbeatError(f"{where}: longer than {MAX_TEXT} characters")
     return value
-
-
-def _kind(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, (int, float)):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "a list"
-    if isinstance(value, dict):
-        return "an object"
-    return type(value).__name__
 
 
 def _row(value: Any, where: str) -> ServiceRow:
