@@ -12,7 +12,6 @@ import contextlib
 import glob
 import itertools
 import os
-import pwd
 import shutil
 import signal
 import subprocess
@@ -38,7 +37,9 @@ class PgCluster:
             raise RuntimeError("no PostgreSQL server (apt-get install postgresql)")
         self._as: list[str] = []
         self.dir = Path(tempfile.mkdtemp(prefix="oarbank-pg-"))
-        if os.geteuid() == 0:
+        if hasattr(os, "geteuid") and os.geteuid() == 0:
+            import pwd  # POSIX only; this module is imported on every platform (conftest)
+
             pw = pwd.getpwnam("postgres")
             os.chown(self.dir, pw.pw_uid, pw.pw_gid)
             self._as = ["runuser", "-u", "postgres", "--"]

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from portal_helpers import MODULE_ID, auth, heartbeat, service_row
 
 CLI = [sys.executable, "-m", "oarbank_ui.cli"]
@@ -199,6 +200,7 @@ def test_heartbeats_over_https(start_portal, tmp_path: Path) -> None:  # type: i
     assert [(x["node_id"], x["users"]) for x in rows] == [("node-t", 3)]
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="the agent runs on POSIX systems")
 def test_the_agent_refuses_a_readable_token_file(tmp_path: Path) -> None:
     token = tmp_path / "token"
     token.write_text("oarbank_x\n")
@@ -211,6 +213,7 @@ def test_the_agent_refuses_a_readable_token_file(tmp_path: Path) -> None:
     assert f"{token}: mode 0640 lets the group or others read it; chmod 600" in r.stderr
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="the agent runs on POSIX systems")
 def test_the_agent_refuses_a_bad_ca_file(tmp_path: Path) -> None:
     ca = tmp_path / "ca.pem"
     ca.write_text("not a certificate\n")

@@ -6,11 +6,13 @@ heartbeat, and BrokenPipe tracebacks made 4,807 log lines."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import time
 from typing import Any
 
 import psutil
+import pytest
 from portal_helpers import heartbeat, service_row
 
 
@@ -130,6 +132,7 @@ def test_a_body_needs_a_declared_length(start_portal) -> None:  # type: ignore[n
     assert reply.startswith(b"HTTP/1.1 411") and b"Content-Length is required" in reply
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="--workers forks (POSIX)")
 def test_several_workers_on_one_socket(start_portal, store_url) -> None:  # type: ignore[no-untyped-def]
     """--workers 2: two processes answer on one socket; /metrics, answered by either, sums
     both (prometheus_client's multiprocess files); SIGTERM stops them all, exit 0."""

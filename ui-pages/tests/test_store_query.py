@@ -6,6 +6,7 @@ queries must give the same answers."""
 from __future__ import annotations
 
 import sqlite3
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -114,7 +115,8 @@ def test_unknown_keys_are_kept_not_refused(make_heartbeat, make_row) -> None:  #
 def test_sqlite_store_uses_wal_and_is_owner_only(tmp_path: Path) -> None:
     store = HeartbeatStore(tmp_path / "hb.db")
     store.close()
-    assert (tmp_path / "hb.db").stat().st_mode & 0o777 == 0o600  # token hashes live here
+    if sys.platform != "win32":
+        assert (tmp_path / "hb.db").stat().st_mode & 0o777 == 0o600  # token hashes live here
     db = sqlite3.connect(tmp_path / "hb.db")
     try:
         assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"

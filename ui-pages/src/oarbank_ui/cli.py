@@ -114,6 +114,8 @@ def _open(args: argparse.Namespace, **pool: Any) -> HeartbeatStore | None:
 def _serve(args: argparse.Namespace) -> int:
     if args.workers < 1:
         return _fail("--workers must be >= 1")
+    if args.workers > 1 and not hasattr(os, "fork"):
+        return _fail("--workers needs fork (POSIX); run one portal per port instead")
     metrics_dir = None
     if args.workers > 1:
         import tempfile

@@ -58,7 +58,8 @@ class SQLiteBackend:
         # -wal and -shm files SQLite makes next to it take the same mode).
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
-            if os.fstat(fd).st_mode & 0o077:
+            # (Windows has no such mode bits: its ACLs are the operator's to set)
+            if os.name != "nt" and os.fstat(fd).st_mode & 0o077:
                 os.fchmod(fd, 0o600)
         finally:
             os.close(fd)
