@@ -91,7 +91,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 
 # Tests that make real memory pressure: two at once would each see the other's allocation as
 # pressure of their own, so under pytest-xdist they share one worker.
-MEMORY_PRESSURE = ("test_memory_pressure.py", "test_yield_")
+MEMORY_PRESSURE = ("test_memory_pressure.py", "test_yield_", "[yield-")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

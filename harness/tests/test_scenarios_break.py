@@ -99,31 +99,21 @@ def test_crash_loop_fails_when_the_failing_service_is_never_withdrawn(tmp_path: 
     assert "waiting for crash-a model row: withdrawn" in cell["error"]
 
 
-def test_crash_loop_fails_when_the_restart_delay_never_grows(tmp_path: Path) -> None:
-    rc, cell = _run(tmp_path, "crash-loop", fault="flat_backoff")
+# (scenario, the agent's test-only fault that breaks what it checks, the failure it must report)
+AGENT_FAULTS = [
+    ("idle-stop", "no_idle_stop", "waiting for idle-a model row: stopped with no users"),
+    ("agent-restart", "keep_predecessor_groups",
+     "waiting for the old service process group to be ended"),
+    ("crash-loop", "flat_backoff", "shorter than the policy's delays"),
+    ("crash-loop", "bare_start_errors", "the withdrawn reason is not the module's"),
+    ("yield", "charge_released", "a released attempt was charged"),
+]
+
+
+@pytest.mark.parametrize(("scenario", "fault", "error"), AGENT_FAULTS,
+                         ids=[f"{s}-{f}" for s, f, _ in AGENT_FAULTS])
+def test_scenario_fails_when_the_agent_breaks_what_it_checks(tmp_path: Path, scenario: str,
+                                                              fault: str, error: str) -> None:
+    rc, cell = _run(tmp_path, scenario, fault=fault)
     assert rc == 1 and cell["outcome"] == "failed"
-    assert "shorter than the policy's delays" in cell["error"], cell["error"]
-
-
-def test_crash_loop_fails_when_the_withdrawn_reason_is_not_the_modules(tmp_path: Path) -> None:
-    rc, cell = _run(tmp_path, "crash-loop", fault="bare_start_errors")
-    assert rc == 1 and cell["outcome"] == "failed"
-    assert "the withdrawn reason is not the module's" in cell["error"], cell["error"]
-
-
-def test_yield_fails_when_released_attempts_are_charged(tmp_path: Path) -> None:
-    rc, cell = _run(tmp_path, "yield", fault="charge_released")
-    assert rc == 1 and cell["outcome"] == "failed"
-    assert "a released attempt was charged" in cell["error"], cell["error"]
-
-
-def test_idle_stop_fails_when_the_agent_never_stops_an_idle_service(tmp_path: Path) -> None:
-    rc, cell = _run(tmp_path, "idle-stop", fault="no_idle_stop")
-    assert rc == 1 and cell["outcome"] == "failed"
-    assert "waiting for idle-a model row: stopped with no users" in cell["error"]
-
-
-def test_agent_restart_fails_when_the_new_agent_leaves_the_old_groups(tmp_path: Path) -> None:
-    rc, cell = _run(tmp_path, "agent-restart", fault="keep_predecessor_groups")
-    assert rc == 1 and cell["outcome"] == "failed"
-    assert "waiting for the old service process group to be ended" in cell["error"]
+    assert error in cell["error"], cell["error"]
