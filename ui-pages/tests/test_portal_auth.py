@@ -118,6 +118,8 @@ def test_token_cli_issue_list_revoke(start_portal, tmp_path: Path) -> None:  # t
     assert p.post_heartbeat(doc, token=again.stdout.strip()).status == 401
     r = portal_cli("token", "revoke", "node-a", db=p.db)
     assert r.returncode == 2 and "node node-a holds no token" in r.stderr
+    r = portal_cli("token", "issue", " node-a", db=p.db)  # a node id no heartbeat can carry
+    assert r.returncode == 2 and "node id ' node-a': must be non-empty printable" in r.stderr
     r = subprocess.run([*CLI, "token", "list"], capture_output=True, text=True, timeout=60,
                        env={"PATH": "/usr/bin:/bin"})
     assert r.returncode == 2 and "--db is required" in r.stderr

@@ -183,7 +183,18 @@ def _serve_in(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bad_node_id(node_id: str) -> str | None:
+    """Why ``node_id`` cannot be a node's (a heartbeat's node_id is a non-empty string)."""
+    if not node_id or node_id != node_id.strip() or not node_id.isprintable():
+        return f"node id {node_id!r}: must be non-empty printable text without surrounding spaces"
+    if len(node_id) > 4096:
+        return "node id: longer than 4096 characters"
+    return None
+
+
 def _token(args: argparse.Namespace) -> int:
+    if args.token_cmd != "list" and (why := _bad_node_id(args.node_id)):
+        return _fail(why)
     store = _open(args, min_size=1, max_size=1)
     if store is None:
         return 2
