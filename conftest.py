@@ -98,3 +98,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if any(m in item.nodeid for m in MEMORY_PRESSURE):
             item.add_marker(pytest.mark.xdist_group("memory-pressure"))
+        elif "[container" in item.nodeid:
+            # One worker for the container backend: its module-scoped engine and image are
+            # set up once there, not by several workers at once.
+            item.add_marker(pytest.mark.xdist_group("containers"))

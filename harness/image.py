@@ -178,7 +178,17 @@ def ensure_base_image(client: Any, release: str) -> tuple[str, str, float | None
 
 def ensure_image(client: Any, release: str) -> NodeImage:
     """The project image for `release`, building whichever layers are missing:
-    base (debootstrap + import), deps (venv + third-party wheels), project (our wheels)."""
+    base (debootstrap + import), deps (venv + third-party wheels), project (our wheels).
+    One build at a time per cache (a file lock): two harness runs at once (parallel test
+    workers, or a test run beside `nox -s e2e`) would otherwise remove each other's wheels."""
+    import fcntl  # POSIX only, like the rest of the container backend
+
+    with open(cache_dir() / "image.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _ensure_image(client, release)
+
+
+def _ensure_image(client: Any, release: str) -> NodeImage:
     base = ensure_rootfs(release)
     base_tag, _, base_built = ensure_base_image(client, release)
 
