@@ -154,11 +154,19 @@ def _run_and_commit(client: Any, image: str, script: str, volumes: dict[str, str
 
 
 def _drop_older(client: Any, repo: str, prefix: str, keep: str) -> None:
-    """Superseded layers of one release go, so the cache stays small."""
+    """Superseded layers of one release go, so the cache stays small. One that a container
+    still uses (another harness run's node, on older sources) stays until a later build."""
+    import docker
+
     for img in client.images.list(name=repo):
         for old in img.tags:
             if old.startswith(f"{repo}:{prefix}") and old != keep:
-                client.images.remove(old, noprune=False)
+                try:
+                    client.images.remove(old, noprune=False)
+                except docker.errors.APIError as exc:
+                    if exc.status_code != 409:  # 409: in use by a container
+                        raise
+                    _log(f"kept {old}: a container still uses it")
 
 
 def ensure_base_image(client: Any, release: str) -> tuple[str, str, float | None]:
