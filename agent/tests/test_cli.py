@@ -94,9 +94,14 @@ def test_status_shows_services_and_jobs(start_agent, echo_module: Path) -> None:
     assert st["node_id"] == "test-node" and st["hostname"]
     assert isinstance(st["time"], float)
     (row,) = st["services"]
+    # The contract's row (section 6, also each heartbeat row), and what status adds for an
+    # operator (supervisor.details).
     assert set(row) == {"module", "service", "health", "running", "ready", "accepting", "error",
                         "held", "disabled", "withdrawn", "gpu_api_missing", "lifecycle", "users",
-                        "endpoint"}
+                        "endpoint"} | {"pid", "pgid", "uptime_s", "idle_stop_in_s",
+                                       "last_stop_reason", "starts", "restarts",
+                                       "idle_timeout_s"}
+    assert row["pid"] > 0 and row["uptime_s"] >= 0 and row["starts"] == 1
     assert (row["module"], row["service"], row["health"], row["ready"], row["endpoint"],
             row["lifecycle"], row["users"]) == ("test.agent.echo", "echo", "healthy", True, True,
                                                 "on_demand", 0)

@@ -26,6 +26,7 @@ from oarbank_sdk import manifest as mf
 from . import (
     containment,
     control,
+    drain,
     escapewatch,
     faults,
     gpu_detect,
@@ -35,10 +36,12 @@ from . import (
     protection,
     recovery,
     refusals,
+    reload,
     sandboxing,
     statuswatch,
     waiting,
 )
+from . import lifecycle as lc
 from .admission import Admission
 from .broker import Broker
 from .channel import Channels
@@ -58,12 +61,13 @@ from .jobqueue import JobQueue
 from .modules import ModuleCtx, NodeInfo, load_module, module_names
 from .store import JobRecord, JobStore
 from .supervisor import Supervisor
+from .supervisor import details as supervisor_details
 
 __all__ = ["Agent", "AgentConfig", "ModuleSpec"]
 
 log = logging.getLogger("oarbank_agent")
 
-ModuleSpec = tuple[Path, dict[str, Any]]  # (module dir, settings)
+ModuleSpec = tuple[Path, dict[str, Any] | None]  # (module dir, settings; None: keep the file)
 
 
 @dataclass
@@ -80,6 +84,8 @@ class AgentConfig:
     # First interval of the sparse `status` polls (statuswatch).
     status_poll_s: float = statuswatch.DEFAULT_FIRST_S
     fault: str | None = None  # test-only fault injection (faults.py; OARBANK_AGENT_FAULT)
+    # SIGTERM / `drain`: running attempts get this long to finish (drain.py; --drain-s).
+    drain_s: float = 30.0
 
 
 class Agent:
@@ -120,6 +126,10 @@ class Agent:
         self._manual_task: asyncio.Task[None] | None = None
         self._escape_task: asyncio.Task[None] | None = None  # escapewatch
         self.fault: str | None = config.fault
+        self.stop_reason: str | None = None  # SIGTERM, SIGINT, a drain request (logged)
+        # Re-reads the config and settings files (cli.py); None: `reload` has nothing to read.
+        self.reload_source: Callable[[], reload.Reloaded] | None = None
+        self._reloading: asyncio.Task[Any] | None = None
 
     # --- modules --------------------------------------------------------------------------
 
@@ -175,10 +185,21 @@ class Agent:
                                                           time.monotonic())
         return view
 
-    def status(self) -> dict[str, Any]:
+    def status(self, jobs_limit: int | None = None, jobs_page: int = 1) -> dict[str, Any]:
+        """The report with jobs and node details. ``jobs_limit``: a page of that many jobs,
+        page 1 the most recent (each page in submission order); None: every job."""
         rep = self.report()
-        rep["jobs"] = [self._with_wait(r, r.summary())
-                       for r in sorted(self.jobs.values(), key=lambda r: (r.submitted_at, r.seq))]
+        now = time.time()
+        for r, rt in zip(rep["services"], self.supervisor.services.values(), strict=True):
+            r.update(supervisor_details(rt, now))  # pid, uptime, idle stop, restarts
+        ordered = sorted(self.jobs.values(), key=lambda r: (r.submitted_at, r.seq))
+        rep["jobs_total"] = len(ordered)
+        if jobs_limit is not None:
+            end = max(0, len(ordered) - jobs_limit * (jobs_page - 1))
+            ordered = ordered[max(0, end - jobs_limit):end]
+            rep["jobs_page"] = {"page": jobs_page, "per_page": jobs_limit,
+                                "pages": max(1, -(-rep["jobs_total"] // jobs_limit))}
+        rep["jobs"] = [self._with_wait(r, r.summary()) for r in ordered]
         rep["state_dir"] = str(self.state_dir)
         rep["gpu"] = self.gpu.as_dict() if self.gpu is not None else None
         rep["protection"] = self.guard.report(self.admission.budget_gb,
@@ -207,7 +228,8 @@ class Agent:
     async def run(self, ready: Callable[[], None] | None = None) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._stop.set)
+            loop.add_signal_handler(sig, self.request_stop, sig.name)
+        loop.add_signal_handler(signal.SIGHUP, self._reload_on_signal)
         # Test-only faults: the lifecycle's inputs (decisions), and one effect (error text).
         self.supervisor.set_faults(idle_stop=self.fault != faults.NO_IDLE_STOP,
                                    flat_backoff=self.fault == faults.FLAT_BACKOFF)
@@ -241,11 +263,41 @@ class Agent:
             ready()
         try:
             await self._stop.wait()
+            await drain.wait_running(self.queue.runs, self.jobs, self.config.drain_s,
+                                     self.stop_reason or "stop")
         finally:
             await self.shutdown()
 
-    def request_stop(self) -> None:
+    def request_stop(self, why: str = "stop") -> None:
+        """Begin the drain (drain.py): nothing more is admitted from now on."""
+        if not self._stop.is_set():
+            self.stop_reason = why
+            log.info("stop requested (%s): draining", why)
         self._stop.set()
+
+    async def reload(self) -> list[str]:
+        """Re-read config and settings, apply timings, fingerprint again (reload.py)."""
+        if self.reload_source is None:
+            raise control.ControlError("bad_request", "this agent has no config to reload")
+        try:
+            return await reload.reload(self, self.reload_source)
+        except ValueError as exc:
+            log.warning("reload refused, nothing changed: %s", exc)
+            raise control.ControlError("bad_request", f"reload refused, nothing changed: "
+                                       f"{exc}") from None
+
+    def _reload_on_signal(self) -> None:
+        log.info("SIGHUP: reloading the config and settings")
+        if self._reloading is not None and not self._reloading.done():
+            return  # one at a time; the one in flight reads the files as they are now
+
+        async def go() -> None:
+            try:
+                await self.reload()
+            except control.ControlError:
+                pass  # logged by reload
+
+        self._reloading = asyncio.create_task(go(), name="reload")
 
     async def shutdown(self) -> None:
         await self.guard.aclose()
@@ -256,10 +308,17 @@ class Agent:
             self._escape_task.cancel()
             await asyncio.gather(self._escape_task, return_exceptions=True)
         await self.control.close()
+        left = list(self.queue.runs.tasks)
         await self.queue.runs.cancel_all()  # each job stays queued on disk for the next agent
+        for job_id in left:  # drain step 3: an interrupted attempt is given back at once
+            if recovery.uncharge_interrupted(self.jobs[job_id]):
+                self.store.save(self.jobs[job_id])
+        log.info("stopping %d service(s)", sum(1 for rt in self.supervisor.services.values()
+                                                 if rt.st.state is not lc.State.STOPPED))
         await self.supervisor.shutdown()
         await self.broker.aclose()
         containment.current().close()  # every group is ended: its cgroups are empty
+        log.info("stopped: every service and job process ended; exiting")
 
     def submit(self, module: str, stage: str, payload: dict[str, Any]) -> JobRecord:
         ctx = self.find_module(module)
@@ -341,7 +400,16 @@ class Agent:
                                      f"(state: {rec.state}{why})"}
             return {"ok": True, "job": self._with_wait(rec, rec.public())}
         if op == "status":
-            return {"ok": True, "status": self.status()}
+            limit, page = req.get("jobs_limit"), req.get("jobs_page", 1)
+            for name, v in (("jobs_limit", limit), ("jobs_page", page)):
+                if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+                    raise control.ControlError("bad_request", f"'{name}' must be an integer >= 1")
+            return {"ok": True, "status": self.status(limit, page)}
+        if op == "drain":
+            self.request_stop("drain request")
+            return {"ok": True, "draining": True, "drain_s": self.config.drain_s}
+        if op == "reload":
+            return {"ok": True, "changes": await self.reload()}
         if op == "protect":
             rule = req.get("rule")
             if rule is not None:

@@ -58,6 +58,7 @@ class Channel:
         self.closed: asyncio.Future[str] = loop.create_future()
         # conn -> (the service end we sent, its attempt's name), until `accepted`.
         self._pending: dict[int, tuple[socket.socket, str]] = {}
+        self._stopping = False  # set by expect_close: the agent is stopping this service
         self._stream = MessageStream(
             loop,
             agent_end,
@@ -94,6 +95,11 @@ class Channel:
             self._child.close()
             self._child = None
 
+    def expect_close(self) -> None:
+        """The agent is stopping the service (its ``stop`` op runs): the service closing its
+        end now is the stop working, logged at INFO, not a failure an operator must act on."""
+        self._stopping = True
+
     def close(self) -> None:
         """The agent closes the channel: the service sees EOF. Does not resolve ``closed``."""
         if self.is_open:
@@ -113,8 +119,12 @@ class Channel:
         """The service broke the channel (EOF or protocol violation): a service failure."""
         if not self.is_open:
             return
-        # open -> closed by the service: the supervisor acts on `closed`.
-        log.warning("channel %s: %s", self.service_key, reason)
+        # open -> closed by the service: the supervisor acts on `closed`. During a stop the
+        # agent asked for, that is the service obeying (INFO); otherwise it failed (WARNING).
+        if self._stopping:
+            log.info("channel %s: closed by the service as it stops", self.service_key)
+        else:
+            log.warning("channel %s: %s", self.service_key, reason)
         self._shutdown()
         if not self.closed.done():
             self.closed.set_result(reason)

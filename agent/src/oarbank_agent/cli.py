@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from . import control, faults, protect_cli
+from . import config, control, faults, logsetup, protect_cli
 
 __all__ = ["main", "build_parser"]
 
@@ -25,15 +25,49 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="oarbank-agent", description="The oarbank node agent.")
     sub = p.add_subparsers(dest="command", required=True)
 
-    r = sub.add_parser("run", help="run the agent in the foreground until SIGTERM/SIGINT")
-    r.add_argument("--state-dir", required=True, type=Path)
-    r.add_argument("--module", action="append", required=True, type=Path, dest="modules",
-                   metavar="MODULE_DIR")
-    r.add_argument("--node-id")
+    r = sub.add_parser("run", help="run the agent in the foreground until SIGTERM/SIGINT "
+                       "(SIGTERM drains, SIGHUP reloads)")
+    add_run_options(r)
+    _add_commands(p, sub)
+    return p
+
+
+def add_run_options(r: argparse.ArgumentParser) -> None:
+    """Every ``run`` option; each is also a key of the config file (config.py)."""
+    r.add_argument("--config", type=Path, metavar="FILE",
+                   help=f"a TOML file with any of these options as keys (default: "
+                        f"{config.DEFAULT_PATH} when it exists); flags override it")
+    r.add_argument("--state-dir", type=Path, metavar="DIR",
+                   help="required: the agent's own folder (records, sockets, logs); reusing "
+                        "it after a crash resumes the jobs")
+    r.add_argument("--module", action="append", type=Path, dest="modules",
+                   metavar="MODULE_DIR",
+                   help="required, repeatable: a module folder (oarbank-module.toml at its root)")
+    r.add_argument("--node-id", metavar="ID",
+                   help="this node's id (default: the host name); kept in the state dir after "
+                        "the first run: a different one later is refused without --rename-node")
+    r.add_argument("--rename-node", action="store_true",
+                   help="accept a --node-id different from the one the state dir keeps")
+    r.add_argument("--drain-s", type=float, default=30.0, metavar="S",
+                   help="on SIGTERM (or `oarbank-agent drain`) running attempts get this long "
+                        "to finish before the rest are released, not charged (default 30)")
+    r.add_argument("--log-file", type=Path, metavar="PATH",
+                   help="write the agent's log here instead of stderr, rotated by size")
+    r.add_argument("--log-max-mb", type=float, default=logsetup.DEFAULT_MAX_MB, metavar="MB",
+                   help=f"rotate --log-file (and each service log) at this size (default "
+                        f"{logsetup.DEFAULT_MAX_MB:g})")
+    r.add_argument("--log-backups", type=int, default=logsetup.DEFAULT_BACKUPS, metavar="N",
+                   help=f"rotated files kept per log (default {logsetup.DEFAULT_BACKUPS})")
+    r.add_argument("--log-level", choices=logsetup.LEVELS, default="info",
+                   help="least level logged (default info; warning: only what needs action)")
+    r.add_argument("--log-format", choices=logsetup.FORMATS, default="text",
+                   help="text (default) or json: one object per line (time, level, event, "
+                        "module, service, job, attempt)")
     r.add_argument("--allow-empty", action="store_true",
                    help="run even when no --module could be loaded (by default that exits 2)")
     r.add_argument("--settings", action="append", default=[], metavar="MODULE=FILE",
-                   help="this node's settings (JSON object) for a module (id or short name)")
+                   help="this node's settings (JSON object) for a module (id or short name), "
+                        "written to its settings.json; without it settings.json is left as it is")
     r.add_argument("--sandbox", choices=("auto", "required", "off"), default="auto",
                    help="confine every runner, service op and daemon: auto (default: when "
                         "this machine allows), required (refuse to start without it), off "
@@ -64,6 +98,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="first interval of the `status` polls of a non-endpoint service that "
                         "left nothing in its process group (doubling to 6x; default 10)")
 
+
+def run_parser(cls: type[argparse.ArgumentParser] = argparse.ArgumentParser
+               ) -> argparse.ArgumentParser:
+    """``run``'s options alone (config.py parses the config file's values through it)."""
+    r = cls(prog="oarbank-agent run", add_help=False)
+    add_run_options(r)
+    return r
+
+
+def _add_commands(p: argparse.ArgumentParser, sub: Any) -> None:
     s = sub.add_parser("submit", help="submit a job to a running agent")
     s.add_argument("--state-dir", required=True, type=Path)
     s.add_argument("--module", required=True, help="module id or short name")
@@ -75,6 +119,17 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("status", help="services and jobs of a running agent")
     st.add_argument("--state-dir", required=True, type=Path)
     st.add_argument("--json", action="store_true")
+    st.add_argument("--page", type=int, default=1,
+                    help="which page of jobs: 1 (default) the most recent")
+    st.add_argument("--per-page", type=int, default=50,
+                    help="jobs per page (default 50; 0: every job)")
+
+    for name, text in (("drain", "stop admitting, let running attempts finish (up to the "
+                                 "agent's --drain-s), then stop the agent (as SIGTERM)"),
+                       ("reload", "re-read the config and settings files, apply new timings, "
+                                  "fingerprint again (as SIGHUP)")):
+        c = sub.add_parser(name, help=text)
+        c.add_argument("--state-dir", required=True, type=Path)
 
     protect_cli.add_protect_parser(sub)
 
@@ -84,13 +139,21 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--json", action="store_true")
     d.add_argument("--sandbox", choices=("auto", "required", "off"), default="auto",
                    help="the agent's --sandbox (off: debugging only)")
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
     if args.command == "run":
-        return cmd_run(args)
+        run_argv = argv[argv.index("run") + 1:]
+        try:
+            ra = _run_args(run_argv)
+        except ValueError as exc:  # ConfigError, SettingsError: each names the file and key
+            _err(str(exc))
+            return 2
+        return cmd_run(ra, run_argv)
+    if args.command in ("drain", "reload"):
+        return cmd_control(args)
     if args.command == "submit":
         return cmd_submit(args)
     if args.command == "status":
@@ -107,10 +170,55 @@ def _err(msg: str) -> None:
     print(f"oarbank-agent: {msg}", file=sys.stderr)
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    from .agent import Agent, AgentConfig, configure_logging
-    from .modules import SettingsError, read_settings_arg
+# Exit codes of the commands that talk to a running agent: distinct, so a script can tell
+# "start it" from "run me as its user".
+EXIT_NOT_RUNNING = 1
+EXIT_NOT_PERMITTED = 3
+
+
+def _not_permitted(state_dir: Path) -> str:
+    try:
+        import pwd
+
+        uid = state_dir.stat().st_uid
+        try:
+            owner = pwd.getpwuid(uid).pw_name
+        except KeyError:
+            owner = str(uid)
+        who = f"user {owner}; e.g. `sudo -u {owner} oarbank-agent ...`"
+    except OSError:  # not even its path may be looked at: its parent is closed to us too
+        who = "the agent's user (the owner of the state dir)"
+    return (f"not permitted to reach the agent of {state_dir}: its control socket is open "
+            f"only to the agent's user (the state dir is 0700); run this command as {who}")
+
+
+def _request(state_dir: Path, req: dict[str, Any]) -> dict[str, Any] | int:
+    """One control request; an int is the exit code, its reason already printed."""
+    try:
+        return control.request(state_dir, req)
+    except control.AgentNotRunning as exc:
+        _err(str(exc))
+        return EXIT_NOT_RUNNING
+    except PermissionError:
+        _err(_not_permitted(state_dir))
+        return EXIT_NOT_PERMITTED
+    except (OSError, ValueError) as exc:
+        _err(f"lost the agent: {exc}")
+        return 1
+
+
+def _run_args(run_argv: list[str]) -> config.RunArgs:
+    from .modules import read_settings_arg
+
+    return config.load_run_args(run_argv, run_parser, read_settings_arg)
+
+
+def cmd_run(ra: config.RunArgs, run_argv: list[str]) -> int:
+    from . import nodeid, overrides
+    from .agent import Agent, AgentConfig
     from .unixpath import SocketPathTooLong, check
+
+    args = ra.args
 
     try:
         # Before anything starts: where a deep path cannot be shortened, say so now.
@@ -125,7 +233,22 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 2
     if fault is not None:
         _err(faults.describe(fault))  # loud: also logged and shown in status
-    configure_logging()
+    try:
+        logsetup.configure(logsetup.LogOptions(
+            level=args.log_level, fmt=args.log_format, file=args.log_file,
+            max_mb=args.log_max_mb, backups=args.log_backups))
+    except ValueError as exc:
+        _err(str(exc))
+        return 2
+    except OSError as exc:
+        _err(f"--log-file {args.log_file}: cannot write it: {exc.strerror}")
+        return 2
+    if not args.drain_s >= 0:
+        _err(f"--drain-s {args.drain_s:g}: must be >= 0")
+        return 2
+    log = logging.getLogger("oarbank_agent")
+    if ra.config_path is not None:
+        log.info("config: %s", ra.config_path)
     from . import sandboxing
 
     try:
@@ -189,23 +312,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not args.status_poll_s > 0:
         _err("--status-poll-s must be > 0")
         return 2
-    settings: dict[str, dict[str, Any]] = {}
-    for arg in args.settings:
-        try:
-            name, value = read_settings_arg(arg)
-        except SettingsError as exc:
-            _err(str(exc))
-            return 2
-        settings[name] = value
+    settings = ra.settings
 
-    def settings_for(path: Path) -> dict[str, Any]:
+    def settings_for(path: Path) -> dict[str, Any] | None:
+        """The settings given for this module; None: its settings.json is left as it is."""
         from oarbank_sdk import manifest as mf
 
         try:
             m = mf.load(path)
         except mf.ManifestError:
-            return {}  # refused below with the checker's messages
-        return settings.get(m.id, settings.get(m.short_name, {}))
+            return None  # refused below with the checker's messages
+        return settings.get(m.id, settings.get(m.short_name))
 
     async def main_async() -> int:
         # Children reaped through pidfds, not a thread each (Python < 3.12 on Linux).
@@ -214,10 +331,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         watcher = use_pidfd_watcher(asyncio.get_running_loop())
         logging.getLogger("oarbank_agent").debug("child watcher: %s", watcher)
         agent = Agent(AgentConfig(
-            state_dir=args.state_dir, node_id=args.node_id, guard=guard_config,
+            state_dir=args.state_dir, node_id=node_id, guard=guard_config,
             gpu=gpu_override, manual_refresh_s=args.manual_refresh_s,
-            status_poll_s=args.status_poll_s, fault=fault))
-        specs = [(p.resolve(), settings_for(p)) for p in args.modules]
+            status_poll_s=args.status_poll_s, fault=fault, drain_s=args.drain_s))
+        specs = [(p.resolve(), settings_for(p)) for p in args.modules or []]
         for msg in agent.load_modules(specs):
             print(msg, file=sys.stderr)
         unknown = [n for n in settings
@@ -228,6 +345,15 @@ def cmd_run(args: argparse.Namespace) -> int:
             _err("no module could be loaded: each refusal above says why (fix the manifest, "
                  "check it with `oarbank-sdk check`, or run with --allow-empty)")
             return 2
+        manifest_services = {key: rt.svc for key, rt in agent.supervisor.services.items()}
+        try:
+            for line in overrides.apply(agent.supervisor, ra.services, manifest_services,
+                                        live=False):
+                log.info("config: %s", line)
+        except overrides.OverrideError as exc:
+            _err(f"--config {ra.config_path}: {exc}")
+            return 2
+        agent.reload_source = lambda: _reread(run_argv, ra)
 
         sender = None
         if args.portal:
@@ -274,6 +400,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         _err(f"--state-dir: {exc}")
         return 2
     try:
+        try:  # under the lock: two agents never race on the kept id
+            node_id, how = nodeid.resolve(args.state_dir, args.node_id, rename=args.rename_node)
+        except nodeid.NodeIdError as exc:
+            _err(str(exc))
+            return 2
+        log.info("node id %s (%s)", node_id, how)
         # Last: this may create the agent's cgroup.
         from . import containment
 
@@ -290,6 +422,38 @@ def cmd_run(args: argparse.Namespace) -> int:
             box.close()  # an agent that never got going leaves no empty cgroup behind
     finally:
         lock.close()
+
+
+# Options read once at start: a reload that finds them changed says they need a restart.
+_RELOADABLE = ("settings", "config", "services")
+
+
+def _reread(run_argv: list[str], first: config.RunArgs) -> Any:
+    """For a reload: the same merge as at start, from the files as they are now."""
+    from .reload import Reloaded
+
+    now = _run_args(run_argv)
+    before, after = vars(first.args), vars(now.args)
+    changed = sorted(k for k in after if k not in _RELOADABLE and before.get(k) != after[k])
+    return Reloaded(now.settings, now.services,
+                    [f"--{k.replace('_', '-')}" for k in changed])
+
+
+def cmd_control(args: argparse.Namespace) -> int:
+    """``drain`` and ``reload``: one request to the running agent."""
+    reply = _request(args.state_dir, {"op": args.command})
+    if isinstance(reply, int):
+        return reply
+    if not reply.get("ok"):
+        _err(reply.get("error", f"{args.command} failed"))
+        return 2 if reply.get("code") == "bad_request" else 1
+    if args.command == "drain":
+        print(f"draining: running attempts get up to {reply.get('drain_s', 0):g}s, then the "
+              "agent stops")
+    else:
+        for line in reply.get("changes", []):
+            print(line)
+    return 0
 
 
 def _install_refusals(enforce: bool) -> None:
@@ -342,7 +506,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
             reply = c.call(req, timeout=None if args.timeout is None else args.timeout + 30.0)
     except control.AgentNotRunning as exc:
         _err(str(exc))
-        return 1
+        return EXIT_NOT_RUNNING
+    except PermissionError:
+        _err(_not_permitted(args.state_dir))
+        return EXIT_NOT_PERMITTED
     except (OSError, ValueError) as exc:
         _err(f"lost the agent: {exc}")
         return 1
@@ -361,14 +528,15 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    try:
-        reply = control.request(args.state_dir, {"op": "status"})
-    except control.AgentNotRunning as exc:
-        _err(str(exc))
-        return 1
-    except (OSError, ValueError) as exc:
-        _err(f"lost the agent: {exc}")
-        return 1
+    if args.page < 1 or args.per_page < 0:
+        _err("--page must be >= 1 and --per-page >= 0")
+        return 2
+    req: dict[str, Any] = {"op": "status"}
+    if args.per_page:
+        req.update(jobs_limit=args.per_page, jobs_page=args.page)
+    reply = _request(args.state_dir, req)
+    if isinstance(reply, int):
+        return reply
     if not reply.get("ok"):
         _err(reply.get("error", "status failed"))
         return 1
@@ -382,11 +550,17 @@ def cmd_status(args: argparse.Namespace) -> int:
     if st.get("fault"):
         print(faults.describe(st["fault"]) if st["fault"] in faults.FAULTS
               else f"FAULT INJECTED: {st['fault']}")
-    cols = ["module", "service", "lifecycle", "health", "running", "ready", "users", "withdrawn",
-            "held", "error"]
+    cols = ["module", "service", "lifecycle", "health", "running", "ready", "users", "pid",
+            "uptime_s", "idle_stop_in_s", "restarts", "last_stop_reason", "withdrawn", "held",
+            "error"]
     rows = [[_cell(r.get(c)) for c in cols] for r in st["services"]]
     _table(cols, rows)
     print()
+    page = st.get("jobs_page")
+    if page is not None:
+        shown = len(st["jobs"])
+        print(f"jobs: {shown} of {st.get('jobs_total', shown)} (page {page['page']} of "
+              f"{page['pages']}, most recent first; --page N for older, --per-page 0 for all)")
     # wire_attempt: the number a service logs for the latest attempt (contract section 3)
     jcols = ["job_id", "module", "stage", "state", "attempts", "wire_attempt", "exit_code",
              "reason"]

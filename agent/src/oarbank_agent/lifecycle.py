@@ -227,6 +227,14 @@ def apply(s: ServiceState, event: Event, now: float, *, error: str | None = None
     return replace(s, state=to)  # pragma: no cover - every event is handled above
 
 
+def set_timings(s: ServiceState, *, idle_timeout_s: float, backoff_initial_s: float,
+                backoff_max_s: float, max_failures: int) -> ServiceState:
+    """New timings (the config file's overrides, at start or on reload). The idle clock and
+    a pending retry keep their start: the next ``decide`` measures them with the new values."""
+    return replace(s, idle_timeout_s=idle_timeout_s, backoff_initial_s=backoff_initial_s,
+                   backoff_max_s=backoff_max_s, max_failures=max_failures)
+
+
 def set_users(s: ServiceState, users: int, now: float) -> ServiceState:
     """New user count; starts the idle clock when it drops to zero, clears it when one comes."""
     if users > 0:

@@ -2,8 +2,8 @@
 
 A module's node-side files live under ``<state>/modules/<module id>/``:
 ``data/`` (OARBANK_MODULE_DATA; ops get HOME and TMPDIR inside it), ``settings.json`` (this
-node's settings for the module, ``{}`` when none were given) and ``logs/`` (ops' and services'
-stderr, one file per service).
+node's settings for the module: written only when given, never rewritten by a restart) and
+``logs/`` (ops' and services' stderr, one file per service).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ else:  # pragma: no cover - Python 3.10
 from oarbank_sdk import manifest as mf
 
 __all__ = ["NodeInfo", "ModuleCtx", "load_module", "module_names", "SettingsError",
-           "read_settings_arg"]
+           "read_settings_arg", "write_settings", "read_settings_file"]
 
 
 @dataclass(frozen=True)
@@ -107,14 +107,43 @@ def read_settings_arg(arg: str) -> tuple[str, dict[str, Any]]:
     return name, value
 
 
-def load_module(path: Path, state_dir: Path, settings: dict[str, Any]) -> ModuleCtx:
-    """Load and check a module; prepare its node-side folders. Raises ``ManifestError``."""
+def load_module(path: Path, state_dir: Path, settings: dict[str, Any] | None) -> ModuleCtx:
+    """Load and check a module; prepare its node-side folders. Raises ``ManifestError``.
+
+    ``settings`` given (``--settings`` or the config file): written to ``settings.json``.
+    None: the file is left as it is (an operator's edit survives a restart); only a missing
+    one is created, as ``{}``."""
     manifest = mf.load(path)
-    ctx = ModuleCtx(manifest, state_dir / "modules" / manifest.id, settings)
+    ctx = ModuleCtx(manifest, state_dir / "modules" / manifest.id, settings or {})
     for d in (ctx.data_dir, ctx.data_dir / "home", ctx.data_dir / "tmp", ctx.log_dir):
         d.mkdir(parents=True, exist_ok=True)
-    _write_json(ctx.settings_file, settings)
+    if settings is not None:
+        write_settings(ctx, settings)
+    elif not ctx.settings_file.exists():
+        _write_json(ctx.settings_file, {})
+    else:
+        ctx.settings = read_settings_file(ctx.settings_file)
     return ctx
+
+
+def write_settings(ctx: ModuleCtx, settings: dict[str, Any]) -> bool:
+    """An explicit change: write ``settings.json`` unless it already says this. True if
+    written (so a reload with unchanged settings touches nothing)."""
+    ctx.settings = settings
+    if ctx.settings_file.exists() and read_settings_file(ctx.settings_file) == settings:
+        return False
+    _write_json(ctx.settings_file, settings)
+    return True
+
+
+def read_settings_file(path: Path) -> dict[str, Any]:
+    """What ``settings.json`` holds now ({} when it is unreadable or not an object: the ops
+    read it themselves and say what is wrong)."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def module_names(path: Path) -> set[str]:

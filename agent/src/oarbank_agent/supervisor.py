@@ -33,7 +33,7 @@ from oarbank_sdk import advice
 from oarbank_sdk import manifest as mf
 from oarbank_sdk.protocol import current_transport
 
-from . import escapewatch, groupwatch, logtail, ops, procs, refusals, statuswatch
+from . import escapewatch, groupwatch, logsetup, logtail, ops, procs, refusals, statuswatch
 from . import fingerprint as fingerprints
 from . import lifecycle as lc
 from .modules import ModuleCtx, NodeInfo
@@ -41,7 +41,7 @@ from .modules import ModuleCtx, NodeInfo
 if TYPE_CHECKING:
     from .channel import Channel, Channels
 
-__all__ = ["Supervisor", "ServiceRuntime", "service_key", "row", "ready"]
+__all__ = ["Supervisor", "ServiceRuntime", "service_key", "row", "ready", "details"]
 
 log = logging.getLogger("oarbank_agent.supervisor")
 
@@ -96,6 +96,8 @@ class ServiceRuntime:
     cancellable: bool = False
     cancelled_for: str | None = None
     start_began: float | None = None  # monotonic time of the last START (jobs show the wait)
+    starts: int = 0  # every START of this agent's life (status)
+    restarts: int = 0  # the STARTs after a failure (from BACKOFF): what an operator watches
 
     def busy(self) -> bool:
         return self.task is not None and not self.task.done()
@@ -119,6 +121,31 @@ def ready(rt: ServiceRuntime) -> bool:
     if rt.svc.endpoint:
         return rt.channel is not None and bool(rt.channel.is_open)
     return True
+
+
+def details(rt: ServiceRuntime, now: float) -> dict[str, Any]:
+    """What ``status`` adds to a row for an operator (not in heartbeats): the daemon's pid
+    (its hello, else its process group), uptime, seconds until the idle stop, why it last
+    stopped, starts and restarts (starts after a failure). ``now``: unix time."""
+    s = rt.st
+    pid = None
+    if rt.channel is not None and rt.channel.hello.done() and not rt.channel.hello.cancelled():
+        pid = rt.channel.hello.result()
+    idle_in = None
+    if s.state is lc.State.READY and rt.svc.lifecycle == "on_demand" and s.users == 0 \
+            and s.idle_since is not None and s.idle_stop:
+        idle_in = round(max(0.0, s.idle_since + s.idle_timeout_s - now), 1)
+    return {
+        "pid": pid if pid is not None else rt.pgid,
+        "pgid": rt.pgid,
+        "uptime_s": round(now - rt.ready_at, 1) if s.state is lc.State.READY and rt.ready_at
+        else None,
+        "idle_stop_in_s": idle_in,
+        "last_stop_reason": s.stopped_reason,
+        "starts": rt.starts,
+        "restarts": rt.restarts,
+        "idle_timeout_s": s.idle_timeout_s,
+    }
 
 
 def row(rt: ServiceRuntime, refused: str | None = None) -> dict[str, Any]:
@@ -223,6 +250,24 @@ class Supervisor:
         self.poke(rt)
         return True
 
+    def set_timings(self, key: str, svc: mf.Service, *, live: bool = True) -> None:
+        """The service with new timings (overrides.py): the next start and stop use them,
+        and (``live``: a reload) the idle timer is measured again now (``poke``), not at its
+        old deadline. Before the agent runs nothing is poked (recovery comes first)."""
+        rt = self.services[key]
+        rt.svc = svc
+        r = svc.restart
+        rt.st = lc.set_timings(rt.st, idle_timeout_s=svc.idle_timeout_s,
+                               backoff_initial_s=r.backoff_initial_s,
+                               backoff_max_s=r.backoff_max_s, max_failures=r.max_failures)
+        log.info("%s: timings idle_timeout_s=%g start_timeout_s=%g stop_timeout_s=%g "
+                 "backoff %g..%g s, max_failures %d", key, svc.idle_timeout_s,
+                 svc.start_timeout_s, svc.stop_timeout_s, r.backoff_initial_s,
+                 r.backoff_max_s, r.max_failures)
+        if live:
+            self._changed(rt)
+            self.poke(rt)
+
     def set_gpu_missing(self, key: str, text: str | None) -> None:
         """GPU placement (agent start): the GPU_API_MISSING text, or None (it may run here)."""
         rt = self.services[key]
@@ -302,8 +347,14 @@ class Supervisor:
     def _transition(self, rt: ServiceRuntime, event: lc.Event, **kw: Any) -> None:
         before = rt.st.state
         rt.st = lc.apply(rt.st, event, time.time(), **kw)
-        log.info("%s: %s -> %s (%s)%s", rt.key, before.value, rt.st.state.value, event.value,
-                 f": {rt.st.error}" if event is lc.Event.FAILED and rt.st.error else "")
+        # A failure is what an operator acts on (WARNING); every other transition, idle stops
+        # included, is the node working (INFO).
+        level = logging.WARNING if event is lc.Event.FAILED else logging.INFO
+        why = (f": {rt.st.error}" if event is lc.Event.FAILED and rt.st.error else
+               f": {rt.st.stopped_reason}" if event is lc.Event.STOP and rt.st.stopped_reason
+               else "")
+        log.log(level, "%s: %s -> %s (%s)%s", rt.key, before.value, rt.st.state.value,
+                event.value, why, extra=logsetup.fields(service_key=rt.key))
         if rt.st.state is lc.State.READY:
             rt.ready_at = time.time()
             rt.stop_note = None
@@ -379,6 +430,9 @@ class Supervisor:
     # --- effects --------------------------------------------------------------------------
 
     async def _start(self, rt: ServiceRuntime) -> None:
+        rt.starts += 1
+        if rt.st.state is lc.State.BACKOFF:
+            rt.restarts += 1
         # STOPPED|BACKOFF -> STARTING
         self._transition(rt, lc.Event.START)
         rt.cancellable, rt.cancelled_for = True, None
@@ -577,6 +631,8 @@ class Supervisor:
         rt.watch = None
         overran = False
         if run_stop:
+            if rt.channel is not None:
+                rt.channel.expect_close()  # its daemon closing the channel now is the stop
             res = await ops.run_op(rt.ctx, self.node, rt.svc.name, "stop",
                                    timeout_s=rt.svc.stop_timeout_s, registry=self.registry)
             if not res.ok:

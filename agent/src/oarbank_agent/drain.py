@@ -1,0 +1,47 @@
+"""Drain: how the agent stops when asked (SIGTERM, ``oarbank-agent drain``).
+
+1. stop admitting: the stop event is set, so ``submit`` is refused (``shutting_down``) and
+   nothing queued is admitted;
+2. the running attempts get up to ``--drain-s`` to finish (their results are kept as usual);
+3. what is still running then is released: its attempt ended and not charged, the job left
+   queued on disk for the next agent on this state dir;
+4. services stop in contract order and the agent exits (``Agent.shutdown``).
+
+Each step is logged at INFO with its figures: a drain is the node working, not a problem.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .jobrun import JobRuns
+    from .store import JobRecord
+
+__all__ = ["DEFAULT_DRAIN_S", "wait_running"]
+
+DEFAULT_DRAIN_S = 30.0
+
+log = logging.getLogger("oarbank_agent.drain")
+
+
+async def wait_running(runs: JobRuns, records: dict[str, JobRecord], drain_s: float,
+                       why: str) -> list[str]:
+    """Steps 1-2 (the stop event is already set): wait up to ``drain_s`` for the runs in
+    flight. Returns the job ids still running when the time is up (released next)."""
+    t0 = time.monotonic()
+    tasks = dict(runs.tasks)
+    running = [j for j in tasks if records[j].state == "running"]
+    log.info("drain (%s): admitting nothing more; %d attempt(s) running, %d admitted; "
+             "waiting up to %gs for them to finish", why, len(running),
+             len(tasks) - len(running), drain_s)
+    if tasks and drain_s > 0:
+        await asyncio.wait(list(tasks.values()), timeout=drain_s)
+    left = [j for j, t in runs.tasks.items() if not t.done()]
+    done = len(tasks) - len([j for j in tasks if j in left])
+    log.info("drain: %d job run(s) ended in %.1fs; %d still in flight: released (requeued, "
+             "not charged)", done, time.monotonic() - t0, len(left))
+    return left
