@@ -290,3 +290,48 @@ def test_status_pages_jobs_and_exit_codes(start_agent, tmp_path: Path,
     a.stop()
     r = _cli("status", "--state-dir", str(a.state_dir))
     assert r.returncode == 1 and "no agent is running with state dir" in r.stderr
+
+
+CHATTY = """\
+import json, os, subprocess, sys, time
+op = sys.argv[1]
+data = os.environ["OARBANK_MODULE_DATA"]
+if op == "serve":  # the daemon: its stderr is the start op's, inherited
+    for i in range(400):
+        sys.stderr.write(f"daemon line {i:04d} " + "x" * 80 + "\\n")
+        sys.stderr.flush()
+    open(os.path.join(data, "done"), "w").close()
+    time.sleep(3600)
+elif op == "start":
+    subprocess.Popen([sys.executable, "-I", os.path.abspath(__file__), "serve"],
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    print(json.dumps({"ok": True}))
+elif op == "ready":
+    print(json.dumps({"ready": os.path.exists(os.path.join(data, "done"))}))
+elif op == "fingerprint":
+    print(json.dumps({"health": "healthy", "pools": {"chat": 1}, "running": False}))
+else:
+    print(json.dumps({"ok": True}))
+"""
+
+
+def test_daemon_stderr_is_collected_into_the_service_log_and_rotated(start_agent,
+                                                                      tmp_path: Path) -> None:
+    mod = write_module(tmp_path / "mod", service={
+        "name": "chatty", "exec": ["python", "-I", "{bundle}/chatty.py"], "lifecycle": "always",
+        "endpoint": False, "provides": {"pools": ["chat"]}}, stages=[{"name": "plain"}])
+    (mod / "chatty.py").write_text(CHATTY)
+    a = start_agent([mod], extra_args=["--log-max-mb", "0.01", "--log-backups", "3"])
+    a.wait_for(lambda: a.service_row("chatty")["ready"], 60, "the chatty service ready")
+    logs = a.state_dir / "modules" / MOD / "logs"
+    a.wait_for(lambda: "daemon line 0399" in (logs / "chatty.log").read_text(), 30,
+               "the daemon's last line in its log")
+    a.stop()
+    files = sorted(p.name for p in logs.glob("chatty.log*"))
+    assert files == ["chatty.log", "chatty.log.1", "chatty.log.2", "chatty.log.3"], files
+    for name in files:
+        assert (logs / name).stat().st_size <= 0.01 * 2**20
+    text = "".join((logs / n).read_text() for n in reversed(files[1:])) + \
+        (logs / "chatty.log").read_text()
+    kept = [int(x.split()[2]) for x in text.splitlines() if x.startswith("daemon line")]
+    assert kept == list(range(kept[0], 400))  # the newest lines, in order, none lost or cut

@@ -246,6 +246,10 @@ def cmd_run(ra: config.RunArgs, run_argv: list[str]) -> int:
     if not args.drain_s >= 0:
         _err(f"--drain-s {args.drain_s:g}: must be >= 0")
         return 2
+    from . import servicelog
+
+    # Each service's log (its daemon's stderr, collected by the agent) rotates the same way.
+    servicelog.configure(int(args.log_max_mb * 2**20), args.log_backups)
     log = logging.getLogger("oarbank_agent")
     if ra.config_path is not None:
         log.info("config: %s", ra.config_path)
@@ -381,6 +385,7 @@ def cmd_run(ra: config.RunArgs, run_argv: list[str]) -> int:
         try:
             await agent.run(ready)
         finally:
+            servicelog.close_all()  # every daemon is gone: what its pipe still held is written
             if textfile is not None:
                 await textfile.aclose()
             if sender is not None:

@@ -6,12 +6,12 @@ pipe), the document = stdout's last line that parses as a JSON object, exit 0 = 
 
 stderr: a failed op's error ends with its last meaningful stderr line (``logtail``: bounded
 read, at most 300 characters), e.g. ``start exited with 1: FileNotFoundError: weights
-missing``. Every op's stderr ends up in ``logs/<service>.log``. ``start`` writes there
-directly (the daemon it leaves inherits its stderr and keeps writing there; this op's part is
-the bytes it appended before it exited: nothing else of the service runs during a start).
-Other ops write to a file of their own in ``run/ops`` (so a daemon writing to the log at the
-same time cannot be mistaken for the op), appended to the log (at most ``LOG_COPY_MAX``
-bytes, the end kept) once the op is over.
+missing``. Every op's stderr ends up in ``logs/<service>.log`` (``servicelog.py``: rotated by
+size). ``start`` writes into a pipe the agent reads into that log (the daemon it leaves
+inherits it and keeps writing there; this op's part is what came through before it exited:
+nothing else of the service runs during a start). Other ops write to a file of their own in
+``run/ops`` (so a daemon writing to the log at the same time cannot be mistaken for the op),
+appended to the log (at most ``LOG_COPY_MAX`` bytes, the end kept) once the op is over.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import json
 import os
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +27,7 @@ from typing import Any
 
 from oarbank_sdk.protocol import last_json_object
 
-from . import logtail, procs, sandboxing
+from . import logtail, procs, sandboxing, servicelog
 from .modules import ModuleCtx, NodeInfo
 
 __all__ = ["OP_TIMEOUTS", "OpResult", "run_op"]
@@ -73,10 +72,18 @@ async def run_op(ctx: ModuleCtx, node: NodeInfo, service: str, op: str, *,
     out_path = out_dir / f"{os.getpid()}-{id(argv):x}-{service}-{op}.out"
     label = f"{ctx.id}/{service} {op}"
     log_path = ctx.log_dir / f"{service}.log"
-    # start: straight into the service log (its daemon inherits it); others: a file of their own.
+    # start: a pipe into the service log (its daemon inherits it); others: a file of their own.
     err_path = log_path if keep_group else out_path.with_suffix(".err")
-    with open(out_path, "wb") as out, open(err_path, "ab") as err:
-        err_start = err.tell()  # where this op's stderr begins (a launcher refusal lands there)
+    slog = servicelog.get(log_path)
+    with contextlib.ExitStack() as files:
+        out = files.enter_context(open(out_path, "wb"))
+        if keep_group:
+            err: Any = slog.open_writer()
+            files.callback(os.close, err)  # the child has its copy once spawned
+            err_start = slog.mark()  # where this op's stderr begins (a launcher refusal too)
+        else:
+            err = files.enter_context(open(err_path, "ab"))
+            err_start = 0
         try:
             proc = await procs.spawn(argv, env=env, cwd=ctx.manifest.bundle, stdout=out,
                                      stderr=err, inherit=inherit, registry=registry,
@@ -87,7 +94,7 @@ async def run_op(ctx: ModuleCtx, node: NodeInfo, service: str, op: str, *,
             if after_spawn:
                 after_spawn()
             out_path.unlink(missing_ok=True)
-            _file_err(err_path, log_path)
+            _file_err(err_path, log_path, err_start)
             return OpResult(op, False, None, None, f"{op}: cannot run {argv[0]}: {exc}", None)
     if after_spawn:
         after_spawn()
@@ -135,22 +142,15 @@ async def run_op(ctx: ModuleCtx, node: NodeInfo, service: str, op: str, *,
 
 def _file_err(err_path: Path, log_path: Path, start: int = 0) -> str:
     """The end of this op's stderr (bounded); an op's own file is appended to the service log
-    and removed. For ``start`` (``err_path`` is the log) the bytes from ``start`` to now."""
+    and removed. For ``start`` (``err_path`` is the log) what came through its pipe since
+    ``start`` (``ServiceLog.mark``)."""
+    slog = servicelog.get(log_path)
     if err_path == log_path:
-        try:
-            end = log_path.stat().st_size
-        except OSError:
-            return ""
-        return logtail.read_tail(log_path, start, end)
+        return slog.since(start)[-logtail.TAIL_BYTES:]  # as read_tail: the end is enough
     text = logtail.read_tail(err_path)
     try:
-        with open(err_path, "rb") as src, open(log_path, "ab") as dst:
-            size = src.seek(0, os.SEEK_END)
-            if size > LOG_COPY_MAX:
-                dst.write(f"[oarbank-agent: the first {size - LOG_COPY_MAX} bytes of this "
-                          f"op's stderr were left out]\n".encode())
-            src.seek(max(0, size - LOG_COPY_MAX))
-            shutil.copyfileobj(src, dst)  # in chunks: never the whole file in memory
+        slog.append_file(err_path, LOG_COPY_MAX, "[oarbank-agent: the first {left_out} bytes of "
+                         "this op's stderr were left out]\n")
     except OSError:
         pass
     err_path.unlink(missing_ok=True)

@@ -26,14 +26,23 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from oarbank_sdk import advice
 from oarbank_sdk import manifest as mf
 from oarbank_sdk.protocol import current_transport
 
-from . import escapewatch, groupwatch, logsetup, logtail, ops, procs, refusals, statuswatch
+from . import (
+    escapewatch,
+    groupwatch,
+    logsetup,
+    logtail,
+    ops,
+    procs,
+    refusals,
+    servicelog,
+    statuswatch,
+)
 from . import fingerprint as fingerprints
 from . import lifecycle as lc
 from .modules import ModuleCtx, NodeInfo
@@ -55,13 +64,6 @@ READY_POLL_MAX_S = 0.1
 # A channel closed before the hello: how long the daemon may take to end (and to write why)
 # before the start's group is ended, so its last log line can be quoted.
 EXIT_WAIT_S = 2.0
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0
 
 
 def service_key(module_id: str, service: str) -> str:
@@ -437,7 +439,8 @@ class Supervisor:
         self._transition(rt, lc.Event.START)
         rt.cancellable, rt.cancelled_for = True, None
         rt.start_began = time.monotonic()
-        log_from = _size(rt.ctx.log_dir / f"{rt.svc.name}.log")  # the daemon's part starts here
+        # The daemon's part of the service log starts here (servicelog: rotation-proof).
+        log_from = servicelog.get(rt.ctx.log_dir / f"{rt.svc.name}.log").mark()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + rt.svc.start_timeout_s
         ch = None
@@ -536,7 +539,7 @@ class Supervisor:
             await asyncio.sleep(0.05)
             waited += 0.05
             left = groupwatch.members(rt.pgid) if rt.pgid is not None else []
-        text = logtail.read_tail(rt.ctx.log_dir / f"{rt.svc.name}.log", log_from)
+        text = servicelog.get(rt.ctx.log_dir / f"{rt.svc.name}.log").since(log_from)
         return advice.closed_before_hello(reason, bool(left), logtail.summary(text))
 
     async def _watch(self, rt: ServiceRuntime, ch: Channel | None) -> None:
