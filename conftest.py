@@ -55,6 +55,7 @@ PACKAGES = {p.name: p for p in (
     SystemPackage("docker.io", _docker),
     SystemPackage("debootstrap", lambda: shutil.which("debootstrap") is not None),
     SystemPackage("postgresql", _postgres),
+    SystemPackage("systemd", lambda: shutil.which("systemd-analyze") is not None),
 )}
 
 
