@@ -1,8 +1,9 @@
-"""``oarbank-agent``: run | submit | status | demo.
+"""``oarbank-agent``: run | submit | status | drain | reload | protect | demo.
 
 Exit codes: 0 success (``submit --wait``: the job succeeded); 1 the agent is not running, the
 job failed, or ``--timeout`` expired; 2 bad usage or input (malformed JSON, unknown module or
-stage): nothing queued.
+stage, a bad option or config key): nothing queued; 3 not permitted to reach the agent (its
+control socket is its user's alone).
 """
 
 from __future__ import annotations
@@ -79,19 +80,26 @@ def add_run_options(r: argparse.ArgumentParser) -> None:
                         "group), cgroup (refuse to start without it), process-group")
     protect_cli.add_run_options(r)
     r.add_argument("--portal", metavar="URL",
-                   help="post heartbeats here: http://127.0.0.1:PORT, https://HOST[:PORT] or "
-                        "unix:/path/to/socket")
+                   help="post heartbeats here: http://HOST:PORT[/prefix], "
+                        "https://HOST[:PORT][/prefix] or unix:/path/to/socket "
+                        "(<prefix>/v1/heartbeat)")
     r.add_argument("--portal-token-file", metavar="FILE",
                    help="this node's portal token (`oarbank-portal token issue NODE_ID`), "
-                        "sent as Authorization: Bearer; must not be readable by group/others")
+                        "sent as Authorization: Bearer; refused (exit 2) unless only the owner "
+                        "may read it (chmod 600); a plain http:// portal on another host gets "
+                        "a warning: the token would cross the network in clear")
     r.add_argument("--portal-ca", metavar="FILE",
                    help="verify an https:// portal against this CA bundle (PEM) instead of "
                         "the system's")
     r.add_argument("--metrics-textfile", metavar="PATH",
-                   help="write this node's figures here for node_exporter's textfile "
-                        "collector (a .prom file, replaced atomically every heartbeat period)")
+                   help="write this node's figures (jobs and services by state, attempts, "
+                        "sandbox refusals, heartbeat posts and refusals) here for "
+                        "node_exporter's textfile collector: a .prom file replaced atomically "
+                        "every heartbeat period and once more on stop, mode 0644")
     r.add_argument("--heartbeat-s", type=float, default=10.0, metavar="S",
-                   help="heartbeat period in seconds (default 10); state changes post at once")
+                   help="heartbeat period in seconds (default 10; sent in each report as "
+                        "heartbeat_s: the portal calls the node stale after 3 of them); every "
+                        "service state change also posts at once")
     r.add_argument("--manual-refresh-s", type=float, default=30.0, metavar="S",
                    help="how often `manual` services are fingerprinted again (default 30)")
     r.add_argument("--status-poll-s", type=float, default=10.0, metavar="S",
