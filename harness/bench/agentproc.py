@@ -126,6 +126,11 @@ class Agent:
 
     # --- control socket -------------------------------------------------------------------
 
+    def attempts_ready(self, job_ids: list[str], marker: str = "bench.ready") -> int:
+        """How many of these jobs have an attempt that left `marker` in its workdir
+        (``<state>/jobs/<job>/a<n>/``: a sandboxed runner writes nowhere else)."""
+        return sum(1 for j in job_ids if any((self.state_dir / "jobs" / j).glob(f"a*/{marker}")))
+
     def submit(self, module: str, stage: str, payloads: list[dict[str, Any]]) -> list[str]:
         ids = []
         with control.Client(self.state_dir) as c:

@@ -4,6 +4,7 @@ released together from a file barrier), against loopback TCP connects from as ma
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +15,12 @@ TITLE = "3. connect handoff"
 US = 1e6
 
 
-def _barrier(ready_dir: Path, n: int, go: Path, timeout: float = 90.0) -> None:
+def _barrier(ready: Callable[[], int], n: int, go: Path, timeout: float = 90.0) -> None:
+    """Once `ready()` counts n processes in place, release them all (`go` appears)."""
     deadline = time.monotonic() + timeout
-    while len(list(ready_dir.iterdir())) < n:
+    while ready() < n:
         if time.monotonic() > deadline:
-            raise RuntimeError(f"only {len(list(ready_dir.iterdir()))} of {n} connecting "
+            raise RuntimeError(f"only {ready()} of {n} connecting "
                                f"processes reached the barrier in {timeout:g}s")
         time.sleep(0.01)
     go.write_text("go")
@@ -42,12 +44,10 @@ def run(b: Bench) -> dict[str, Any]:
         base_cps: list[float] = []
         for r in range(p.connect_rounds):
             # brokered: n attempts
-            rd, go = b.tmp / f"c{n}-{r}-ready", b.tmp / f"c{n}-{r}-go"
-            rd.mkdir()
-            payload = {"mode": "connect", "count": p.connect_count, "ready_dir": str(rd),
-                       "go_file": str(go)}
+            go = b.tmp / f"c{n}-{r}-go"
+            payload = {"mode": "connect", "count": p.connect_count, "go_file": str(go)}
             ids = agent.submit(MODULE_ID, "bench", [payload] * n)
-            _barrier(rd, n, go)
+            _barrier(lambda ids=ids: agent.attempts_ready(ids), n, go)
             jobs = agent.wait_all(ids)
             bad = [j for j in jobs if j["state"] != "succeeded"]
             if bad:
@@ -60,7 +60,7 @@ def run(b: Bench) -> dict[str, Any]:
             rd.mkdir()
             procs = [b.client({"mode": "connect", "port": port, "count": p.connect_count,
                                "ready_dir": str(rd), "go_file": str(go)}) for _ in range(n)]
-            _barrier(rd, n, go)
+            _barrier(lambda rd=rd: len(list(rd.iterdir())), n, go)
             res = [b.client_result(pr) for pr in procs]
             base += [x for r_ in res for x in r_["latencies_s"]]
             base_cps.append(_cps(res))

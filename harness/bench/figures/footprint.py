@@ -63,16 +63,14 @@ def run(b: Bench) -> dict[str, Any]:
     fds_before = float(proc.num_fds())
     idle_rss, idle_cpu = _watch(proc, p.idle_s, step=1.0 if p.idle_s >= 5 else 0.5)
 
-    rd, release = b.tmp / "hold-ready", b.tmp / "hold-release"
-    rd.mkdir()
-    ids = agent.submit(MODULE_ID, "bench", [{"mode": "hold", "ready_dir": str(rd),
-                                             "release_file": str(release)}]
+    release = b.tmp / "hold-release"
+    ids = agent.submit(MODULE_ID, "bench", [{"mode": "hold", "release_file": str(release)}]
                        * p.hold_attempts)
     deadline = time.monotonic() + 120
     try:
-        while len(list(rd.iterdir())) < p.hold_attempts:
+        while agent.attempts_ready(ids) < p.hold_attempts:
             if time.monotonic() > deadline:
-                raise RuntimeError(f"only {len(list(rd.iterdir()))} of {p.hold_attempts} "
+                raise RuntimeError(f"only {agent.attempts_ready(ids)} of {p.hold_attempts} "
                                    "attempts hold a connection after 120 s")
             time.sleep(0.05)
         fds_holding = float(proc.num_fds())

@@ -7,9 +7,9 @@ request-path figure is measured here, with ``bench_client``'s loops, and written
 
 - ``bench`` ``{"mode": "requests", "per_request": n, "keepalive": n, "warmup": n}``:
   latencies of ``service_endpoint.request`` and of one ``HTTPConnection``;
-- ``bench`` ``{"mode": "connect", "count": n, "ready_dir": d, "go_file": f}``: latencies of
+- ``bench`` ``{"mode": "connect", "count": n, "go_file": f}``: latencies of
   ``service_endpoint.connect`` once every attempt of the round is at the barrier;
-- ``bench`` ``{"mode": "hold", "ready_dir": d, "release_file": f}``: one connection held
+- ``bench`` ``{"mode": "hold", "release_file": f}``: one connection held
   (a request answered on it) until ``release_file`` exists;
 - ``readiness`` ``{}`` and ``trivial`` ``{}``: only the runner's start time.
 
@@ -59,15 +59,15 @@ def measure(stage: str, payload: dict) -> dict:
                 "brokered_keepalive": {"latencies_s": keep, "wall_s": keep_wall}}
     if mode == "connect":
         ep.connect("bench").close()  # the connector is opened outside the timed loop
-        bc.barrier(payload["ready_dir"], os.environ["OARBANK_ATTEMPT_ID"], payload["go_file"])
+        # The marker goes in this attempt's workdir: the sandbox lets a runner write nowhere else.
+        bc.barrier(os.getcwd(), READY, payload["go_file"])
         lat, first, last = bc.connect_loop(lambda: ep.connect("bench"), payload["count"])
         return {"latencies_s": lat, "first": first, "last": last}
     if mode == "hold":
         conn = ep.HTTPConnection("bench")
         conn.request("POST", bc.PATH, body=json.dumps(bc.BODY), headers=bc.HEADERS)
         conn.getresponse().read()
-        marker = os.path.join(payload["ready_dir"], os.environ["OARBANK_ATTEMPT_ID"])
-        with open(marker, "w") as f:
+        with open(READY, "w") as f:  # in the workdir (the runner's cwd)
             f.write(str(os.getpid()))
         deadline = time.monotonic() + float(payload.get("max_hold_s", 60))
         while not os.path.exists(payload["release_file"]) and time.monotonic() < deadline:
@@ -75,6 +75,9 @@ def measure(stage: str, payload: dict) -> dict:
         conn.close()
         return {}
     raise ValueError(f"unknown mode {mode!r}")
+
+
+READY = "bench.ready"  # the marker an attempt leaves in its workdir once it is in place
 
 
 def main(argv: list[str]) -> int:
