@@ -480,6 +480,7 @@ def test_connects_queued_behind_a_starting_service_stay_bounded():
 
         # 1,000 connects while the service starts: the broker queues at most 64 and leaves the
         # rest unread in the socket (back-pressure), instead of growing its own memory.
+        began = time.monotonic()
         writer = asyncio.create_task(asyncio.to_thread(pipeline, 1000))
         await asyncio.sleep(0.3)
         assert broker.stats()["queued_connects"] <= 64
@@ -499,7 +500,10 @@ def test_connects_queued_behind_a_starting_service_stay_bounded():
         replies = await asyncio.to_thread(read_all)
         assert all(r["ok"] for r in replies[:64])
         assert {r.get("error") for r in replies[64:]} <= {"rate_limited", None}
-        assert sum(1 for r in replies if r["ok"]) < 100
+        # Beyond the burst (64), only what the rate (32/s) refilled while this ran got through:
+        # a bound by the clock, not a fixed count (a loaded machine takes longer).
+        elapsed = time.monotonic() - began
+        assert sum(1 for r in replies if r["ok"]) <= 64 + 32 * elapsed + 1
         await broker.aclose()
         job.close()
         svc.close()

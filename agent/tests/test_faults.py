@@ -115,13 +115,15 @@ def test_service_dying_under_jobs_retries_them_and_connects_wait_for_the_new_run
 
 def test_connects_fail_unavailable_after_start_timeout_while_it_backs_off(
         start_agent, tmp_path: Path) -> None:
-    mod = fault_module(tmp_path / "m", start_timeout_s=2.0,
+    # start_timeout_s 4: a restart on a loaded machine must fit in it (at 2 s the new daemon
+    # sometimes never made it, and the job saw no second pid).
+    mod = fault_module(tmp_path / "m", start_timeout_s=4.0,
                        restart={"backoff_initial_s": 5, "backoff_max_s": 5, "max_failures": 5})
     agent = start_agent([mod])
-    job = agent.submit("echo", {"mode": "fresh", "max_s": 30})
+    job = agent.submit("echo", {"mode": "fresh", "max_s": 60})
     agent.wait_for(lambda: events(agent, "connection"), what="a first connection")
     (agent.module_data() / "die_now").touch()
-    rec = agent.wait(job, 60)
+    rec = agent.wait(job, 90)
     assert rec["state"] == "succeeded", rec
     outcomes = rec["result"]["payload"]["outcomes"]
     refused = [o for o in outcomes if o.get("error") == "service_unavailable"]
@@ -129,7 +131,7 @@ def test_connects_fail_unavailable_after_start_timeout_while_it_backs_off(
     # Each waited for a run that was not coming, then was refused: at most start_timeout_s
     # after it came (less for a connect that came while a start was already under way, whose
     # time runs from that start; a margin for a loaded machine), the first one the full wait.
-    assert all(o["dt"] < 6.0 for o in refused) and refused[0]["dt"] >= 1.9, refused
+    assert all(o["dt"] < 9.0 for o in refused) and refused[0]["dt"] >= 3.9, refused
     pids = [o["pid"] for o in outcomes if "pid" in o]
     assert len(set(pids)) == 2 and pids[-1] != pids[0], outcomes
 
