@@ -108,7 +108,8 @@ def test_kill_while_it_stops(start_agent, tmp_path: Path) -> None:
     (daemon,) = [e["pid"] for e in events(first, "hello")]
     (stop_op,) = [e["pid"] for e in events(first, "stop_hang")]
     first.kill()
-    second = start_agent([mod], {}, state_dir=first.state_dir)
+    # Settings given explicitly: without them the state dir keeps stop_hang (never rewritten).
+    second = start_agent([mod], {"echo": {}}, state_dir=first.state_dir)
     assert not alive(daemon) and not alive(stop_op)
     assert second.run_job("echo", {"requests": 1})["state"] == "succeeded"
 
