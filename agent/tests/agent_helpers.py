@@ -144,9 +144,11 @@ class RunningAgent:
             p = root / f"settings-{name}.json"
             p.write_text(json.dumps(value))
             paths[name] = p
+        # A test's agent is stopped (SIGTERM) with whatever still runs: 2 s of drain, not the
+        # 30 s default, unless the test says otherwise (a later flag wins).
         self.proc = AgentProcess(self.state_dir, modules, paths, node_id="test-node",
                                  log_path=root / "agent.log", ready_timeout=60,
-                                 extra_args=extra_args, env=env)
+                                 extra_args=["--drain-s", "2", *(extra_args or [])], env=env)
         self.stopped = False
 
     @property

@@ -198,7 +198,7 @@ def test_node_id_is_kept_and_a_rename_must_be_asked(tmp_path: Path, echo_module:
 
 
 def test_sigterm_drains_a_running_attempt_to_its_end(start_agent, echo_module: Path) -> None:
-    a = start_agent([echo_module])
+    a = start_agent([echo_module], extra_args=["--drain-s", "30"])  # the default
     job = a.submit("plain", {"sleep_s": 3})
     a.wait_for(lambda: a.status()["jobs"][0]["state"] == "running", 30, "running")
     t0 = time.monotonic()
@@ -218,7 +218,8 @@ def test_sigterm_drains_a_running_attempt_to_its_end(start_agent, echo_module: P
     assert time.monotonic() - t0 < 30
     assert refused is not None and "stopping" in refused.stderr
     log = a.log()
-    assert "drain (SIGTERM): admitting nothing more; 1 attempt(s) running" in log
+    assert "drain (SIGTERM): admitting nothing more; 1 attempt(s) running, 0 admitted; " \
+        "waiting up to 30s" in log
     assert "drain: 1 job run(s) ended" in log and "exiting" in log
     a.stop()
 
