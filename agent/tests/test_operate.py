@@ -336,3 +336,19 @@ def test_daemon_stderr_is_collected_into_the_service_log_and_rotated(start_agent
         (logs / "chatty.log").read_text()
     kept = [int(x.split()[2]) for x in text.splitlines() if x.startswith("daemon line")]
     assert kept == list(range(kept[0], 400))  # the newest lines, in order, none lost or cut
+
+
+def test_a_second_sigterm_ends_the_drain_at_once(start_agent, echo_module: Path) -> None:
+    a = start_agent([echo_module], extra_args=["--drain-s", "120"])
+    job = a.submit("plain", {"sleep_s": 120})
+    a.wait_for(lambda: a.status()["jobs"][0]["state"] == "running", 30, "running")
+    os.kill(a.pid, signal.SIGTERM)
+    a.wait_for(lambda: "waiting up to 120s" in a.log(), 30, "the drain to begin")
+    t0 = time.monotonic()
+    os.kill(a.pid, signal.SIGTERM)
+    assert a.proc.proc.wait(60) == 0
+    assert time.monotonic() - t0 < 30
+    assert "drain: asked again to stop: not waiting any longer" in a.log()
+    rec = json.loads((a.state_dir / "jobs" / job / "job.json").read_text())
+    assert rec["state"] == "queued" and rec["attempts"] == 0 and rec["released"] == 1, rec
+    a.stop()

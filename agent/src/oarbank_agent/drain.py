@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .jobrun import JobRuns
@@ -29,9 +29,10 @@ log = logging.getLogger("oarbank_agent.drain")
 
 
 async def wait_running(runs: JobRuns, records: dict[str, JobRecord], drain_s: float,
-                       why: str) -> list[str]:
+                       why: str, hurry: asyncio.Event | None = None) -> list[str]:
     """Steps 1-2 (the stop event is already set): wait up to ``drain_s`` for the runs in
-    flight. Returns the job ids still running when the time is up (released next)."""
+    flight, or until ``hurry`` is set (a second SIGTERM/SIGINT: the operator will not wait).
+    Returns the job ids still running then (released next)."""
     t0 = time.monotonic()
     tasks = dict(runs.tasks)
     running = [j for j in tasks if records[j].state == "running"]
@@ -39,7 +40,19 @@ async def wait_running(runs: JobRuns, records: dict[str, JobRecord], drain_s: fl
              "waiting up to %gs for them to finish", why, len(running),
              len(tasks) - len(running), drain_s)
     if tasks and drain_s > 0:
-        await asyncio.wait(list(tasks.values()), timeout=drain_s)
+        waits: set[asyncio.Future[Any]] = {asyncio.gather(*tasks.values(),
+                                                          return_exceptions=True)}
+        hurried = None
+        if hurry is not None:
+            hurried = asyncio.ensure_future(hurry.wait())
+            waits.add(hurried)
+        try:
+            await asyncio.wait(waits, timeout=drain_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if hurried is not None:
+                hurried.cancel()
+        if hurry is not None and hurry.is_set():
+            log.info("drain: asked again to stop: not waiting any longer")
     left = [j for j, t in runs.tasks.items() if not t.done()]
     done = len(tasks) - len([j for j in tasks if j in left])
     log.info("drain: %d job run(s) ended in %.1fs; %d still in flight: released (requeued, "
