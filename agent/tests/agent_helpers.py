@@ -66,9 +66,10 @@ def _toml_value(v: Any) -> str:
 def write_module(root: Path, *, module_id: str = "test.agent.echo",
                  service: dict[str, Any] | None = None, stages: list[dict[str, Any]] | None = None,
                  runner: dict[str, Any] | None = None, with_service: bool = True,
-                 extra: str = "") -> Path:
+                 extra: str = "", requires: dict[str, Any] | None = None) -> Path:
     """A module using tests/modfiles/echo_service.py and echo_runner.py. ``service`` overrides
-    keys of the one `echo` service; ``stages`` replaces the default stages."""
+    keys of the one `echo` service; ``stages`` replaces the default stages; ``requires``
+    overrides keys of ``[requires]``."""
     root.mkdir(parents=True, exist_ok=True)
     for f in ("echo_service.py", "echo_runner.py"):
         shutil.copy(MODFILES / f, root / f)
@@ -81,11 +82,13 @@ def write_module(root: Path, *, module_id: str = "test.agent.echo",
                   {"name": "plain", "timeout_s": 60}]
     run = {"exec": ["python", "-I", "{bundle}/echo_runner.py"], "stop_grace_s": 2}
     run.update(runner or {})
+    req: dict[str, Any] = {"core": ">=2.5,<3", "runner_protocol": [1]}
+    if with_service:
+        req["service_protocol"] = [1]
+    req.update(requires or {})
     lines = ["manifest = 1", "", "[module]", f"id = {_toml_value(module_id)}",
              'version = "0.0.1"', 'description = "agent test module"', "", "[requires]",
-             'core = ">=2.5,<3"', "runner_protocol = [1]"]
-    if with_service:
-        lines.append("service_protocol = [1]")
+             *(f"{k} = {_toml_value(v)}" for k, v in req.items())]
     lines += ["", "[runner]"] + [f"{k} = {_toml_value(v)}" for k, v in run.items()]
     for st in stages:
         lines += ["", "[[stages]]"] + [f"{k} = {_toml_value(v)}" for k, v in st.items()]

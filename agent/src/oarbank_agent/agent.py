@@ -24,6 +24,7 @@ import psutil
 from oarbank_sdk import manifest as mf
 
 from . import (
+    compat,
     containment,
     control,
     drain,
@@ -58,7 +59,7 @@ from .guard import (
     ReleaseJobs,
 )
 from .jobqueue import JobQueue
-from .modules import ModuleCtx, NodeInfo, load_module, module_names
+from .modules import ModuleCtx, ModuleRefused, NodeInfo, load_module, module_names
 from .store import JobRecord, JobStore
 from .supervisor import Supervisor
 from .supervisor import details as supervisor_details
@@ -105,6 +106,10 @@ class Agent:
         self.admission = Admission()
         self.modules: dict[str, ModuleCtx] = {}
         self.refused: dict[str, str] = {}  # a refused module's names -> why (load_modules)
+        # each refused module once (its id, or its folder when the manifest is invalid) -> why:
+        # `status` lists them, so nobody has to find the line the agent printed at start
+        self.refused_modules: dict[str, str] = {}
+        self.compat = compat.Node(self.node.platform)  # what manifests are matched against
         self._stop = asyncio.Event()
         self.queue = JobQueue(store=self.store, supervisor=self.supervisor,
                               admission=self.admission, broker=self.broker,
@@ -138,13 +143,21 @@ class Agent:
         """Load every module it can; an invalid one is refused with the checker's messages.
         Returns the messages of the refused ones."""
         refused = []
+
+        def cannot_run(m: mf.Manifest) -> str | None:
+            why = compat.module_refusals(m, self.compat)
+            return compat.refusal_line(m.id, str(path), why) if why else None
+
         for path, settings in specs:
             try:
-                ctx = load_module(path, self.state_dir, settings)
-            except mf.ManifestError as exc:
+                ctx = load_module(path, self.state_dir, settings, refuse=cannot_run)
+            except (mf.ManifestError, ModuleRefused) as exc:
                 refused.append(str(exc))
+                line = "; ".join(str(exc).splitlines())
+                key = exc.module_id if isinstance(exc, ModuleRefused) else str(path)
+                self.refused_modules[key] = line
                 for name in module_names(path):  # `submit` to it gives this refusal
-                    self.refused[name] = "; ".join(str(exc).splitlines())
+                    self.refused[name] = line
                 continue
             except OSError as exc:
                 refused.append(f"{path}: cannot load: {exc}")
@@ -168,6 +181,9 @@ class Agent:
     def report(self) -> dict[str, Any]:
         return {"node_id": self.node.node_id, "hostname": self.node.hostname,
                 "time": time.time(),
+                # what a module's [requires] is matched against here (compat.py)
+                "agent_version": self.compat.agent, "core_version": self.compat.core,
+                "platform": self.compat.platform,
                 "services": [self.supervisor.row(rt) for rt in self.supervisor.services.values()],
                 # node-level: what confines every job and service here (measured, see sandboxing)
                 "sandbox": sandboxing.current().report(),
@@ -202,6 +218,7 @@ class Agent:
                                 "pages": max(1, -(-rep["jobs_total"] // jobs_limit))}
         rep["jobs"] = [self._with_wait(r, r.summary()) for r in ordered]
         rep["state_dir"] = str(self.state_dir)
+        rep["modules_refused"] = dict(self.refused_modules)  # module -> why it is not running
         rep["gpu"] = self.gpu.as_dict() if self.gpu is not None else None
         rep["protection"] = self.guard.report(self.admission.budget_gb,
                                               self.admission.charged_gb())
@@ -338,6 +355,9 @@ class Agent:
             known = ", ".join(s.name for s in ctx.manifest.stages) or "none"
             raise control.ControlError("unknown_stage", f"module {ctx.id} has no stage "
                                        f"{stage!r} (stages: {known})")
+        why = compat.stage_refusal(ctx.manifest, st, self.compat.platform)
+        if why is not None:  # it could never run here: nothing is queued
+            raise control.ControlError("unsupported_platform", f"{ctx.id}: {why}")
         return self.queue.submit(ctx, st, payload)
 
     # --- host protection: GPU placement, and what guard.py reports ---------------------------

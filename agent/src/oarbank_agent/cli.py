@@ -24,6 +24,9 @@ __all__ = ["main", "build_parser"]
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="oarbank-agent", description="The oarbank node agent.")
+    from .compat import version_line  # what a module's [requires] is matched against
+
+    p.add_argument("--version", action="version", version=version_line())
     sub = p.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser("run", help="run the agent in the foreground until SIGTERM/SIGINT "
@@ -506,7 +509,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
                 _err(reply.get("error", "submit refused"))
                 return 2 if reply.get("code") in ("unknown_module", "unknown_stage",
                                                   "bad_request", "gpu_api_missing",
-                                                  "exceeds_memory_budget") else 1
+                                                  "exceeds_memory_budget",
+                                                  "unsupported_platform") else 1
             job_id = reply["job_id"]
             if not args.wait:
                 print(job_id)
@@ -568,6 +572,8 @@ def cmd_status(args: argparse.Namespace) -> int:
             "error"]
     rows = [[_cell(r.get(c)) for c in cols] for r in st["services"]]
     _table(cols, rows)
+    for module, why in (st.get("modules_refused") or {}).items():  # loaded nothing of these
+        print(f"REFUSED {module}: {why}")
     print()
     page = st.get("jobs_page")
     if page is not None:

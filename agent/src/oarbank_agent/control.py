@@ -17,6 +17,8 @@ Codes: ``bad_request`` (not JSON, unknown op, wrong field, unknown rule), ``unkn
 ``unknown_stage``, ``unknown_job``, ``timeout``, ``shutting_down``, ``gpu_api_missing``
 (submit: ``GPU_API_MISSING: needs <apis>; this node provides <have>``, nothing queued),
 ``exceeds_memory_budget`` (submit: the job could never fit this node's memory budget).
+``unsupported_platform`` (submit: the stage, or a service it uses, does not run on this
+node's platform; compat.py).
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ import json
 import os
 import socket
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,8 @@ else:  # pragma: no cover - Python 3.10
 
 from oarbank_sdk import manifest as mf
 
-__all__ = ["NodeInfo", "ModuleCtx", "load_module", "module_names", "SettingsError",
+__all__ = ["NodeInfo", "ModuleCtx", "ModuleRefused", "load_module", "module_names",
+           "SettingsError",
            "read_settings_arg", "write_settings", "read_settings_file"]
 
 
@@ -91,6 +93,14 @@ class SettingsError(ValueError):
     pass
 
 
+class ModuleRefused(Exception):
+    """A valid manifest this node cannot run (compat.py); ``str`` is the one line said."""
+
+    def __init__(self, module_id: str, line: str) -> None:
+        self.module_id = module_id
+        super().__init__(line)
+
+
 def read_settings_arg(arg: str) -> tuple[str, dict[str, Any]]:
     """``MODULE=FILE`` -> (module id or short name, settings object). Raises SettingsError."""
     name, sep, file = arg.partition("=")
@@ -107,13 +117,19 @@ def read_settings_arg(arg: str) -> tuple[str, dict[str, Any]]:
     return name, value
 
 
-def load_module(path: Path, state_dir: Path, settings: dict[str, Any] | None) -> ModuleCtx:
-    """Load and check a module; prepare its node-side folders. Raises ``ManifestError``.
+def load_module(path: Path, state_dir: Path, settings: dict[str, Any] | None,
+                refuse: Callable[[mf.Manifest], str | None] | None = None) -> ModuleCtx:
+    """Load and check a module; prepare its node-side folders. Raises ``ManifestError``, or
+    ``ModuleRefused`` when ``refuse`` names why this node cannot run it (checked before any
+    folder is made: a refused module leaves nothing in the state dir).
 
     ``settings`` given (``--settings`` or the config file): written to ``settings.json``.
     None: the file is left as it is (an operator's edit survives a restart); only a missing
     one is created, as ``{}``."""
     manifest = mf.load(path)
+    why = refuse(manifest) if refuse is not None else None
+    if why is not None:
+        raise ModuleRefused(manifest.id, why)
     ctx = ModuleCtx(manifest, state_dir / "modules" / manifest.id, settings or {})
     for d in (ctx.data_dir, ctx.data_dir / "home", ctx.data_dir / "tmp", ctx.log_dir):
         d.mkdir(parents=True, exist_ok=True)

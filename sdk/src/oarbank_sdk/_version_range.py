@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["RangeError", "at_least", "lower_bound", "parse_range", "parse_version"]
+__all__ = ["RangeError", "allows", "at_least", "lower_bound", "parse_range", "parse_version"]
 
 _CLAUSE = re.compile(r"^\s*(>=|<=|==|!=|~=|>|<)?\s*(\d+(?:\.\d+)*)(\.\*)?\s*$")
 
@@ -72,3 +72,22 @@ def at_least(text: str, minimum: tuple[int, ...]) -> bool:
         return False
     # ">2.4" still allows 2.4.1, below 2.5: exclusive or not, the bound itself must be >= minimum.
     return _pad(bound[0]) >= _pad(minimum)
+
+
+def allows(text: str, version: str | tuple[int, ...]) -> bool:
+    """Does the range ``text`` allow ``version``? ``>=2.5,<3`` allows 2.5 and 2.9.1, not 3.0;
+    ``==2.*`` allows every 2.x; ``~=2.5`` is ``>=2.5,<3``. Raises ``RangeError`` on a bad range."""
+    v = _pad(parse_version(version) if isinstance(version, str) else version)
+    for op, ver, star in parse_range(text):
+        b = _pad(ver)
+        if star:  # ==2.* / !=2.*: compare the leading parts only
+            same = v[:len(ver)] == ver
+            ok = same if op == "==" else not same
+        elif op == "~=":  # compatible release: >= ver and the same prefix but the last part
+            ok = v >= b and v[:max(1, len(ver) - 1)] == ver[:max(1, len(ver) - 1)]
+        else:
+            ok = {">=": v >= b, "<=": v <= b, ">": v > b, "<": v < b, "==": v == b,
+                  "!=": v != b}[op]
+        if not ok:
+            return False
+    return True
