@@ -78,7 +78,11 @@ def test_bad_log_options_name_what_is_wrong(tmp_path: Path, echo_module: Path) -
 def _as_nobody(argv: list[str]) -> tuple[int, str]:
     """``oarbank-agent ARGV`` in a forked child that became uid/gid 65534 (no exec: that user
     may not read this interpreter's files); its exit code and stderr."""
-    import pwd  # noqa: F401 - loaded here, before the child loses the right to read it
+    # Loaded here, before the child loses the right to read this interpreter's files: what
+    # the commands import lazily (pwd; importlib.metadata, with email, for versions).
+    import email.parser  # noqa: F401
+    import importlib.metadata  # noqa: F401
+    import pwd  # noqa: F401
 
     from oarbank_agent import cli
 
@@ -93,8 +97,12 @@ def _as_nobody(argv: list[str]) -> tuple[int, str]:
             os.setgid(65534)
             os.setuid(65534)
             code = cli.main(argv)
-            sys.stderr.flush()
+        except BaseException:  # say what broke (the parent reads our stderr)
+            import traceback
+
+            traceback.print_exc()
         finally:
+            sys.stderr.flush()
             os._exit(code)
     os.close(w)
     with os.fdopen(r) as f:
@@ -285,9 +293,15 @@ def test_status_pages_jobs_and_exit_codes(start_agent, tmp_path: Path,
         in r.stdout
     # Not permitted: another user (the state dir is 0700).
     if os.geteuid() == 0:
-        rc, err = _as_nobody(["status", "--state-dir", str(a.state_dir)])
-        assert rc == 3, err
-        assert "not permitted to reach the agent" in err and "run this command as" in err
+        sd = str(a.state_dir)
+        for argv in (["status", "--state-dir", sd], ["drain", "--state-dir", sd],
+                     ["reload", "--state-dir", sd], ["protect", "--state-dir", sd],
+                     ["submit", "--state-dir", sd, "--module", "echo", "--stage", "plain",
+                      "--payload", "{}"]):
+            rc, err = _as_nobody(argv)
+            assert rc == 3, (argv, err)
+            assert "not permitted to reach the agent" in err and "run this command as" in err
+        assert a.status()["jobs_total"] == 5  # nothing got through
     a.stop()
     r = _cli("status", "--state-dir", str(a.state_dir))
     assert r.returncode == 1 and "no agent is running with state dir" in r.stderr

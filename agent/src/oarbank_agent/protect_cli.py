@@ -92,6 +92,11 @@ def cmd_protect(args: argparse.Namespace) -> int:
     except control.AgentNotRunning as exc:
         print(f"oarbank-agent: {exc}", file=sys.stderr)
         return 1
+    except PermissionError:
+        from .cli import EXIT_NOT_PERMITTED, _not_permitted  # (cli imports this module)
+
+        print(f"oarbank-agent: {_not_permitted(args.state_dir)}", file=sys.stderr)
+        return EXIT_NOT_PERMITTED
     except (OSError, ValueError) as exc:
         print(f"oarbank-agent: lost the agent: {exc}", file=sys.stderr)
         return 1
