@@ -366,3 +366,21 @@ def test_a_second_sigterm_ends_the_drain_at_once(start_agent, echo_module: Path)
     rec = json.loads((a.state_dir / "jobs" / job / "job.json").read_text())
     assert rec["state"] == "queued" and rec["attempts"] == 0 and rec["released"] == 1, rec
     a.stop()
+
+
+def test_heartbeat_rows_stay_the_contracts_status_adds_details(tmp_path: Path) -> None:
+    from oarbank_agent import lifecycle as lc
+    from oarbank_agent.modules import ModuleCtx
+    from oarbank_agent.supervisor import ServiceRuntime, details, row
+    from oarbank_sdk import manifest as mf
+
+    m = mf.load(write_module(tmp_path / "mod"))
+    svc = m.services[0]
+    rt = ServiceRuntime(f"{m.id}/{svc.name}", ModuleCtx(m, tmp_path / "state"), svc,
+                        lc.ServiceState(svc.lifecycle, svc.idle_timeout_s, 1, 2, 3))
+    contract = {"module", "service", "health", "running", "ready", "accepting", "error", "held",
+                "disabled", "withdrawn", "gpu_api_missing", "lifecycle", "users", "endpoint"}
+    assert set(row(rt)) == contract  # what Agent.report (heartbeats) sends
+    extra = details(rt, time.time())
+    assert not set(extra) & contract
+    assert extra["restarts"] == 0 and extra["idle_stop_in_s"] is None and extra["pid"] is None
