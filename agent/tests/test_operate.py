@@ -384,3 +384,18 @@ def test_heartbeat_rows_stay_the_contracts_status_adds_details(tmp_path: Path) -
     extra = details(rt, time.time())
     assert not set(extra) & contract
     assert extra["restarts"] == 0 and extra["idle_stop_in_s"] is None and extra["pid"] is None
+
+
+def test_a_drain_starts_no_new_attempt(start_agent, echo_module: Path) -> None:
+    a = start_agent([echo_module], extra_args=["--drain-s", "30"])
+    # Attempt 1 sleeps 2 s, then exits 75 (transient): during a drain, no attempt 2.
+    job = a.submit("plain", {"sleep_s": 2, "sleep_below_attempt": 2, "exit": 75,
+                             "exit_below_attempt": 2})
+    a.wait_for(lambda: a.status()["jobs"][0]["state"] == "running", 30, "running")
+    os.kill(a.pid, signal.SIGTERM)
+    assert a.proc.proc.wait(60) == 0
+    rec = json.loads((a.state_dir / "jobs" / job / "job.json").read_text())
+    assert rec["state"] == "queued" and rec["attempts"] == 1, rec
+    assert [h["outcome"] for h in rec["history"]] == ["retry"], rec["history"]
+    assert not (a.state_dir / "jobs" / job / "a2").exists()
+    a.stop()

@@ -158,6 +158,10 @@ class JobRuns:
                     move(rec, jobs.Event.RETRY)
                     rec.exit_code, rec.reason = outcome.exit_code, outcome.reason
                     self.store.save(rec)
+                    if self._stopping.is_set():
+                        # The agent drains: no new attempt now; admitted -> queued below, the
+                        # next agent on this state dir runs it.
+                        raise asyncio.CancelledError
                     continue
                 reason = outcome.reason
                 if outcome.state == "retry":
