@@ -162,9 +162,15 @@ def start_engine(timeout_s: float = 60.0) -> Engine:
             "--ip-masq=false", f"--data-root={d / 'data'}", f"--exec-root={exec_root}",
             f"--pidfile={d / 'dockerd.pid'}", "-H", url,
         ]
+        # Its own temporary folder: the engine may outlive the harness run that started it
+        # (others reuse it), so it must not inherit a TMPDIR that run removes at its end (runc
+        # puts each exec's process file there).
+        tmp = d / "tmp"
+        tmp.mkdir(exist_ok=True)
         with open(log, "ab") as out:
             proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
+                                    stdin=subprocess.DEVNULL, start_new_session=True,
+                                    env=dict(os.environ, TMPDIR=str(tmp)))
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if proc.poll() is not None:
