@@ -87,7 +87,7 @@ def test_a_stop_that_hangs_is_escalated_and_recorded(start_agent, tmp_path: Path
     assert agent.service_row()["error"] is None
 
 
-def test_service_dying_under_jobs_retries_them_and_connects_wait_for_the_new_run(
+def test_service_dying_under_jobs_releases_them_and_connects_wait_for_the_new_run(
         start_agent, tmp_path: Path) -> None:
     mod = fault_module(tmp_path / "m", start_timeout_s=10,
                        restart={"backoff_initial_s": 0.3, "backoff_max_s": 1, "max_failures": 5})
@@ -98,11 +98,18 @@ def test_service_dying_under_jobs_retries_them_and_connects_wait_for_the_new_run
                    what="both jobs connected")
     (agent.module_data() / "die_now").touch()
     held_rec, fresh_rec = agent.wait(held, 60), agent.wait(fresh, 60)
-    # The job whose connection died saw it closed, exited 75 and was retried: not a failure.
-    assert (held_rec["state"], held_rec["attempts"]) == ("succeeded", 2), held_rec
-    history = json.loads((agent.state_dir / "jobs" / held / "job.json").read_text())["history"]
-    assert [(h["outcome"], h["exit_code"]) for h in history] == [("retry", 75),
-                                                                   ("succeeded", 0)]
+    # The job whose connection died saw it closed and exited 75: its service died under it, so
+    # the attempt was released, not charged (G18), and the job ran again after the restart.
+    assert (held_rec["state"], held_rec["attempts"]) == ("succeeded", 1), held_rec
+    record = json.loads((agent.state_dir / "jobs" / held / "job.json").read_text())
+    history = record["history"]
+    assert record["released"] == 1
+    assert [(h["outcome"], h["exit_code"], h["attempt_id"]) for h in history] == [
+        ("released", None, f"{held}.1"), ("succeeded", 0, f"{held}.2")], history
+    assert history[0]["reason"].startswith(
+        "service died under the attempt: test.agent.echo/echo (the service closed its channel"
+    ), history[0]
+    assert "the runner then said: " in history[0]["reason"]
     # Connects made while it restarted waited for the new run: none refused.
     outcomes = fresh_rec["result"]["payload"]["outcomes"]
     assert fresh_rec["state"] == "succeeded", fresh_rec

@@ -71,3 +71,20 @@ def test_terminal_states_are_the_final_ones() -> None:
     for s in State:
         leaves = any((s, e) in jobs.TRANSITIONS for e in Event)
         assert leaves == (s.value not in jobs.TERMINAL)
+
+
+@pytest.mark.parametrize("outcome,fault,attempts,died,releases,expected", [
+    ("succeeded", None, 1, ["m/s"], 0, Event.SUCCEED),  # a success stands
+    ("retry", "transient", 1, [], 0, Event.RETRY),
+    ("retry", "transient", 3, [], 0, Event.FAIL),  # no attempts left
+    ("failed", None, 1, [], 0, Event.FAIL),
+    ("retry", "transient", 1, ["m/s"], 0, Event.RELEASE),  # its service died: not charged
+    ("failed", None, 3, ["m/s"], 2, Event.RELEASE),  # a crash, even on the last attempt
+    ("failed", "host", 1, ["m/s"], 0, Event.RELEASE),
+    ("failed", "job", 1, ["m/s"], 0, Event.FAIL),  # exit 2 or a timeout: the job's own
+    ("retry", "transient", 1, ["m/s"], 3, Event.RETRY),  # released max_attempts times: charged
+    ("failed", None, 1, ["m/s"], 3, Event.FAIL),
+])
+def test_after_an_attempt(outcome, fault, attempts, died, releases, expected) -> None:
+    assert jobs.after_attempt(outcome, fault, attempts, 3, died, releases) is expected
+    assert jobs.apply(State.RUNNING, expected)  # every answer is a row of the table

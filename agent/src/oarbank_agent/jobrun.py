@@ -8,7 +8,11 @@ One task per admitted job (``JobRuns.start``). The job's states and their table 
   backoffs). A service that can never become ready fails the job (``service_unavailable``); one
   that is withdrawn or held releases it instead: it waits, readably, for the service to return.
 - An attempt is ``runner.run_attempt``. Exit 75 with attempts left retries with the tokens kept;
-  anything else finishes the job.
+  anything else finishes the job. An attempt that fails while a service it reserves died under
+  it is released instead (``jobs.after_attempt``): not charged, requeued, it waits for the
+  restart; its history entry says which service and why. Running attempts are not ended when
+  their service dies: a connect made while it restarts waits for it (contract 3.6), so a job
+  that rides through the restart keeps its attempt.
 - ``release`` (host protection) cancels the task: the attempt is ended, not charged, and the
   job goes back to the queue ahead of later ones. A cancel while the agent stops leaves the job
   ``queued`` on disk for the next agent.
@@ -37,7 +41,11 @@ if TYPE_CHECKING:
     from .procs import ProcessRegistry
     from .supervisor import Supervisor
 
-__all__ = ["JobRuns", "move"]
+__all__ = ["JobRuns", "move", "SERVICE_DIED"]
+
+# How a release for a dead service starts its reason (history, status): also what counts
+# such releases toward their bound (jobs.after_attempt).
+SERVICE_DIED = "service died under the attempt:"
 
 log = logging.getLogger("oarbank_agent")
 
@@ -144,16 +152,33 @@ class JobRuns:
                 started = time.time()
                 rec.started_at = rec.started_at or started
                 self.store.save(rec)
+                # Each reserved service's incarnation: did it die under this attempt?
+                marks = {k: (self.supervisor.services[k].deaths,
+                             self.supervisor.services[k].channel)
+                         for k in self._service_keys(ctx, stage)}
                 outcome = await run_attempt(ctx, self.node, stage, job_id=rec.job_id,
                                             payload=rec.payload, attempt_id=attempt_id,
                                             workdir=workdir, broker=self.broker,
                                             registry=self.registry)
+                died = await self._died_under(marks, outcome.state != "succeeded"
+                                              and outcome.fault != "job")
+                event = jobs.after_attempt(
+                    outcome.state, outcome.fault, rec.attempts, stage.max_attempts,
+                    list(died),
+                    sum(1 for h in rec.history if h.get("outcome") == "released"
+                        and str(h.get("reason", "")).startswith(SERVICE_DIED)))
+                if event is jobs.Event.RELEASE:
+                    # raised into the release branch below: running -> queued, not charged
+                    self._releasing[rec.job_id] = "; ".join(
+                        f"{SERVICE_DIED} {k} ({why}); the runner then said: "
+                        f"{outcome.reason}" for k, why in died.items())
+                    raise asyncio.CancelledError
                 rec.history.append({"attempt": rec.attempts, "attempt_id": attempt_id,
                                     "wire_attempt": rec.wire_attempt, "started_at": started,
                                     "finished_at": time.time(),
                                     "outcome": outcome.state, "exit_code": outcome.exit_code,
                                     "reason": outcome.reason, "fault": outcome.fault})
-                if outcome.state == "retry" and rec.attempts < stage.max_attempts:
+                if event is jobs.Event.RETRY:
                     # running -> admitted (transient failure, attempts left; tokens kept)
                     move(rec, jobs.Event.RETRY)
                     rec.exit_code, rec.reason = outcome.exit_code, outcome.reason
@@ -167,8 +192,7 @@ class JobRuns:
                 if outcome.state == "retry":
                     reason = f"{reason} (gave up after {rec.attempts} attempts)"
                 # running -> succeeded | failed
-                self._finish(rec, jobs.Event.SUCCEED if outcome.state == "succeeded"
-                             else jobs.Event.FAIL, outcome.exit_code, reason, outcome.result)
+                self._finish(rec, event, outcome.exit_code, reason, outcome.result)
                 return
         except asyncio.CancelledError:
             released_for = self._releasing.pop(rec.job_id, "")
@@ -177,8 +201,9 @@ class JobRuns:
                 move(rec, jobs.Event.REQUEUE)
                 self.store.save(rec)
                 raise
-            # admitted|running -> queued (released by host protection): the attempt is over,
-            # it is not charged and not a failure; the job goes back ahead of later ones.
+            # admitted|running -> queued (released by host protection, or its service died
+            # under the attempt): the attempt is over, it is not charged and not a failure;
+            # the job goes back ahead of later ones.
             if rec.state == "running":
                 if not self._charge_released:  # (the fault: test only)
                     rec.attempts -= 1
@@ -195,6 +220,28 @@ class JobRuns:
         finally:
             self.tasks.pop(rec.job_id, None)
             self._on_over(rec, requeue)
+
+    async def _died_under(self, marks: dict[str, tuple[int, Any]],
+                          may_release: bool) -> dict[str, str]:
+        """The reserved services that died while the attempt ran -> why. A service that dies
+        kills its connections and its channel at once; a runner that saw its connection drop
+        and exited may be reaped before the agent reads the channel's end, so a failure that
+        could be released (``may_release``: not a success, not the job's own fault) waits
+        briefly for that (at most 1 s, only while a channel is still open)."""
+        sup = self.supervisor
+        if not marks or not may_release:
+            return {}
+        open_ = [ch.closed for _n, ch in marks.values() if ch is not None
+                 and not ch.closed.done()]
+        if open_:
+            await asyncio.wait(open_, timeout=1.0)
+        died = {}
+        for key, (deaths, ch) in marks.items():
+            rt = sup.services[key]
+            if rt.deaths != deaths or (ch is not None and ch.closed.done()):
+                died[key] = (ch.closed.result() if ch is not None and ch.closed.done()
+                             else rt.st.error or "it failed")
+        return died
 
     def _finish(self, rec: JobRecord, event: jobs.Event, exit_code: int | None,
                 reason: str | None, result: dict[str, Any] | None = None) -> None:

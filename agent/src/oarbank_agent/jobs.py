@@ -23,7 +23,11 @@ States::
 - ``requeue``: the agent is stopping; the record stays ``queued`` so a restarted agent resumes
   it.
 - ``release``: host protection (or its service being held or withdrawn) ended the attempt: back
-  to the queue ahead of later jobs, the attempt not charged.
+  to the queue ahead of later jobs, the attempt not charged. Also an attempt that ended
+  unsuccessfully while a service it reserves died under it (``after_attempt``): the failure
+  was the service's, not the job's; it waits in the queue for the restart. Bounded: after
+  ``max_attempts`` such releases (a job that kills its service each time) attempts are charged
+  again, so such a job ends.
 - ``recover``: a restarted agent found the job unfinished (any non-final state) and queues it
   again; an interrupted attempt is given back (``recovery.uncharge_interrupted``).
 - ``succeeded`` and ``failed`` are final: no event leaves them.
@@ -44,6 +48,7 @@ __all__ = [
     "TERMINAL",
     "IllegalTransition",
     "apply",
+    "after_attempt",
 ]
 
 
@@ -104,3 +109,24 @@ def apply(state: State | str, event: Event) -> State:
     if target is None:
         raise IllegalTransition(f"job in state {current.value!r} cannot take {event.value!r}")
     return target
+
+
+def after_attempt(outcome: str, fault: str | None, attempts: int, max_attempts: int,
+                  services_died: list[str], service_releases: int) -> Event:
+    """What the end of a running attempt does to its job. ``outcome``: ``runner.classify``'s
+    state (succeeded, retry, failed); ``fault``: its ``job | host | transient`` or None (a
+    runner that died without saying); ``attempts``: charged so far, this one included;
+    ``services_died``: services the job reserves that died while it ran; ``service_releases``:
+    earlier releases of this job for that reason.
+
+    A success stands whatever happened to the service, and so does a failure that is the job's
+    own (exit 2, a timeout): the service's death did not cause it. Any other failure under a
+    dead service is released (not charged), unless the job was already released
+    ``max_attempts`` times for it: then it is charged like any other failure."""
+    if outcome == "succeeded":
+        return Event.SUCCEED
+    if services_died and fault != "job" and service_releases < max_attempts:
+        return Event.RELEASE
+    if outcome == "retry" and attempts < max_attempts:
+        return Event.RETRY
+    return Event.FAIL

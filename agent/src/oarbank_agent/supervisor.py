@@ -100,6 +100,9 @@ class ServiceRuntime:
     start_began: float | None = None  # monotonic time of the last START (jobs show the wait)
     starts: int = 0  # every START of this agent's life (status)
     restarts: int = 0  # the STARTs after a failure (from BACKOFF): what an operator watches
+    # Failures while READY (it died on its own): an attempt that fails while this changed is
+    # released, not charged (jobrun.py, jobs.after_attempt).
+    deaths: int = 0
 
     def busy(self) -> bool:
         return self.task is not None and not self.task.done()
@@ -587,6 +590,7 @@ class Supervisor:
         rt.task = asyncio.create_task(self._fail_running(rt, error), name=f"fail {rt.key}")
 
     async def _fail_running(self, rt: ServiceRuntime, error: str) -> None:
+        rt.deaths += 1  # before anyone hears of it: an attempt ending now sees the death
         # READY -> BACKOFF | WITHDRAWN (first, so nobody is told it is ready meanwhile)
         self._transition(rt, lc.Event.FAILED, error=error)
         await self._teardown(rt, run_stop=False)
