@@ -87,6 +87,9 @@ class AgentConfig:
     fault: str | None = None  # test-only fault injection (faults.py; OARBANK_AGENT_FAULT)
     # SIGTERM / `drain`: running attempts get this long to finish (drain.py; --drain-s).
     drain_s: float = 30.0
+    # Final job records (and their workdirs) are removed this long after they finished
+    # (--keep-jobs-s): the state dir of a busy node stays bounded.
+    keep_jobs_s: float = 7 * 86400.0
 
 
 class Agent:
@@ -130,6 +133,7 @@ class Agent:
         self.manual_refresh_s = config.manual_refresh_s
         self._manual_task: asyncio.Task[None] | None = None
         self._escape_task: asyncio.Task[None] | None = None  # escapewatch
+        self._prune_task: asyncio.Task[None] | None = None  # _prune_jobs
         self.fault: str | None = config.fault
         self.stop_reason: str | None = None  # SIGTERM, SIGINT, a drain request (logged)
         # Re-reads the config and settings files (cli.py); None: `reload` has nothing to read.
@@ -274,6 +278,7 @@ class Agent:
         self.guard.start()
         self._manual_task = manualwatch.start(self.supervisor, self.manual_refresh_s)
         self._escape_task = escapewatch.start(self.registry)  # sandboxed groups stay confined
+        self._prune_task = asyncio.create_task(self._prune_jobs(), name="prune jobs")
         for rt in self.supervisor.services.values():
             self.supervisor.poke(rt)  # `always` services start now
         self.queue.admit()
@@ -285,6 +290,17 @@ class Agent:
                                      self.stop_reason or "stop", self._hurry)
         finally:
             await self.shutdown()
+
+    async def _prune_jobs(self) -> None:
+        """Final jobs older than --keep-jobs-s are removed: at start, then every half of it
+        (at least every 10 minutes, at most every second)."""
+        keep_s = self.config.keep_jobs_s
+        while True:
+            try:
+                self.queue.prune(time.time(), keep_s)
+            except OSError as exc:  # a folder we cannot remove: said, tried again later
+                log.warning("removing old job records failed: %s", exc)
+            await asyncio.sleep(min(600.0, max(1.0, keep_s / 2)))
 
     def request_stop(self, why: str = "stop") -> None:
         """Begin the drain (drain.py): nothing more is admitted from now on. Asked again
@@ -325,9 +341,10 @@ class Agent:
         if self._manual_task is not None:
             self._manual_task.cancel()
             await asyncio.gather(self._manual_task, return_exceptions=True)
-        if self._escape_task is not None:
-            self._escape_task.cancel()
-            await asyncio.gather(self._escape_task, return_exceptions=True)
+        for task in (self._escape_task, self._prune_task):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         await self.control.close()
         left = list(self.queue.runs.tasks)
         await self.queue.runs.cancel_all()  # each job stays queued on disk for the next agent

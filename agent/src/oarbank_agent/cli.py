@@ -55,6 +55,9 @@ def add_run_options(r: argparse.ArgumentParser) -> None:
     r.add_argument("--drain-s", type=float, default=30.0, metavar="S",
                    help="on SIGTERM (or `oarbank-agent drain`) running attempts get this long "
                         "to finish before the rest are released, not charged (default 30)")
+    r.add_argument("--keep-jobs-s", type=float, default=7 * 86400.0, metavar="S",
+                   help="a finished job's record and workdirs are removed this long after it "
+                        "finished (default 604800: 7 days)")
     r.add_argument("--log-file", type=Path, metavar="PATH",
                    help="write the agent's log here instead of stderr, rotated by size")
     r.add_argument("--log-max-mb", type=float, default=logsetup.DEFAULT_MAX_MB, metavar="MB",
@@ -132,8 +135,9 @@ def _add_commands(p: argparse.ArgumentParser, sub: Any) -> None:
     st.add_argument("--json", action="store_true")
     st.add_argument("--page", type=int, default=1,
                     help="which page of jobs: 1 (default) the most recent")
-    st.add_argument("--per-page", type=int, default=50,
-                    help="jobs per page (default 50; 0: every job)")
+    st.add_argument("--per-page", "--jobs", type=int, default=50, metavar="N",
+                    help="jobs per page: --jobs N shows the last N (default 50; 0: every job), "
+                         "with a count of the rest")
 
     for name, text in (("drain", "stop admitting, let running attempts finish (up to the "
                                  "agent's --drain-s), then stop the agent (as SIGTERM)"),
@@ -254,6 +258,10 @@ def cmd_run(ra: config.RunArgs, run_argv: list[str]) -> int:
     except OSError as exc:
         _err(f"--log-file {args.log_file}: cannot write it: {exc.strerror}")
         return 2
+    if not args.keep_jobs_s > 0:
+        _err(f"--keep-jobs-s {args.keep_jobs_s:g}: must be > 0 (seconds a finished job's "
+             "record is kept)")
+        return 2
     if not args.drain_s >= 0:
         _err(f"--drain-s {args.drain_s:g}: must be >= 0")
         return 2
@@ -348,7 +356,8 @@ def cmd_run(ra: config.RunArgs, run_argv: list[str]) -> int:
         agent = Agent(AgentConfig(
             state_dir=args.state_dir, node_id=node_id, guard=guard_config,
             gpu=gpu_override, manual_refresh_s=args.manual_refresh_s,
-            status_poll_s=args.status_poll_s, fault=fault, drain_s=args.drain_s))
+            status_poll_s=args.status_poll_s, fault=fault, drain_s=args.drain_s,
+            keep_jobs_s=args.keep_jobs_s))
         specs = [(p.resolve(), settings_for(p)) for p in args.modules or []]
         for msg in agent.load_modules(specs):
             print(msg, file=sys.stderr)

@@ -12,6 +12,8 @@ What is matched, and why each refusal rather than a quiet load:
 - ``[sandbox]``: every child runs with no network and only its own folders, so a ``net``
   other than ``"none"``, or any ``folders`` or ``containers`` asked for, cannot be met; loading
   the module anyway would fail its jobs later with a stranger error;
+- ``[results].max_inline_kb`` (the section the checker passes over), when given, must be a
+  positive number: it bounds the ``result.json`` the agent reads (``max_inline_kb``);
 - a service whose ``platforms`` exclude this node is not run here: an ``always`` one refuses
   the module (it would be started with the agent), and a stage using its pools is refused at
   submit, as is a stage whose own ``requires.platforms`` exclude the node.
@@ -26,11 +28,12 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
+from oarbank_sdk import advice
 from oarbank_sdk import manifest as mf
 from oarbank_sdk._version_range import RangeError, allows
 
 __all__ = ["AGENT_VERSION", "CORE_VERSION", "PROTOCOL", "Node", "this_node",
-           "module_refusals", "stage_refusal", "refusal_line", "version_line"]
+           "module_refusals", "stage_refusal", "refusal_line", "version_line", "max_inline_kb"]
 
 CORE_VERSION = "2.5"  # the contract (core) version this agent implements
 PROTOCOL = 1  # the one runner and service protocol this agent speaks
@@ -79,6 +82,9 @@ def module_refusals(m: mf.Manifest, node: Node) -> list[str]:
             why.append(f"requires.{key} {_list(listed)} does not list {PROTOCOL}, the only "
                        f"{key.replace('_', ' ')} this agent speaks")
     why += _sandbox_refusals(m.sandbox)
+    kb = _inline_kb(m)
+    if isinstance(kb, str):
+        why.append(kb)
     for svc in m.services:
         if svc.lifecycle == "always" and svc.platforms and node.platform not in svc.platforms:
             why.append(f"services.{svc.name} (lifecycle always) runs on {_list(svc.platforms)}, "
@@ -102,6 +108,25 @@ def stage_refusal(m: mf.Manifest, stage: mf.Stage, platform: str) -> str | None:
 def refusal_line(module_id: str, where: str, reasons: list[str]) -> str:
     """The one line said at load, listed in ``status`` and answered to a submit."""
     return f"{module_id} ({where}): cannot run on this node: " + "; ".join(reasons)
+
+
+def max_inline_kb(m: mf.Manifest) -> float:
+    """The most KiB of ``result.json`` the agent reads (``[results].max_inline_kb``, default
+    256); a module with a bad value is refused at load, so this only sees good ones."""
+    kb = _inline_kb(m)
+    return kb if isinstance(kb, float) else float(advice.RESULT_INLINE_KB)
+
+
+def _inline_kb(m: mf.Manifest) -> float | str:
+    """The value, or why it is wrong."""
+    results = m.raw.get("results")
+    value = results.get("max_inline_kb") if isinstance(results, dict) else None
+    if value is None:
+        return float(advice.RESULT_INLINE_KB)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        return (f"[results].max_inline_kb must be a positive number of KiB, got {_show(value)}"
+                f" (default {advice.RESULT_INLINE_KB})")
+    return float(value)
 
 
 def _sandbox_refusals(sandbox: dict[str, Any]) -> list[str]:

@@ -8,7 +8,10 @@
 - A run over (``JobRuns``' ``on_over``): its tokens go back, a released job is requeued ahead
   of later ones, admission runs again, the services' users are updated.
 - ``recover`` (agent start): every unfinished record of the state dir is requeued
-  (``recover``), and attempt numbers on the channel continue after the highest recorded.
+  (``recover``), and attempt numbers on the channel continue after the highest recorded
+  (removed records' included: ``JobStore.wire_floor``).
+- ``prune``: final jobs older than ``--keep-jobs-s`` are removed, record and workdirs
+  (``jobs.expired`` decides), so a busy node's state dir and memory stay bounded.
 
 Nothing is admitted once the agent is stopping (``stopping``).
 """
@@ -61,10 +64,8 @@ class JobQueue:
         records = self.store.load_all()
         # Attempt numbers on the channel continue after an earlier agent's, so a number in
         # status (and in a service's log) names one attempt of this state dir only.
-        used = [n for rec in records
-                for n in (rec.wire_attempt, *(h.get("wire_attempt") for h in rec.history))
-                if isinstance(n, int)]
-        if used:
+        used = [n for rec in records for n in _wire_numbers(rec)] + [self.store.wire_floor()]
+        if max(used) > 0:
             self.broker.continue_wire_attempts_after(max(used))
         for rec in records:
             self.jobs[rec.job_id] = rec
@@ -147,6 +148,22 @@ class JobQueue:
             self.admit()
         self._update_users()
 
+    def prune(self, now: float, keep_s: float) -> list[str]:
+        """Remove the final jobs that finished more than ``keep_s`` ago (now: unix seconds)."""
+        gone = jobs.expired(((r.job_id, r.state, r.finished_at) for r in self.jobs.values()),
+                            now, keep_s)
+        if not gone:
+            return []
+        self.store.keep_wire_floor(max(n for j in gone for n in (0, *_wire_numbers(
+            self.jobs[j]))))
+        for job_id in gone:
+            # succeeded|failed -> (removed): kept --keep-jobs-s, nobody can wait on it now
+            self.store.remove(job_id)
+            del self.jobs[job_id]
+        log.info("removed %d final job record(s) older than %gs (--keep-jobs-s)",
+                 len(gone), keep_s)
+        return gone
+
     # --- host protection's view ------------------------------------------------------------
 
     def users_of(self, key: str) -> list[str]:
@@ -160,3 +177,9 @@ class JobQueue:
     def release(self, job_ids: list[str], reason: str) -> None:
         """End these jobs' attempts and requeue them, charging no attempt (host protection)."""
         self.runs.release(job_ids, reason)
+
+
+def _wire_numbers(rec: JobRecord) -> list[int]:
+    """The attempt numbers on the channel a record used."""
+    return [n for n in (rec.wire_attempt, *(h.get("wire_attempt") for h in rec.history))
+            if isinstance(n, int)]

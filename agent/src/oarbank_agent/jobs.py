@@ -39,6 +39,7 @@ table; ``apply`` refuses anything else.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from enum import Enum
 
 __all__ = [
@@ -49,6 +50,7 @@ __all__ = [
     "IllegalTransition",
     "apply",
     "after_attempt",
+    "expired",
 ]
 
 
@@ -130,3 +132,12 @@ def after_attempt(outcome: str, fault: str | None, attempts: int, max_attempts: 
     if outcome == "retry" and attempts < max_attempts:
         return Event.RETRY
     return Event.FAIL
+
+
+def expired(records: Iterable[tuple[str, str, float | None]], now: float,
+            keep_s: float) -> list[str]:
+    """The jobs whose records are removed now: ``(job id, state, finished_at)`` of a final job
+    that finished more than ``keep_s`` seconds before ``now`` (unix seconds). Unfinished jobs
+    are never removed, whatever their age: the state dir is bounded by what it still owes."""
+    return [job_id for job_id, state, finished_at in records
+            if state in TERMINAL and finished_at is not None and now - finished_at > keep_s]

@@ -3,6 +3,8 @@
 cwd = the bundle, its own process group (session), the exact op environment and nothing else,
 stdout to a file (a daemon left by ``start`` may keep it open, so we never wait for EOF on a
 pipe), the document = stdout's last line that parses as a JSON object, exit 0 = success.
+Only ``advice.OP_STDOUT_MAX`` (1 MiB) of stdout is read: an op that printed more failed, and
+says how much it printed (a runaway op never costs the agent its memory).
 
 stderr: a failed op's error ends with its last meaningful stderr line (``logtail``: bounded
 read, at most 300 characters), e.g. ``start exited with 1: FileNotFoundError: weights
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from oarbank_sdk import advice
 from oarbank_sdk.protocol import last_json_object
 
 from . import logtail, procs, sandboxing, servicelog
@@ -111,9 +114,9 @@ async def run_op(ctx: ModuleCtx, node: NodeInfo, service: str, op: str, *,
         out_path.unlink(missing_ok=True)
         _file_err(err_path, log_path)
         raise
-    text = out_path.read_text(encoding="utf-8", errors="replace")
+    printed, text = _read_bounded(out_path, advice.OP_STDOUT_MAX)
     out_path.unlink(missing_ok=True)
-    doc = last_json_object(text)
+    doc = last_json_object(text) if text is not None else None
     if rc is None:
         await _end(registry, pgid)
         await proc.wait()
@@ -129,6 +132,8 @@ async def run_op(ctx: ModuleCtx, node: NodeInfo, service: str, op: str, *,
         error = sandboxing.launcher_failure(rc, err_text)
         error = f"{op}: {error}" if error else logtail.with_summary(f"{op} exited with {rc}",
                                                                     err_text)
+    elif text is None:
+        error = advice.op_stdout_too_big(op, printed)
     elif doc is None:
         error = logtail.with_summary(f"{op} printed no JSON object on stdout", err_text)
     elif op in ("start", "stop", "destroy") and doc.get("ok") is not True:
@@ -138,6 +143,18 @@ async def run_op(ctx: ModuleCtx, node: NodeInfo, service: str, op: str, *,
     if error is not None and keep_group:
         await _end(registry, pgid)  # a failed start leaves nothing running
     return OpResult(op, error is None, rc, doc, error, pgid)
+
+
+def _read_bounded(path: Path, limit: int) -> tuple[int, str | None]:
+    """(bytes in the file, its text); None for the text when it holds more than ``limit``."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > limit:
+            return size, None
+        data = f.read(limit + 1)  # a daemon may still be writing: never more than the limit
+    if len(data) > limit:
+        return len(data), None
+    return len(data), data.decode("utf-8", errors="replace")
 
 
 def _file_err(err_path: Path, log_path: Path, start: int = 0) -> str:

@@ -22,7 +22,7 @@ from oarbank_sdk import advice
 from oarbank_sdk import manifest as mf
 from oarbank_sdk.protocol import current_transport
 
-from . import escapewatch, logtail, procs, sandboxing
+from . import compat, escapewatch, logtail, procs, sandboxing
 from .modules import ModuleCtx, NodeInfo
 from .supervisor import service_key
 
@@ -55,18 +55,32 @@ def _read_json(path: Path) -> tuple[Any, str | None]:
         return None, f"{path.name} is unreadable ({exc})"
 
 
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0  # missing: _read_json says so
+
+
 def _with_log(reason: str, workdir: Path) -> str:
     """``reason: <last meaningful line of runner.log>`` (bounded read, at most 300 chars)."""
     return logtail.with_summary(reason, logtail.read_tail(workdir / "runner.log"))
 
 
-def classify(rc: int, timed_out: bool, workdir: Path, timeout_s: float) -> Outcome:
+def classify(rc: int, timed_out: bool, workdir: Path, timeout_s: float,
+             max_inline_kb: float = advice.RESULT_INLINE_KB) -> Outcome:
     """Map how a runner ended to the attempt's outcome (contract section 4). A failure that
-    no failure.json explains ends with the last meaningful line of ``runner.log``."""
+    no failure.json explains ends with the last meaningful line of ``runner.log``. A
+    ``result.json`` over ``max_inline_kb`` is not read (the job record and every status and
+    wait answer carry the result): a job fault naming its size."""
     if timed_out:
         return Outcome("failed", rc, f"timeout: the runner exceeded timeout_s={timeout_s:g}",
                        fault="job")
     if rc == 0:
+        size = _size(workdir / "result.json")
+        if size > max_inline_kb * 1024:
+            return Outcome("failed", 0, advice.result_too_big(size, max_inline_kb),
+                           fault="job")
         result, err = _read_json(workdir / "result.json")
         err = err or advice.envelope_problem(result)  # conform's words
         if err is None:
@@ -175,7 +189,8 @@ async def run_attempt(ctx: ModuleCtx, node: NodeInfo, stage: mf.Stage, *, job_id
         escaped = escapewatch.take(proc.pid)  # the escape check ended the group: not the job's doing
         if escaped is not None:
             return Outcome("failed", rc, escaped, fault="job")
-        return classify(rc, timed_out, workdir, stage.timeout_s)
+        return classify(rc, timed_out, workdir, stage.timeout_s,
+                        compat.max_inline_kb(ctx.manifest))
     except asyncio.CancelledError:
         # Agent shutdown: end the attempt the same way as a timeout.
         if proc is not None and proc.returncode is None:

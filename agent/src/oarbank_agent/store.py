@@ -15,6 +15,7 @@ import itertools
 import json
 import os
 import secrets
+import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -107,6 +108,25 @@ class JobStore:
             os.fsync(dfd)  # the rename itself survives a crash
         finally:
             os.close(dfd)
+
+    def remove(self, job_id: str) -> None:
+        """A final job's folder (record and attempt workdirs) is removed: kept long enough
+        (``--keep-jobs-s``). Its wire attempt numbers stay used (``wire_floor``)."""
+        shutil.rmtree(self.job_dir(job_id), ignore_errors=True)
+
+    def keep_wire_floor(self, n: int) -> None:
+        """Attempt numbers on the channel up to ``n`` were used by records removed since: a
+        restarted agent continues after them, not after what is left."""
+        if n > self.wire_floor():
+            tmp = self.dir / "wire_floor.tmp"
+            tmp.write_text(f"{n}\n", encoding="utf-8")
+            os.replace(tmp, self.dir / "wire_floor")
+
+    def wire_floor(self) -> int:
+        try:
+            return int((self.dir / "wire_floor").read_text(encoding="utf-8").strip())
+        except (OSError, ValueError):
+            return 0
 
     def create(self, module: str, stage: str, payload: dict[str, Any]) -> JobRecord:
         self._seq += 1

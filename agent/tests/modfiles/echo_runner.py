@@ -6,7 +6,7 @@ Payload keys (all optional): env (report the exact environment), requests (n con
 at exit), bad_op (send an unknown op on the raw connector), burst (n immediate connects, then
 count successful connects over rate_window_s), sleep_s (sleep_below_attempt), ignore_term,
 exit / exit_below_attempt / failure (exit with a code, writing failure.json unless failure is
-false).
+false), pad_kb (that many KiB of padding in the result's payload).
 """
 
 from __future__ import annotations
@@ -138,6 +138,8 @@ def main() -> int:
                        {"reason": f"told_to_exit_{code}", "detail": "the payload said so"})
         record("end", exit=code)
         return int(code)
+    if payload.get("pad_kb"):
+        result["pad"] = "x" * (int(payload["pad_kb"]) << 10)
     write_json(out, {"envelope": 1, "payload": result})
     record("end", exit=0)
     return 0

@@ -12,7 +12,8 @@ daemon writes on its channel once ready). Without OARBANK_ENDPOINT_CHANNEL (a no
 service) the daemon just stays up until SIGTERM. Each op record lists the op's open
 descriptors (``fds``: fd -> what it names). Standard library plus the SDK's wire helpers.
 op_raise ({op: message}) makes that op die of an uncaught FileNotFoundError(message) after
-writing op_stderr_kb KiB of noise to stderr.
+writing op_stderr_kb KiB of noise to stderr. op_stdout_kb ({op: n}) makes that op print n KiB
+of noise on stdout before its document.
 """
 
 from __future__ import annotations
@@ -90,6 +91,9 @@ def op(name: str) -> int:
             sys.stderr.buffer.write(noise)
         sys.stderr.flush()
         raise FileNotFoundError(conf["op_raise"][name])
+    if name in conf.get("op_stdout_kb", {}):
+        for _ in range(int(conf["op_stdout_kb"][name])):
+            sys.stdout.write("noise " * 170 + "...\n")  # 1 KiB a line
     if name == "fingerprint":
         out = {"service_protocol": {"supported": [1]}, "health": conf.get("health", "healthy"),
                "pools": {"echo": conf.get("slots", 4)},

@@ -13,7 +13,10 @@ same words, defined here once. Each function is pure (values in, one line out):
 - ``envelope_problem``: a ``result.json`` that is not ``{"envelope": 1, "payload": {...}}``,
   naming what was found;
 - ``starting_wait``: a job waiting on a service that is starting, with the time spent and the
-  time allowed.
+  time allowed;
+- ``op_stdout_too_big``, ``result_too_big``: what the agent reads is bounded (an op's stdout
+  at ``OP_STDOUT_MAX``, ``result.json`` at ``[results].max_inline_kb``), and more is a failure
+  naming the size and the limit.
 """
 
 from __future__ import annotations
@@ -36,6 +39,10 @@ __all__ = [
     "fingerprint_problems",
     "envelope_problem",
     "starting_wait",
+    "OP_STDOUT_MAX",
+    "RESULT_INLINE_KB",
+    "op_stdout_too_big",
+    "result_too_big",
 ]
 
 SERVICE_PROTOCOL = 1  # the only service protocol this SDK and its agent speak
@@ -46,6 +53,8 @@ INHERIT_FIX = ("`start` must pass the channel on: "
                "`subprocess.Popen(..., **service_endpoint.inherit_channel())`")
 CHANNEL_CLOSED = "the service closed its channel"
 RESULT_SHAPE = '{"envelope": 1, "payload": {...}}'
+OP_STDOUT_MAX = 1 << 20  # bytes of an op's stdout the agent reads (its JSON document)
+RESULT_INLINE_KB = 256  # [results].max_inline_kb when the manifest does not say
 
 
 def no_hello(start_timeout_s: float) -> str:
@@ -161,3 +170,14 @@ def _found(value: Any) -> str:
             else "")
     text = text if len(text) <= 80 else text[:77] + "..."
     return f"{kind} {text}".strip()
+
+
+def op_stdout_too_big(op: str, size: int) -> str:
+    return (f"{op} printed {size} bytes on stdout, over the limit of {OP_STDOUT_MAX} bytes "
+            "(1 MiB): an op prints its one JSON document there; log to stderr")
+
+
+def result_too_big(size: int, max_inline_kb: float) -> str:
+    return (f"result.json is {size} bytes, over [results].max_inline_kb = {max_inline_kb:g} "
+            f"({int(max_inline_kb * 1024)} bytes): return less inline, or raise max_inline_kb "
+            "in the manifest's [results]")
