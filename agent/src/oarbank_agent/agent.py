@@ -36,6 +36,7 @@ from . import (
     procs,
     protection,
     recovery,
+    refreshwatch,
     refusals,
     reload,
     sandboxing,
@@ -90,6 +91,9 @@ class AgentConfig:
     # Final job records (and their workdirs) are removed this long after they finished
     # (--keep-jobs-s): the state dir of a busy node stays bounded.
     keep_jobs_s: float = 7 * 86400.0
+    # Running services are fingerprinted again this often, and once right after each becomes
+    # ready (refreshwatch; --refresh-s).
+    refresh_s: float = refreshwatch.DEFAULT_INTERVAL_S
 
 
 class Agent:
@@ -134,6 +138,7 @@ class Agent:
         self._manual_task: asyncio.Task[None] | None = None
         self._escape_task: asyncio.Task[None] | None = None  # escapewatch
         self._prune_task: asyncio.Task[None] | None = None  # _prune_jobs
+        self.refresher = refreshwatch.Refresher(self.supervisor, config.refresh_s)
         self.fault: str | None = config.fault
         self.stop_reason: str | None = None  # SIGTERM, SIGINT, a drain request (logged)
         # Re-reads the config and settings files (cli.py); None: `reload` has nothing to read.
@@ -279,6 +284,7 @@ class Agent:
         self._manual_task = manualwatch.start(self.supervisor, self.manual_refresh_s)
         self._escape_task = escapewatch.start(self.registry)  # sandboxed groups stay confined
         self._prune_task = asyncio.create_task(self._prune_jobs(), name="prune jobs")
+        self.refresher.start()  # health and pools of running services follow them
         for rt in self.supervisor.services.values():
             self.supervisor.poke(rt)  # `always` services start now
         self.queue.admit()
@@ -345,6 +351,7 @@ class Agent:
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
+        await self.refresher.aclose()
         await self.control.close()
         left = list(self.queue.runs.tasks)
         await self.queue.runs.cancel_all()  # each job stays queued on disk for the next agent

@@ -55,6 +55,9 @@ def add_run_options(r: argparse.ArgumentParser) -> None:
     r.add_argument("--drain-s", type=float, default=30.0, metavar="S",
                    help="on SIGTERM (or `oarbank-agent drain`) running attempts get this long "
                         "to finish before the rest are released, not charged (default 30)")
+    r.add_argument("--refresh-s", type=float, default=20.0, metavar="S",
+                   help="how often running services are fingerprinted again (health and pool "
+                        "counts; also once right after each becomes ready; default 20)")
     r.add_argument("--keep-jobs-s", type=float, default=7 * 86400.0, metavar="S",
                    help="a finished job's record and workdirs are removed this long after it "
                         "finished (default 604800: 7 days)")
@@ -258,6 +261,9 @@ def cmd_run(ra: config.RunArgs, run_argv: list[str]) -> int:
     except OSError as exc:
         _err(f"--log-file {args.log_file}: cannot write it: {exc.strerror}")
         return 2
+    if not args.refresh_s > 0:
+        _err(f"--refresh-s {args.refresh_s:g}: must be > 0")
+        return 2
     if not args.keep_jobs_s > 0:
         _err(f"--keep-jobs-s {args.keep_jobs_s:g}: must be > 0 (seconds a finished job's "
              "record is kept)")
@@ -357,7 +363,7 @@ def cmd_run(ra: config.RunArgs, run_argv: list[str]) -> int:
             state_dir=args.state_dir, node_id=node_id, guard=guard_config,
             gpu=gpu_override, manual_refresh_s=args.manual_refresh_s,
             status_poll_s=args.status_poll_s, fault=fault, drain_s=args.drain_s,
-            keep_jobs_s=args.keep_jobs_s))
+            keep_jobs_s=args.keep_jobs_s, refresh_s=args.refresh_s))
         specs = [(p.resolve(), settings_for(p)) for p in args.modules or []]
         for msg in agent.load_modules(specs):
             print(msg, file=sys.stderr)

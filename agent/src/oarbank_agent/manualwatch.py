@@ -7,9 +7,9 @@ could see. Every ``interval_s`` seconds (30 s by default; ``oarbank-agent run
 the other; the supervisor's ``fingerprint`` updates its pools and health and tells the agent
 (capacity callbacks), so jobs waiting for its tokens are admitted as soon as they appear.
 
-This is the only periodic fingerprint: services the agent runs itself are fingerprinted on
-their own events (start, stop, failure, probes of a withdrawn one). No task runs at all when no
-manual service is loaded.
+Services the agent runs itself are fingerprinted on their own events (start, stop, failure,
+probes of a withdrawn one) and, while ready, every ``--refresh-s`` (``refreshwatch.py``). No
+task runs here at all when no manual service is loaded.
 """
 
 from __future__ import annotations
