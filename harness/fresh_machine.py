@@ -114,6 +114,9 @@ def main(argv: list[str] | None = None) -> int:
             ctr = engine.client.containers.run(
                 tag, ["/bin/sh", "-c", script], detach=True, network_mode="none",
                 cap_add=ROOT_CAPS, security_opt=["seccomp=unconfined", "apparmor=unconfined"],
+                # A machine's loopback has ::1; Docker turns IPv6 off in a network-less one.
+                sysctls={"net.ipv6.conf.all.disable_ipv6": "0",
+                         "net.ipv6.conf.lo.disable_ipv6": "0"},
                 working_dir="/src",
                 volumes={str(src): {"bind": "/src", "mode": "rw"},
                          str(wheels): {"bind": "/wheels", "mode": "ro"}},

@@ -27,6 +27,7 @@ Standard library plus ``oarbank_sdk.service_endpoint`` only.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -288,13 +289,17 @@ def op_stop() -> dict:
     escalated = False
     if alive(pid):
         assert pid is not None
-        os.kill(pid, signal.SIGTERM)
+        # The daemon may exit between the check and the signal (it ends on its channel's EOF
+        # too): a process already gone is what stop wants.
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + STOP_WAIT_S
         while alive(pid) and time.monotonic() < deadline:
             time.sleep(0.05)
         if alive(pid):
-            os.kill(pid, signal.SIGKILL)
-            escalated = True
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+                escalated = True
     for name in (READY_FILE, PID_FILE):
         (d / name).unlink(missing_ok=True)
     return {"ok": True, "escalated": escalated}
