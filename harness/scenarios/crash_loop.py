@@ -17,7 +17,7 @@ from harness.scenarios.common import wait_portal, wait_row
 
 CRASHY = "dev.oarbank.e2e.crashy"
 REASON = "model weights missing"  # what crashy.py prints on stderr when its start fails
-SLACK = 0.9  # a gap may come a little early against the policy's delay (timer granularity)
+SLACK = 0.75  # a gap may come a little early against the policy's delay (timers, noise)
 
 
 def _policy() -> dict[str, float]:
@@ -59,8 +59,13 @@ def crash_loop(ctx: Ctx) -> None:
     ctx.check(all(g >= SLACK * d for g, d in zip(gaps, delays, strict=True)),
               f"restart gaps {[round(g, 2) for g in gaps]} s are shorter than the policy's "
               f"delays {delays} s")
-    ctx.check(all(b > a for a, b in zip(gaps, gaps[1:], strict=False)),
-              f"restart gaps did not grow: {[round(g, 2) for g in gaps]} s")
+    # Each gap longer than the last by at least half of what the policy adds (a start's own run
+    # time is in every gap and cancels out here, but for its noise on a loaded machine).
+    grew = [b - a for a, b in zip(gaps, gaps[1:], strict=False)]
+    want = [b - a for a, b in zip(delays, delays[1:], strict=False)]
+    ctx.check(all(g >= 0.5 * w for g, w in zip(grew, want, strict=True)),
+              f"restart gaps {[round(g, 2) for g in gaps]} s did not grow as the policy's "
+              f"delays {delays} s do")
     ctx.note(f"first {max_failures} starts {[round(g, 2) for g in gaps]} s apart "
              f"(policy: at least {delays} s)")
 

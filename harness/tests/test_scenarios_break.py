@@ -104,7 +104,7 @@ AGENT_FAULTS = [
     ("idle-stop", "no_idle_stop", "waiting for idle-a model row: stopped with no users"),
     ("agent-restart", "keep_predecessor_groups",
      "waiting for the old service process group to be ended"),
-    ("crash-loop", "flat_backoff", "shorter than the policy's delays"),
+    ("crash-loop", "flat_backoff", "restart gaps"),
     ("crash-loop", "bare_start_errors", "the withdrawn reason is not the module's"),
     ("yield", "charge_released", "a released attempt was charged"),
 ]
