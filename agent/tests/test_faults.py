@@ -135,10 +135,10 @@ def test_connects_fail_unavailable_after_start_timeout_while_it_backs_off(
     outcomes = rec["result"]["payload"]["outcomes"]
     refused = [o for o in outcomes if o.get("error") == "service_unavailable"]
     assert refused, outcomes
-    # Each waited for a run that was not coming, then was refused: at most start_timeout_s
-    # after it came (less for a connect that came while a start was already under way, whose
-    # time runs from that start; a margin for a loaded machine), the first one the full wait.
-    assert all(o["dt"] < 9.0 for o in refused) and refused[0]["dt"] >= 3.9, refused
+    # Each was refused once no run could come in time: at once when the backoff outlasts
+    # start_timeout_s, else when the start under way failed; never later than start_timeout_s
+    # after it came (4 s, and a margin for a loaded machine).
+    assert all(o["dt"] < 9.0 for o in refused), refused
     pids = [o["pid"] for o in outcomes if "pid" in o]
     assert len(set(pids)) == 2 and pids[-1] != pids[0], outcomes
 
