@@ -33,6 +33,7 @@ from . import (
     gpu_detect,
     jobs,
     manualwatch,
+    modulestate,
     procs,
     protection,
     recovery,
@@ -117,6 +118,10 @@ class Agent:
         # `status` lists them, so nobody has to find the line the agent printed at start
         self.refused_modules: dict[str, str] = {}
         self.compat = compat.Node(self.node.platform)  # what manifests are matched against
+        # Modules the operator disabled here (module disable), kept across restarts.
+        self.disabled, problem = modulestate.read_disabled(self.state_dir)
+        if problem is not None:
+            log.warning("%s", problem)
         self._stop = asyncio.Event()
         self.queue = JobQueue(store=self.store, supervisor=self.supervisor,
                               admission=self.admission, broker=self.broker,
@@ -176,7 +181,9 @@ class Agent:
                                f"{self.modules[ctx.id].manifest.bundle}")
                 continue
             self.modules[ctx.id] = ctx
-            self.supervisor.add_module(ctx)
+            for rt in self.supervisor.add_module(ctx):
+                if ctx.id in self.disabled:  # still disabled after a restart: never started
+                    self.supervisor.set_disabled(rt.key, True, live=False)
         return refused
 
     def find_module(self, name: str) -> ModuleCtx | None:
@@ -374,6 +381,8 @@ class Agent:
             known = ", ".join(sorted(self.modules)) or "none"
             raise control.ControlError("unknown_module",
                                        f"unknown module {module!r} (loaded: {known})")
+        if ctx.id in self.disabled:
+            raise control.ControlError("module_disabled", _disabled_text(ctx.id))
         st = ctx.manifest.stage(stage)
         if st is None:
             known = ", ".join(s.name for s in ctx.manifest.stages) or "none"
@@ -453,6 +462,8 @@ class Agent:
                 if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
                     raise control.ControlError("bad_request", f"'{name}' must be an integer >= 1")
             return {"ok": True, "status": self.status(limit, page)}
+        if op == "module":
+            return self._module_request(req)
         if op == "drain":
             self.request_stop("drain request")
             return {"ok": True, "draining": True, "drain_s": self.config.drain_s}
@@ -471,10 +482,57 @@ class Agent:
                              if rt.held is not None}}
         raise control.ControlError("bad_request", f"unknown op {op!r}")
 
+    def _module_request(self, req: dict[str, Any]) -> dict[str, Any]:
+        """``module list | disable | enable`` (module_cli.py)."""
+        action, name, now = req.get("action"), req.get("module"), req.get("now", False)
+        if action == "list":
+            return {"ok": True, "modules": self.module_list(), "refused": self.refused_modules}
+        if action not in ("disable", "enable"):
+            raise control.ControlError("bad_request", f"module: unknown action {action!r} "
+                                       "(list, disable, enable)")
+        if not isinstance(name, str) or not isinstance(now, bool):
+            raise control.ControlError("bad_request", "module: 'module' (a name) and 'now' "
+                                       "(true or false) expected")
+        ctx = self.find_module(name)
+        if ctx is None:
+            loaded = ", ".join(sorted(self.modules)) or "none"
+            why = (f"module {name!r} was refused when the agent started: {self.refused[name]}"
+                   if name in self.refused else f"unknown module {name!r} (loaded: {loaded})")
+            raise control.ControlError("unknown_module", why)
+        disable = action == "disable"
+        if disable:
+            self.disabled.add(ctx.id)
+        else:
+            self.disabled.discard(ctx.id)
+        modulestate.write_disabled(self.state_dir, self.disabled)  # before it takes effect
+        keys = [k for k, rt in self.supervisor.services.items() if rt.ctx.id == ctx.id]
+        if disable and now:
+            # --now: its attempts are released (not charged) and wait for it to be enabled
+            for key in keys:
+                self.queue.release(self.queue.users_of(key), f"module {ctx.id} disabled (--now)")
+        for key in keys:
+            self.supervisor.set_disabled(key, disable)
+        log.info("module %s %s%s", ctx.id, "disabled" if disable else "enabled",
+                 " (--now)" if disable and now else "")
+        self.queue.admit()
+        return {"ok": True, "modules": self.module_list()}
+
+    def module_list(self) -> list[dict[str, Any]]:
+        return [{"id": ctx.id, "bundle": str(ctx.manifest.bundle),
+                 "state": "disabled" if ctx.id in self.disabled else "enabled",
+                 "services": [rt.svc.name for rt in self.supervisor.services.values()
+                              if rt.ctx.id == ctx.id]}
+                for ctx in self.modules.values()]
+
     def _job(self, job_id: Any) -> JobRecord:
         if not isinstance(job_id, str) or job_id not in self.jobs:
             raise control.ControlError("unknown_job", f"no job {job_id!r}")
         return self.jobs[job_id]
+
+
+def _disabled_text(module_id: str) -> str:
+    return (f"module {module_id} is disabled on this node: `oarbank-agent module enable "
+            f"{module_id}` enables it")
 
 
 def configure_logging() -> None:

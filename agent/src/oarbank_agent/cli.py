@@ -150,6 +150,9 @@ def _add_commands(p: argparse.ArgumentParser, sub: Any) -> None:
         c.add_argument("--state-dir", required=True, type=Path)
 
     protect_cli.add_protect_parser(sub)
+    from .module_cli import add_module_parser
+
+    add_module_parser(sub)
 
     d = sub.add_parser("demo", help="twenty jobs through one warm model service")
     d.add_argument("--jobs", type=int, default=20)
@@ -178,6 +181,10 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_status(args)
     if args.command == "protect":
         return protect_cli.cmd_protect(args)
+    if args.command == "module":
+        from .module_cli import cmd_module
+
+        return cmd_module(args)
     from .demo import run_demo
 
     return run_demo(jobs=args.jobs, load_s=args.load_s, as_json=args.json,
@@ -525,7 +532,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
                 return 2 if reply.get("code") in ("unknown_module", "unknown_stage",
                                                   "bad_request", "gpu_api_missing",
                                                   "exceeds_memory_budget",
-                                                  "unsupported_platform") else 1
+                                                  "unsupported_platform",
+                                                  "module_disabled") else 1
             job_id = reply["job_id"]
             if not args.wait:
                 print(job_id)

@@ -130,11 +130,12 @@ class JobRuns:
                             raise asyncio.CancelledError
                         rt = self.supervisor.services[key]
                         why = rt.st.error or rt.st.state.value
-                        if rt.st.state is lc.State.WITHDRAWN or rt.held is not None:
+                        if (rt.st.state is lc.State.WITHDRAWN or rt.held is not None
+                                or rt.st.disabled):
                             # admitted -> queued (release, below): it waits (readably) for the
-                            # service to return
-                            self._releasing[rec.job_id] = (
-                                f"service {key} is {rt.held or 'withdrawn'} ({why})")
+                            # service to return (or its module to be enabled)
+                            down = rt.held or ("disabled" if rt.st.disabled else "withdrawn")
+                            self._releasing[rec.job_id] = f"service {key} is {down} ({why})"
                             raise asyncio.CancelledError
                         # admitted -> failed (its service can never become ready)
                         self._finish(rec, jobs.Event.FAIL, None,

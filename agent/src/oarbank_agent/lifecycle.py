@@ -40,6 +40,9 @@ States::
   decisions come first: a hold changes nothing while the agent stops.
 - *GPU missing* (``GPU_API_MISSING``): the host lacks every API of its ``apis_any``; it is never
   started and its pools count 0.
+- *Disabled* (``oarbank-agent module disable``): never started, a start in flight cancelled,
+  its pools count 0; a ready one is stopped (reason ``disabled``) once it has no users, so the
+  attempts that use it finish (``--now`` releases them first: the users drop to 0).
 - *Offered*: its pools count (capacities from its fingerprint) unless it is withdrawn, held or
   GPU-missing. *Hopeless*: a job waiting for it would wait forever (shutting down, manual,
   held, GPU-missing or withdrawn), so nobody waits.
@@ -59,6 +62,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from enum import Enum
 
+DISABLED = "disabled"  # the stop reason of a service whose module was disabled
+
 __all__ = [
     "State",
     "Event",
@@ -74,6 +79,8 @@ __all__ = [
     "hold_override",
     "set_users",
     "set_held",
+    "set_disabled",
+    "DISABLED",
     "set_gpu_missing",
     "shut_down",
     "with_faults",
@@ -153,6 +160,7 @@ class ServiceState:
     stopped_reason: str | None = None  # why the last stop happened (idle, shutdown, ...)
     # Inputs from outside the service (rules above), each set by one function below.
     held: str | None = None  # host protection keeps it down, with this reason
+    disabled: bool = False  # its module is disabled on this node (module disable)
     gpu_missing: str | None = None  # the GPU_API_MISSING text: never started on this node
     shutting_down: bool = False  # the agent is stopping
     idle_stop: bool = True  # False only under the test fault no_idle_stop
@@ -249,6 +257,11 @@ def set_held(s: ServiceState, reason: str | None) -> ServiceState:
     return replace(s, held=reason)
 
 
+def set_disabled(s: ServiceState, disabled: bool) -> ServiceState:
+    """Its module is disabled (True) or enabled again (False) on this node."""
+    return replace(s, disabled=disabled)
+
+
 def set_gpu_missing(s: ServiceState, text: str | None) -> ServiceState:
     """The host lacks its GPU API (the GPU_API_MISSING text), or has one (None)."""
     return replace(s, gpu_missing=text)
@@ -267,13 +280,14 @@ def with_faults(s: ServiceState, *, idle_stop: bool = True,
 
 def offered(s: ServiceState) -> bool:
     """Whether its pools count on this node now (its fingerprint's capacities)."""
-    return not (s.state is State.WITHDRAWN or s.held is not None or s.gpu_missing is not None)
+    return not (s.state is State.WITHDRAWN or s.held is not None or s.gpu_missing is not None
+                or s.disabled)
 
 
 def hopeless(s: ServiceState) -> bool:
     """Whether waiting for it to become ready is pointless: nothing will start it."""
     return (s.shutting_down or s.lifecycle == "manual" or s.held is not None
-            or s.gpu_missing is not None or s.state is State.WITHDRAWN)
+            or s.gpu_missing is not None or s.state is State.WITHDRAWN or s.disabled)
 
 
 def wanted(s: ServiceState) -> bool:
@@ -289,10 +303,16 @@ def decide(s: ServiceState, now: float, *, shutting_down: bool = False) -> Decis
     shutting_down = shutting_down or s.shutting_down
     if s.state is State.STARTING and s.held is not None:
         return Decision("cancel", reason=s.held)  # a hold cancels a start in flight
+    if s.state is State.STARTING and s.disabled and not shutting_down:
+        return Decision("cancel", reason=DISABLED)  # so does disabling its module
     d = _lifecycle_decision(s, now, shutting_down)
     if not shutting_down:
         d = hold_override(s.state, d, held=s.held, gpu_missing=s.gpu_missing is not None,
                           shutting_down=False)
+        if s.disabled and d.action == "start":
+            d = Decision()  # stays down until its module is enabled (that pokes it)
+        elif s.disabled and s.state is State.READY and s.users == 0 and d.action != "stop":
+            d = Decision("stop", reason=DISABLED)  # its last attempt is over
     if d.action == "stop" and d.reason == "idle" and not s.idle_stop:
         return Decision()  # fault injection (no_idle_stop, test only): stays READY, no timer
     return d

@@ -169,7 +169,7 @@ def row(rt: ServiceRuntime, refused: str | None = None) -> dict[str, Any]:
         # A failed service's error says how many network attempts the sandbox refused it.
         "error": f"{error} ({refused})" if error and refused else error,
         "held": rt.st.held,
-        "disabled": False,
+        "disabled": rt.st.disabled,  # its module is disabled here (module disable)
         "withdrawn": s is lc.State.WITHDRAWN,
         "gpu_api_missing": rt.st.gpu_missing is not None,
         "lifecycle": rt.svc.lifecycle,
@@ -248,6 +248,26 @@ class Supervisor:
             self._resolve_waiters(rt, False)
         # Before the capacity listeners: a start in flight is cancelled at once (decide says
         # `cancel`), so nothing reads it as starting meanwhile.
+        self._cancel_if_decided(rt)
+        for cb in self.on_capacity:
+            cb(key)
+        self._changed(rt)
+        self.poke(rt)
+        return True
+
+    def set_disabled(self, key: str, disabled: bool, *, live: bool = True) -> bool:
+        """Its module is disabled or enabled (``lifecycle.set_disabled``): not started, pools
+        0, stopped once it has no users. ``live`` False (before the agent runs): the state
+        only, nothing is poked (recovery comes first). Returns whether anything changed."""
+        rt = self.services[key]
+        if rt.st.disabled == disabled:
+            return False
+        rt.st = lc.set_disabled(rt.st, disabled)
+        if not live:
+            return True
+        log.info("%s: %s", key, "disabled" if disabled else "enabled")
+        if disabled:
+            self._resolve_waiters(rt, False)  # admitted jobs waiting for a start: released
         self._cancel_if_decided(rt)
         for cb in self.on_capacity:
             cb(key)

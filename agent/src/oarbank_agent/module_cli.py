@@ -1,0 +1,61 @@
+"""``oarbank-agent module list | disable ID [--now] | enable ID``: modules on a running agent.
+
+``list`` prints each loaded module (id, enabled or disabled, its services, its bundle) and
+each one refused at start with the reason (``--json``: the agent's answer). ``disable`` stops
+the module's services once their running attempts are over, refuses new jobs for it with the
+reason, and keeps it disabled across agent restarts (``<state>/modules.json``); ``--now``
+releases its running attempts at once (not charged: they wait for ``enable``). ``enable``
+undoes it. Exit codes as the other control commands: 1 not running, 2 unknown module or bad
+use, 3 not permitted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_module_parser", "cmd_module"]
+
+
+def add_module_parser(sub: Any) -> None:
+    m = sub.add_parser("module", help="list, disable or enable modules on a running agent")
+    acts = m.add_subparsers(dest="action", required=True)
+    ls = acts.add_parser("list", help="the loaded modules, enabled or disabled, and the "
+                         "refused ones with why")
+    ls.add_argument("--state-dir", required=True, type=Path)
+    ls.add_argument("--json", action="store_true")
+    for name, text in (("disable", "stop its services once their attempts are over, refuse "
+                                   "its jobs; kept across restarts"),
+                       ("enable", "undo disable")):
+        a = acts.add_parser(name, help=text)
+        a.add_argument("--state-dir", required=True, type=Path)
+        a.add_argument("module", help="module id or short name")
+        if name == "disable":
+            a.add_argument("--now", action="store_true",
+                           help="release its running attempts now (not charged)")
+
+
+def cmd_module(args: argparse.Namespace) -> int:
+    from .cli import _err, _request  # (cli imports this module)
+
+    req: dict[str, Any] = {"op": "module", "action": args.action}
+    if args.action != "list":
+        req.update(module=args.module, now=bool(getattr(args, "now", False)))
+    reply = _request(args.state_dir, req)
+    if isinstance(reply, int):
+        return reply
+    if not reply.get("ok"):
+        _err(reply.get("error", "module refused"))
+        return 2 if reply.get("code") in ("unknown_module", "bad_request") else 1
+    if getattr(args, "json", False):
+        print(json.dumps(reply, indent=1))
+        return 0
+    for m in reply["modules"]:
+        print(f"{m['id']}  {m['state']}  services: {', '.join(m['services']) or '-'}  "
+              f"{m['bundle']}")
+    for module, why in (reply.get("refused") or {}).items():
+        print(f"{module}  refused  {why}")
+    return 0
+
