@@ -81,3 +81,35 @@ def test_protect_without_an_agent_says_so(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "oarbank_agent", "protect", "--state-dir",
                         str(tmp_path), "--evict"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "no agent is running" in r.stderr
+
+
+def test_host_rules_are_kept_across_a_restart(start_agent, tmp_path: Path) -> None:
+    mod = write_module(tmp_path / "y", service={"lifecycle": "always"})
+    agent = start_agent([mod], extra_args=["--gpu-apis", "none"])
+    agent.wait_for(lambda: agent.service_row()["ready"], what="ready")
+    protect(agent, "--evict")
+    protect(agent, "--forbid-gpu")
+    assert json.loads((agent.state_dir / "host_rules.json").read_text()) == {
+        "gpu_forbidden": True, "evicted": True}
+    agent.stop()
+    again = start_agent([mod], state_dir=agent.state_dir, extra_args=["--gpu-apis", "none"])
+    # the always service is not started again: the eviction holds from the start
+    out = protect(again)
+    assert out["rules"] == {"gpu_forbidden": True, "evicted": True}
+    assert out["held"] == {"test.agent.echo/echo": "preempt_protection"}
+    row = again.service_row()
+    assert (row["running"], row["held"]) == (False, "preempt_protection")
+    assert "host rule evict kept from before the restart" in again.log()
+    protect(again, "--end-evict")
+    again.wait_for(lambda: again.service_row()["ready"], what="back after the eviction")
+    assert json.loads((again.state_dir / "host_rules.json").read_text())["evicted"] is False
+
+
+def test_an_unreadable_host_rules_file_is_named_and_sets_nothing(start_agent,
+                                                                  tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    (state / "host_rules.json").write_text("{not json")
+    agent = start_agent([write_module(tmp_path / "m")], state_dir=state)
+    assert protect(agent)["rules"] == {"gpu_forbidden": False, "evicted": False}
+    assert f"{state / 'host_rules.json'}: unreadable" in agent.log()

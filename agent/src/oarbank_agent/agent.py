@@ -31,6 +31,7 @@ from . import (
     escapewatch,
     faults,
     gpu_detect,
+    hostrules,
     jobs,
     manualwatch,
     modulestate,
@@ -286,6 +287,13 @@ class Agent:
         await recovery.adopt_running(self.registry, self.supervisor, kept)
         self.queue.recover()
         await self.control.start()
+        # The host rules an operator set before a restart hold again (hostrules.py).
+        kept, problem = hostrules.read(self.state_dir)
+        if problem is not None:
+            log.warning("%s", problem)
+        for rule in hostrules.rules_to_apply(kept):
+            log.info("host rule %s kept from before the restart", rule)
+            self._protect(self.guard.set_rule(rule))
         self._protect(self.guard.sample())  # the first sample before anything starts
         self.guard.start()
         self._manual_task = manualwatch.start(self.supervisor, self.manual_refresh_s)
@@ -476,6 +484,7 @@ class Agent:
                     actions = self.guard.set_rule(str(rule))
                 except ValueError as exc:
                     raise control.ControlError("bad_request", str(exc)) from None
+                hostrules.write(self.state_dir, self.guard.rules())  # kept across restarts
                 self._protect(actions)
             return {"ok": True, "rules": self.guard.rules(),
                     "held": {k: rt.held for k, rt in self.supervisor.services.items()
