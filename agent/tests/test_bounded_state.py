@@ -11,6 +11,7 @@ import sys
 import time
 
 from agent_helpers import write_module
+
 from oarbank_agent import compat
 from oarbank_sdk import advice
 from oarbank_sdk import manifest as mf

@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from agent_helpers import write_module
+
 from oarbank_agent import compat, control
 from oarbank_sdk import manifest as mf
 from oarbank_sdk._version_range import allows

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from agent_helpers import write_module
+
 from oarbank_agent import control
 from oarbank_agent import lifecycle as lc
 

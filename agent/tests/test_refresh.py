@@ -4,14 +4,15 @@ once. Real agents; the echo service's fingerprint reads its slots from the node 
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-
 from agent_helpers import read_jsonl, write_module
+
 from oarbank_agent import lifecycle as lc
 from oarbank_agent import refreshwatch
 
@@ -84,7 +85,7 @@ def test_fingerprinted_right_after_ready_and_then_every_refresh_s(start_agent,
     agent.wait_for(lambda: len(after_ready()) >= 1, timeout=30, what="a fingerprint after ready")
     agent.wait_for(lambda: len(after_ready()) >= 4, timeout=60, what="periodic fingerprints")
     times = after_ready()
-    gaps = [b - a for a, b in zip(times[1:], times[2:])]
+    gaps = [b - a for a, b in itertools.pairwise(times[1:])]
     # every --refresh-s: never much sooner (a loaded machine may make them later)
     assert all(g >= 1.5 for g in gaps), times
 
