@@ -15,8 +15,8 @@ Holds (a service's ``held`` in the report), first that applies:
   (``gpu.use`` other than ``none``) is held, and GPU jobs are not admitted (``admission``).
   While an eviction is in force every yieldable service is held. An eviction is a rule like
   the GPU one, not a one-shot: it lasts until ``protect --end-evict`` (so a queued job cannot
-  bring the evicted services straight back); host rules are not persisted across agent
-  restarts.
+  bring the evicted services straight back); the agent keeps the rules across restarts
+  (``hostrules.py``).
 - ``preempt_memory``: memory pressure. Under the soft floor every idle, running, yieldable
   service is stopped and held; under the hard floor one victim per sample (largest resident
   footprint of its process group, among running jobs and running yieldable services). The
