@@ -35,6 +35,7 @@ from . import (
     jobs,
     manualwatch,
     modulestate,
+    ownedwatch,
     procs,
     protection,
     recovery,
@@ -145,6 +146,9 @@ class Agent:
         self._escape_task: asyncio.Task[None] | None = None  # escapewatch
         self._prune_task: asyncio.Task[None] | None = None  # _prune_jobs
         self.refresher = refreshwatch.Refresher(self.supervisor, config.refresh_s)
+        # list_owned / destroy --force for objects of attempts that are over (G6)
+        self.reaper = ownedwatch.Reaper(self.supervisor, self.broker.wire_attempts)
+        self.queue.runs.on_attempt_end = self.reaper.poke
         self.fault: str | None = config.fault
         self.stop_reason: str | None = None  # SIGTERM, SIGINT, a drain request (logged)
         # Re-reads the config and settings files (cli.py); None: `reload` has nothing to read.
@@ -300,6 +304,7 @@ class Agent:
         self._escape_task = escapewatch.start(self.registry)  # sandboxed groups stay confined
         self._prune_task = asyncio.create_task(self._prune_jobs(), name="prune jobs")
         self.refresher.start()  # health and pools of running services follow them
+        self.reaper.start()
         for rt in self.supervisor.services.values():
             self.supervisor.poke(rt)  # `always` services start now
         self.queue.admit()
@@ -367,6 +372,7 @@ class Agent:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
         await self.refresher.aclose()
+        await self.reaper.aclose()
         await self.control.close()
         left = list(self.queue.runs.tasks)
         await self.queue.runs.cancel_all()  # each job stays queued on disk for the next agent

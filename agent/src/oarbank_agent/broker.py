@@ -158,6 +158,11 @@ class Broker:
         """Number the next attempts above ``used`` (the highest an earlier agent recorded)."""
         _ATTEMPT_NUMBERS.at_least(used)
 
+    def wire_attempts(self) -> tuple[set[int], int]:
+        """(the wire numbers of the attempts not ended yet, the highest number given so far):
+        an owned object of an attempt between them is over (ownedwatch.py)."""
+        return {a.wire for a in self._attempts.values()}, _ATTEMPT_NUMBERS.last
+
     def wire_attempt(self, attempt_id: str) -> int:
         """The integer that names ``attempt_id`` on service channels (allotted on first use;
         the same until ``end_attempt``). Call ``end_attempt`` for every attempt named here."""

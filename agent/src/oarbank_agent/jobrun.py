@@ -76,6 +76,8 @@ class JobRuns:
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self._done: dict[str, list[asyncio.Future[None]]] = {}
         self._releasing: dict[str, str] = {}  # job id -> why its task is being cancelled
+        # Called after every attempt (the agent reaps owned objects then: ownedwatch.py).
+        self.on_attempt_end: Callable[[], None] | None = None
 
     # --- starting, waiting, releasing ------------------------------------------------------
 
@@ -161,6 +163,8 @@ class JobRuns:
                                             payload=rec.payload, attempt_id=attempt_id,
                                             workdir=workdir, broker=self.broker,
                                             registry=self.registry)
+                if self.on_attempt_end is not None:
+                    self.on_attempt_end()
                 died = await self._died_under(marks, outcome.state != "succeeded"
                                               and outcome.fault != "job")
                 event = jobs.after_attempt(

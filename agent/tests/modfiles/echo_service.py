@@ -13,7 +13,9 @@ service) the daemon just stays up until SIGTERM. Each op record lists the op's o
 descriptors (``fds``: fd -> what it names). Standard library plus the SDK's wire helpers.
 op_raise ({op: message}) makes that op die of an uncaught FileNotFoundError(message) after
 writing op_stderr_kb KiB of noise to stderr. op_stdout_kb ({op: n}) makes that op print n KiB
-of noise on stdout before its document.
+of noise on stdout before its document. list_owned answers the objects in <module
+data>/owned.json (a list; none without it); destroy <id> [--force] records the event and takes
+the object out of that file.
 """
 
 from __future__ import annotations
@@ -127,6 +129,19 @@ def op(name: str) -> int:
             while alive(pid) and time.monotonic() < deadline:
                 time.sleep(0.02)
         (data() / "daemon.pid").unlink(missing_ok=True)
+        out = {"ok": True}
+    elif name == "list_owned":
+        try:
+            out = {"objects": json.loads((data() / "owned.json").read_text())}
+        except OSError:
+            out = {"objects": []}
+    elif name == "destroy":
+        oid, force = sys.argv[2], "--force" in sys.argv[3:]
+        record("destroy", id=oid, force=force)
+        path = data() / "owned.json"
+        if path.exists():
+            left = [o for o in json.loads(path.read_text()) if o.get("id") != oid]
+            path.write_text(json.dumps(left))
         out = {"ok": True}
     elif name in ("ready", "status"):
         pid = read_pid("daemon.pid")

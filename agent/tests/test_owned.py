@@ -1,0 +1,41 @@
+"""Owned objects are reaped (issue 15, part 4; G6): list_owned whenever an attempt ends (and
+every 60 s), destroy <id> --force for each object whose attempt is over; objects the agent
+cannot prove over are left alone. The pure choice first, then a real agent."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from agent_helpers import read_jsonl, write_module
+from oarbank_agent.ownedwatch import to_destroy
+
+
+def test_only_objects_of_attempts_that_are_over_are_destroyed() -> None:
+    objects = [{"id": "done", "attempt": 3}, {"id": "live", "attempt": 4},
+               {"id": "future", "attempt": 9}, {"id": "nameless"}, {"attempt": 2},
+               {"id": "flag", "attempt": True}, {"id": "text", "attempt": "3"}, "junk"]
+    assert to_destroy(objects, live={4}, last_given=5) == (["done"], None)
+    assert to_destroy({"id": "x"}, set(), 5) == (
+        [], "list_owned: 'objects' must be a list, got dict")
+
+
+def test_objects_of_an_ended_attempt_are_destroyed_with_force(start_agent,
+                                                             tmp_path: Path) -> None:
+    agent = start_agent([write_module(tmp_path / "m")])
+    first = agent.run_job("echo", {"requests": 1})
+    wire = agent.wire_attempt(first["job_id"])
+    owned = agent.module_data() / "owned.json"
+    owned.write_text(json.dumps([{"id": "scratch-1", "attempt": wire},
+                                 {"id": "not-yet", "attempt": wire + 1000},
+                                 {"id": "whose"}]))
+    agent.run_job("echo", {"requests": 1})  # an attempt ends: list_owned, then destroy
+
+    def destroyed() -> list[dict]:
+        return [e for e in read_jsonl(agent.module_data() / "events.jsonl")
+                if e["event"] == "destroy"]
+
+    agent.wait_for(lambda: destroyed(), timeout=60, what="a destroy")
+    assert [(e["id"], e["force"]) for e in destroyed()] == [("scratch-1", True)]
+    assert [o["id"] for o in json.loads(owned.read_text())] == ["not-yet", "whose"]
+    assert "destroyed owned object scratch-1 (its attempt is over)" in agent.log()
