@@ -2,8 +2,9 @@
 until the host's available memory crosses a floor set for the test.
 
 The floors are set relative to what this machine has available when the test starts (a
-fixed amount below it), so the test allocates about the same ~1.5 GiB on any machine, and the
-allocation is bounded by ``available - 1.5 GiB`` so it never pushes a shared machine into
+fixed amount below it: 2.5-3 GiB, wide enough that parallel test workers starting agents and
+browsers do not cross it by themselves), so the test allocates about the same ~3 GiB on any
+machine, and the allocation is bounded by the floor so it never pushes a shared machine into
 real trouble. The hog stops allocating as soon as the floor is crossed and frees everything
 (in ``finally``) as soon as the agent has reacted.
 """
@@ -87,7 +88,7 @@ def test_hard_floor_stops_the_service_held_and_requeues_its_jobs(start_agent,
                                                                  tmp_path: Path) -> None:
     t0 = time.monotonic()
     mod = write_module(tmp_path / "m")
-    args, target = floor_args(soft_below=1.2 * GiB, hard_below=1.7 * GiB, margin=0.2 * GiB)
+    args, target = floor_args(soft_below=2.5 * GiB, hard_below=3.0 * GiB, margin=0.2 * GiB)
     # The service holds 150 MiB: the largest footprint, so the hard floor's victim.
     agent = start_agent([mod], {"echo": {"ballast_mb": 150}}, extra_args=args)
     # Attempt 1 sleeps long (it is released mid-run); the attempt after release is quick.
@@ -135,7 +136,7 @@ def test_soft_floor_stops_an_idle_yieldable_service_never_a_non_yieldable_one(
     yielding = write_module(tmp_path / "y", service={"lifecycle": "always"})
     keep = write_module(tmp_path / "k", module_id="test.agent.keep",
                         service={"lifecycle": "always", "yieldable": False})
-    args, target = floor_args(soft_below=1.0 * GiB, hard_below=None, margin=0.2 * GiB)
+    args, target = floor_args(soft_below=2.5 * GiB, hard_below=None, margin=0.2 * GiB)
     agent = start_agent([yielding, keep], extra_args=args)
     agent.wait_for(lambda: row(agent, "test.agent.echo")["ready"]
                    and row(agent, "test.agent.keep")["ready"], what="both services ready")
