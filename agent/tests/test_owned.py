@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from agent_helpers import read_jsonl, write_module
+
 from oarbank_agent.ownedwatch import to_destroy
 
 
