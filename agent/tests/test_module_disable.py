@@ -65,7 +65,8 @@ def test_disable_lets_attempts_finish_refuses_jobs_and_survives_a_restart(
     assert (done["state"], done["attempts"]) == ("succeeded", 1), done
     agent.wait_for(lambda: not agent.service_row()["running"], timeout=60, what="stopped")
     assert agent.service_row()["last_stop_reason"] == "disabled"
-    assert json.loads((agent.state_dir / "modules.json").read_text()) == {"disabled": [MOD]}
+    assert json.loads((agent.state_dir / "modules.json").read_text()) == {"disabled": [MOD],
+                                                                           "added": []}
     agent.stop()
     # a restart keeps it disabled: never started, jobs refused
     again = start_agent([mod], state_dir=agent.state_dir)
@@ -106,3 +107,25 @@ def test_module_commands_name_what_is_wrong(start_agent, tmp_path: Path) -> None
     assert f"unknown module 'nope' (loaded: {MOD})" in r.stderr
     reply = control.request(agent.state_dir, {"op": "module", "action": "explode"})
     assert reply["code"] == "bad_request" and "unknown action 'explode'" in reply["error"]
+
+
+def test_a_module_added_at_run_time_runs_and_stays_after_a_restart(start_agent,
+                                                                   tmp_path: Path) -> None:
+    agent = start_agent([write_module(tmp_path / "m")])
+    sd = str(agent.state_dir)
+    extra = write_module(tmp_path / "extra", module_id="test.agent.extra")
+    r = cli("module", "add", "--state-dir", sd, str(extra))
+    assert r.returncode == 0, r.stderr
+    assert f"test.agent.extra  enabled  services: echo  {extra}" in r.stdout
+    assert agent.run_job("echo", {"requests": 1}, module="extra")["state"] == "succeeded"
+    # again: already loaded; a module this node cannot run: refused with the reason
+    r = cli("module", "add", "--state-dir", sd, str(extra))
+    assert r.returncode == 2 and f"module add: {extra} is already loaded" in r.stderr
+    netmod = write_module(tmp_path / "net", module_id="test.agent.net",
+                          extra='\n[sandbox]\nnet = "host"\n')
+    r = cli("module", "add", "--state-dir", sd, str(netmod))
+    assert r.returncode == 2 and "cannot run on this node: [sandbox].net" in r.stderr, r.stderr
+    assert json.loads((agent.state_dir / "modules.json").read_text())["added"] == [str(extra)]
+    agent.stop()
+    again = start_agent([write_module(tmp_path / "m")], state_dir=agent.state_dir)
+    assert again.run_job("echo", {"requests": 1}, module="extra")["state"] == "succeeded"

@@ -120,8 +120,10 @@ class Agent:
         # `status` lists them, so nobody has to find the line the agent printed at start
         self.refused_modules: dict[str, str] = {}
         self.compat = compat.Node(self.node.platform)  # what manifests are matched against
-        # Modules the operator disabled here (module disable), kept across restarts.
-        self.disabled, problem = modulestate.read_disabled(self.state_dir)
+        # Modules the operator disabled or added here (module disable / add), kept across
+        # restarts; self.disabled is the kept set itself.
+        self.kept, problem = modulestate.read(self.state_dir)
+        self.disabled = self.kept.disabled
         if problem is not None:
             log.warning("%s", problem)
         self._stop = asyncio.Event()
@@ -280,6 +282,13 @@ class Agent:
         else:
             # A previous agent's groups: ended, except services that may be adopted (recovery.py)
             kept = await recovery.end_leftovers(self.registry, self.supervisor)
+        # Modules added at run time before a restart (module add; modules.json), unless the
+        # command line loads the same folder.
+        for path in self.kept.added:
+            if not any(ctx.manifest.bundle == Path(path) for ctx in self.modules.values()):
+                for msg in self.load_modules([(Path(path), None)]):
+                    log.warning("module added earlier (%s) refused: %s", modulestate.FILE,
+                                "; ".join(msg.splitlines()))
         await self._place_gpu_services()
         if self.guard.config.budget_gb is not None:
             self.admission.budget_gb = self.guard.config.budget_gb
@@ -477,7 +486,7 @@ class Agent:
                     raise control.ControlError("bad_request", f"'{name}' must be an integer >= 1")
             return {"ok": True, "status": self.status(limit, page)}
         if op == "module":
-            return self._module_request(req)
+            return await self._module_request(req)
         if op == "drain":
             self.request_stop("drain request")
             return {"ok": True, "draining": True, "drain_s": self.config.drain_s}
@@ -497,14 +506,20 @@ class Agent:
                              if rt.held is not None}}
         raise control.ControlError("bad_request", f"unknown op {op!r}")
 
-    def _module_request(self, req: dict[str, Any]) -> dict[str, Any]:
-        """``module list | disable | enable`` (module_cli.py)."""
+    async def _module_request(self, req: dict[str, Any]) -> dict[str, Any]:
+        """``module list | add | disable | enable`` (module_cli.py)."""
         action, name, now = req.get("action"), req.get("module"), req.get("now", False)
         if action == "list":
             return {"ok": True, "modules": self.module_list(), "refused": self.refused_modules}
+        if action == "add":
+            if not isinstance(req.get("path"), str):
+                raise control.ControlError("bad_request", "module add: 'path' (a module "
+                                           "folder) expected")
+            await self.add_module(Path(req["path"]))
+            return {"ok": True, "modules": self.module_list()}
         if action not in ("disable", "enable"):
             raise control.ControlError("bad_request", f"module: unknown action {action!r} "
-                                       "(list, disable, enable)")
+                                       "(list, add, disable, enable)")
         if not isinstance(name, str) or not isinstance(now, bool):
             raise control.ControlError("bad_request", "module: 'module' (a name) and 'now' "
                                        "(true or false) expected")
@@ -519,7 +534,7 @@ class Agent:
             self.disabled.add(ctx.id)
         else:
             self.disabled.discard(ctx.id)
-        modulestate.write_disabled(self.state_dir, self.disabled)  # before it takes effect
+        modulestate.write(self.state_dir, self.kept)  # before it takes effect
         keys = [k for k, rt in self.supervisor.services.items() if rt.ctx.id == ctx.id]
         if disable and now:
             # --now: its attempts are released (not charged) and wait for it to be enabled
@@ -531,6 +546,33 @@ class Agent:
                  " (--now)" if disable and now else "")
         self.queue.admit()
         return {"ok": True, "modules": self.module_list()}
+
+    async def add_module(self, path: Path, *, keep: bool = True) -> None:
+        """Load a module on the running agent (``module add``): checked and matched as at
+        start, its services placed (GPU), fingerprinted and poked; kept in modules.json
+        (``keep``) so that a restart loads it again. Raises ``ControlError`` with why not."""
+        path = path.resolve()
+        if any(ctx.manifest.bundle == path for ctx in self.modules.values()):
+            raise control.ControlError("bad_request", f"module add: {path} is already loaded")
+        before = set(self.modules)
+        refused = self.load_modules([(path, None)])
+        if refused:
+            raise control.ControlError("bad_request", "module add: " + "; ".join(
+                "; ".join(m.splitlines()) for m in refused))
+        (module_id,) = set(self.modules) - before
+        for key, rt in self.supervisor.services.items():
+            if rt.ctx.id != module_id:
+                continue
+            if self.gpu is not None:
+                self.supervisor.set_gpu_missing(
+                    key, protection.gpu_api_missing(rt.svc.gpu.apis_any, self.gpu.apis))
+            await self.supervisor.fingerprint(rt)  # its pools (capacity callbacks)
+            self.supervisor.poke(rt)  # an `always` one starts now
+        if keep and str(path) not in self.kept.added:
+            self.kept.added.append(str(path))
+            modulestate.write(self.state_dir, self.kept)
+        log.info("module %s added from %s", module_id, path)
+        self.queue.admit()
 
     def module_list(self) -> list[dict[str, Any]]:
         return [{"id": ctx.id, "bundle": str(ctx.manifest.bundle),

@@ -1,12 +1,14 @@
-"""``oarbank-agent module list | disable ID [--now] | enable ID``: modules on a running agent.
+"""``oarbank-agent module list | add DIR | disable ID [--now] | enable ID``: modules on a
+running agent.
 
 ``list`` prints each loaded module (id, enabled or disabled, its services, its bundle) and
 each one refused at start with the reason (``--json``: the agent's answer). ``disable`` stops
 the module's services once their running attempts are over, refuses new jobs for it with the
 reason, and keeps it disabled across agent restarts (``<state>/modules.json``); ``--now``
 releases its running attempts at once (not charged: they wait for ``enable``). ``enable``
-undoes it. Exit codes as the other control commands: 1 not running, 2 unknown module or bad
-use, 3 not permitted.
+undoes it. ``add DIR`` loads a module folder on the running agent (checked and matched as at
+start; refused with the reason) and keeps it loaded across restarts. Exit codes as the other
+control commands: 1 not running, 2 unknown module or bad use, 3 not permitted.
 """
 
 from __future__ import annotations
@@ -20,12 +22,15 @@ __all__ = ["add_module_parser", "cmd_module"]
 
 
 def add_module_parser(sub: Any) -> None:
-    m = sub.add_parser("module", help="list, disable or enable modules on a running agent")
+    m = sub.add_parser("module", help="list, add, disable or enable modules on a running agent")
     acts = m.add_subparsers(dest="action", required=True)
     ls = acts.add_parser("list", help="the loaded modules, enabled or disabled, and the "
                          "refused ones with why")
     ls.add_argument("--state-dir", required=True, type=Path)
     ls.add_argument("--json", action="store_true")
+    add = acts.add_parser("add", help="load a module folder now; kept across restarts")
+    add.add_argument("--state-dir", required=True, type=Path)
+    add.add_argument("path", type=Path, help="the module folder (oarbank-module.toml at its root)")
     for name, text in (("disable", "stop its services once their attempts are over, refuse "
                                    "its jobs; kept across restarts"),
                        ("enable", "undo disable")):
@@ -41,7 +46,9 @@ def cmd_module(args: argparse.Namespace) -> int:
     from .cli import _err, _request  # (cli imports this module)
 
     req: dict[str, Any] = {"op": "module", "action": args.action}
-    if args.action != "list":
+    if args.action == "add":
+        req["path"] = str(args.path.resolve())
+    elif args.action != "list":
         req.update(module=args.module, now=bool(getattr(args, "now", False)))
     reply = _request(args.state_dir, req)
     if isinstance(reply, int):

@@ -1,41 +1,51 @@
-"""Which modules an operator disabled on this node (``oarbank-agent module disable``), kept in
-``<state>/modules.json`` so that an agent restart keeps them disabled.
+"""What an operator changed about this node's modules at run time, kept in
+``<state>/modules.json`` so that an agent restart keeps it: the modules disabled
+(``oarbank-agent module disable``) and the module folders added (``module add``).
 
-``{"disabled": ["<module id>", ...]}``, written atomically. A file that cannot be read is
-reported (the caller logs it, naming the file) and read as nothing disabled: the agent still
-starts, and the next change rewrites it.
+``{"disabled": ["<module id>", ...], "added": ["<module dir>", ...]}``, written atomically. A
+file that cannot be read is reported (the caller logs it, naming the file) and read as
+nothing changed: the agent still starts, and the next change rewrites it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["FILE", "read_disabled", "write_disabled"]
+__all__ = ["FILE", "Kept", "read", "write"]
 
 FILE = "modules.json"
 
 
-def read_disabled(state_dir: Path) -> tuple[set[str], str | None]:
-    """(the disabled module ids, why the file could not be read or None)."""
+@dataclass
+class Kept:
+    disabled: set[str] = field(default_factory=set)
+    added: list[str] = field(default_factory=list)
+
+
+def read(state_dir: Path) -> tuple[Kept, str | None]:
+    """(what is kept, why the file could not be read or None)."""
     path = state_dir / FILE
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        return set(), None
+        return Kept(), None
     except (OSError, ValueError) as exc:
-        return set(), f"{path}: unreadable ({exc}); no module is taken as disabled"
-    ids = doc.get("disabled") if isinstance(doc, dict) else None
-    if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
-        return set(), (f'{path}: expected {{"disabled": [module id, ...]}}; no module is '
-                       "taken as disabled")
-    return set(ids), None
+        return Kept(), f"{path}: unreadable ({exc}); no module is taken as disabled or added"
+    if not isinstance(doc, dict):
+        doc = {"disabled": None}
+    lists = [doc.get(k, []) for k in ("disabled", "added")]
+    if not all(isinstance(v, list) and all(isinstance(i, str) for i in v) for v in lists):
+        return Kept(), (f'{path}: expected {{"disabled": [module id, ...], "added": [module '
+                        'dir, ...]}; no module is taken as disabled or added')
+    return Kept(set(lists[0]), list(lists[1])), None
 
 
-def write_disabled(state_dir: Path, disabled: set[str]) -> None:
+def write(state_dir: Path, kept: Kept) -> None:
     path = state_dir / FILE
     tmp = path.with_name(FILE + ".tmp")
-    tmp.write_text(json.dumps({"disabled": sorted(disabled)}, indent=1) + "\n",
-                   encoding="utf-8")
+    doc = {"disabled": sorted(kept.disabled), "added": kept.added}
+    tmp.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     os.replace(tmp, path)
