@@ -2,11 +2,12 @@
 (`preempt_memory` under real memory pressure, `preempt_protection` under an owner's evict
 rule), its jobs are released and requeued, and every job finishes after the hold lifts.
 
-Real memory pressure is made on the `local` backend: the agent's floors are set just under
+Real memory pressure is made on the `local` backend: the agent's floors are set 2.5 GiB under
 the memory available when the scenario starts, and a child process of the harness allocates
-(and touches) 3.5 GiB, more than that margin for a moment. It is skipped in favour of the
-host rule where that cannot be done safely: in containers (they share the host's memory
-figures, and other nodes would see the pressure too) and on machines with under 6 GiB free.
+(and touches) memory until what is available is under the hard floor, for a moment. It is
+skipped in favour of the host rule where that cannot be done safely: in containers (they
+share the host's memory figures, and other nodes would see the pressure too) and on machines
+with under 8.5 GiB free.
 """
 
 from __future__ import annotations
@@ -23,34 +24,42 @@ from harness.scenario import Ctx, scenario
 from harness.scenarios.common import FAST, loads, wait_portal, wait_row
 
 GIB = 1 << 30
-ALLOC_GIB = 3.5  # what the pressure child takes
 # The hard floor sits this far below what is available at the start: wide enough that other
 # work on the machine (parallel test workers) does not cross it by itself.
 HARD_BELOW_GIB = 2.5
 SOFT_ABOVE_HARD_GIB = 0.4
+BELOW_FLOOR_GIB = 0.5  # the pressure child allocates until available is this far under it
+CAP_GIB = 6.0  # ... but never more than this (other work may free memory meanwhile)
+CHUNK = 128 << 20
 
 
-def _pressure_plan(ctx: Ctx) -> tuple[str, tuple[str, ...]]:
-    """("memory", agent flags) when real pressure can be made safely here, else ("rule", ())."""
+def _pressure_plan(ctx: Ctx) -> tuple[str, tuple[str, ...], int]:
+    """("memory", agent flags, target available bytes) when real pressure can be made safely
+    here, else ("rule", (), 0)."""
     vm = psutil.virtual_memory()
-    if ctx.backend.name != "local" or vm.available < 6 * GIB:
-        return "rule", ()
+    if ctx.backend.name != "local" or vm.available < (HARD_BELOW_GIB + CAP_GIB) * GIB:
+        return "rule", (), 0
     hard = (vm.available - HARD_BELOW_GIB * GIB) / vm.total
     soft = hard + SOFT_ABOVE_HARD_GIB * GIB / vm.total
+    target = int(hard * vm.total - BELOW_FLOOR_GIB * GIB)
     ctx.note(f"memory: {vm.available / GIB:.1f} of {vm.total / GIB:.1f} GiB available; floors "
-             f"hard {hard:.3f} soft {soft:.3f}; the pressure child takes {ALLOC_GIB} GiB")
+             f"hard {hard:.3f} soft {soft:.3f}; the pressure child allocates until "
+             f"{target / GIB:.1f} GiB are available (at most {CAP_GIB:g} GiB)")
     return "memory", ("--mem-hard-floor", f"{hard:.4f}", "--mem-soft-floor", f"{soft:.4f}",
-                      "--mem-recover-margin", "0.005", "--mem-sample-s", "0.5")
+                      "--mem-recover-margin", "0.005", "--mem-sample-s", "0.5"), target
 
 
-def _pressure_child() -> subprocess.Popen[bytes]:
-    """A child that allocates (and touches) ALLOC_GIB once told to: started before the jobs,
-    so that its interpreter's start-up (seconds on a loaded machine) is not in the window in
-    which the jobs must still be using the service."""
-    code = ("import sys, time\nsys.stdout.write('started\\n'); sys.stdout.flush()\n"
-            "sys.stdin.readline()\n"
-            f"b = bytearray(b'\\x01') * {int(ALLOC_GIB * GIB)}\n"
-            "sys.stdout.write('held\\n'); sys.stdout.flush(); time.sleep(300)\n")
+def _pressure_child(target: int) -> subprocess.Popen[bytes]:
+    """A child that, once told to, allocates (and touches) memory until only `target` bytes
+    are available: what the machine's other work uses meanwhile does not move the result.
+    Started before the jobs, so that its interpreter's start-up (seconds on a loaded machine)
+    is not in the window in which the jobs must still be using the service."""
+    code = ("import sys, time, psutil\nsys.stdout.write('started\\n'); sys.stdout.flush()\n"
+            "sys.stdin.readline()\nheld = []\n"
+            f"while psutil.virtual_memory().available > {target} and "
+            f"len(held) * {CHUNK} < {int(CAP_GIB * GIB)}:\n"
+            f"    held.append(bytearray(b'\\x01') * {CHUNK})\n"
+            "sys.stdout.write(f'held {len(held)}\\n'); sys.stdout.flush(); time.sleep(300)\n")
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
                          stdin=subprocess.PIPE, start_new_session=True)
     assert p.stdout is not None
@@ -58,18 +67,19 @@ def _pressure_child() -> subprocess.Popen[bytes]:
     return p
 
 
-def _allocate(p: subprocess.Popen[bytes]) -> None:
+def _allocate(p: subprocess.Popen[bytes]) -> float:
+    """GiB the child took (touched once its "held" line arrives)."""
     assert p.stdin is not None and p.stdout is not None
     p.stdin.write(b"go\n")
     p.stdin.flush()
-    p.stdout.readline()  # the memory is touched once "held" arrives
+    return int(p.stdout.readline().split()[1]) * CHUNK / GIB
 
 
 @scenario("yield", "memory pressure (or an evict rule) stops the yieldable service with its "
           "jobs released and requeued; they finish after the hold lifts", needs_portal=True)
 def yield_(ctx: Ctx) -> None:
-    mode, flags = _pressure_plan(ctx)
-    child = _pressure_child() if mode == "memory" else None
+    mode, flags, target = _pressure_plan(ctx)
+    child = _pressure_child(target) if mode == "memory" else None
     try:
         reason = "preempt_memory" if mode == "memory" else "preempt_protection"
         node = ctx.node("yield-a", ["fastmodel"], flags=flags,
@@ -84,8 +94,8 @@ def yield_(ctx: Ctx) -> None:
         ctx.note(f"service ready with {r['users']} user(s), {len(jobs)} jobs submitted")
 
         if child is not None:
-            _allocate(child)
-            ctx.note(f"pressure child holds {ALLOC_GIB} GiB "
+            took = _allocate(child)
+            ctx.note(f"pressure child holds {took:.1f} GiB "
                      f"({psutil.virtual_memory().available / GIB:.1f} GiB available now)")
         else:
             rr = node.cli("protect", "--state-dir", node.host_to_node(node.state_dir), "--evict")
