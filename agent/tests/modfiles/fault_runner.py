@@ -95,6 +95,9 @@ def fresh(payload: dict) -> dict:
     return {"outcomes": outcomes}
 
 
+REPLIES_KEPT = 500
+
+
 def hostile(payload: dict) -> dict:
     fd = int(os.environ["OARBANK_SERVICE_ECHO"].split(":")[1])
     s = socket.socket(fileno=fd)
@@ -128,7 +131,9 @@ def hostile(payload: dict) -> dict:
         error = str(exc)
     complete = data[: data.rfind(b"\n") + 1]  # a reset can cut the last line
     replies = [json.loads(line) for line in complete.splitlines() if line.strip()]
-    out = {"replies": replies, "sent_ok": sent_ok}
+    # The first REPLIES_KEPT and a count: thousands of replies would make result.json larger
+    # than the agent reads inline (results.max_inline_kb).
+    out = {"replies": replies[:REPLIES_KEPT], "reply_count": len(replies), "sent_ok": sent_ok}
     if error is not None:
         out["error"] = error
     return out
