@@ -61,8 +61,11 @@ def test_a_changed_pool_count_changes_admission_while_it_runs(start_agent,
     # fewer tokens: admitted no more
     set_slots(agent, 0)
     t_set = time.time()
-    agent.wait_for(lambda: any(o["op"] == "fingerprint" and o["t"] > t_set
-                               for o in ops(agent)), timeout=30, what="a fresh fingerprint")
+    # Three fingerprints begun after the change: the refreshes run one after the other, so
+    # the second began after the first was over (after the change: it read 0 tokens) and its
+    # answer has been applied once the third begins (an op's event is written as it begins).
+    agent.wait_for(lambda: sum(1 for o in ops(agent) if o["op"] == "fingerprint"
+                               and o["t"] > t_set) >= 3, timeout=30, what="fresh fingerprints")
     later = agent.submit("echo", {})
     time.sleep(2.5)
     assert job(agent, later)["state"] == "queued", job(agent, later)
