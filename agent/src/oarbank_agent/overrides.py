@@ -29,6 +29,7 @@ __all__ = ["KEYS", "OverrideError", "check", "apply"]
 KEYS = ("idle_timeout_s", "start_timeout_s", "stop_timeout_s", "backoff_initial_s",
         "backoff_max_s", "max_failures")
 _NOT_BELOW_MANIFEST = ("start_timeout_s", "stop_timeout_s")
+TIMINGS = ("idle_timeout_s", "start_timeout_s", "stop_timeout_s")  # the service's own fields
 
 
 class OverrideError(ValueError):
@@ -58,10 +59,8 @@ def check(key: str, svc: mf.Service, table: dict[str, Any]) -> mf.Service:
     if restart.backoff_max_s < restart.backoff_initial_s:
         raise OverrideError(f'services."{key}": backoff_max_s {restart.backoff_max_s:g} is '
                             f"less than backoff_initial_s {restart.backoff_initial_s:g}")
-    return dataclasses.replace(
-        svc, restart=restart,
-        **{k: float(table[k]) for k in ("idle_timeout_s", "start_timeout_s", "stop_timeout_s")
-           if k in table})
+    timings: dict[str, Any] = {k: float(table[k]) for k in TIMINGS if k in table}
+    return dataclasses.replace(svc, restart=restart, **timings)
 
 
 def apply(supervisor: Supervisor, overrides: dict[str, dict[str, Any]],

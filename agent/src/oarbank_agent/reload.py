@@ -50,8 +50,10 @@ async def reload(agent: Agent, read: Callable[[], Reloaded]) -> list[str]:
     for name in new.settings:
         if agent.find_module(name) is None:
             raise ValueError(f"settings for a module that is not loaded: {name}")
-    manifest_services = {key: rt.ctx.manifest.service(rt.svc.name)
-                         for key, rt in agent.supervisor.services.items()}
+    # The manifest's own service (the runtime's may carry earlier overrides): every service
+    # the supervisor runs is declared in its module's manifest.
+    manifest_services = {key: svc for key, rt in agent.supervisor.services.items()
+                         if (svc := rt.ctx.manifest.service(rt.svc.name)) is not None}
     # Checked in full first: a bad value leaves every timing as it was.
     for key, table in new.services.items():
         if key in manifest_services:

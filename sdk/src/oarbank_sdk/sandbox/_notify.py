@@ -391,10 +391,12 @@ def probe() -> str | None:
     from oarbank_sdk import sandbox
 
     w = Watch(name="oarbank-notify-probe")
+    child_fd = w.child_fd
+    assert child_fd is not None  # a new watch holds it until spawned()
     try:
-        argv = sandbox.wrap([sys.executable, "-I", "-S", "-c", "pass"], notify_fd=w.child_fd)
+        argv = sandbox.wrap([sys.executable, "-I", "-S", "-c", "pass"], notify_fd=child_fd)
         try:
-            done = subprocess.run(argv, pass_fds=(w.child_fd,), capture_output=True, text=True,
+            done = subprocess.run(argv, pass_fds=(child_fd,), capture_output=True, text=True,
                                   timeout=30, stdin=subprocess.DEVNULL, check=False)
         finally:
             w.spawned()
