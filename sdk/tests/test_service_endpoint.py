@@ -8,32 +8,18 @@ tests against it live in agent/tests) or, for malformed-message cases, by hand (
 from __future__ import annotations
 
 import gc
-import importlib.util
 import os
 import socket
 import subprocess
 import sys
 import threading
 import warnings
-from pathlib import Path
 
+import endpoint_helpers as H  # sdk/tests (conftest.py puts it on the path)
 import pytest
 
 from oarbank_sdk import _endpoint_job
 from oarbank_sdk import service_endpoint as ep
-
-
-def _load_helpers():
-    name = "oarbank_sdk_tests_endpoint_helpers"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("endpoint_helpers.py"))
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
-
-
-H = _load_helpers()
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ agent's broker (integration tests with the real agent live in agent/tests).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import select
@@ -19,24 +18,11 @@ import threading
 import time
 from pathlib import Path
 
+import endpoint_helpers as H  # sdk/tests (conftest.py puts it on the path)
 import pytest
 
 from oarbank_sdk import _endpoint_job
 from oarbank_sdk import service_endpoint as ep
-
-
-def _load_helpers():
-    name = "oarbank_sdk_tests_endpoint_helpers"
-    if name not in sys.modules:
-        path = Path(__file__).with_name("endpoint_helpers.py")
-        spec = importlib.util.spec_from_file_location(name, path)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
-
-
-H = _load_helpers()
 
 
 def _read_line(stream, timeout: float) -> str:

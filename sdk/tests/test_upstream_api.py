@@ -9,7 +9,6 @@ as older ones did).
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import json
 import os
@@ -19,25 +18,12 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
+import endpoint_helpers as H  # sdk/tests (conftest.py puts it on the path)
 import pytest
 
 from oarbank_sdk import _endpoint_job
 from oarbank_sdk import service_endpoint as ep
-
-
-def _load_helpers():
-    name = "oarbank_sdk_tests_endpoint_helpers"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("endpoint_helpers.py"))
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
-
-
-H = _load_helpers()
 
 # A service written against upstream's API: keywords as upstream names them.
 SERVICE = r'''

@@ -246,13 +246,7 @@ class Supervisor:
         rt.st = lc.set_held(rt.st, reason)
         if reason is not None:
             self._resolve_waiters(rt, False)
-        # Before the capacity listeners: a start in flight is cancelled at once (decide says
-        # `cancel`), so nothing reads it as starting meanwhile.
-        self._cancel_if_decided(rt)
-        for cb in self.on_capacity:
-            cb(key)
-        self._changed(rt)
-        self.poke(rt)
+        self._inputs_changed(rt)
         return True
 
     def set_disabled(self, key: str, disabled: bool, *, live: bool = True) -> bool:
@@ -268,12 +262,18 @@ class Supervisor:
         log.info("%s: %s", key, "disabled" if disabled else "enabled")
         if disabled:
             self._resolve_waiters(rt, False)  # admitted jobs waiting for a start: released
+        self._inputs_changed(rt)
+        return True
+
+    def _inputs_changed(self, rt: ServiceRuntime) -> None:
+        """A decision input (held, disabled) changed: act on what decide now says."""
+        # Before the capacity listeners: a start in flight is cancelled at once (decide says
+        # `cancel`), so nothing reads it as starting meanwhile.
         self._cancel_if_decided(rt)
         for cb in self.on_capacity:
-            cb(key)
+            cb(rt.key)
         self._changed(rt)
         self.poke(rt)
-        return True
 
     def set_timings(self, key: str, svc: mf.Service, *, live: bool = True) -> None:
         """The service with new timings (overrides.py): the next start and stop use them,
