@@ -387,22 +387,29 @@ def test_rate_limit_burst_of_64_then_about_32_a_second():
         _ch, svc = await ready_service(broker, "m/s")
         job = job_peer(broker, "a", "m/s")
         async with accepting_everything(svc):
+            # 64 at once, then many more: beyond the burst only what the rate refilled while
+            # they were answered gets through (a loaded machine answers more slowly).
+            n = 264
+
             def burst():
-                job.send(_wire.encode({"op": "connect", "pid": 1}) * 65)
+                began = time.monotonic()
+                job.send(_wire.encode({"op": "connect", "pid": 1}) * n)
                 replies = []
-                for _ in range(65):
+                for _ in range(n):
                     msg, fds = job.read()
                     for fd in fds:
                         os.close(fd)
                     if msg.get("ok"):
                         job.send({"op": "received", "conn": msg["conn"]})
                     replies.append(msg)
-                return replies
+                return replies, time.monotonic() - began
 
-            replies = await asyncio.to_thread(burst)
+            replies, took = await asyncio.to_thread(burst)
             assert all(r["ok"] for r in replies[:64]), replies[:64]
-            assert replies[64]["ok"] is False and replies[64]["error"] == "rate_limited"
-            assert "retry in" in replies[64]["detail"]
+            refused = [r for r in replies if not r["ok"]]
+            assert refused and all(r["error"] == "rate_limited" and "retry in" in r["detail"]
+                                   for r in refused), refused[:3]
+            assert n - len(refused) <= 64 + 32 * took + 1, (n - len(refused), took)
 
             def steady(seconds: float) -> tuple[int, float]:
                 ok = 0

@@ -156,7 +156,9 @@ def test_soft_floor_stops_an_idle_yieldable_service_never_a_non_yieldable_one(
     assert ops == ["start"]  # never stopped
     ops = [e["op"] for e in read_jsonl(agent.module_data() / "events.jsonl")
            if e["event"] == "op" and e["op"] in ("start", "stop")]
-    assert ops == ["start", "stop", "start"]
+    # Stopped once under the pressure and started again (another dip of the shared machine's
+    # memory after the test's own may stop it again: only the first cycle is the test's).
+    assert ops[:3] == ["start", "stop", "start"], ops
 
 
 @pytest.mark.parametrize("bad", ["--mem-soft-floor=abc", "--mem-hard-floor=150%",

@@ -76,14 +76,17 @@ class ControlServer:
         os.chmod(self.path, 0o600)
 
     async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-            self._server = None
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()  # no new connections
+        # The connected clients first: wait_closed() may wait for every open connection (a
+        # `submit --wait` held open would keep the agent from exiting).
         for t in list(self._clients):
             t.cancel()
         if self._clients:
             await asyncio.gather(*self._clients, return_exceptions=True)
+        if server is not None:
+            await server.wait_closed()
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
 
