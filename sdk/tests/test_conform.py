@@ -209,7 +209,9 @@ def test_sandbox_refused_listen_fails_the_network_attempts_check(module, call, b
     assert any(line.startswith("FAIL service echo: ready: the service closed its channel")
                for line in fail_lines), done.stdout
     assert done.stdout.strip().splitlines()[-1].startswith(f"dev.test.broken_{module} 0.0.1: ")
-    assert re.search(r": \d+ passed, 2 failed, 2 skipped$", done.stdout.strip())
+    # 2 or 3 skipped: "never listens" is skipped when the dead daemon has left no process to
+    # inspect by then, and passes when one is still there (timing, not the module).
+    assert re.search(r": \d+ passed, 2 failed, [23] skipped$", done.stdout.strip()), done.stdout
 
 
 @needs_sandbox
