@@ -51,6 +51,11 @@ def test_ten_thousand_connects_leave_nothing_behind(start_agent, tmp_path: Path)
     assert [r["state"] for r in recs].count("succeeded") == JOBS, \
         [r for r in recs if r["state"] != "succeeded"][:3]
     assert sum(len(r["result"]["payload"]["pids"]) for r in recs) == JOBS * CONNECTS_PER_JOB
+    # Back to the baseline: a leak never returns; an op the agent runs on its own (fingerprint
+    # refresh, list_owned after an attempt) holds a few descriptors only while it runs.
+    agent.wait_for(lambda: proc_status(agent.pid)["fds"] <= before["fds"]
+                   and proc_status(agent.pid)["Threads"] <= before["Threads"], timeout=30,
+                   what=f"the agent's descriptors and threads back to {before}")
     after = settled(agent)
     print(f"\n{JOBS * CONNECTS_PER_JOB} connects over {JOBS} jobs in {wall:.1f}s; agent "
           f"before: {before['fds']} fds, {before['Threads']} threads, RSS {before['VmRSS']} kB; "
