@@ -56,8 +56,11 @@ def test_op_environment_is_exactly_the_contracts(start_agent, echo_module: Path)
     for e in ops:
         # Python adds LC_CTYPE under the C locale itself (PEP 538); nothing else may appear.
         keys = set(e["env"]) - {"LC_CTYPE"}
-        expected = base | ({"OARBANK_ENDPOINT_CHANNEL"} if e["op"] == "start" else set())
+        # echo is an endpoint service: every op of it hears the features the agent offers.
+        expected = base | {"OARBANK_ENDPOINT_FEATURES"} | (
+            {"OARBANK_ENDPOINT_CHANNEL"} if e["op"] == "start" else set())
         assert keys == expected, e["op"]
+        assert e["features"] == "ready"
 
 
 def test_exit_codes_map_to_job_outcomes(start_agent, echo_module: Path) -> None:

@@ -9,6 +9,9 @@ Rules:
 - The service's first line must be ``hello``, exactly once. EOF, a malformed line or a protocol
   violation from the service is a service failure: ``closed`` resolves with the reason. The
   agent closing a channel is silent (``closed`` stays unresolved).
+- ``ready`` (the feature the agent offers in ``OARBANK_ENDPOINT_FEATURES``): at most once,
+  after hello. It resolves ``ready_said`` and calls ``on_ready`` from the reader itself, so the
+  supervisor can count the service ready in the same loop turn the line arrived in.
 
 ``Channels`` is the table of each service's current channel: the supervisor opens one per
 start, the broker looks it up to hand connections over. Both are given the same table at
@@ -20,19 +23,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+from collections.abc import Callable
 
 from oarbank_sdk import advice
 from oarbank_sdk.protocol import current_transport, wire
 
 from ._msgstream import MessageStream
 
-__all__ = ["Channel", "Channels", "refusal", "CHANNEL_MAX_OUT"]
+__all__ = ["Channel", "Channels", "refusal", "CHANNEL_MAX_OUT", "FEATURES", "FEATURES_ENV"]
 
 # The broker's log: channels, connectors and hand-overs read as one story.
 log = logging.getLogger("oarbank_agent.broker")
 
 # Bytes the agent keeps for a service that does not read before it gives up on it.
 CHANNEL_MAX_OUT = 1024 * 1024
+
+# What the agent offers endpoint services: in the environment of their ops (so of their
+# daemons), comma-separated (contract section 3).
+FEATURES_ENV = "OARBANK_ENDPOINT_FEATURES"
+FEATURES = ("ready",)
 
 
 def refusal(code: str, detail: str) -> bytes:
@@ -56,6 +65,9 @@ class Channel:
         self.child_fd: int = child.fileno()
         self.hello: asyncio.Future[int] = loop.create_future()
         self.closed: asyncio.Future[str] = loop.create_future()
+        # The service said `ready` on the channel; ``on_ready`` (the supervisor's) runs then.
+        self.ready_said: asyncio.Future[None] = loop.create_future()
+        self.on_ready: Callable[[], None] | None = None
         # conn -> (the service end we sent, its attempt's name), until `accepted`.
         self._pending: dict[int, tuple[socket.socket, str]] = {}
         self._stopping = False  # set by expect_close: the agent is stopping this service
@@ -152,7 +164,11 @@ class Channel:
             self.hello.set_result(msg.pid)
             return
         if not self.hello.done():
-            self._fail("protocol violation: 'accepted' before 'hello'")
+            what = "ready" if isinstance(msg, wire.Ready) else "accepted"
+            self._fail(f"protocol violation: '{what}' before 'hello'")
+            return
+        if isinstance(msg, wire.Ready):
+            self._on_ready()
             return
         entry = self._pending.pop(msg.conn, None)
         if entry is None:
@@ -163,6 +179,16 @@ class Channel:
             )
             return
         entry[0].close()
+
+    def _on_ready(self) -> None:
+        if self.ready_said.done():
+            self._fail("protocol violation: a second 'ready'")
+            return
+        # open and hello'd -> said ready: the agent stops polling the `ready` op.
+        log.info("channel %s: ready (said on the channel)", self.service_key)
+        self.ready_said.set_result(None)
+        if self.on_ready is not None:
+            self.on_ready()
 
     # --- what the broker sends ------------------------------------------------------------------
 

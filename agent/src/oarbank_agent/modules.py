@@ -24,6 +24,8 @@ else:  # pragma: no cover - Python 3.10
 
 from oarbank_sdk import manifest as mf
 
+from . import channel
+
 __all__ = ["NodeInfo", "ModuleCtx", "ModuleRefused", "load_module", "module_names",
            "SettingsError",
            "read_settings_arg", "write_settings", "read_settings_file"]
@@ -71,8 +73,9 @@ class ModuleCtx:
         return self.root / "logs"
 
     def op_env(self, node: NodeInfo, service: str) -> dict[str, str]:
-        """The exact environment of every op (contract section 2); nothing else is inherited."""
-        return {
+        """The exact environment of every op (contract section 2); nothing else is inherited.
+        An endpoint service's ops also get the features the agent offers (section 3)."""
+        env = {
             "OARBANK_MODULE_DATA": str(self.data_dir),
             "OARBANK_MODULE": self.id,
             "OARBANK_SERVICE": service,
@@ -84,6 +87,10 @@ class ModuleCtx:
             "HOME": str(self.data_dir / "home"),
             "TMPDIR": str(self.data_dir / "tmp"),
         }
+        svc = self.manifest.service(service)
+        if svc is not None and svc.endpoint:
+            env[channel.FEATURES_ENV] = ",".join(channel.FEATURES)
+        return env
 
     def exec_argv(self, argv: tuple[str, ...] | list[str]) -> list[str]:
         return mf.expand_exec(list(argv), self.manifest.bundle)

@@ -4,16 +4,18 @@ Effects only. One ``ServiceRuntime`` per service; at most one effect task (start
 failure's teardown) runs per service at a time, and ``poke`` asks the pure machine again when
 it is over, when users change, or when a timer (backoff, idle) fires. Nothing here sleeps to
 watch state: waits are on futures (hello, channel closed, readiness) and loop timers. The one
-thing polled is the ``ready`` op, because the contract offers no event for it.
+thing polled is the ``ready`` op, for services that do not say ``ready`` on their channel.
 
 Every decision and everything it reads (users, holds, a missing GPU API, shutdown, the test
 faults) is in ``rt.st`` and ``lifecycle.decide``; this module sets those inputs through the
 lifecycle's functions and performs what comes back. ``row`` is a pure function of a runtime.
 
 Start = channel pair from the broker + ``start`` op with the child end inherited + the hello +
-``ready`` true (polled once the hello is in: at once, then every 50 ms doubling up to
-0.1 s), all within
-``start_timeout_s``. Stop order = ``stop`` op, close the channel, end the process group.
+``ready``: said on the channel (``OARBANK_ENDPOINT_FEATURES=ready``: the channel's reader makes
+the service READY, and wakes the jobs waiting for it, in the loop turn the line arrives in), or
+the ``ready`` op true (polled once the hello is in: at once, then every 50 ms doubling up to
+0.1 s; a ``ready`` line arriving meanwhile ends the polling), all within ``start_timeout_s``.
+Stop order = ``stop`` op, close the channel, end the process group.
 This class is also the broker's ``ServiceGate``; it opens channels in the ``Channels`` table it
 shares with the broker (given at construction: neither holds the other).
 """
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -103,6 +106,9 @@ class ServiceRuntime:
     # Failures while READY (it died on its own): an attempt that fails while this changed is
     # released, not charged (jobrun.py, jobs.after_attempt).
     deaths: int = 0
+    # The start waits for readiness (hello in, `start` op done): a `ready` said on the channel
+    # now makes the service READY at once (``Supervisor._ready_said``).
+    awaiting_ready: bool = False
 
     def busy(self) -> bool:
         return self.task is not None and not self.task.done()
@@ -473,6 +479,7 @@ class Supervisor:
             if rt.svc.endpoint:
                 ch = self.channels.open(rt.key)
                 rt.channel = ch
+                ch.on_ready = functools.partial(self._ready_said, rt, ch)
                 # The child end, named the transport's way (fd:<n> here), inherited by `start`.
                 env["OARBANK_ENDPOINT_CHANNEL"] = current_transport().format(ch.child_fd)
                 inherit = (ch.child_fd,)
@@ -488,6 +495,11 @@ class Supervisor:
             await asyncio.wait_for(self._until_ready(rt, ch, log_from),
                                    max(0.0, deadline - loop.time()))
         except (StartFailed, asyncio.TimeoutError) as exc:
+            if rt.st.state is lc.State.READY and rt.channel is ch:
+                # Said ready on the channel just as the deadline passed: it made it.
+                rt.watch = asyncio.create_task(self._watch(rt, ch), name=f"watch {rt.key}")
+                self._after_effect(rt)
+                return
             rt.cancellable = False  # a hold arriving now finds it failed, not starting
             error = str(exc) if isinstance(exc, StartFailed) else (
                 advice.no_hello(rt.svc.start_timeout_s) if ch and not ch.hello.done() else
@@ -515,21 +527,62 @@ class Supervisor:
             self._after_effect(rt)
             return
         rt.cancellable = False
-        # STARTING -> READY (ready op true, hello, channel open)
-        self._transition(rt, lc.Event.READY)
+        if rt.st.state is lc.State.STARTING:
+            # STARTING -> READY (ready op true, or said before we waited; hello; channel open)
+            self._transition(rt, lc.Event.READY)
         rt.watch = asyncio.create_task(self._watch(rt, ch), name=f"watch {rt.key}")
         self._after_effect(rt)
 
     async def _until_ready(self, rt: ServiceRuntime, ch: Channel | None,
                            log_from: int = 0) -> None:
-        """Wait for the hello, then poll `ready` (at once, then 50 ms doubling to 0.1 s)."""
-        if ch is not None:
-            # `ready` may not answer true before the hello (contract), so polling earlier only
-            # burns process starts while the service is still coming up.
-            either: list[asyncio.Future[Any]] = [ch.hello, ch.closed]
-            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
-            if not ch.hello.done():
-                raise StartFailed(await self._closed_before_hello(rt, ch, log_from))
+        """Wait for the hello, then for `ready`: said on the channel, or the op polled."""
+        if ch is None:
+            await self._poll_ready(rt, None)
+            return
+        # `ready` may not answer true before the hello (contract), so polling earlier only
+        # burns process starts while the service is still coming up.
+        either: list[asyncio.Future[Any]] = [ch.hello, ch.closed]
+        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+        if not ch.hello.done():
+            raise StartFailed(await self._closed_before_hello(rt, ch, log_from))
+        if not ch.ready_said.done():
+            poll = asyncio.create_task(self._poll_ready(rt, ch), name=f"ready poll {rt.key}")
+            rt.awaiting_ready = True  # from now on a `ready` line makes it READY at once
+            first: set[asyncio.Future[Any]] = {poll, ch.ready_said, ch.closed}
+            try:
+                await asyncio.wait(first, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                rt.awaiting_ready = False
+                if not poll.done():
+                    # The channel said it (the service is READY already) or the start is
+                    # over: the op in flight is ended with its group before we go on.
+                    poll.cancel()
+                    await asyncio.wait({poll})
+            if rt.st.state is lc.State.READY:
+                return  # said on the channel: _ready_said made it READY
+            if poll.done() and not poll.cancelled():
+                poll.result()  # raises StartFailed for a channel closed meanwhile
+        waits: set[asyncio.Future[Any]] = {ch.hello, ch.closed}
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        if ch.closed.done() or not ch.is_open:
+            raise StartFailed(ch.closed.result() if ch.closed.done()
+                              else advice.channel_closed("closed"))
+
+    def _ready_said(self, rt: ServiceRuntime, ch: Channel) -> None:
+        """The channel's reader got `ready` (contract section 3, the `ready` feature). While
+        the start waits for readiness, the service is READY now, in this loop turn: the jobs
+        waiting for it are woken from here (``_transition``), not when the start task runs
+        again. Said earlier (the `start` op still running), the start finds it said."""
+        if not (rt.awaiting_ready and rt.channel is ch and ch.is_open
+                and rt.st.state is lc.State.STARTING):
+            return
+        rt.awaiting_ready = False
+        rt.cancellable = False  # a hold arriving now stops a ready service, as for any other
+        # STARTING -> READY (said on the channel, hello, channel open)
+        self._transition(rt, lc.Event.READY)
+
+    async def _poll_ready(self, rt: ServiceRuntime, ch: Channel | None) -> None:
+        """Poll the `ready` op until it answers true: at once, then 50 ms doubling to 0.1 s."""
         delay = READY_POLL_FIRST_S
         while True:
             if ch is not None and ch.closed.done():
@@ -543,12 +596,6 @@ class Supervisor:
             else:
                 await asyncio.sleep(delay)  # the contract's `ready` poll, nothing else
             delay = min(delay * 2, READY_POLL_MAX_S)
-        if ch is not None:
-            waits: set[asyncio.Future[Any]] = {ch.hello, ch.closed}
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-            if ch.closed.done() or not ch.is_open:
-                raise StartFailed(ch.closed.result() if ch.closed.done()
-                                  else advice.channel_closed("closed"))
 
     async def _closed_before_hello(self, rt: ServiceRuntime, ch: Channel, log_from: int) -> str:
         """Why the channel closed before the hello, in conform's words: whether the daemon is

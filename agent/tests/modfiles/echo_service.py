@@ -15,7 +15,9 @@ op_raise ({op: message}) makes that op die of an uncaught FileNotFoundError(mess
 writing op_stderr_kb KiB of noise to stderr. op_stdout_kb ({op: n}) makes that op print n KiB
 of noise on stdout before its document. list_owned answers the objects in <module
 data>/owned.json (a list; none without it); destroy <id> [--force] records the event and takes
-the object out of that file.
+the object out of that file. say_ready (n, default 0): the daemon says {"op": "ready"} on its
+channel n times once loaded, where the agent offers the feature (OARBANK_ENDPOINT_FEATURES);
+ready_before_hello: it says it once before its hello (a protocol violation).
 """
 
 from __future__ import annotations
@@ -84,7 +86,8 @@ def open_fds() -> dict[str, str]:
 
 def op(name: str) -> int:
     conf = settings()
-    record("op", op=name, env=sorted(os.environ), fds=open_fds())
+    record("op", op=name, env=sorted(os.environ), fds=open_fds(),
+           features=os.environ.get("OARBANK_ENDPOINT_FEATURES"))
     if name in conf.get("op_raise", {}):
         # op_raise {op: message}: that op writes op_stderr_kb KiB of noise to stderr, then
         # dies of an uncaught FileNotFoundError(message) (a traceback, exit 1).
@@ -188,6 +191,9 @@ def serve() -> int:
         while True:
             time.sleep(3600)
     ch = tr.open_stream(tr.parse(os.environ["OARBANK_ENDPOINT_CHANNEL"]))
+    offered = "ready" in os.environ.get("OARBANK_ENDPOINT_FEATURES", "").split(",")
+    if conf.get("ready_before_hello"):
+        ch.sendall(_wire.encode(_wire.Ready().to_wire()))
     if not conf.get("no_hello"):
         ch.sendall(_wire.encode(_wire.Hello(os.getpid()).to_wire()))
         record("hello")
@@ -196,6 +202,9 @@ def serve() -> int:
         f.write(f"{os.getpid()}\n")
     (data() / "daemon.ready").write_text(str(os.getpid()))
     record("ready")
+    for _ in range(int(conf.get("say_ready", 0)) if offered else 0):
+        record("said_ready")
+        ch.sendall(_wire.encode(_wire.Ready().to_wire()))
     if conf.get("die_after_ready_s") is not None:
         threading.Timer(float(conf["die_after_ready_s"]), lambda: os._exit(1)).start()
     once = data() / "died_once"

@@ -30,6 +30,7 @@ __all__ = [
     "Hello",
     "Connection",
     "Accepted",
+    "Ready",
     "Ended",
     "parse_from_job",
     "parse_from_service",
@@ -184,6 +185,15 @@ class Accepted:
 
 
 @dataclass(frozen=True)
+class Ready:
+    """channel, service -> agent: ``{"op": "ready"}``, at most once, after hello, only where
+    the agent offers the ``ready`` feature (``OARBANK_ENDPOINT_FEATURES``)."""
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"op": "ready"}
+
+
+@dataclass(frozen=True)
 class Ended:
     """channel, agent -> service: ``{"op": "ended", "attempt": id}``."""
 
@@ -263,14 +273,16 @@ def parse_from_job(msg: dict[str, Any]) -> Connect | Received:
     raise WireError(f"unknown op {op!r} on a connector (expected 'connect' or 'received')")
 
 
-def parse_from_service(msg: dict[str, Any]) -> Hello | Accepted:
+def parse_from_service(msg: dict[str, Any]) -> Hello | Accepted | Ready:
     """A channel message from a service. Raises ``WireError`` for anything else."""
     op = _op(msg)
+    if op == "accepted":  # first: one per connection, the hot path
+        return Accepted(_int_field(msg, "conn", "accepted"))
     if op == "hello":
         return Hello(_int_field(msg, "pid", "hello"))
-    if op == "accepted":
-        return Accepted(_int_field(msg, "conn", "accepted"))
-    raise WireError(f"unknown op {op!r} on a channel (expected 'hello' or 'accepted')")
+    if op == "ready":
+        return Ready()
+    raise WireError(f"unknown op {op!r} on a channel (expected 'hello', 'ready' or 'accepted')")
 
 
 def parse_reply_to_job(msg: dict[str, Any]) -> Ok | Refusal:

@@ -4,7 +4,7 @@ The node agent and tools import these rather than the SDK's private modules:
 
 - ``wire``: the line codec and the messages (``encode``, ``decode``, ``LineSplitter``,
   ``MAX_LINE``, ``Connect``, ``Ok``, ``Refusal``, ``Hello``, ``Connection``, ``Accepted``,
-  ``Received``, ``Ended``, ``parse_from_job``, ``parse_from_service``, ``WireError``).
+  ``Ready``, ``Received``, ``Ended``, ``parse_from_job``, ``parse_from_service``, ``WireError``).
 - ``current_transport()``: the one seam between the protocol and the operating system: stream
   pairs (``pair``), handle values for a child's environment (``format``/``parse``), the
   arguments that hand handles to a child (``inheritable_kwargs``), descriptor passing
