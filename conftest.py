@@ -56,6 +56,8 @@ PACKAGES = {p.name: p for p in (
     SystemPackage("debootstrap", lambda: shutil.which("debootstrap") is not None),
     SystemPackage("postgresql", _postgres),
     SystemPackage("systemd", lambda: shutil.which("systemd-analyze") is not None),
+    # The harness's VM backend (qemu-img comes with it: qemu-utils is among its Recommends).
+    SystemPackage("qemu-system-x86", lambda: shutil.which("qemu-system-x86_64") is not None),
 )}
 
 

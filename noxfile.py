@@ -7,7 +7,8 @@
 - demo       twenty jobs through one warm model service
 - conform    the conformance kit on the reference module
 - browser    only the browser tests
-- e2e        the harness scenarios (`nox -s e2e -- --backend local`)
+- e2e        the harness scenarios (`nox -s e2e -- --backend local`; the VM backend is
+             opt-in: `nox -s e2e -- --backend vm:bookworm`)
 - bench      the benchmarks (`nox -s bench -- --quick`)
 """
 

@@ -40,8 +40,9 @@ class BaseRootfs:
     built_s: float | None  # seconds spent building now; None when it came from the cache
 
 
-def _key(release: str) -> str:
-    h = hashlib.sha256(f"{_RECIPE}|{release}|{','.join(BASE_PACKAGES)}".encode())
+def _key(release: str, extra: tuple[str, ...] = ()) -> str:
+    packages = ",".join(BASE_PACKAGES + extra)
+    h = hashlib.sha256(f"{_RECIPE}|{release}|{packages}".encode())
     return h.hexdigest()[:12]
 
 
@@ -49,15 +50,18 @@ def _log(msg: str) -> None:
     print(f"[image] {msg}", file=sys.stderr, flush=True)
 
 
-def ensure_rootfs(release: str, *, mirror: str | None = None) -> BaseRootfs:
-    """The cached base tarball for `release`, building it first if it is missing."""
+def ensure_rootfs(release: str, *, mirror: str | None = None,
+                  extra: tuple[str, ...] = (), name: str = "") -> BaseRootfs:
+    """The cached base tarball for `release`, building it first if it is missing. `extra`:
+    packages on top of the base ones (the VM backend's kernel and systemd), in a tarball of
+    their own named `<release><name>-<key>`."""
     if release not in RELEASES:
         raise ValueError(f"unknown release {release!r}; known: {', '.join(RELEASES)}")
-    key = _key(release)
+    key = _key(release, extra)
     root = cache_dir() / "rootfs"
     root.mkdir(exist_ok=True)
-    tarball = root / f"{release}-{key}.tar"
-    meta_file = root / f"{release}-{key}.json"
+    tarball = root / f"{release}{name}-{key}.tar"
+    meta_file = root / f"{release}{name}-{key}.json"
     if tarball.is_file() and meta_file.is_file():
         meta = json.loads(meta_file.read_text())
         return BaseRootfs(release, tarball, meta["python"], key, None)
@@ -65,19 +69,19 @@ def ensure_rootfs(release: str, *, mirror: str | None = None) -> BaseRootfs:
     if shutil.which("debootstrap") is None:
         raise RuntimeError("debootstrap is not installed (apt-get install debootstrap)")
     mirror = mirror or aptsources.debian_mirror(aptsources.read_sources())
-    work = root / f"{release}-{key}.build-{os.getpid()}"
+    work = root / f"{release}{name}-{key}.build-{os.getpid()}"
     shutil.rmtree(work, ignore_errors=True)
     t0 = time.monotonic()
     _log(f"debootstrap {release} from the machine's apt mirror (minutes)")
     try:
         argv = [
-            "debootstrap", "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}",
+            "debootstrap", "--variant=minbase", f"--include={','.join(BASE_PACKAGES + extra)}",
             release, str(work), mirror,
         ]
         keyring = Path("/usr/share/keyrings/debian-archive-keyring.gpg")
         if keyring.is_file():
             argv.insert(1, f"--keyring={keyring}")
-        log = root / f"{release}-debootstrap.log"
+        log = root / f"{release}{name}-debootstrap.log"
         with open(log, "wb") as out:
             rc = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT).returncode
         if rc != 0:

@@ -96,6 +96,12 @@ def sandbox_walls(ctx: Ctx) -> dict[str, str] | None:
     return None
 
 
+def missing_walls(needed: tuple[str, ...], walls: dict[str, str] | None) -> list[str]:
+    """The walls of `needed` the node's agent does not enforce (all of them when no agent
+    said)."""
+    return [w for w in needed if (walls or {}).get(w) != "enforced"]
+
+
 def run_one(backend: Backend, sc: Scenario, out: Path, agent_flags: tuple[str, ...] = ()
             ) -> Result:
     folder = out / "runs" / _safe(backend.name) / sc.name
@@ -113,6 +119,11 @@ def run_one(backend: Backend, sc: Scenario, out: Path, agent_flags: tuple[str, .
             ctx.note(f"portal serving at {ctx.portal.url}")
         sc.fn(ctx)
         walls = sandbox_walls(ctx)
+        if sc.walls:
+            lacking = missing_walls(sc.walls, walls)
+            ctx.check(not lacking, f"this node's kernel lacks wall(s) the evidence rests on: "
+                                   f"{', '.join(lacking)} (status: {walls})")
+            ctx.note(f"walls the evidence rests on, enforced here: {', '.join(sc.walls)}")
         nothing_lost(ctx)
         nothing_left(ctx)
     except ScenarioFailed as exc:

@@ -58,17 +58,22 @@ class Scenario:
     summary: str
     fn: Callable[[Ctx], None]
     needs_portal: bool = False
+    # Sandbox walls (the agent's `status` names) the scenario's evidence rests on: where the
+    # node's kernel lacks one, the cell fails saying so instead of passing on what it could
+    # not show (harness.runner.missing_walls).
+    walls: tuple[str, ...] = ()
 
 
 SCENARIOS: dict[str, Scenario] = {}
 
 
-def scenario(name: str, summary: str, *, needs_portal: bool = False
+def scenario(name: str, summary: str, *, needs_portal: bool = False,
+             walls: tuple[str, ...] = ()
              ) -> Callable[[Callable[[Ctx], None]], Callable[[Ctx], None]]:
     def register(fn: Callable[[Ctx], None]) -> Callable[[Ctx], None]:
         if name in SCENARIOS:
             raise ValueError(f"scenario {name!r} registered twice")
-        SCENARIOS[name] = Scenario(name, summary, fn, needs_portal)
+        SCENARIOS[name] = Scenario(name, summary, fn, needs_portal, walls)
         return fn
 
     return register
@@ -155,6 +160,8 @@ class Ctx:
         n = self.backend.make_node(node_id, self.place(node_id), paths, settings or {},
                                    self.portal)
         self.nodes.append(n)
+        if n.started_note():
+            self.note(str(n.started_note()))
         if start:
             self.start(n, *flags)
         return n

@@ -1,5 +1,6 @@
-"""Backends: where nodes run. `local` (agent processes here) and `container:<release>`
-(Docker containers, Debian bookworm and trixie)."""
+"""Backends: where nodes run. `local` (agent processes here), `container:<release>`
+(Docker containers, Debian bookworm and trixie) and `vm:bookworm` (QEMU VMs booting Debian's
+kernel under systemd; opt-in: only when named, as it is slow without KVM)."""
 
 from __future__ import annotations
 
@@ -8,25 +9,30 @@ from harness.rootfs import RELEASES
 
 __all__ = ["Backend", "CliResult", "Node", "NodeError", "BACKEND_NAMES", "make_backends"]
 
-BACKEND_NAMES = ("local", *(f"container:{r}" for r in RELEASES))
+BACKEND_NAMES = ("local", *(f"container:{r}" for r in RELEASES), "vm:bookworm")
+OPT_IN = ("vm:bookworm",)  # run only when named (`--backend vm` or `vm:bookworm`)
 
 
 def make_backends(spec: str | None) -> list[Backend]:
-    """Backends for `--backend SPEC`: `local`, `container` (every release) or
-    `container:<release>`; None = every backend. ValueError names what is known."""
+    """Backends for `--backend SPEC`: `local`, `container` (every release),
+    `container:<release>`, `vm` or `vm:bookworm`; None = every backend but the opt-in ones.
+    ValueError names what is known."""
     from harness.backends.container import ContainerBackend
     from harness.backends.local import LocalBackend
+    from harness.backends.vm import VmBackend
 
     if spec is None:
-        names = list(BACKEND_NAMES)
-    elif spec == "container":
-        names = [n for n in BACKEND_NAMES if n.startswith("container:")]
+        names = [n for n in BACKEND_NAMES if n not in OPT_IN]
+    elif spec in ("container", "vm"):
+        names = [n for n in BACKEND_NAMES if n.startswith(f"{spec}:")]
     elif spec in BACKEND_NAMES:
         names = [spec]
     else:
-        raise ValueError(f"unknown backend {spec!r}; known: local, container, "
+        raise ValueError(f"unknown backend {spec!r}; known: local, container, vm, "
                          + ", ".join(n for n in BACKEND_NAMES if ":" in n))
     out: list[Backend] = []
     for n in names:
-        out.append(LocalBackend() if n == "local" else ContainerBackend(n.split(":", 1)[1]))
+        kind, _, release = n.partition(":")
+        out.append(LocalBackend() if kind == "local" else ContainerBackend(release)
+                   if kind == "container" else VmBackend(release))
     return out

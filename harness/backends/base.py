@@ -152,6 +152,10 @@ class Node(ABC):
                 raise NodeError(f"{self.node_id}: the agent survived SIGKILL for 30 s")
             time.sleep(0.05)
 
+    def started_note(self) -> str | None:
+        """What the backend did to bring the node up, for the evidence (e.g. a VM's boot)."""
+        return None
+
     def log_tail(self, n: int = 2000) -> str:
         try:
             return (self.root / "agent.log").read_text(errors="replace")[-n:]

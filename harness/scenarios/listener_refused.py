@@ -22,7 +22,7 @@ def _sdk_command() -> list[str]:
 
 
 @scenario("listener-refused", "a service that tries to listen fails conform and cannot "
-          "listen under the agent")
+          "listen under the agent", walls=("seccomp_socket", "seccomp_listen"))
 def listener_refused(ctx: Ctx) -> None:
     # 1. The conformance kit, on the host, as a module author runs it. The module passes its
     # hello and ready: the only thing that can fail it is the kit seeing the attempt.

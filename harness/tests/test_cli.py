@@ -23,9 +23,10 @@ def test_list_names_every_scenario_and_backend() -> None:
 
 
 def test_unknown_backend_and_scenario_exit_2_naming_what_is_known() -> None:
-    r = _harness("--backend", "vm")
+    r = _harness("--backend", "vm:sid")
     assert r.returncode == 2
-    assert "unknown backend 'vm'; known: local, container, container:bookworm" in r.stderr
+    assert "unknown backend 'vm:sid'; known: local, container, vm, container:bookworm" \
+        in r.stderr and "vm:bookworm" in r.stderr
     r = _harness("--scenario", "nope")
     assert r.returncode == 2
     assert "unknown scenario(s) nope; known:" in r.stderr and "idle-stop" in r.stderr

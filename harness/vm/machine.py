@@ -1,0 +1,100 @@
+"""One running VM: its QEMU process, its overlay disk, and the host ends of its ports.
+
+`Machine.boot` starts QEMU and returns once the guest helper has said hello (the guest's
+systemd is up, its disks mounted). `stop` asks the guest to power off, then ends QEMU if it
+has not gone, and removes the overlay and the sockets: nothing of the VM stays behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness import procs
+from harness.vm.channel import ChannelError, Control, PortalForward, connect_unix
+from harness.vm.disk import NodeDisks, make_overlay
+from harness.vm.qemu import VmSpec, qemu_argv
+
+__all__ = ["Machine", "BOOT_WAIT_S"]
+
+BOOT_WAIT_S = 600.0  # TCG on a loaded machine: far more than the ~30 s it takes alone
+
+
+@dataclass
+class Machine:
+    folder: Path  # the node's vm/ folder: sockets, overlay, console log
+    spec: VmSpec
+    proc: subprocess.Popen[bytes] | None = None
+    control: Control | None = None
+    portal: PortalForward | None = None
+    hello: dict[str, Any] = field(default_factory=dict)
+    boot_s: float = 0.0
+
+    @classmethod
+    def boot(cls, folder: Path, disks: NodeDisks, hostname: str, accel: str,
+             portal_socket: Path | None, memory_mib: int = 3072) -> Machine:
+        folder.mkdir(parents=True, exist_ok=True)
+        spec = VmSpec(kernel=disks.kernel, initrd=disks.initrd,
+                      system_disk=folder / "system.qcow2", project_disk=disks.project,
+                      control_socket=folder / "control.sock",
+                      portal_socket=folder / "portal.sock", console_log=folder / "console.log",
+                      hostname=hostname, accel=accel, memory_mib=memory_mib)
+        m = cls(folder, spec)
+        t0 = time.monotonic()
+        make_overlay(disks.system, spec.system_disk)
+        with open(folder / "qemu.log", "ab") as log:
+            m.proc = subprocess.Popen(qemu_argv(spec), stdin=subprocess.DEVNULL, stdout=log,
+                                      stderr=subprocess.STDOUT, start_new_session=True)
+        procs.OWNED.add(m.proc.pid)
+        try:
+            m.control = Control(connect_unix(spec.control_socket, 60))
+            m.portal = PortalForward(connect_unix(spec.portal_socket, 60), portal_socket)
+            m.hello = m.control.wait_hello(BOOT_WAIT_S) if m.alive() else {}
+            if not m.hello:
+                raise ChannelError("QEMU exited during boot")
+        except Exception as exc:
+            tail = m.console_tail()
+            m.stop()
+            raise ChannelError(f"the VM {hostname} did not boot: {exc}; "
+                               f"console: {tail}; qemu: {m.qemu_log_tail()}") from exc
+        m.boot_s = time.monotonic() - t0
+        return m
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def console_tail(self, n: int = 1500) -> str:
+        with contextlib.suppress(OSError):
+            return self.spec.console_log.read_text(errors="replace")[-n:]
+        return "(no console output)"
+
+    def qemu_log_tail(self, n: int = 800) -> str:
+        with contextlib.suppress(OSError):
+            return (self.folder / "qemu.log").read_text(errors="replace")[-n:]
+        return ""
+
+    def stop(self, grace_s: float = 30.0) -> None:
+        """Power the guest off (its agent stopped first, as systemd stops units), then make
+        sure QEMU is gone; remove the overlay and sockets. Idempotent."""
+        if self.control is not None and self.alive():
+            with contextlib.suppress(ChannelError, OSError):
+                self.control.request("exec", 10, argv=["systemctl", "--no-block", "poweroff"],
+                                     timeout_s=5)
+        if self.proc is not None:
+            try:
+                self.proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(30)
+            procs.OWNED.discard(self.proc.pid)
+        for ch in (self.control, self.portal):
+            if ch is not None:
+                with contextlib.suppress(OSError):
+                    ch.close()
+        self.control = self.portal = None
+        for f in (self.spec.system_disk, self.spec.control_socket, self.spec.portal_socket):
+            f.unlink(missing_ok=True)
