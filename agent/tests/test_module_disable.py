@@ -65,8 +65,8 @@ def test_disable_lets_attempts_finish_refuses_jobs_and_survives_a_restart(
     assert (done["state"], done["attempts"]) == ("succeeded", 1), done
     agent.wait_for(lambda: not agent.service_row()["running"], timeout=60, what="stopped")
     assert agent.service_row()["last_stop_reason"] == "disabled"
-    assert json.loads((agent.state_dir / "modules.json").read_text()) == {"disabled": [MOD],
-                                                                           "added": []}
+    assert json.loads((agent.state_dir / "modules.json").read_text()) == {
+        "disabled": [MOD], "added": [], "removed": []}
     agent.stop()
     # a restart keeps it disabled: never started, jobs refused
     again = start_agent([mod], state_dir=agent.state_dir)

@@ -38,7 +38,8 @@ def test_objects_of_an_ended_attempt_are_destroyed_with_force(start_agent,
 
     agent.wait_for(lambda: destroyed(), timeout=60, what="a destroy")
     assert [(e["id"], e["force"]) for e in destroyed()] == [("scratch-1", True)]
-    assert [o["id"] for o in json.loads(owned.read_text())] == ["not-yet", "whose"]
-    # The agent logs it once the destroy op has returned (after the op recorded its event).
+    # The agent logs it once the destroy op has returned (the op records its event before it
+    # rewrites owned.json: the file is read only after that).
     agent.wait_for(lambda: "destroyed owned object scratch-1 (its attempt is over)" in agent.log(),
                    timeout=30, what="the agent's log line for the destroy")
+    assert [o["id"] for o in json.loads(owned.read_text())] == ["not-yet", "whose"]

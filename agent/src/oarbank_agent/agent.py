@@ -34,6 +34,7 @@ from . import (
     hostrules,
     jobs,
     manualwatch,
+    moduleremove,
     modulestate,
     ownedwatch,
     procs,
@@ -133,6 +134,11 @@ class Agent:
                               stopping=self._stop,
                               charge_released=config.fault == faults.CHARGE_RELEASED)
         self.jobs: dict[str, JobRecord] = self.queue.jobs  # every job this agent knows
+        # module remove (moduleremove.py): removals in progress, and the names of removed
+        # modules -> what a submit to one answers; their unfinished jobs fail
+        self.removing: dict[str, asyncio.Task[list[str]]] = {}
+        self.gone: dict[str, str] = {}
+        self.queue.closed.update({m: moduleremove.failure_reason(m) for m in self.kept.removed})
         self.on_change: list[Callable[[str], None]] = []  # heartbeat hook: service key changed
         self.heartbeat: Any = None  # the HeartbeatSender when there is a portal (its status)
         self.supervisor.on_change.append(self._service_changed)
@@ -160,12 +166,15 @@ class Agent:
 
     # --- modules --------------------------------------------------------------------------
 
-    def load_modules(self, specs: list[ModuleSpec]) -> list[str]:
+    def load_modules(self, specs: list[ModuleSpec], *, adding: bool = False) -> list[str]:
         """Load every module it can; an invalid one is refused with the checker's messages.
+        A module removed here (module remove) is not loaded unless ``adding`` (module add).
         Returns the messages of the refused ones."""
         refused = []
 
         def cannot_run(m: mf.Manifest) -> str | None:
+            if m.id in self.kept.removed and not adding:
+                raise _Removed(m.id, str(m.bundle))
             why = compat.module_refusals(m, self.compat)
             return compat.refusal_line(m.id, str(path), why) if why else None
 
@@ -182,6 +191,12 @@ class Agent:
                 continue
             except OSError as exc:
                 refused.append(f"{path}: cannot load: {exc}")
+                continue
+            except _Removed as gone:
+                text = moduleremove.gone_text(gone.module_id, gone.bundle)
+                log.info("%s: not loaded: %s", path, text)
+                for name in module_names(path):
+                    self.gone[name] = text
                 continue
             if ctx.id in self.modules:
                 refused.append(f"{path}: module {ctx.id} is already loaded from "
@@ -259,7 +274,9 @@ class Agent:
                 log.exception("on_change listener failed")
 
     def _capacity_changed(self, key: str) -> None:
-        rt = self.supervisor.services[key]
+        rt = self.supervisor.services.get(key)
+        if rt is None:  # an op that ended after its module was removed (module remove)
+            return
         for pool, n in self.supervisor.capacities(key).items():
             self.admission.set_capacity(f"{rt.ctx.id}/{pool}", n)
         self.queue.admit()
@@ -376,7 +393,7 @@ class Agent:
         if self._manual_task is not None:
             self._manual_task.cancel()
             await asyncio.gather(self._manual_task, return_exceptions=True)
-        for task in (self._escape_task, self._prune_task):
+        for task in (self._escape_task, self._prune_task, *self.removing.values()):
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
@@ -397,6 +414,10 @@ class Agent:
 
     def submit(self, module: str, stage: str, payload: dict[str, Any]) -> JobRecord:
         ctx = self.find_module(module)
+        if ctx is None and module in self.gone:
+            raise control.ControlError("unknown_module", self.gone[module])
+        if ctx is not None and ctx.id in self.removing:
+            raise control.ControlError("module_removed", moduleremove.removing_text(ctx.id))
         if ctx is None and module in self.refused:
             raise control.ControlError("unknown_module", f"module {module!r} was refused when "
                                        f"the agent started: {self.refused[module]}")
@@ -517,18 +538,23 @@ class Agent:
                                            "folder) expected")
             await self.add_module(Path(req["path"]))
             return {"ok": True, "modules": self.module_list()}
-        if action not in ("disable", "enable"):
+        if action not in ("disable", "enable", "remove"):
             raise control.ControlError("bad_request", f"module: unknown action {action!r} "
-                                       "(list, add, disable, enable)")
+                                       "(list, add, disable, enable, remove)")
         if not isinstance(name, str) or not isinstance(now, bool):
             raise control.ControlError("bad_request", "module: 'module' (a name) and 'now' "
                                        "(true or false) expected")
         ctx = self.find_module(name)
         if ctx is None:
             loaded = ", ".join(sorted(self.modules)) or "none"
-            why = (f"module {name!r} was refused when the agent started: {self.refused[name]}"
+            why = (self.gone[name] if name in self.gone else
+                   f"module {name!r} was refused when the agent started: {self.refused[name]}"
                    if name in self.refused else f"unknown module {name!r} (loaded: {loaded})")
             raise control.ControlError("unknown_module", why)
+        if action == "remove":
+            return await self._remove_module(ctx, now, bool(req.get("wait", False)))
+        if ctx.id in self.removing:
+            raise control.ControlError("module_removed", moduleremove.removing_text(ctx.id))
         disable = action == "disable"
         if disable:
             self.disabled.add(ctx.id)
@@ -555,11 +581,17 @@ class Agent:
         if any(ctx.manifest.bundle == path for ctx in self.modules.values()):
             raise control.ControlError("bad_request", f"module add: {path} is already loaded")
         before = set(self.modules)
-        refused = self.load_modules([(path, None)])
+        refused = self.load_modules([(path, None)], adding=True)
         if refused:
             raise control.ControlError("bad_request", "module add: " + "; ".join(
                 "; ".join(m.splitlines()) for m in refused))
         (module_id,) = set(self.modules) - before
+        if module_id in self.kept.removed:  # removed earlier: added again
+            self.kept.removed.discard(module_id)
+            self.queue.closed.pop(module_id, None)
+            modulestate.write(self.state_dir, self.kept)
+            for name in (module_id, self.modules[module_id].manifest.short_name):
+                self.gone.pop(name, None)
         for key, rt in self.supervisor.services.items():
             if rt.ctx.id != module_id:
                 continue
@@ -576,15 +608,50 @@ class Agent:
 
     def module_list(self) -> list[dict[str, Any]]:
         return [{"id": ctx.id, "bundle": str(ctx.manifest.bundle),
-                 "state": "disabled" if ctx.id in self.disabled else "enabled",
+                 "state": "removing" if ctx.id in self.removing
+                 else "disabled" if ctx.id in self.disabled else "enabled",
                  "services": [rt.svc.name for rt in self.supervisor.services.values()
                               if rt.ctx.id == ctx.id]}
                 for ctx in self.modules.values()]
+
+    async def _remove_module(self, ctx: ModuleCtx, now: bool, wait: bool) -> dict[str, Any]:
+        """``module remove`` (moduleremove.py): kept as removed and its jobs that are not
+        running failed before the answer; the rest runs on. ``wait``: answer once forgotten."""
+        mid = ctx.id
+        failed: list[str] = []
+        if mid not in self.removing:
+            self.kept.removed.add(mid)
+            self.disabled.discard(mid)
+            if str(ctx.manifest.bundle) in self.kept.added:
+                self.kept.added.remove(str(ctx.manifest.bundle))
+            modulestate.write(self.state_dir, self.kept)  # before it takes effect
+            self.queue.closed[mid] = moduleremove.failure_reason(mid)
+            failed = self.queue.fail_unrun(mid)
+            running = sum(1 for j in self.queue.runs.tasks if self.jobs[j].module == mid)
+            log.info("module %s: removing (%d queued job(s) failed, %d run(s) %s)", mid,
+                     len(failed), running, "released (--now)" if now else "finish first")
+            self.removing[mid] = asyncio.create_task(moduleremove.remove(self, ctx, now),
+                                                     name=f"remove {mid}")
+        task = self.removing[mid]
+        if not wait:
+            return {"ok": True, "removing": mid, "failed": failed,
+                    "modules": self.module_list()}
+        problems = await asyncio.shield(task)
+        return {"ok": True, "removed": mid, "failed": failed, "problems": problems,
+                "modules": self.module_list()}
 
     def _job(self, job_id: Any) -> JobRecord:
         if not isinstance(job_id, str) or job_id not in self.jobs:
             raise control.ControlError("unknown_job", f"no job {job_id!r}")
         return self.jobs[job_id]
+
+
+class _Removed(Exception):
+    """load_modules: this module was removed here (module remove)."""
+
+    def __init__(self, module_id: str, bundle: str) -> None:
+        super().__init__(module_id)
+        self.module_id, self.bundle = module_id, bundle
 
 
 def _disabled_text(module_id: str) -> str:

@@ -87,6 +87,10 @@ def add_run_options(r: argparse.ArgumentParser) -> None:
                    help="how an attempt's (and a service's) processes are ended: auto "
                         "(default: a cgroup each where cgroup v2 is usable, else the process "
                         "group), cgroup (refuse to start without it), process-group")
+    r.add_argument("--process-factory", choices=("on", "off"), default="on",
+                   help="start every runner, service op and daemon from one warm helper "
+                        "process (a fork server: on, the default, on Linux; elsewhere off) or "
+                        "each directly (off)")
     protect_cli.add_run_options(r)
     r.add_argument("--portal", metavar="URL",
                    help="post heartbeats here: http://HOST:PORT[/prefix], "
@@ -160,6 +164,9 @@ def _add_commands(p: argparse.ArgumentParser, sub: Any) -> None:
     d.add_argument("--json", action="store_true")
     d.add_argument("--sandbox", choices=("auto", "required", "off"), default="auto",
                    help="the agent's --sandbox (off: debugging only)")
+    d.add_argument("--compare", action="store_true",
+                   help="then run the same jobs cold (each loads the model itself) and "
+                        "print both")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -188,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     from .demo import run_demo
 
     return run_demo(jobs=args.jobs, load_s=args.load_s, as_json=args.json,
-                    sandbox=args.sandbox)
+                    sandbox=args.sandbox, compare=args.compare)
 
 
 def _err(msg: str) -> None:
@@ -217,10 +224,12 @@ def _not_permitted(state_dir: Path) -> str:
             f"only to the agent's user (the state dir is 0700); run this command as {who}")
 
 
-def _request(state_dir: Path, req: dict[str, Any]) -> dict[str, Any] | int:
-    """One control request; an int is the exit code, its reason already printed."""
+def _request(state_dir: Path, req: dict[str, Any],
+             timeout: float | None = 30.0) -> dict[str, Any] | int:
+    """One control request; an int is the exit code, its reason already printed.
+    ``timeout``: seconds for the answer (None: as long as it takes)."""
     try:
-        return control.request(state_dir, req)
+        return control.request(state_dir, req, timeout)
     except control.AgentNotRunning as exc:
         _err(str(exc))
         return EXIT_NOT_RUNNING
@@ -366,6 +375,14 @@ def cmd_run(ra: config.RunArgs, run_argv: list[str]) -> int:
 
         watcher = use_pidfd_watcher(asyncio.get_running_loop())
         logging.getLogger("oarbank_agent").debug("child watcher: %s", watcher)
+        maker = await _start_factory(args.process_factory, policy.enforce)
+        try:
+            return await run_agent()
+        finally:
+            if maker is not None:
+                await maker.close()
+
+    async def run_agent() -> int:
         agent = Agent(AgentConfig(
             state_dir=args.state_dir, node_id=node_id, guard=guard_config,
             gpu=gpu_override, manual_refresh_s=args.manual_refresh_s,
@@ -374,11 +391,12 @@ def cmd_run(ra: config.RunArgs, run_argv: list[str]) -> int:
         specs = [(p.resolve(), settings_for(p)) for p in args.modules or []]
         for msg in agent.load_modules(specs):
             print(msg, file=sys.stderr)
-        unknown = [n for n in settings
-                   if agent.find_module(n) is None and n not in agent.modules]
+        unknown = [n for n in settings  # (a module removed here is not loaded: module remove)
+                   if agent.find_module(n) is None and n not in agent.modules
+                   and n not in agent.gone]
         if unknown:
             _err(f"--settings for a module that is not loaded: {', '.join(unknown)}")
-        if not agent.modules and not args.allow_empty:
+        if not agent.modules and not args.allow_empty and not agent.gone:
             _err("no module could be loaded: each refusal above says why (fix the manifest, "
                  "check it with `oarbank-sdk check`, or run with --allow-empty)")
             return 2
@@ -391,6 +409,7 @@ def cmd_run(ra: config.RunArgs, run_argv: list[str]) -> int:
             _err(f"--config {ra.config_path}: {exc}")
             return 2
         agent.reload_source = lambda: _reread(run_argv, ra)
+        _release_on_factory_loss(agent)
 
         sender = None
         if args.portal:
@@ -492,6 +511,41 @@ def cmd_control(args: argparse.Namespace) -> int:
         for line in reply.get("changes", []):
             print(line)
     return 0
+
+
+async def _start_factory(mode: str, confine: bool) -> Any:
+    """The process factory (``--process-factory``), installed for ``procs.spawn``; None when
+    off or when it cannot start (children are then started directly: logged)."""
+    from . import factory
+
+    use, why = factory.resolve_mode(mode, sys.platform)
+    log = logging.getLogger("oarbank_agent")
+    if not use:
+        log.info("process factory: %s", why)
+        return None
+    from .factory.client import FactoryClient
+
+    maker = FactoryClient(confine=confine)
+    try:
+        await maker.start()
+    except OSError as exc:
+        log.warning("process factory: cannot start it (%s): children are started directly",
+                    exc)
+        return None
+    factory.install(maker)
+    return maker
+
+
+def _release_on_factory_loss(agent: Any) -> None:
+    """A factory that dies takes its children's statuses along: their jobs are released
+    (requeued, not charged) and run again (factory/client.py)."""
+    from . import factory
+
+    maker = factory.current()
+    if maker is not None:
+        maker.on_lost = lambda lost: agent.queue.release(
+            [p.label.rsplit(".", 1)[0] for p in lost if p.kind == "runner"],
+            "the process factory died under the attempt")
 
 
 def _install_refusals(enforce: bool) -> None:

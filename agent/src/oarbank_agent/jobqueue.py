@@ -52,10 +52,14 @@ class JobQueue:
         self.modules = modules  # the agent's loaded modules (the same dict)
         self._stopping = stopping
         self.jobs: dict[str, JobRecord] = {}
+        # Modules being removed, or removed (module remove) -> why their jobs that are not
+        # running fail: such a job is never admitted again (moduleremove.py).
+        self.closed: dict[str, str] = {}
         self.runs = JobRuns(store=store, supervisor=supervisor, broker=broker,
                             registry=registry, node=node, stopping=stopping,
                             service_keys=placement.service_keys, on_over=self._run_over,
                             charge_released=charge_released)
+        self.runs.closed = self.closed
 
     # --- in --------------------------------------------------------------------------------
 
@@ -70,6 +74,10 @@ class JobQueue:
         for rec in records:
             self.jobs[rec.job_id] = rec
             if rec.state in jobs.TERMINAL:
+                continue
+            if rec.module in self.closed:  # its module was removed before this restart
+                move(rec, jobs.Event.RECOVER)
+                self.runs.fail(rec, self.closed[rec.module])
                 continue
             ctx = self.modules.get(rec.module)
             if ctx is None or ctx.manifest.stage(rec.stage) is None:
@@ -142,11 +150,27 @@ class JobQueue:
     def _run_over(self, rec: JobRecord, requeued: bool) -> None:
         """A job's run is over (finished, released or stopped): its tokens go back."""
         self.admission.release(rec.job_id)
-        if requeued:
+        if requeued and rec.module in self.closed:
+            self.runs.fail(rec, self.closed[rec.module])  # queued -> failed: module removed
+        elif requeued:
             self._enqueue(rec, self.modules[rec.module], front=True)
         if not self._stopping.is_set():
             self.admit()
         self._update_users()
+
+    def fail_unrun(self, module_id: str) -> list[str]:
+        """Fail every unfinished job of a closed module that has no run in progress
+        (queued -> failed, with ``closed``'s reason); returns their ids."""
+        failed = []
+        for rec in list(self.jobs.values()):
+            if (rec.module == module_id and rec.state not in jobs.TERMINAL
+                    and rec.job_id not in self.runs.tasks):
+                self.admission.cancel(rec.job_id)
+                if rec.state != jobs.State.QUEUED.value:  # (an admitted record, no run)
+                    move(rec, jobs.Event.RECOVER)
+                self.runs.fail(rec, self.closed[module_id])
+                failed.append(rec.job_id)
+        return failed
 
     def prune(self, now: float, keep_s: float) -> list[str]:
         """Remove the final jobs that finished more than ``keep_s`` ago (now: unix seconds)."""

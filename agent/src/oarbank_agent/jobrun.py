@@ -78,6 +78,8 @@ class JobRuns:
         self._releasing: dict[str, str] = {}  # job id -> why its task is being cancelled
         # Called after every attempt (the agent reaps owned objects then: ownedwatch.py).
         self.on_attempt_end: Callable[[], None] | None = None
+        # Modules being removed -> why (JobQueue.closed): no new attempt of theirs starts.
+        self.closed: dict[str, str] = {}
 
     # --- starting, waiting, releasing ------------------------------------------------------
 
@@ -188,9 +190,10 @@ class JobRuns:
                     move(rec, jobs.Event.RETRY)
                     rec.exit_code, rec.reason = outcome.exit_code, outcome.reason
                     self.store.save(rec)
-                    if self._stopping.is_set():
-                        # The agent drains: no new attempt now; admitted -> queued below, the
-                        # next agent on this state dir runs it.
+                    if self._stopping.is_set() or rec.module in self.closed:
+                        # The agent drains (or the module is being removed): no new attempt
+                        # now; admitted -> queued below, the next agent on this state dir runs
+                        # it (a removed module's job fails: JobQueue.fail_unrun).
                         raise asyncio.CancelledError
                     continue
                 reason = outcome.reason
@@ -247,6 +250,11 @@ class JobRuns:
                 died[key] = (ch.closed.result() if ch is not None and ch.closed.done()
                              else rt.st.error or "it failed")
         return died
+
+    def fail(self, rec: JobRecord, reason: str) -> None:
+        """A queued job that will never run here fails (its module was removed)."""
+        # queued -> failed
+        self._finish(rec, jobs.Event.FAIL, None, reason)
 
     def _finish(self, rec: JobRecord, event: jobs.Event, exit_code: int | None,
                 reason: str | None, result: dict[str, Any] | None = None) -> None:

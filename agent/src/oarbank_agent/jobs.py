@@ -19,7 +19,8 @@ States::
 - ``retry``: the runner exited 75 (transient) and attempts are left; the tokens are kept, so
   the job goes back to ``admitted``, not to the queue.
 - ``succeed`` / ``fail``: the last attempt's outcome (``runner.classify``); ``fail`` also from
-  ``admitted`` when a service it needs can never become ready (``service_unavailable``).
+  ``admitted`` when a service it needs can never become ready (``service_unavailable``), and
+  from ``queued`` when its module is removed from the node (``module_removed``).
 - ``requeue``: the agent is stopping; the record stays ``queued`` so a restarted agent resumes
   it.
 - ``release``: host protection (or its service being held or withdrawn) ended the attempt: back
@@ -81,6 +82,7 @@ TRANSITIONS: dict[tuple[State, Event], State] = {
     (State.RUNNING, Event.SUCCEED): State.SUCCEEDED,
     (State.RUNNING, Event.FAIL): State.FAILED,
     (State.ADMITTED, Event.FAIL): State.FAILED,
+    (State.QUEUED, Event.FAIL): State.FAILED,  # its module was removed (module remove)
     (State.ADMITTED, Event.REQUEUE): State.QUEUED,
     (State.RUNNING, Event.REQUEUE): State.QUEUED,
     (State.ADMITTED, Event.RELEASE): State.QUEUED,

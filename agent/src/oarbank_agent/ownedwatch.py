@@ -10,6 +10,9 @@ or a predecessor: the numbers continue) and not running now. Objects without an 
 one still running, or with a number never given are left alone: a
 wrong ``destroy`` would break a running job. Which objects go is the pure ``to_destroy``.
 Manual services are left to whoever runs them.
+
+A module being removed (``module remove``, moduleremove.py) has nothing running any more: every
+object its services list with an ``id`` is destroyed (``owned_ids``, ``destroy_all``).
 """
 
 from __future__ import annotations
@@ -21,11 +24,12 @@ from typing import TYPE_CHECKING, Any
 
 from . import lifecycle as lc
 from . import ops
+from .eventwait import wait_event
 
 if TYPE_CHECKING:
     from .supervisor import Supervisor
 
-__all__ = ["INTERVAL_S", "Reaper", "to_destroy"]
+__all__ = ["INTERVAL_S", "Reaper", "destroy_all", "owned_ids", "to_destroy"]
 
 log = logging.getLogger("oarbank_agent.ownedwatch")
 
@@ -46,6 +50,41 @@ def to_destroy(objects: Any, live: set[int], last_given: int) -> tuple[list[str]
                 and 0 < attempt <= last_given and attempt not in live):
             out.append(obj["id"])
     return out, None
+
+
+def owned_ids(objects: Any) -> tuple[list[str], int, str | None]:
+    """Every object's id (its module is being removed: no attempt of it runs any more), how
+    many objects have no id the agent can name (left alone), and why the answer could not be
+    read (or None)."""
+    if not isinstance(objects, list):
+        return [], 0, f"list_owned: 'objects' must be a list, got {type(objects).__name__}"
+    ids = [o["id"] for o in objects if isinstance(o, dict) and isinstance(o.get("id"), str)]
+    return ids, len(objects) - len(ids), None
+
+
+async def destroy_all(sup: Supervisor, rt: Any) -> list[str]:
+    """``list_owned``, then ``destroy <id> --force`` for every object it names (a removed
+    module's service, stopped). Returns one line per problem (each also logged)."""
+    res = await ops.run_op(rt.ctx, sup.node, rt.svc.name, "list_owned",
+                           timeout_s=ops.OP_TIMEOUTS["list_owned"], registry=sup.registry)
+    if not res.ok or res.doc is None:
+        log.info("%s: list_owned: %s (nothing destroyed)", rt.key, res.error)
+        return []  # the op is optional for a module
+    ids, nameless, problem = owned_ids(res.doc.get("objects", []))
+    problems = [p for p in (problem,) if p is not None]
+    if nameless:
+        problems.append(f"{nameless} owned object(s) without an 'id' left alone")
+    for oid in ids:
+        done = await ops.run_op(rt.ctx, sup.node, rt.svc.name, "destroy",
+                                timeout_s=ops.OP_TIMEOUTS["destroy"], registry=sup.registry,
+                                args=(oid, "--force"))
+        if done.ok:
+            log.info("%s: destroyed owned object %s (its module is removed)", rt.key, oid)
+        else:
+            problems.append(f"destroy {oid} --force failed: {done.error}")
+    for p in problems:
+        log.warning("%s: %s", rt.key, p)
+    return problems
 
 
 class Reaper:
@@ -73,10 +112,7 @@ class Reaper:
 
     async def _loop(self) -> None:
         while True:
-            try:
-                await asyncio.wait_for(self._wake.wait(), self.interval_s)
-            except asyncio.TimeoutError:
-                pass
+            await wait_event(self._wake, self.interval_s)
             self._wake.clear()
             for rt in list(self.sup.services.values()):
                 # A service with no GPU API here runs no op at all, and a manual one is its

@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from . import lifecycle as lc
+from .eventwait import wait_event
 
 if TYPE_CHECKING:
     from .supervisor import ServiceRuntime, Supervisor
@@ -62,7 +63,10 @@ class Refresher:
             await asyncio.gather(self._task, return_exceptions=True)
 
     def _changed(self, key: str) -> None:
-        rt = self.sup.services[key]
+        rt = self.sup.services.get(key)
+        if rt is None:  # its module was removed (module remove)
+            self._seen_ready.pop(key, None)
+            return
         if rt.st.state is lc.State.READY and self._seen_ready.get(key) != rt.ready_at:
             # a new READY (a start, a restart, an adoption): its counts as of now, not as of
             # the fingerprint taken while it was stopped
@@ -73,21 +77,22 @@ class Refresher:
     async def _loop(self) -> None:
         next_all = time.monotonic() + self.interval_s
         while True:
-            try:
-                await asyncio.wait_for(self._wake.wait(), max(0.0, next_all - time.monotonic()))
-            except asyncio.TimeoutError:
-                pass
+            await wait_event(self._wake, max(0.0, next_all - time.monotonic()))
             self._wake.clear()
             wanted = set(self._soon)
             self._soon.clear()
             if time.monotonic() >= next_all:
                 wanted |= set(self.sup.services)
                 next_all = time.monotonic() + self.interval_s
-            for key in due(self._row(k) for k in sorted(wanted)):
+            # (a service whose module was removed meanwhile is no longer asked)
+            for key in due(self._row(k) for k in sorted(wanted) if k in self.sup.services):
+                rt = self.sup.services.get(key)
                 if self.sup.shutting_down:
                     return
+                if rt is None:
+                    continue
                 try:
-                    await self.sup.fingerprint(self.sup.services[key])
+                    await self.sup.fingerprint(rt)
                 except Exception:  # a bug here must not end the refreshes for good
                     log.exception("%s: refreshing its fingerprint failed", key)
 
