@@ -285,7 +285,7 @@ time.sleep(60)
 
 
 def test_listeners_sees_udp_abstract_unix_and_tcp6_in_another_process():
-    from oarbank_sdk._listeners import listeners, related_pids
+    from oarbank_sdk.conform.listeners import listeners, related_pids
 
     proc = subprocess.Popen([sys.executable, "-c", _HOLDER], stdout=subprocess.PIPE, text=True,
                             start_new_session=True)

@@ -2,7 +2,7 @@
 
 The service's ops run as real subprocesses in their own process groups with the contract's op
 environment; the channel is a real socketpair whose child end `start` passes on; connections
-are real socketpairs handed over the channel with SCM_RIGHTS (``oarbank_sdk._conform_host``,
+are real socketpairs handed over the channel with SCM_RIGHTS (``oarbank_sdk.conform.host``,
 built on ``_wire``/``_transport``). The full agent's tests live in agent/tests.
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from oarbank_sdk import _conform_host as host
+from oarbank_sdk.conform import host
 from oarbank_sdk.manifest import expand_exec, load
 
 BUNDLE = Path(__file__).resolve().parents[2] / "examples" / "modelserver"

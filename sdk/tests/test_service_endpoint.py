@@ -18,8 +18,8 @@ import warnings
 import endpoint_helpers as H  # sdk/tests (conftest.py puts it on the path)
 import pytest
 
-from oarbank_sdk import _endpoint_job
 from oarbank_sdk import service_endpoint as ep
+from oarbank_sdk.endpoint import job as endpoint_job
 
 
 @pytest.fixture
@@ -27,7 +27,7 @@ def fd_check():
     """Descriptor counts return to baseline once the test's objects are closed."""
     base = H.open_fds()
     yield
-    _endpoint_job._forget_connectors()
+    endpoint_job._forget_connectors()
     extra = H.fds_settle(base)
     assert not extra, f"descriptors leaked: {sorted(extra)}"
 
@@ -36,7 +36,7 @@ def fd_check():
 def agent(fd_check):
     a = H.FakeAgent(channel=False)
     yield a
-    _endpoint_job._forget_connectors()
+    endpoint_job._forget_connectors()
     a.close()
 
 
@@ -45,7 +45,7 @@ def job_env(agent, monkeypatch):
     """An attempt with a connector for service "model", as the agent gives a runner."""
     end = agent.open_connector("att-1")
     monkeypatch.setenv("OARBANK_SERVICE_MODEL", f"fd:{end.detach()}")  # the SDK owns it now
-    _endpoint_job._connector("model")  # adopt it now, as the first connect would
+    endpoint_job._connector("model")  # adopt it now, as the first connect would
     return agent
 
 
@@ -54,10 +54,10 @@ def raw(fd_check, monkeypatch):
     """A connector whose agent end the test speaks by hand."""
     agent_end, job_end = socket.socketpair()
     monkeypatch.setenv("OARBANK_SERVICE_MODEL", f"fd:{job_end.detach()}")
-    _endpoint_job._connector("model")  # adopt it now, as the first connect would
+    endpoint_job._connector("model")  # adopt it now, as the first connect would
     peer = H.RawPeer(agent_end)
     yield peer
-    _endpoint_job._forget_connectors()
+    endpoint_job._forget_connectors()
     peer.close()
 
 
@@ -250,7 +250,7 @@ def test_timeout_then_late_reply_is_drained_and_receipted(raw):
 
 def test_forked_child_gets_fresh_lock(job_env):
     ep.connect("model", timeout=5).close()  # opens the connector in this process
-    (connector,) = _endpoint_job._connectors.values()
+    (connector,) = endpoint_job._connectors.values()
     # A parent thread mid-exchange at fork time holds the lock; the child must not inherit it.
     connector.lock.acquire()
     try:
@@ -279,7 +279,7 @@ def test_forked_child_gets_fresh_lock(job_env):
 
 def test_inherit_connector_passes_it_to_a_child(job_env):
     kwargs = ep.inherit_connector("model")
-    fd = _endpoint_job._connector("model").stream.fileno()
+    fd = endpoint_job._connector("model").stream.fileno()
     assert kwargs["pass_fds"] == (fd,)
     assert kwargs["env"]["OARBANK_SERVICE_MODEL"] == f"fd:{fd}"
     code = (

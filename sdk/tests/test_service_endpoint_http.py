@@ -21,8 +21,8 @@ from pathlib import Path
 import endpoint_helpers as H  # sdk/tests (conftest.py puts it on the path)
 import pytest
 
-from oarbank_sdk import _endpoint_job
 from oarbank_sdk import service_endpoint as ep
+from oarbank_sdk.endpoint import job as endpoint_job
 
 
 def _read_line(stream, timeout: float) -> str:
@@ -66,10 +66,10 @@ def service(monkeypatch):
         daemon_pid = json.loads(_read_line(start.stdout, 10))["daemon_pid"]
         job_end = agent.open_connector("att-1")
         monkeypatch.setenv("OARBANK_SERVICE_MODEL", f"fd:{job_end.detach()}")
-        _endpoint_job._connector("model")  # adopt it now, as the first connect would
+        endpoint_job._connector("model")  # adopt it now, as the first connect would
         yield agent, daemon_pid, start
     finally:
-        _endpoint_job._forget_connectors()
+        endpoint_job._forget_connectors()
         agent.close()
         try:
             os.killpg(start.pid, signal.SIGKILL)  # the daemon stays in start's group

@@ -22,8 +22,8 @@ import time
 import endpoint_helpers as H  # sdk/tests (conftest.py puts it on the path)
 import pytest
 
-from oarbank_sdk import _endpoint_job
 from oarbank_sdk import service_endpoint as ep
+from oarbank_sdk.endpoint import job as endpoint_job
 
 # A service written against upstream's API: keywords as upstream names them.
 SERVICE = r'''
@@ -94,10 +94,10 @@ def service(tmp_path, monkeypatch):
         monkeypatch.setenv("OARBANK_SERVICE_MODEL", f"fd:{agent.open_connector(7).detach()}")
         monkeypatch.setenv("OARBANK_SERVICE_OTHER", f"fd:{agent.open_connector('att-2').detach()}")
         for name in ("model", "other"):
-            _endpoint_job._connector(name)  # adopt them now: teardown closes them
+            endpoint_job._connector(name)  # adopt them now: teardown closes them
         yield agent
     finally:
-        _endpoint_job._forget_connectors()
+        endpoint_job._forget_connectors()
         agent.close()
         try:
             os.killpg(start.pid, signal.SIGKILL)
@@ -189,7 +189,7 @@ def fd_pair(monkeypatch):
     agent_end, job_end = socket.socketpair()
     monkeypatch.setenv("OARBANK_SERVICE_MODEL", f"fd:{job_end.detach()}")
     yield agent_end, monkeypatch
-    _endpoint_job._forget_connectors()
+    endpoint_job._forget_connectors()
     agent_end.close()
     assert not H.fds_settle(base)
 

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ._manifest_model import Manifest, Problem
+from .manifest.model import Manifest, Problem
 
 __all__ = ["HOST_QUERIES", "reference_problems"]
 

@@ -19,8 +19,8 @@ Standard library only (this module and everything it imports).
 
 from __future__ import annotations
 
-from oarbank_sdk._endpoint_errors import ChannelClosed, EndpointError
-from oarbank_sdk._endpoint_job import (
+from oarbank_sdk.endpoint.errors import ChannelClosed, EndpointError
+from oarbank_sdk.endpoint.job import (
     REQUEST_TIMEOUT_S,
     HTTPConnection,
     Response,
@@ -30,7 +30,7 @@ from oarbank_sdk._endpoint_job import (
     inherit_connector,
     request,
 )
-from oarbank_sdk._endpoint_service import (
+from oarbank_sdk.endpoint.service import (
     CHANNEL_ENV,
     CONNECTIONS_PER_ATTEMPT,
     Acceptor,

@@ -1,7 +1,7 @@
 """The parsed manifest: frozen dataclasses, defaults from contract section 1.
 
 Public through ``oarbank_sdk.manifest``; this module only holds the shapes so that the
-checker (``_manifest_check``) and the public module can both import them without a cycle.
+checker (``manifest.checker``) and the public module can both import them without a cycle.
 """
 
 from __future__ import annotations

@@ -34,8 +34,6 @@ from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
-from oarbank_sdk._endpoint_errors import ChannelClosed, EndpointError
-from oarbank_sdk._endpoint_stream import MessageStream
 from oarbank_sdk._transport import UnsupportedHandle, current
 from oarbank_sdk._wire import (
     Accepted,
@@ -45,6 +43,8 @@ from oarbank_sdk._wire import (
     WireError,
     parse_to_service,
 )
+from oarbank_sdk.endpoint.errors import ChannelClosed, EndpointError
+from oarbank_sdk.endpoint.stream import MessageStream
 
 __all__ = [
     "CHANNEL_ENV",

@@ -9,13 +9,13 @@ What it does, in order, each step one or more checks (``ok``, ``FAIL``, ``skip``
    it (same op environment, its own process group, a channel socketpair whose child end is
    ``OARBANK_ENDPOINT_CHANNEL``): first its
    ``fingerprint`` (``pools`` keys = ``provides.pools``, service protocol 1:
-   ``_conform_start``); ``start`` exits 0, the hello arrives (``ready`` true before it fails
+   ``conform.start``); ``start`` exits 0, the hello arrives (``ready`` true before it fails
    at once; a channel closed before it says whether the daemon is gone, quoting its last log
    line), ``ready`` turns true, all within ``start_timeout_s`` (``ready`` polled from 50 ms,
    backing off to 1 s); a failing check prints the tail of the service's logs; then **no
    network attempts**: no process of the service (ops and daemon) tried ``socket``, ``bind``,
    ``listen``, ``connect`` or ``accept`` (seen by the sandbox's seccomp user notification, never in the
-   service's output: ``_conform_attempts``), and **never listens**: no process of the service
+   service's output: ``conform.attempts``), and **never listens**: no process of the service
    holds a listening TCP/UDP/unix socket.
 4. ``golden <name>``: each ``goldens/*.json`` through the module's runner, with a connector
    this kit brokers itself; every key of ``expected.payload`` must equal the result's.
@@ -44,16 +44,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
-from oarbank_sdk import _conform_attempts as attempts_watch
-from oarbank_sdk import _conform_expect as expect
-from oarbank_sdk import _conform_host as host
-from oarbank_sdk import _conform_inputs as inputs
-from oarbank_sdk import _conform_start as starting
 from oarbank_sdk import _transport, advice
 from oarbank_sdk import manifest as _manifest
 from oarbank_sdk import pages as _pages
-from oarbank_sdk._conform_report import FAIL, OK, SKIP, WARN, Report
-from oarbank_sdk._listeners import listeners, related_pids
+from oarbank_sdk.conform import attempts as attempts_watch
+from oarbank_sdk.conform import expect, host, inputs
+from oarbank_sdk.conform import start as starting
+from oarbank_sdk.conform.listeners import listeners, related_pids
+from oarbank_sdk.conform.report import FAIL, OK, SKIP, WARN, Report
 
 __all__ = ["run", "sandbox_wrapper"]
 

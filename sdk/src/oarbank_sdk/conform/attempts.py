@@ -20,7 +20,7 @@ import sys
 from collections import Counter
 from typing import Any
 
-from oarbank_sdk._conform_report import FAIL, OK, WARN, Report
+from oarbank_sdk.conform.report import FAIL, OK, WARN, Report
 
 __all__ = ["FAULT_ENV", "FAULTS", "Attempts", "start", "summary"]
 

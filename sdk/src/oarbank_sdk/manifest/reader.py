@@ -14,7 +14,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from ._manifest_model import Problem
+from .model import Problem
 
 __all__ = ["MISSING", "Reader", "describe", "join"]
 

@@ -29,10 +29,10 @@ import time
 from email.message import Message
 from typing import Any
 
-from oarbank_sdk._endpoint_errors import ChannelClosed, EndpointError
-from oarbank_sdk._endpoint_stream import MessageStream
 from oarbank_sdk._transport import UnsupportedHandle, current
 from oarbank_sdk._wire import Connect, Ok, Received, Refusal, WireError, parse_reply_to_job
+from oarbank_sdk.endpoint.errors import ChannelClosed, EndpointError
+from oarbank_sdk.endpoint.stream import MessageStream
 
 __all__ = [
     "available",

@@ -15,9 +15,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ._manifest_check import GPU_APIS, PLATFORMS
-from ._manifest_check import build as _build
-from ._manifest_model import (
+from .checker import GPU_APIS, PLATFORMS
+from .checker import build as _build
+from .model import (
     MANIFEST_FILE,
     Gpu,
     Manifest,

@@ -17,9 +17,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ._manifest_model import Gpu, Manifest, Problem, Restart, Runner, Service, Stage, UiEntry
-from ._manifest_reader import MISSING, Reader, join
-from ._version_range import RangeError, at_least, parse_range
+from .._version_range import RangeError, at_least, parse_range
+from .model import Gpu, Manifest, Problem, Restart, Runner, Service, Stage, UiEntry
+from .reader import MISSING, Reader, join
 
 __all__ = ["build", "PLATFORMS", "GPU_APIS"]
 
@@ -458,6 +458,6 @@ def _known_pools(provided: dict[str, str]) -> str:
 
 
 def _d(value: Any) -> str:
-    from ._manifest_reader import describe
+    from .reader import describe
 
     return describe(value)

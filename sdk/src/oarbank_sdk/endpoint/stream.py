@@ -24,9 +24,9 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from oarbank_sdk._endpoint_errors import ChannelClosed
 from oarbank_sdk._transport import Transport
 from oarbank_sdk._wire import LineSplitter, WireError, decode, encode
+from oarbank_sdk.endpoint.errors import ChannelClosed
 
 __all__ = ["MessageStream"]
 

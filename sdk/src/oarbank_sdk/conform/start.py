@@ -18,10 +18,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from oarbank_sdk import _conform_host as host
-from oarbank_sdk import _conform_logs as logs
 from oarbank_sdk import advice
-from oarbank_sdk._conform_report import FAIL, OK, Report
+from oarbank_sdk.conform import host, logs
+from oarbank_sdk.conform.report import FAIL, OK, Report
 
 __all__ = ["FINGERPRINT_TIMEOUT_S", "EXIT_WAIT_S", "check_fingerprint", "await_hello",
            "show_logs"]
