@@ -160,6 +160,9 @@ def _add_commands(p: argparse.ArgumentParser, sub: Any) -> None:
     d.add_argument("--json", action="store_true")
     d.add_argument("--sandbox", choices=("auto", "required", "off"), default="auto",
                    help="the agent's --sandbox (off: debugging only)")
+    d.add_argument("--compare", action="store_true",
+                   help="then run the same jobs cold (each loads the model itself) and "
+                        "print both")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -188,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     from .demo import run_demo
 
     return run_demo(jobs=args.jobs, load_s=args.load_s, as_json=args.json,
-                    sandbox=args.sandbox)
+                    sandbox=args.sandbox, compare=args.compare)
 
 
 def _err(msg: str) -> None:

@@ -3,6 +3,8 @@
 Starts a real ``oarbank-agent run`` (a subprocess in its own session) on a temporary state
 dir with ``examples/modelserver``, submits N jobs at once, shows progress on stderr, prints a
 summary, and cleans up everything it started (agent stopped, its group ended, temp dir gone).
+With ``--compare`` it then runs the same N jobs cold (``demo_cold``: each loads the model
+itself, as many at a time as the warm service has slots) and prints both, measured.
 """
 
 from __future__ import annotations
@@ -20,10 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from . import control
+from .demo_cold import ColdRun, run_cold
 
 __all__ = ["run_demo", "find_example", "AgentProcess"]
 
 PROMPTS = ["The quick brown fox", "jumps over", "the lazy dog"]
+SLOTS = 4  # jobs the warm service serves at once; the cold run runs as many at a time
 
 
 def find_example(name: str = "modelserver") -> Path:
@@ -115,7 +119,7 @@ class AgentProcess:
 
 
 def run_demo(jobs: int = 20, load_s: float = 1.0, as_json: bool = False,
-             sandbox: str = "auto") -> int:
+             sandbox: str = "auto", compare: bool = False) -> int:
     if jobs < 1:
         print("oarbank-agent demo: --jobs must be at least 1", file=sys.stderr)
         return 2
@@ -126,7 +130,7 @@ def run_demo(jobs: int = 20, load_s: float = 1.0, as_json: bool = False,
     try:
         state = tmp / "state"
         settings = tmp / "modelserver-settings.json"
-        settings.write_text(json.dumps({"load_s": load_s}))
+        settings.write_text(json.dumps({"load_s": load_s, "slots": SLOTS}))
         t0 = time.monotonic()
         agent = AgentProcess(state, [example], {"modelserver": settings},
                              extra_args=["--sandbox", sandbox])
@@ -134,7 +138,7 @@ def run_demo(jobs: int = 20, load_s: float = 1.0, as_json: bool = False,
         with control.Client(state) as c:
             for i in range(jobs):
                 reply = c.call({"op": "submit", "module": "modelserver", "stage": "generate",
-                                "payload": {"prompts": [f"{p} #{i}" for p in PROMPTS]}})
+                                "payload": {"prompts": _prompts(i)}})
                 if not reply.get("ok"):
                     raise RuntimeError(f"submit refused: {reply.get('error')}")
                 ids.append(reply["job_id"])
@@ -167,6 +171,17 @@ def run_demo(jobs: int = 20, load_s: float = 1.0, as_json: bool = False,
         summary = {"jobs": jobs, "succeeded": succeeded, "model_loads": len(loads),
                    "service_pids": pids, "wall_s": round(wall, 3)}
         endpoints = status.get("sandbox", {}).get("endpoints")
+        cold = None
+        if compare:
+            agent.stop()  # the warm run is over: the cold one gets the machine to itself
+            agent = None
+            if not as_json:
+                print(f"cold run: the same {jobs} jobs, each loading the model itself "
+                      f"({SLOTS} at a time) ...", file=sys.stderr, flush=True)
+            cold = run_cold(example, tmp / "cold-data", [_prompts(i) for i in range(jobs)],
+                            load_s, SLOTS)
+            summary["cold"] = {"succeeded": cold.succeeded, "model_loads": cold.model_loads,
+                               "wall_s": round(cold.wall_s, 3), "parallel": cold.parallel}
         if as_json:
             print(json.dumps(summary))
         else:
@@ -181,11 +196,32 @@ def run_demo(jobs: int = 20, load_s: float = 1.0, as_json: bool = False,
             for r in records:
                 if r["state"] != "succeeded":
                     print(f"  {r['job_id']}: {r['state']}: {r['reason']}")
-        return 0 if succeeded == jobs else 1
+            if cold is not None:
+                _print_comparison(jobs, wall, len(loads), cold)
+        ok = succeeded == jobs and (cold is None or cold.succeeded == jobs)
+        return 0 if ok else 1
     finally:
         if agent is not None:
             agent.stop()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _prompts(i: int) -> list[str]:
+    return [f"{p} #{i}" for p in PROMPTS]
+
+
+def _print_comparison(jobs: int, warm_wall: float, warm_loads: int, cold: ColdRun) -> None:
+    print()
+    print(f"the same {jobs} jobs cold (each loads the model itself, {cold.parallel} at a time):")
+    print(f"  jobs succeeded: {cold.succeeded} of {cold.jobs}")
+    print(f"  model loads:    {cold.model_loads} (warm: {warm_loads})")
+    print(f"  wall time:      {cold.wall_s:.2f}s (warm: {warm_wall:.2f}s, the agent's own "
+          f"start included)")
+    if warm_wall > 0:
+        print(f"  cold / warm:    {cold.wall_s / warm_wall:.1f}x the time, "
+              f"{cold.model_loads - warm_loads} more model loads")
+    for e in cold.errors[:5]:
+        print(f"  a cold job failed: {e}")
 
 
 def _progress(done: int, total: int, tty: bool) -> None:
