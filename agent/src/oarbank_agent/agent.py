@@ -29,6 +29,7 @@ from . import (
     control,
     drain,
     escapewatch,
+    factory,
     faults,
     gpu_detect,
     hostrules,
@@ -262,6 +263,7 @@ class Agent:
                                               self.admission.charged_gb())
         rep.update(containment.current().report())  # cgroup | process-group, and why
         rep["fault"] = self.fault  # test-only fault injection: never on silently
+        rep["process_factory"] = factory.report()  # on/off; its pid, RSS, descriptors
         # what the portal did with this node's reports (refusals by cause: heartbeat.py)
         rep["heartbeat"] = self.heartbeat.status() if self.heartbeat is not None else None
         return rep

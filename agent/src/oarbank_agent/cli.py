@@ -87,6 +87,10 @@ def add_run_options(r: argparse.ArgumentParser) -> None:
                    help="how an attempt's (and a service's) processes are ended: auto "
                         "(default: a cgroup each where cgroup v2 is usable, else the process "
                         "group), cgroup (refuse to start without it), process-group")
+    r.add_argument("--process-factory", choices=("on", "off"), default="on",
+                   help="start every runner, service op and daemon from one warm helper "
+                        "process (a fork server: on, the default, on Linux; elsewhere off) or "
+                        "each directly (off)")
     protect_cli.add_run_options(r)
     r.add_argument("--portal", metavar="URL",
                    help="post heartbeats here: http://HOST:PORT[/prefix], "
@@ -371,6 +375,14 @@ def cmd_run(ra: config.RunArgs, run_argv: list[str]) -> int:
 
         watcher = use_pidfd_watcher(asyncio.get_running_loop())
         logging.getLogger("oarbank_agent").debug("child watcher: %s", watcher)
+        maker = await _start_factory(args.process_factory, policy.enforce)
+        try:
+            return await run_agent()
+        finally:
+            if maker is not None:
+                await maker.close()
+
+    async def run_agent() -> int:
         agent = Agent(AgentConfig(
             state_dir=args.state_dir, node_id=node_id, guard=guard_config,
             gpu=gpu_override, manual_refresh_s=args.manual_refresh_s,
@@ -397,6 +409,7 @@ def cmd_run(ra: config.RunArgs, run_argv: list[str]) -> int:
             _err(f"--config {ra.config_path}: {exc}")
             return 2
         agent.reload_source = lambda: _reread(run_argv, ra)
+        _release_on_factory_loss(agent)
 
         sender = None
         if args.portal:
@@ -498,6 +511,43 @@ def cmd_control(args: argparse.Namespace) -> int:
         for line in reply.get("changes", []):
             print(line)
     return 0
+
+
+async def _start_factory(mode: str, confine: bool) -> Any:
+    """The process factory (``--process-factory``), installed for ``procs.spawn``; None when
+    off or when it cannot start (children are then started directly: logged)."""
+    from . import factory
+
+    use, why = factory.resolve_mode(mode, sys.platform)
+    log = logging.getLogger("oarbank_agent")
+    if not use:
+        log.info("process factory: %s", why)
+        factory.install(None, why)
+        return None
+    from .factory.client import FactoryClient
+
+    maker = FactoryClient(confine=confine)
+    try:
+        await maker.start()
+    except OSError as exc:
+        log.warning("process factory: cannot start it (%s): children are started directly",
+                    exc)
+        factory.install(None, f"off: it could not start ({exc}): children are started directly")
+        return None
+    factory.install(maker)
+    return maker
+
+
+def _release_on_factory_loss(agent: Any) -> None:
+    """A factory that dies takes its children's statuses along: their jobs are released
+    (requeued, not charged) and run again (factory/client.py)."""
+    from . import factory
+
+    maker = factory.current()
+    if maker is not None:
+        maker.on_lost = lambda lost: agent.queue.release(
+            [p.label.rsplit(".", 1)[0] for p in lost if p.kind == "runner"],
+            "the process factory died under the attempt")
 
 
 def _install_refusals(enforce: bool) -> None:

@@ -20,15 +20,16 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import psutil
 
 from oarbank_sdk.protocol import current_transport
 
-from . import containment, refusals, sandboxing
+from . import containment, factory, refusals, sandboxing
+from .factory.client import FactoryLost
 
-__all__ = ["GroupRecord", "ProcessRegistry", "spawn", "group_alive", "end_group",
+__all__ = ["ChildProcess", "GroupRecord", "ProcessRegistry", "spawn", "group_alive", "end_group",
            "signal_group", "launch_argv"]
 
 
@@ -104,18 +105,34 @@ class ProcessRegistry:
         return ended
 
 
+class ChildProcess(Protocol):
+    """What ``spawn`` returns: an ``asyncio.subprocess.Process`` (direct) or a
+    ``factory.client.FactoryProcess``; callers use only this."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    async def wait(self) -> int: ...
+
+
 async def spawn(argv: list[str], *, env: dict[str, str], cwd: str | os.PathLike[str],
                 stdout: Any, stderr: Any, inherit: tuple[int, ...] = (),
                 registry: ProcessRegistry | None = None, kind: str = "op",
                 label: str = "", walls: sandboxing.Walls | None = None,
-                refusal_key: str | None = None) -> asyncio.subprocess.Process:
+                refusal_key: str | None = None) -> ChildProcess:
     """Start ``argv`` in a new session with exactly ``env``; record its group.
 
     Only the handles in ``inherit`` (plus stdin/stdout/stderr) reach the child, passed the
-    transport's way (``oarbank_sdk.protocol``: ``inheritable_kwargs``).
+    transport's way (``oarbank_sdk.protocol``: ``inheritable_kwargs``, or to the process
+    factory with SCM_RIGHTS). ``stdout``/``stderr``: a file object or a descriptor.
     With cgroup containment the child enters a cgroup of its own before its own code runs
     (``containment``). Raises ``OSError`` if it cannot be started. ``refusal_key``: count
     the network attempts of the child and all it starts under that key (``refusals``).
+    With the process factory installed (``--process-factory on``) the factory forks it;
+    otherwise (or when the factory cannot be had) it is started directly, as always.
     """
     box = containment.current()
     cg = box.new_cgroup() if box.enabled else None
@@ -124,13 +141,26 @@ async def spawn(argv: list[str], *, env: dict[str, str], cwd: str | os.PathLike[
     if watch is not None and watch.child_fd is not None:
         inherit = (*inherit, watch.child_fd)
     inner = launch_argv(argv, walls, watch.child_fd if watch is not None else None)
-    full = inner if cg is None else box.wrap(inner, cg)
+    maker = factory.current()
     try:
-        proc = await asyncio.create_subprocess_exec(
-            *full, env=env, cwd=str(cwd), stdin=asyncio.subprocess.DEVNULL,
-            stdout=stdout, stderr=stderr, start_new_session=True,
-            **current_transport().inheritable_kwargs(*inherit),
-        )
+        proc: ChildProcess | None = None
+        if maker is not None and maker.broken is None:
+            fds = [(_fd_of(stdout), 1), (_fd_of(stderr), 2), *((fd, fd) for fd in inherit)]
+            try:
+                proc = await maker.spawn(inner, env=env, cwd=str(cwd), fds=fds,
+                                         cgroup=str(cg) if cg is not None else None,
+                                         kind=kind, label=label)
+            except FactoryLost as exc:
+                if maker.broken is None:
+                    raise OSError(f"{exc}") from None
+                # No factory any more (it says why in status): the direct way below.
+        if proc is None:
+            full = inner if cg is None else box.wrap(inner, cg)
+            proc = await asyncio.create_subprocess_exec(
+                *full, env=env, cwd=str(cwd), stdin=asyncio.subprocess.DEVNULL,
+                stdout=stdout, stderr=stderr, start_new_session=True,
+                **current_transport().inheritable_kwargs(*inherit),
+            )
     except BaseException:
         if watch is not None:
             watch.close()
@@ -138,6 +168,7 @@ async def spawn(argv: list[str], *, env: dict[str, str], cwd: str | os.PathLike[
             with contextlib.suppress(OSError):
                 cg.rmdir()
         raise
+    assert proc is not None
     if watch is not None:
         watch.spawned()  # only the launcher holds its end now
     if cg is not None:
@@ -149,6 +180,15 @@ async def spawn(argv: list[str], *, env: dict[str, str], cwd: str | os.PathLike[
         registry.add(GroupRecord(proc.pid, kind, label, time.time(), _start_ticks(proc.pid),
                                  _boot_id(), str(cg) if cg is not None else None))
     return proc
+
+
+def _fd_of(stream: Any) -> int:
+    """A descriptor for the factory: ``spawn``'s stdout/stderr are files or descriptors."""
+    if isinstance(stream, int) and stream >= 0:
+        return stream
+    if stream is None:
+        raise OSError("the process factory needs stdout and stderr given")
+    return int(stream.fileno())
 
 
 def _members(pgid: int, min_ticks: int | None = None) -> list[int]:

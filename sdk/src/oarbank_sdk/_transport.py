@@ -25,6 +25,7 @@ __all__ = ["Transport", "PosixTransport", "current", "UnsupportedHandle"]
 # but a hostile peer may attach more: room for several lets us receive and close them all
 # rather than have the kernel truncate silently.
 _MAX_FDS_PER_RECV = 16
+MAX_HANDLES = _MAX_FDS_PER_RECV  # per message, ``send_handles``
 
 
 class UnsupportedHandle(ValueError):
@@ -54,6 +55,10 @@ class Transport(Protocol):
 
     def recv(self, sock: socket.socket, bufsize: int) -> tuple[bytes, list[int]]:
         """Receive data and any handles that came with it (close-on-exec, owned by caller)."""
+
+    def send_handles(self, sock: socket.socket, data: bytes, handles: list[int]) -> int:
+        """``send`` with several handles travelling along (at most ``MAX_HANDLES``; the
+        agent's process factory passes a child's stdio and inherited handles this way)."""
 
     def inheritable_kwargs(self, *handles: int) -> dict:
         """``subprocess.Popen`` keyword arguments that pass ``handles`` (and nothing else) to
@@ -98,6 +103,14 @@ class PosixTransport:
         if attach is None:
             return sock.send(data)
         fds = array.array("i", [attach])
+        return sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+
+    def send_handles(self, sock: socket.socket, data: bytes, handles: list[int]) -> int:
+        if len(handles) > MAX_HANDLES:
+            raise ValueError(f"{len(handles)} handles in one message (at most {MAX_HANDLES})")
+        if not handles:
+            return sock.send(data)
+        fds = array.array("i", handles)
         return sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
 
     def recv(self, sock: socket.socket, bufsize: int) -> tuple[bytes, list[int]]:

@@ -1,0 +1,356 @@
+"""The agent's side of its process factory: start it, ask it for children, watch them end.
+
+``FactoryClient.spawn`` returns a ``FactoryProcess``: what callers of ``procs.spawn`` use of an
+``asyncio.subprocess.Process`` (``pid``, ``returncode``, ``await wait()``). The agent cannot
+``waitpid`` the factory's children; their exit statuses come from the factory.
+
+When the factory dies (killed, crashed) the statuses of the children it still had are lost
+with it. Those children are ended (SIGKILL to each one's process group: a status nobody can
+know is worse than a known kill), ``on_lost`` is called first with their handles so the agent
+can release their jobs (not charged, requeued, run again), and a new factory is started.
+Spawns made meanwhile wait for it. A factory that cannot be started (three times in a row)
+leaves the client ``broken``: ``procs.spawn`` then starts children directly, and says why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import resource
+import signal
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from oarbank_sdk.protocol import current_transport
+
+from . import wire
+
+__all__ = ["FactoryClient", "FactoryProcess", "FactoryLost", "RLIMITS"]
+
+log = logging.getLogger("oarbank_agent.factory")
+
+RLIMITS = tuple(getattr(resource, n) for n in dir(resource) if n.startswith("RLIMIT_"))
+_START_TIMEOUT_S = 60.0
+_MAX_FAILED_STARTS = 3
+
+
+class FactoryLost(OSError):
+    """The factory died before it answered a spawn."""
+
+
+class FactoryProcess:
+    """A child of the factory, as far as the agent can see it."""
+
+    def __init__(self, pid: int, kind: str = "", label: str = "") -> None:
+        self.pid = pid
+        self.kind = kind  # procs.GroupRecord's: op | service | runner
+        self.label = label
+        self.returncode: int | None = None
+        self.lost = False  # the factory died under it (returncode is then our own kill)
+        self._done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+    def _exited(self, code: int) -> None:
+        if not self._done.done():
+            self.returncode = code
+            self._done.set_result(code)
+
+    async def wait(self) -> int:
+        return await asyncio.shield(self._done)
+
+
+def _umask() -> int:
+    """The agent's umask, read without changing it (threads may create files meanwhile)."""
+    with contextlib.suppress(OSError, ValueError), open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask
+
+
+class FactoryClient:
+    def __init__(self, *, confine: bool,
+                 on_lost: Callable[[list[FactoryProcess]], None] | None = None) -> None:
+        self.confine = confine  # the factory drops what children need not inherit
+        self.on_lost = on_lost
+        self.restarts = 0
+        self.broken: str | None = None  # why spawns go the direct way now
+        self._proc: asyncio.subprocess.Process | None = None
+        self._sock: Any = None
+        self._decoder = wire.Decoder()
+        self._ids = itertools.count(1)
+        self._pending: dict[int, tuple[asyncio.Future[int], str, str]] = {}
+        self._live: dict[int, FactoryProcess] = {}
+        self._hello: asyncio.Future[int] | None = None
+        self._ready = asyncio.Event()
+        self._send_lock = asyncio.Lock()
+        self._closing = False
+        self._restarting: asyncio.Task[None] | None = None
+        self._orphan_watch: set[asyncio.Task[None]] = set()
+
+    # --- the factory process --------------------------------------------------------------
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None and self._ready.is_set() else None
+
+    async def start(self) -> None:
+        """Start the factory and wait for its hello. Raises OSError when it cannot start."""
+        transport = current_transport()
+        ours, theirs = transport.pair(child=True)
+        argv = [sys.executable, "-I", "-m", "oarbank_agent.factory",
+                transport.format(theirs.fileno())] + (["--confine"] if self.confine else [])
+        loop = asyncio.get_running_loop()
+        try:
+            # An empty environment: its locale is that of the contract's job and op
+            # environments (plan.in_place runs a script in place only for the same one).
+            self._proc = await asyncio.create_subprocess_exec(
+                *argv, env={}, stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL, stderr=None,
+                **transport.inheritable_kwargs(theirs.fileno()))
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        ours.setblocking(False)
+        self._sock = ours
+        self._decoder = wire.Decoder()
+        self._hello = loop.create_future()
+        loop.add_reader(ours.fileno(), self._readable)
+        try:
+            await asyncio.wait_for(asyncio.shield(self._hello), _START_TIMEOUT_S)
+        except (asyncio.TimeoutError, FactoryLost) as exc:
+            await self._drop_process()
+            raise OSError(f"the process factory did not start: {exc or 'no hello'}") from None
+        self._ready.set()
+        log.info("process factory: pid %d%s", self._proc.pid,
+                 " (confined)" if self.confine else "")
+
+    async def close(self) -> None:
+        """Agent shutdown: the factory ends (its children, if any, go on)."""
+        self._closing = True
+        if self._restarting is not None:
+            self._restarting.cancel()
+            with contextlib.suppress(BaseException):
+                await self._restarting
+        await self._drop_process()
+        for t in list(self._orphan_watch):
+            with contextlib.suppress(BaseException):
+                await t
+
+    async def _drop_process(self) -> None:
+        self._ready.clear()
+        if self._sock is not None:
+            with contextlib.suppress(Exception):
+                asyncio.get_running_loop().remove_reader(self._sock.fileno())
+            self._sock.close()
+            self._sock = None
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.terminate()  # its socket is closed: it is on its way out anyway
+            try:
+                await asyncio.wait_for(proc.wait(), 10)
+            except asyncio.TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                await proc.wait()
+
+    def footprint(self) -> dict[str, Any]:
+        """The factory's share of the agent's footprint (status)."""
+        pid = self.pid
+        rep: dict[str, Any] = {"mode": "on", "pid": pid, "restarts": self.restarts,
+                               "children": len(self._live), "note": self.broken}
+        if pid is not None:
+            with contextlib.suppress(OSError, ValueError), open(f"/proc/{pid}/statm") as f:
+                rep["rss_bytes"] = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+            with contextlib.suppress(OSError):
+                rep["fds"] = len(os.listdir(f"/proc/{pid}/fd"))
+        return rep
+
+    # --- spawning -------------------------------------------------------------------------
+
+    async def spawn(self, argv: list[str], *, env: dict[str, str], cwd: str,
+                    fds: list[tuple[int, int]], cgroup: str | None,
+                    kind: str = "", label: str = "") -> FactoryProcess:
+        """Start ``argv``; ``fds``: (agent's descriptor, its number in the child). Raises
+        OSError as ``Popen`` does (the factory's message), ``FactoryLost`` if it died."""
+        while not self._ready.is_set():
+            if self.broken or self._closing:
+                raise FactoryLost(f"no process factory: {self.broken or 'closing'}")
+            waiter = asyncio.ensure_future(self._ready.wait())
+            try:
+                await asyncio.wait_for(waiter, _START_TIMEOUT_S)
+            except asyncio.TimeoutError:
+                raise FactoryLost("no process factory within "
+                                  f"{_START_TIMEOUT_S:g}s") from None
+        rid = next(self._ids)
+        msg = {"op": "spawn", "id": rid, "argv": argv, "env": env, "cwd": cwd,
+               "umask": _umask(), "cgroup": cgroup, "fds": [n for _fd, n in fds],
+               "rlimits": [[r, *resource.getrlimit(r)] for r in RLIMITS]}
+        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._pending[rid] = (fut, kind, label)
+        try:
+            await self._send(wire.encode(msg), [fd for fd, _n in fds])
+            return self._live[await fut]
+        finally:
+            self._pending.pop(rid, None)
+
+    async def _send(self, data: bytes, fds: list[int]) -> None:
+        transport = current_transport()
+        loop = asyncio.get_running_loop()
+        async with self._send_lock:
+            sock = self._sock
+            if sock is None:
+                raise FactoryLost("the process factory is gone")
+            while True:
+                try:
+                    n = transport.send_handles(sock, data, fds)
+                    break
+                except BlockingIOError:
+                    writable = loop.create_future()
+                    loop.add_writer(sock.fileno(), writable.set_result, None)
+                    try:
+                        await writable
+                    finally:
+                        loop.remove_writer(sock.fileno())
+                except OSError as exc:
+                    raise FactoryLost(f"the process factory is gone ({exc})") from None
+            if n < len(data):  # the descriptors went with the first byte
+                await loop.sock_sendall(sock, data[n:])
+
+    # --- what the factory says ------------------------------------------------------------
+
+    def _readable(self) -> None:
+        sock = self._sock
+        if sock is None:
+            return
+        try:
+            data = sock.recv(1 << 16)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._lost("its socket closed")
+            return
+        try:
+            msgs = self._decoder.feed(data)
+        except ValueError as exc:
+            self._lost(f"it sent garbage ({exc})")
+            return
+        for msg in msgs:
+            self._dispatch(msg)
+
+    def _dispatch(self, msg: dict[str, Any]) -> None:
+        op = msg.get("op")
+        if op == "hello" and self._hello is not None and not self._hello.done():
+            self._hello.set_result(int(msg["pid"]))
+        elif op == "started":
+            pending = self._pending.get(int(msg["id"]))
+            pid = int(msg["pid"])
+            self._live[pid] = FactoryProcess(pid, *(pending[1:] if pending else ()))
+            if pending is not None and not pending[0].done():
+                pending[0].set_result(pid)
+        elif op == "failed":
+            pending = self._pending.get(int(msg["id"]))
+            if pending is not None and not pending[0].done():
+                pending[0].set_exception(OSError(int(msg.get("errno") or 0),
+                                                 str(msg.get("error"))))
+        elif op == "exit":
+            proc = self._live.pop(int(msg["pid"]), None)
+            if proc is not None:
+                proc._exited(int(msg["code"]))
+
+    def _lost(self, why: str) -> None:
+        """The factory died: release, end and watch its children; fail what it never
+        answered; start a new one."""
+        loop = asyncio.get_running_loop()
+        with contextlib.suppress(Exception):
+            loop.remove_reader(self._sock.fileno())
+        was_ready = self._ready.is_set()
+        self._ready.clear()
+        if self._hello is not None and not self._hello.done():
+            self._hello.set_exception(FactoryLost(why))
+        for fut, _kind, _label in self._pending.values():
+            if not fut.done():
+                fut.set_exception(FactoryLost(f"the process factory died ({why})"))
+        orphans = list(self._live.values())
+        self._live.clear()
+        if self._closing or not was_ready:
+            return  # shutting down, or dead at start (start() says so)
+        log.error("process factory died (%s): %d child(ren) in flight ended, their jobs "
+                  "released; starting a new one", why, len(orphans))
+        if self.on_lost is not None and orphans:
+            try:
+                self.on_lost(orphans)
+            except Exception:
+                log.exception("process factory: on_lost failed")
+        for proc in orphans:
+            proc.lost = True
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            t = asyncio.create_task(self._until_gone(proc))
+            self._orphan_watch.add(t)
+            t.add_done_callback(self._orphan_watch.discard)
+        self._restarting = asyncio.create_task(self._restart(why))
+
+    async def _until_gone(self, proc: FactoryProcess) -> None:
+        """Resolve a lost child's handle once the process is gone (a pidfd works for a
+        process that is not ours; /proc is the fallback)."""
+        try:
+            fd = os.pidfd_open(proc.pid)
+        except (AttributeError, OSError):
+            fd = -1
+        if fd >= 0:
+            gone = asyncio.get_running_loop().create_future()
+            loop = asyncio.get_running_loop()
+            loop.add_reader(fd, _set_once, gone)
+            try:
+                await gone
+            finally:
+                loop.remove_reader(fd)
+                os.close(fd)
+        else:
+            while os.path.exists(f"/proc/{proc.pid}") and not _zombie(proc.pid):
+                await asyncio.sleep(0.05)
+        proc._exited(-signal.SIGKILL)
+
+    async def _restart(self, why: str) -> None:
+        await self._drop_process()
+        failures = 0
+        while not self._closing:
+            try:
+                await self.start()
+                self.restarts += 1
+                return
+            except OSError as exc:
+                failures += 1
+                log.error("process factory: restart %d failed: %s", failures, exc)
+                if failures >= _MAX_FAILED_STARTS:
+                    self.broken = (f"the process factory died ({why}) and could not be "
+                                   f"restarted ({exc}): children are started directly")
+                    self._ready.set()  # wake the waiters: they go the direct way
+                    self._ready.clear()
+                    return
+                await asyncio.sleep(0.5 * failures)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+        return data[data.rfind(b")") + 2:][:1] == b"Z"
+    except OSError:
+        return True
+
+
+def _set_once(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)

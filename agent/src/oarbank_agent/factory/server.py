@@ -1,0 +1,164 @@
+"""The factory process: ``python -I -m oarbank_agent.factory fd:<n> [--confine]``.
+
+One per agent, started by ``client.FactoryClient``. It imports, once, what every child would
+otherwise import again (the SDK's sandbox launcher and its seccomp binding, ``runpy``), then
+waits on its socket. Per ``spawn`` it forks a child (``child.run``), answers ``started`` (or
+``failed``) as soon as the child is past the point where the direct path's ``Popen`` returns,
+and ``exit`` when it reaps the child. Single-threaded on purpose: ``fork`` copies only the
+calling thread, and user namespaces and Landlock refuse multi-threaded callers.
+
+It ends when the agent's end of the socket closes (the agent died or stopped): the children
+go on, as those of a direct spawn outlive the agent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+from typing import Any
+
+from oarbank_sdk.protocol import current_transport
+
+from . import child, selfconfine, wire
+
+__all__ = ["main"]
+
+
+def _launcher_sys_path() -> list[str]:
+    """sys.path of a ``python -I -S`` start-up (the launcher's, before its two folders)."""
+    out = subprocess.run([sys.executable, "-I", "-S", "-c",
+                          "import sys,json;print(json.dumps(sys.path))"],
+                         capture_output=True, text=True, timeout=60, check=True, env={})
+    return [p for p in json.loads(out.stdout) if p]
+
+
+def _preload() -> None:
+    """What children would each import again: imported once here."""
+    import runpy  # noqa: F401
+
+    if sys.platform.startswith("linux"):
+        from oarbank_sdk.sandbox import _landlock, _linux, _notify, launch  # noqa: F401
+
+        with contextlib.suppress(ImportError, OSError):
+            _linux._import_pyseccomp()
+
+
+def _boot() -> str:
+    from oarbank_sdk import sandbox
+
+    return str(getattr(sandbox, "_BOOT", ""))
+
+
+class Factory:
+    def __init__(self, sock: socket.socket, startup: child.Startup) -> None:
+        self.sock = sock
+        self.startup = startup
+        self.children: set[int] = set()
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_w, False)
+        os.set_blocking(self.wake_r, False)
+
+    def serve(self) -> None:
+        signal.set_wakeup_fd(self.wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        wire.send_message(self.sock, {"op": "hello", "pid": os.getpid()})
+        poller = select.poll()
+        poller.register(self.sock.fileno(), select.POLLIN)
+        poller.register(self.wake_r, select.POLLIN)
+        while True:
+            for fd, _ev in poller.poll():
+                if fd == self.wake_r:
+                    with contextlib.suppress(BlockingIOError):
+                        while os.read(self.wake_r, 512):
+                            pass
+                elif fd == self.sock.fileno():
+                    got = wire.recv_message(self.sock)
+                    if got is None:
+                        return  # the agent is gone
+                    msg, fds = got
+                    try:
+                        if msg.get("op") == "spawn":
+                            self.spawn(msg, fds)
+                    finally:
+                        for x in fds:
+                            os.close(x)
+            self.reap()
+
+    def spawn(self, req: dict[str, Any], fds: list[int]) -> None:
+        err_r, err_w = os.pipe()
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            os.close(err_r)
+            os.close(err_w)
+            self._reply({"op": "failed", "id": req["id"], "errno": exc.errno or errno.EAGAIN,
+                         "error": f"fork failed: {exc.strerror}"})
+            return
+        if pid == 0:  # the child: never returns here
+            os.close(err_r)
+            self.sock.detach()
+            child.run(req, fds, self.startup, err_w)
+        os.close(err_w)
+        chunks = []
+        while True:  # EOF: exec'd, running in place, or sandboxing (child.py says when)
+            try:
+                data = os.read(err_r, 4096)
+            except InterruptedError:
+                continue
+            if not data:
+                break
+            chunks.append(data)
+        os.close(err_r)
+        if chunks:
+            code, _, text = b"".join(chunks).decode(errors="replace").partition(":")
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)  # it exits right after saying why
+            self._reply({"op": "failed", "id": req["id"],
+                         "errno": int(code) if code.isdigit() else 0, "error": text})
+            return
+        self.children.add(pid)
+        self._reply({"op": "started", "id": req["id"], "pid": pid})
+
+    def reap(self) -> None:
+        while self.children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if pid in self.children:
+                self.children.discard(pid)
+                self._reply({"op": "exit", "pid": pid,
+                             "code": os.waitstatus_to_exitcode(status)})
+
+    def _reply(self, msg: dict[str, Any]) -> None:
+        wire.send_message(self.sock, msg)
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        print("usage: python -I -m oarbank_agent.factory fd:<n> [--confine]", file=sys.stderr)
+        return 2
+    startup_path = list(sys.path)
+    transport = current_transport()
+    sock = transport.open_stream(transport.parse(argv[0]))
+    sock.setblocking(True)
+    boot = _boot()
+    startup = child.capture(boot, _launcher_sys_path() if boot else [])
+    startup.sys_path = startup_path
+    _preload()
+    if "--confine" in argv[1:]:
+        selfconfine.confine()
+    else:
+        selfconfine.undumpable()
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        Factory(sock, startup).serve()
+    return 0
