@@ -11,6 +11,8 @@ admit nothing more until jobs give theirs back; an unhealthy service offers none
 ``manual`` services have their own period (``manualwatch.py``, ``--manual-refresh-s``); a
 service with an effect in flight (starting, stopping, failing) is left to that effect, which
 fingerprints it itself when it is over. Which services are due is the pure ``due``.
+
+Every round also runs ``also`` (the agent: each runner's ``doctor --json``, runnerhealth.py).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING
 
 from . import lifecycle as lc
@@ -45,9 +47,11 @@ class Refresher:
     """The refresh task: every ``interval_s`` each due service, and a service that just became
     ready at once (``Supervisor.on_change`` tells it)."""
 
-    def __init__(self, sup: Supervisor, interval_s: float) -> None:
+    def __init__(self, sup: Supervisor, interval_s: float,
+                 also: Callable[[], Awaitable[None]] | None = None) -> None:
         self.sup = sup
         self.interval_s = interval_s
+        self.also = also  # run once every round (every interval_s)
         self._seen_ready: dict[str, float | None] = {}  # key -> the READY it was refreshed for
         self._soon: set[str] = set()
         self._wake = asyncio.Event()
@@ -81,7 +85,8 @@ class Refresher:
             self._wake.clear()
             wanted = set(self._soon)
             self._soon.clear()
-            if time.monotonic() >= next_all:
+            every = time.monotonic() >= next_all
+            if every:
                 wanted |= set(self.sup.services)
                 next_all = time.monotonic() + self.interval_s
             # (a service whose module was removed meanwhile is no longer asked)
@@ -95,6 +100,11 @@ class Refresher:
                     await self.sup.fingerprint(rt)
                 except Exception:  # a bug here must not end the refreshes for good
                     log.exception("%s: refreshing its fingerprint failed", key)
+            if every and self.also is not None and not self.sup.shutting_down:
+                try:
+                    await self.also()
+                except Exception:
+                    log.exception("the refresh round's other checks failed")
 
     def _row(self, key: str) -> tuple[str, lc.State, str, bool]:
         rt: ServiceRuntime = self.sup.services[key]
