@@ -67,7 +67,7 @@ def test_keep_predecessor_groups_leaves_the_old_runner_running(start_agent, tmp_
     broken = start_agent([echo_module], state_dir=state,
                          env=_fault_env(faults.KEEP_PREDECESSOR_GROUPS))
     # Recovery runs before the agent is ready: a healthy one would have ended it by now
-    # (test_restart.py, test_cli.py :: test_restarted_agent_ends_leftovers_and_resumes_jobs).
+    # (test_recovery.py, test_cli.py :: test_restarted_agent_ends_leftovers_and_resumes_jobs).
     assert alive(old), "the predecessor's runner was ended despite the fault"
     assert broken.status()["fault"] == "keep_predecessor_groups"
     assert "OARBANK_AGENT_FAULT=keep_predecessor_groups" in broken.log()

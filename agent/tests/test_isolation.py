@@ -66,7 +66,7 @@ def test_connectors_only_to_own_reserved_endpoint_services(start_agent, tmp_path
 
 def test_connect_after_the_attempt_ended_fails(start_agent, tmp_path: Path) -> None:
     # Process-group containment: a child that left the runner's group survives the attempt
-    # (cgroup containment would end it, see test_gaps_containment), so it can try its old
+    # (cgroup containment would end it, see test_containment), so it can try its old
     # connector, which the agent must have closed.
     agent = start_agent([fault_module(tmp_path / "m")],
                         extra_args=["--containment", "process-group"])

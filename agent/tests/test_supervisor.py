@@ -1,4 +1,6 @@
-"""A service that becomes held while it is still starting is stopped at once: the start is
+"""The supervisor's effects through a real agent.
+
+A service that becomes held while it is still starting is stopped at once: the start is
 cancelled, its process group ended and its channel closed, no failure is counted against the
 restart policy, and the row shows the hold. When the hold lifts, the waiting job runs."""
 
