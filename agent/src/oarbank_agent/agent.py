@@ -44,6 +44,7 @@ from . import (
     refreshwatch,
     refusals,
     reload,
+    runnerhealth,
     sandboxing,
     statuswatch,
     waiting,
@@ -140,6 +141,8 @@ class Agent:
         self.removing: dict[str, asyncio.Task[list[str]]] = {}
         self.gone: dict[str, str] = {}
         self.queue.closed.update({m: moduleremove.failure_reason(m) for m in self.kept.removed})
+        # module id -> what its runner's `doctor --json` said last (runnerhealth.py)
+        self.runner_health = self.queue.runner_health
         self.on_change: list[Callable[[str], None]] = []  # heartbeat hook: service key changed
         self.heartbeat: Any = None  # the HeartbeatSender when there is a portal (its status)
         self.supervisor.on_change.append(self._service_changed)
@@ -154,7 +157,8 @@ class Agent:
         self._manual_task: asyncio.Task[None] | None = None
         self._escape_task: asyncio.Task[None] | None = None  # escapewatch
         self._prune_task: asyncio.Task[None] | None = None  # _prune_jobs
-        self.refresher = refreshwatch.Refresher(self.supervisor, config.refresh_s)
+        self.refresher = refreshwatch.Refresher(self.supervisor, config.refresh_s,
+                                                also=self.check_runners)
         # list_owned / destroy --force for objects of attempts that are over (G6)
         self.reaper = ownedwatch.Reaper(self.supervisor, self.broker.wire_attempts)
         self.queue.runs.on_attempt_end = self.reaper.poke
@@ -204,10 +208,30 @@ class Agent:
                                f"{self.modules[ctx.id].manifest.bundle}")
                 continue
             self.modules[ctx.id] = ctx
+            if ctx.manifest.runner is not None:  # its jobs run until a doctor says otherwise
+                self.admission.set_capacity(runnerhealth.pool_key(ctx.id), 1)
             for rt in self.supervisor.add_module(ctx):
                 if ctx.id in self.disabled:  # still disabled after a restart: never started
                     self.supervisor.set_disabled(rt.key, True, live=False)
         return refused
+
+    async def check_runners(self, ctxs: list[ModuleCtx] | None = None) -> None:
+        """Each runner's ``doctor --json`` (runnerhealth.py): at load and every refresh. An
+        unhealthy one's jobs are not admitted (its pseudo pool counts 0) and say why."""
+        for ctx in list(self.modules.values()) if ctxs is None else ctxs:
+            if ctx.manifest.runner is None or ctx.id in self.removing:
+                continue
+            h = await runnerhealth.doctor(ctx, self.node, self.registry)
+            if self.modules.get(ctx.id) is not ctx or ctx.id in self.removing:
+                continue  # removed meanwhile
+            before = self.runner_health.get(ctx.id)
+            self.runner_health[ctx.id] = h
+            self.admission.set_capacity(runnerhealth.pool_key(ctx.id),
+                                        0 if h.health == "unhealthy" else 1)
+            if before is None or (before.health, before.reason) != (h.health, h.reason):
+                log.log(logging.INFO if h.health == "healthy" else logging.WARNING,
+                        "%s: runner %s%s", ctx.id, h.health, f": {h.reason}" if h.reason else "")
+        self.queue.admit()
 
     def find_module(self, name: str) -> ModuleCtx | None:
         if name in self.modules:
@@ -258,6 +282,7 @@ class Agent:
         rep["jobs"] = [self._with_wait(r, r.summary()) for r in ordered]
         rep["state_dir"] = str(self.state_dir)
         rep["modules_refused"] = dict(self.refused_modules)  # module -> why it is not running
+        rep["runners"] = {m: h.report() for m, h in self.runner_health.items()}  # doctor --json
         rep["gpu"] = self.gpu.as_dict() if self.gpu is not None else None
         rep["protection"] = self.guard.report(self.admission.budget_gb,
                                               self.admission.charged_gb())
@@ -314,7 +339,8 @@ class Agent:
         else:
             total_gb = psutil.virtual_memory().total / 2**30
             self.admission.budget_gb = round(total_gb * DEFAULT_BUDGET_FRACTION, 2)
-        await asyncio.gather(*(self.supervisor.fingerprint(rt)
+        await asyncio.gather(self.check_runners(),
+                             *(self.supervisor.fingerprint(rt)
                                for rt in self.supervisor.services.values()))
         await recovery.adopt_running(self.registry, self.supervisor, kept)
         self.queue.recover()
@@ -496,12 +522,12 @@ class Agent:
                 try:
                     await asyncio.wait_for(fut, timeout)
                 except asyncio.TimeoutError:
-                    view = self._with_wait(rec, rec.public())
+                    view = _with_events(rec, self._with_wait(rec, rec.public()))
                     why = f"; {view['reason']}" if view.get("reason") else ""
                     return {"ok": False, "code": "timeout", "job": view,
                             "error": f"job {rec.job_id} not finished after {timeout:g}s "
                                      f"(state: {rec.state}{why})"}
-            return {"ok": True, "job": self._with_wait(rec, rec.public())}
+            return {"ok": True, "job": _with_events(rec, self._with_wait(rec, rec.public()))}
         if op == "status":
             limit, page = req.get("jobs_limit"), req.get("jobs_page", 1)
             for name, v in (("jobs_limit", limit), ("jobs_page", page)):
@@ -602,6 +628,7 @@ class Agent:
                     key, protection.gpu_api_missing(rt.svc.gpu.apis_any, self.gpu.apis))
             await self.supervisor.fingerprint(rt)  # its pools (capacity callbacks)
             self.supervisor.poke(rt)  # an `always` one starts now
+        await self.check_runners([self.modules[module_id]])
         if keep and str(path) not in self.kept.added:
             self.kept.added.append(str(path))
             modulestate.write(self.state_dir, self.kept)
@@ -646,6 +673,17 @@ class Agent:
         if not isinstance(job_id, str) or job_id not in self.jobs:
             raise control.ControlError("unknown_job", f"no job {job_id!r}")
         return self.jobs[job_id]
+
+
+def _with_events(rec: JobRecord, view: dict[str, Any]) -> dict[str, Any]:
+    """A job's view with the events its runner emitted in its latest attempt that has some
+    (--events; runnerevents.py), as kept in its history."""
+    for h in reversed(rec.history):
+        if "events" in h:
+            view["events"] = {k: h[k] for k in h if k.startswith("events")}
+            view["events"]["attempt_id"] = h.get("attempt_id")
+            break
+    return view
 
 
 class _Removed(Exception):

@@ -589,7 +589,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
                                                   "bad_request", "gpu_api_missing",
                                                   "exceeds_memory_budget",
                                                   "unsupported_platform",
-                                                  "module_disabled") else 1
+                                                  "module_disabled", "module_removed") else 1
             job_id = reply["job_id"]
             if not args.wait:
                 print(job_id)

@@ -19,10 +19,11 @@ Nothing is admitted once the agent is stopping (``stopping``).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from typing import TYPE_CHECKING, Any
 
-from . import jobs, placement, recovery, waiting
+from . import jobs, placement, recovery, runnerhealth, waiting
 from .jobrun import JobRuns, move
 
 if TYPE_CHECKING:
@@ -55,6 +56,8 @@ class JobQueue:
         # Modules being removed, or removed (module remove) -> why their jobs that are not
         # running fail: such a job is never admitted again (moduleremove.py).
         self.closed: dict[str, str] = {}
+        # module id -> its runner's last `doctor --json` (the agent's check_runners)
+        self.runner_health: dict[str, runnerhealth.RunnerHealth] = {}
         self.runs = JobRuns(store=store, supervisor=supervisor, broker=broker,
                             registry=registry, node=node, stopping=stopping,
                             service_keys=placement.service_keys, on_over=self._run_over,
@@ -105,7 +108,10 @@ class JobQueue:
         return rec
 
     def _enqueue(self, rec: JobRecord, ctx: ModuleCtx, *, front: bool = False) -> None:
-        self.admission.enqueue(placement.request_for(rec, ctx, self.supervisor), front=front)
+        req = placement.request_for(rec, ctx, self.supervisor)
+        if ctx.manifest.runner is not None:  # not admitted while its runner is unhealthy
+            req = dataclasses.replace(req, needs=(*req.needs, runnerhealth.pool_key(ctx.id)))
+        self.admission.enqueue(req, front=front)
 
     # --- admission -------------------------------------------------------------------------
 
@@ -136,7 +142,9 @@ class JobQueue:
         stage = ctx.manifest.stage(rec.stage) if ctx else None
         if ctx is None or stage is None:
             return
-        why = waiting.service_wait_reason(self.supervisor, ctx, stage)
+        health = self.runner_health.get(ctx.id)
+        why = ((runnerhealth.wait_reason(ctx.id, health) if health is not None else None)
+               or waiting.service_wait_reason(self.supervisor, ctx, stage))
         if why is None and not (rec.reason or "").startswith(waiting.WAITING):
             return
         if why != rec.reason:

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from . import jobs
+from . import jobs, runnerevents
 from . import lifecycle as lc
 from .runner import run_attempt
 from .store import JobRecord, JobStore
@@ -184,7 +184,10 @@ class JobRuns:
                                     "wire_attempt": rec.wire_attempt, "started_at": started,
                                     "finished_at": time.time(),
                                     "outcome": outcome.state, "exit_code": outcome.exit_code,
-                                    "reason": outcome.reason, "fault": outcome.fault})
+                                    "reason": outcome.reason, "fault": outcome.fault,
+                                    # what the runner emitted (--events), bounded
+                                    **(runnerevents.collect(workdir)
+                                       if runnerevents.declared(ctx.manifest) else {})})
                 if event is jobs.Event.RETRY:
                     # running -> admitted (transient failure, attempts left; tokens kept)
                     move(rec, jobs.Event.RETRY)

@@ -25,7 +25,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from . import lifecycle as lc
-from . import modulestate, ownedwatch
+from . import modulestate, ownedwatch, runnerhealth
 
 if TYPE_CHECKING:
     from .agent import Agent
@@ -124,6 +124,8 @@ def _forget(agent: Agent, ctx: ModuleCtx, rts: list[ServiceRuntime]) -> None:
         for pool in rt.svc.pools:
             agent.admission.capacity.pop(f"{mid}/{pool}", None)
         agent._service_changed(rt.key)  # (the heartbeat: its rows are gone)
+    agent.admission.capacity.pop(runnerhealth.pool_key(mid), None)
+    agent.runner_health.pop(mid, None)
     del agent.modules[mid]
     agent.removing.pop(mid, None)
     text = gone_text(mid, str(ctx.manifest.bundle))

@@ -1,6 +1,7 @@
 """One attempt of a job: the runner protocol (contract section 4), effects only.
 
-argv ``<runner.exec...> run --spec <W>/spec.json --workdir <W> --out <W>/result.json``, the
+argv ``<runner.exec...> run --spec <W>/spec.json --workdir <W> --out <W>/result.json`` (and
+``--events <W>/events.ndjson`` for a runner that declares it: runnerevents.py), the
 exact environment (nothing else inherited), its own process group, a connector per endpoint
 service whose pool the stage reserves, ``timeout_s`` -> SIGTERM to the group, SIGKILL after
 ``stop_grace_s``. At the end: the group is ended, then the broker ends the attempt (connectors
@@ -22,7 +23,7 @@ from oarbank_sdk import advice
 from oarbank_sdk import manifest as mf
 from oarbank_sdk.protocol import current_transport
 
-from . import compat, escapewatch, logtail, procs, sandboxing
+from . import compat, escapewatch, logtail, procs, runnerevents, sandboxing
 from .modules import ModuleCtx, NodeInfo
 from .supervisor import service_key
 
@@ -151,6 +152,8 @@ async def run_attempt(ctx: ModuleCtx, node: NodeInfo, stage: mf.Stage, *, job_id
     argv = ctx.exec_argv(runner.exec) + [
         "run", "--spec", str(workdir / "spec.json"), "--workdir", str(workdir),
         "--out", str(workdir / "result.json")]
+    if runnerevents.declared(ctx.manifest):  # [runner].capabilities lists "events"
+        argv += runnerevents.argv(workdir)
     env = runner_env(ctx, node, stage, attempt_id, workdir)
     inherit: list[int] = []
     transport = current_transport()

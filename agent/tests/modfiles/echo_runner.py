@@ -6,7 +6,12 @@ Payload keys (all optional): env (report the exact environment), requests (n con
 at exit), bad_op (send an unknown op on the raw connector), burst (n immediate connects, then
 count successful connects over rate_window_s), sleep_s (sleep_below_attempt), ignore_term,
 exit / exit_below_attempt / failure (exit with a code, writing failure.json unless failure is
-false), pad_kb (that many KiB of padding in the result's payload).
+false), pad_kb (that many KiB of padding in the result's payload), events (that many events
+{"event": "step", "i"} to the --events file, when the agent passes one), events_pad_kb (each
+event padded to that many KiB).
+
+``doctor --json`` answers <module data>/doctor.json ({"answer": <printed as JSON>, "exit": n})
+when it exists, else {"ok": true}.
 """
 
 from __future__ import annotations
@@ -106,13 +111,33 @@ def burst(n: int, window_s: float) -> dict:
             "limited_after": limited_after}
 
 
+def doctor() -> int:
+    try:
+        conf = json.loads((Path(os.environ["OARBANK_MODULE_DATA"]) / "doctor.json").read_text())
+    except FileNotFoundError:
+        conf = {"answer": {"ok": True}}
+    print(json.dumps(conf.get("answer")))
+    return int(conf.get("exit", 0))
+
+
+def emit_events(path: str, n: int, pad_kb: int) -> None:
+    with open(path, "a") as f:
+        for i in range(n):
+            f.write(json.dumps({"event": "step", "i": i, "pad": "x" * (pad_kb << 10)}) + "\n")
+
+
 def main() -> int:
     args = sys.argv[1:]
+    if args[:2] == ["doctor", "--json"]:
+        return doctor()
     assert args[0] == "run", args
     spec_path, workdir, out = (args[args.index(k) + 1] for k in ("--spec", "--workdir", "--out"))
     spec = json.loads(Path(spec_path).read_text())
     payload = spec["payload"]
-    record("start", stage=spec["stage"], cwd=os.getcwd())
+    record("start", stage=spec["stage"], cwd=os.getcwd(), argv=args)
+    if "--events" in args and payload.get("events"):
+        emit_events(args[args.index("--events") + 1], int(payload["events"]),
+                    int(payload.get("events_pad_kb", 0)))
     result: dict = {"spec": spec}
     if payload.get("ignore_term"):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)

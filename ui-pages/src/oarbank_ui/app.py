@@ -36,7 +36,9 @@ from typing import Any
 from urllib.parse import quote, unquote, urlencode
 
 from oarbank_sdk._page_forms import Target
+from oarbank_sdk.manifest import UiEntry
 
+from . import uicontract
 from .heartbeat import HeartbeatError, parse_heartbeat
 from .hosts import HostCheck
 from .html import Templates, clock_text
@@ -386,6 +388,9 @@ class Portal:
         if entry is None:
             return self._html_error(404, f"Unknown {kind}",
                                     f"{mod.id} has no {kind} {entry_id!r}")
+        too_new = uicontract.notice(mod.id, mod.manifest.raw)
+        if too_new is not None:  # requires.ui_contract leaves out 1.2: said, not drawn
+            return self._contract_notice(mod, kind, entry, node, as_json, too_new)
         try:
             doc, problems = mod.read(kind, entry)
         except PageFileError as e:
@@ -407,6 +412,21 @@ class Portal:
             kind=kind, problems=[str(p) for p in problems], refresh_url=href + "?format=json",
             refresh_ms=self.refresh_ms, rendered_at=clock_text(now),
             crumbs=[mod.short_name, entry.title])
+        return self._html(200, html)
+
+    def _contract_notice(self, mod: PortalModule, kind: str, entry: UiEntry,
+                         node: str | None, as_json: bool, text: str) -> Response:
+        """The page of a module whose requires.ui_contract leaves this portal out."""
+        now = self.clock()
+        if as_json:
+            return _json(200, {"rendered_at": clock_text(now), "components": {},
+                               "notice": text})
+        subtitle = (f"{mod.id} {mod.manifest.version}" if kind == "page"
+                    else f"node {node} · {mod.id} {mod.manifest.version}")
+        html = self.templates.render(
+            "page.html", title=entry.title, subtitle=subtitle, view={"body": []}, kind=kind,
+            problems=[], notice=text, refresh_url=None, refresh_ms=self.refresh_ms,
+            rendered_at=clock_text(now), crumbs=[mod.short_name, entry.title])
         return self._html(200, html)
 
     def index(self) -> Response:

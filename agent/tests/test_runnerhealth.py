@@ -1,0 +1,107 @@
+"""Runner health and events (issue 15, part 6; G12): `doctor --json` at load and every
+refresh, an unhealthy runner's jobs wait with the runner's own reason; `--events` passed only
+to a runner whose `[runner].capabilities` lists "events", its events kept (bounded) with the
+attempt. The pure parts first, then real agents (the echo test runner answers doctor from
+<module data>/doctor.json)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from agent_helpers import read_jsonl, write_module
+
+from oarbank_agent import control, runnerevents
+from oarbank_agent.runnerhealth import judge
+
+MOD = "test.agent.echo"
+
+
+def test_what_a_doctor_said() -> None:
+    assert judge(0, {"ok": True, "python": "3.11"}, "") == ("healthy", None)
+    assert judge(0, {"ok": False, "reason": "no_weights", "detail": "/m missing"}, "") == (
+        "unhealthy", "no_weights: /m missing")
+    assert judge(1, {"ok": False, "problems": ["a", "b"]}, "") == ("unhealthy", "a; b (exit 1)")
+    assert judge(1, {"ok": True}, "") == ("unhealthy", 'doctor --json answered {"ok": true} '
+                                                       "(exit 1)")
+    health, why = judge(None, None, "Traceback\nTimeoutError: slow disk\n", 10)
+    assert health == "unhealthy" and why.startswith("doctor --json did not answer within 10s")
+    assert "slow disk" in why
+    # a runner that does not speak doctor --json: not checked, and said so
+    health, why = judge(2, None, "usage: runner.py {run}\nrunner.py: error: invalid choice\n")
+    assert health == "undetected"
+    assert why.startswith("doctor --json answered no JSON object with 'ok' (exit 2)")
+    assert "invalid choice" in why
+
+
+def test_events_are_bounded_whole_lines_and_never_followed(tmp_path: Path) -> None:
+    (tmp_path / runnerevents.FILE).write_text(
+        "".join(json.dumps({"i": i}) + "\n" for i in range(30)) + "not json\n[1]\n")
+    assert runnerevents.collect(tmp_path) == {
+        "events": [{"i": i} for i in range(10, 30)], "events_count": 30}
+    line = json.dumps({"pad": "x" * 1000}) + "\n"
+    n = runnerevents.FILE_MAX // len(line) + 50
+    (tmp_path / runnerevents.FILE).write_text(line * n)
+    got = runnerevents.collect(tmp_path)
+    kept = (tmp_path / runnerevents.FILE).read_bytes()
+    assert len(kept) <= runnerevents.FILE_MAX and kept.startswith(b'{"pad"')
+    assert got["events_cut_bytes"] == len(line) * n - len(kept)
+    assert got["events_count"] == len(kept) // len(line) and len(got["events"]) == 20
+    # a link left by the runner is not followed (read nor rewritten)
+    secret = tmp_path / "secret"
+    secret.write_text(json.dumps({"secret": 1}) + "\n")
+    (tmp_path / runnerevents.FILE).unlink()
+    os.symlink(secret, tmp_path / runnerevents.FILE)
+    assert runnerevents.collect(tmp_path) == {}
+
+
+def test_an_unhealthy_runner_holds_its_jobs_with_its_reason_until_healthy(
+        start_agent, tmp_path: Path) -> None:
+    agent = start_agent([write_module(tmp_path / "m")], extra_args=["--refresh-s", "0.5"])
+    sd = str(agent.state_dir)
+    assert agent.status()["runners"][MOD]["health"] == "healthy"  # checked at load
+    doctor = agent.module_data() / "doctor.json"
+    doctor.write_text(json.dumps({"answer": {"ok": False, "reason": "weights_missing",
+                                             "detail": "/models/x.bin not found"}, "exit": 1}))
+    agent.wait_for(lambda: agent.status()["runners"][MOD]["health"] == "unhealthy",
+                   timeout=60, what="the next refresh's doctor")
+    reason = ("waiting: the runner of module test.agent.echo is unhealthy: weights_missing: "
+              "/models/x.bin not found (exit 1) (its `doctor --json`, asked again every "
+              "--refresh-s)")
+    assert agent.status()["runners"][MOD]["reason"] == "weights_missing: /models/x.bin not " \
+                                                       "found (exit 1)"
+    r = agent.cli("submit", "--state-dir", sd, "--module", "echo", "--stage", "plain",
+                  "--payload", "{}", "--wait", "--timeout", "3")
+    assert r.returncode != 0 and reason in r.stdout + r.stderr, (r.stdout, r.stderr)
+    job = next(j for j in agent.status()["jobs"])
+    assert (job["state"], job["reason"]) == ("queued", reason)
+    assert "test.agent.echo: runner unhealthy: weights_missing" in agent.log()
+    doctor.unlink()  # healthy again: the job runs at the next refresh
+    done = agent.wait(job["job_id"], 90)
+    assert (done["state"], done["reason"]) == ("succeeded", None), done
+
+
+def test_events_go_to_runners_that_declare_them_and_stay_with_the_attempt(
+        start_agent, tmp_path: Path) -> None:
+    plain = write_module(tmp_path / "plain")
+    agent = start_agent([plain, write_module(tmp_path / "ev", module_id="test.agent.ev",
+                                             runner={"capabilities": ["events"]})])
+    job = agent.run_job("plain", {"events": 25}, module="ev")
+    assert job["state"] == "succeeded", job
+    attempt = f"{job['job_id']}.1"
+    assert job["events"] == {"events": [{"event": "step", "i": i, "pad": ""}
+                                        for i in range(5, 25)],
+                             "events_count": 25, "attempt_id": attempt}
+    workdir = agent.state_dir / "jobs" / job["job_id"] / "a1"
+    argv = next(r["argv"] for r in read_jsonl(workdir / "runs.jsonl") if r["event"] == "start")
+    assert argv[-2:] == ["--events", str(workdir / "events.ndjson")]
+    rec = json.loads((agent.state_dir / "jobs" / job["job_id"] / "job.json").read_text())
+    assert rec["history"][-1]["events_count"] == 25
+    # a runner that does not declare them gets no --events (it might refuse the flag)
+    other = agent.run_job("plain", {"events": 3})
+    assert other["state"] == "succeeded" and "events" not in other
+    wd = agent.state_dir / "jobs" / other["job_id"] / "a1"
+    assert "--events" not in next(r["argv"] for r in read_jsonl(wd / "runs.jsonl"))
+    reply = control.request(agent.state_dir, {"op": "job", "job_id": job["job_id"]})
+    assert reply["job"]["events"]["events_count"] == 25
