@@ -19,19 +19,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from oarbank_sdk import manifest as mf
 
 from . import (
     compat,
     containment,
     control,
+    detachedwatch,
     drain,
     escapewatch,
     factory,
     faults,
-    gpu_detect,
     hostrules,
     jobs,
     manualwatch,
@@ -41,12 +39,11 @@ from . import (
     procs,
     protection,
     recovery,
-    refreshwatch,
     refusals,
     reload,
     runnerhealth,
+    runningwatch,
     sandboxing,
-    statuswatch,
     waiting,
 )
 from . import lifecycle as lc
@@ -65,6 +62,7 @@ from .guard import (
     ReleaseGpuJobs,
     ReleaseJobs,
 )
+from .host import gpuapis, memory
 from .jobqueue import JobQueue
 from .modules import ModuleCtx, ModuleRefused, NodeInfo, load_module, module_names
 from .store import JobRecord, JobStore
@@ -86,11 +84,11 @@ class AgentConfig:
     node_id: str | None = None  # default: the host name
     # Host protection (guard.py): floors, sample period, memory budget.
     guard: GuardConfig = field(default_factory=lambda: GuardConfig(protection.Floors()))
-    gpu: gpu_detect.Detection | None = None  # an override (--gpu-apis); None: detect at start
+    gpu: gpuapis.Detection | None = None  # an override (--gpu-apis); None: detect at start
     # Manual services are fingerprinted again this often (manualwatch).
     manual_refresh_s: float = manualwatch.DEFAULT_INTERVAL_S
-    # First interval of the sparse `status` polls (statuswatch).
-    status_poll_s: float = statuswatch.DEFAULT_FIRST_S
+    # First interval of the sparse `status` polls (detachedwatch).
+    status_poll_s: float = detachedwatch.DEFAULT_FIRST_S
     fault: str | None = None  # test-only fault injection (faults.py; OARBANK_AGENT_FAULT)
     # SIGTERM / `drain`: running attempts get this long to finish (drain.py; --drain-s).
     drain_s: float = 30.0
@@ -98,8 +96,8 @@ class AgentConfig:
     # (--keep-jobs-s): the state dir of a busy node stays bounded.
     keep_jobs_s: float = 7 * 86400.0
     # Running services are fingerprinted again this often, and once right after each becomes
-    # ready (refreshwatch; --refresh-s).
-    refresh_s: float = refreshwatch.DEFAULT_INTERVAL_S
+    # ready (runningwatch; --refresh-s).
+    refresh_s: float = runningwatch.DEFAULT_INTERVAL_S
 
 
 class Agent:
@@ -152,12 +150,12 @@ class Agent:
         # The GPU APIs are detected at start unless overridden.
         self.guard = Guard(config.guard, self.supervisor,
                            running_jobs=self.queue.running_job_groups, report=self._protect)
-        self.gpu: gpu_detect.Detection | None = config.gpu
+        self.gpu: gpuapis.Detection | None = config.gpu
         self.manual_refresh_s = config.manual_refresh_s
         self._manual_task: asyncio.Task[None] | None = None
         self._escape_task: asyncio.Task[None] | None = None  # escapewatch
         self._prune_task: asyncio.Task[None] | None = None  # _prune_jobs
-        self.refresher = refreshwatch.Refresher(self.supervisor, config.refresh_s,
+        self.refresher = runningwatch.Refresher(self.supervisor, config.refresh_s,
                                                 also=self.check_runners)
         # list_owned / destroy --force for objects of attempts that are over (G6)
         self.reaper = ownedwatch.Reaper(self.supervisor, self.broker.wire_attempts)
@@ -337,7 +335,7 @@ class Agent:
         if self.guard.config.budget_gb is not None:
             self.admission.budget_gb = self.guard.config.budget_gb
         else:
-            total_gb = psutil.virtual_memory().total / 2**30
+            total_gb = memory.total_bytes() / 2**30
             self.admission.budget_gb = round(total_gb * DEFAULT_BUDGET_FRACTION, 2)
         await asyncio.gather(self.check_runners(),
                              *(self.supervisor.fingerprint(rt)
@@ -471,7 +469,7 @@ class Agent:
         """GPU APIs (detected, each probe under a watchdog, unless overridden): a service
         whose ``apis_any`` the host lacks is not offered here (its pools do not exist)."""
         if self.gpu is None:
-            self.gpu = await asyncio.to_thread(gpu_detect.detect)
+            self.gpu = await asyncio.to_thread(gpuapis.detect)
         log.info("GPU APIs (%s): %s", self.gpu.source, ", ".join(self.gpu.apis) or "none")
         for key, rt in self.supervisor.services.items():
             self.supervisor.set_gpu_missing(

@@ -250,7 +250,7 @@ def _run_args(run_argv: list[str]) -> config.RunArgs:
 def cmd_run(ra: config.RunArgs, run_argv: list[str]) -> int:
     from . import nodeid, overrides
     from .agent import Agent, AgentConfig
-    from .unixpath import SocketPathTooLong, check
+    from .host.unixpath import SocketPathTooLong, check
 
     args = ra.args
 
@@ -371,9 +371,9 @@ def cmd_run(ra: config.RunArgs, run_argv: list[str]) -> int:
 
     async def main_async() -> int:
         # Children reaped through pidfds, not a thread each (Python < 3.12 on Linux).
-        from .childwatch import use_pidfd_watcher
+        from .host.pidfd import use_child_watcher
 
-        watcher = use_pidfd_watcher(asyncio.get_running_loop())
+        watcher = use_child_watcher(asyncio.get_running_loop())
         logging.getLogger("oarbank_agent").debug("child watcher: %s", watcher)
         maker = await _start_factory(args.process_factory, policy.enforce)
         try:

@@ -33,7 +33,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from . import unixpath
+from .host import unixpath
 
 __all__ = ["SOCKET_NAME", "ControlError", "ControlServer", "AgentNotRunning", "request",
            "Client"]

@@ -28,7 +28,8 @@ import signal
 import time
 from pathlib import Path
 
-from . import containment, procs, sandboxing
+from . import procs, sandboxing
+from .host import cgroups, proctable
 
 __all__ = ["INTERVAL_S", "check_once", "start", "take"]
 
@@ -46,33 +47,16 @@ def take(pgid: int | None) -> str | None:
     return None if pgid is None else _escapes.pop(pgid, None)
 
 
-def _status(pid: int) -> dict[str, str] | None:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            text = f.read()
-    except OSError:
-        return None  # gone
-    out = {}
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        out[key] = value.strip()
-    return out
-
-
 def _in_setup(pid: int, rec: procs.GroupRecord) -> bool:
     if pid != rec.pgid or time.time() - rec.started > SETUP_GRACE_S:
         return False
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return _LAUNCHER_MARK in f.read()
-    except OSError:
-        return False
+    return _LAUNCHER_MARK in (proctable.cmdline(pid) or b"")
 
 
 def _group_pids(rec: procs.GroupRecord) -> set[int]:
-    pids = set(procs._members(rec.pgid, rec.start_ticks))
+    pids = set(proctable.members(rec.pgid, rec.start_ticks))
     if rec.cgroup:
-        pids |= set(containment._pids(Path(rec.cgroup)))
+        pids |= set(cgroups.pids(Path(rec.cgroup)))
     return pids
 
 
@@ -84,7 +68,7 @@ def check_once(registry: procs.ProcessRegistry) -> list[str]:
     ended = []
     for rec in registry.records():
         for pid in sorted(_group_pids(rec)):
-            st = _status(pid)
+            st = proctable.status(pid)
             if st is None or st.get("State", "").startswith("Z"):
                 continue
             if st.get("Seccomp") == "2" and st.get("NoNewPrivs") == "1":
@@ -100,7 +84,7 @@ def check_once(registry: procs.ProcessRegistry) -> list[str]:
                 os.kill(pid, signal.SIGKILL)
             procs.signal_group(rec.pgid, signal.SIGKILL)
             if rec.cgroup:
-                containment._kill(Path(rec.cgroup))
+                cgroups.kill(Path(rec.cgroup))
             ended.append(reason)
             break
     return ended

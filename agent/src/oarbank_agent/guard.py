@@ -2,8 +2,8 @@
 
 The decisions are pure (``protection``: pressure with hysteresis, soft stops, the hard
 victim; ``lifecycle``: what a hold does to a service; ``admission``: memory budget and GPU
-rules); this module reads ``psutil.virtual_memory()`` every ``sample_s`` seconds (2 s by
-default) and the resident memory of process groups from ``/proc``, keeps the protection state
+rules); this module reads the host's available memory every ``sample_s`` seconds (2 s by
+default) and the resident memory of process groups (both ``host.memory``), keeps the protection state
 (pressure, memory holds, host rules), and *reports* what should happen as a list of actions
 (``Pause``, ``AllowGpu``, ``Hold``, ``ReleaseJobs``, ``ReleaseGpuJobs``, ``Admit``), in the
 order they must be applied. The agent applies them (``Agent._protect``): the guard reads the
@@ -35,16 +35,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import psutil
-
 from . import lifecycle as lc
-from . import procs
+from .host import memory
 from .protection import (
     HELD_MEMORY,
     HELD_PROTECTION,
@@ -59,14 +56,13 @@ from .protection import (
 if TYPE_CHECKING:
     from .supervisor import Supervisor
 
-__all__ = ["Guard", "GuardConfig", "group_rss", "DEFAULT_BUDGET_FRACTION", "DEFAULT_SAMPLE_S",
+__all__ = ["Guard", "GuardConfig", "DEFAULT_BUDGET_FRACTION", "DEFAULT_SAMPLE_S",
            "Action", "Pause", "AllowGpu", "Hold", "ReleaseJobs", "ReleaseGpuJobs", "Admit"]
 
 log = logging.getLogger("oarbank_agent.guard")
 
 DEFAULT_SAMPLE_S = 2.0
 DEFAULT_BUDGET_FRACTION = 0.5  # of total memory: a person's computer keeps the other half
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _UP = (lc.State.STARTING, lc.State.READY)
 
 
@@ -125,21 +121,6 @@ class Admit:
 
 
 Action = Pause | AllowGpu | Hold | ReleaseJobs | ReleaseGpuJobs | Admit
-
-
-def group_rss(pgids: set[int]) -> dict[int, int]:
-    """Resident bytes of every live member of each process group, summed per group (one
-    pass over /proc)."""
-    out = dict.fromkeys(pgids, 0)
-    for pid, pgid, state, _ticks in procs._proc_table():
-        if pgid not in out or state == "Z":
-            continue
-        try:
-            with open(f"/proc/{pid}/statm", "rb") as f:
-                out[pgid] += int(f.read().split()[1]) * _PAGE
-        except (OSError, IndexError, ValueError):
-            continue  # it exited meanwhile
-    return out
 
 
 class Guard:
@@ -212,8 +193,7 @@ class Guard:
 
     def sample(self) -> list[Action]:
         """Sample memory now: the actions the pressure asks for."""
-        vm = psutil.virtual_memory()
-        frac = vm.available / vm.total if vm.total else 1.0
+        frac = memory.available_fraction()
         self.available_fraction = frac
         before = self.pressure
         self.pressure = classify(frac, self.config.floors, before)
@@ -246,7 +226,7 @@ class Guard:
         jobs = self._running_jobs()  # job id -> runner pgid
         svc_groups = {rt.key: rt.pgid for rt in running
                       if rt.pgid is not None and rt.key not in self.mem_held}
-        rss = group_rss(set(jobs.values()) | set(svc_groups.values()))
+        rss = memory.group_rss(set(jobs.values()) | set(svc_groups.values()))
         cands = [Candidate(job_id, "job", rss.get(pg, 0)) for job_id, pg in jobs.items()]
         by_key = {rt.key: rt for rt in running}
         cands += [Candidate(key, "service", rss.get(pg, 0), by_key[key].svc.yieldable,

@@ -8,7 +8,7 @@ the other; the supervisor's ``fingerprint`` updates its pools and health and tel
 (capacity callbacks), so jobs waiting for its tokens are admitted as soon as they appear.
 
 Services the agent runs itself are fingerprinted on their own events (start, stop, failure,
-probes of a withdrawn one) and, while ready, every ``--refresh-s`` (``refreshwatch.py``). No
+probes of a withdrawn one) and, while ready, every ``--refresh-s`` (``runningwatch.py``). No
 task runs here at all when no manual service is loaded.
 """
 

@@ -194,8 +194,8 @@ def _write_json(path: Path, value: Any) -> None:
 
 def _mem_gb() -> float:
     try:
-        import psutil
+        from .host import memory
 
-        return round(psutil.virtual_memory().total / 2**30, 2)
+        return round(memory.total_bytes() / 2**30, 2)
     except Exception:  # pragma: no cover - psutil is a dependency; be robust anyway
         return 0.0

@@ -22,12 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-import psutil
-
 from oarbank_sdk.protocol import current_transport
 
 from . import containment, factory, refusals, sandboxing
 from .factory.client import FactoryLost
+from .host import cgroups, proctable
 
 __all__ = ["ChildProcess", "GroupRecord", "ProcessRegistry", "spawn", "group_alive", "end_group",
            "signal_group", "launch_argv"]
@@ -94,10 +93,10 @@ class ProcessRegistry:
     async def end_leftovers(self, grace_s: float = 2.0) -> list[GroupRecord]:
         """End every recorded group that still has members started by us; clear the records."""
         ended = []
-        boot = _boot_id()
+        boot = proctable.boot_id()
         for rec in self.records():
-            if rec.boot_id == boot and (_members(rec.pgid, rec.start_ticks) or (
-                    rec.cgroup and containment.populated(Path(rec.cgroup)))):
+            if rec.boot_id == boot and (proctable.members(rec.pgid, rec.start_ticks) or (
+                    rec.cgroup and cgroups.populated(Path(rec.cgroup)))):
                 ended.append(rec)
                 await end_group(rec.pgid, grace_s, min_ticks=rec.start_ticks,
                                 cgroup=Path(rec.cgroup) if rec.cgroup else None)
@@ -177,8 +176,8 @@ async def spawn(argv: list[str], *, env: dict[str, str], cwd: str | os.PathLike[
         # The record lands right after the fork: an agent killed in between leaves a group
         # nobody records (a known, tiny window; closing it needs an intent record + a marker
         # the child carries, which the exact environment rules out for now).
-        registry.add(GroupRecord(proc.pid, kind, label, time.time(), _start_ticks(proc.pid),
-                                 _boot_id(), str(cg) if cg is not None else None))
+        registry.add(GroupRecord(proc.pid, kind, label, time.time(), proctable.start_ticks(proc.pid),
+                                 proctable.boot_id(), str(cg) if cg is not None else None))
     return proc
 
 
@@ -191,70 +190,8 @@ def _fd_of(stream: Any) -> int:
     return int(stream.fileno())
 
 
-def _members(pgid: int, min_ticks: int | None = None) -> list[int]:
-    """Live (non-zombie) pids in process group ``pgid`` (started at or after ``min_ticks``)."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return []
-    except PermissionError:
-        pass
-    pids = []
-    for pid, pgrp, state, ticks in _proc_table():
-        if pgrp != pgid or state == "Z":
-            continue
-        if min_ticks is not None and ticks is not None and ticks < min_ticks:
-            continue  # started before our leader: a reused pgid, not ours
-        pids.append(pid)
-    return pids
-
-
-def _boot_id() -> str | None:
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip()
-    except OSError:  # pragma: no cover - not Linux
-        return None
-
-
-def _start_ticks(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-        return int(data[data.rfind(b")") + 2 :].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def _proc_table() -> list[tuple[int, int, str, int | None]]:
-    """(pid, pgid, state letter, start ticks) of every process, straight from /proc (cheap)."""
-    if not os.path.isdir("/proc/self"):  # pragma: no cover - macOS: psutil's slower scan
-        out: list[tuple[int, int, str, int | None]] = []
-        for p in psutil.process_iter(["pid", "status"]):
-            try:
-                z = "Z" if p.info["status"] == psutil.STATUS_ZOMBIE else "R"
-                out.append((p.pid, os.getpgid(p.pid), z, None))
-            except (OSError, psutil.Error):
-                continue
-        return out
-    out = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                data = f.read()
-        except OSError:
-            continue
-        rest = data[data.rfind(b")") + 2 :].split()
-        if len(rest) < 20:
-            continue
-        out.append((int(name), int(rest[2]), rest[0].decode(), int(rest[19])))
-    return out
-
-
 def group_alive(pgid: int) -> bool:
-    return bool(_members(pgid))
+    return bool(proctable.members(pgid))
 
 
 def signal_group(pgid: int, sig: int) -> None:
@@ -274,24 +211,24 @@ async def end_group(pgid: int, grace_s: float, *, min_ticks: int | None = None,
     cg = cgroup or box.cgroup_of(pgid)
     if cg is not None:
         try:
-            return await containment.end_cgroup(
-                cg, grace_s, pgid=pgid, pgid_alive=lambda: bool(_members(pgid, min_ticks)))
+            return await cgroups.end_cgroup(
+                cg, grace_s, pgid=pgid, pgid_alive=lambda: bool(proctable.members(pgid, min_ticks)))
         finally:
             box.forget(pgid)
-    if not _members(pgid, min_ticks):
+    if not proctable.members(pgid, min_ticks):
         return False
     signal_group(pgid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     delay = 0.01
     while time.monotonic() < deadline:
-        if not _members(pgid, min_ticks):
+        if not proctable.members(pgid, min_ticks):
             return False
         await asyncio.sleep(delay)
         delay = min(delay * 2, 0.2)
     signal_group(pgid, signal.SIGKILL)
     # SIGKILL cannot be refused; give the kernel a moment to tear the members down.
     for _ in range(50):
-        if not _members(pgid, min_ticks):
+        if not proctable.members(pgid, min_ticks):
             break
         await asyncio.sleep(0.02)
     return True

@@ -22,8 +22,9 @@ import json
 import sys
 from pathlib import Path
 
-from . import control, gpu_detect
+from . import control
 from .guard import DEFAULT_SAMPLE_S, GuardConfig
+from .host import gpuapis
 from .protection import Floors, parse_fraction
 
 __all__ = ["add_run_options", "config_from_args", "add_protect_parser", "cmd_protect"]
@@ -47,10 +48,10 @@ def add_run_options(r: argparse.ArgumentParser) -> None:
                    help="memory sample period in seconds (default 2)")
     g.add_argument("--gpu-apis", metavar="LIST",
                    help="GPU APIs this host provides, replacing detection "
-                        f"(comma-separated from {', '.join(gpu_detect.GPU_APIS)}, or none)")
+                        f"(comma-separated from {', '.join(gpuapis.GPU_APIS)}, or none)")
 
 
-def config_from_args(args: argparse.Namespace) -> tuple[GuardConfig, gpu_detect.Detection | None]:
+def config_from_args(args: argparse.Namespace) -> tuple[GuardConfig, gpuapis.Detection | None]:
     """The guard's config and the GPU override from ``run``'s options. Raises ValueError
     with a message naming the option."""
     floors = Floors(soft=parse_fraction(args.mem_soft_floor, "--mem-soft-floor"),
@@ -64,7 +65,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[GuardConfig, gpu_detect.
     gpu = None
     if args.gpu_apis is not None:
         try:
-            gpu = gpu_detect.from_override(args.gpu_apis)
+            gpu = gpuapis.from_override(args.gpu_apis)
         except ValueError as exc:
             raise ValueError(f"--gpu-apis: {exc}") from None
     return GuardConfig(floors, args.mem_sample_s, args.memory_budget_gb), gpu

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import containment, ops, procs
+from .host import cgroups, proctable
 
 if TYPE_CHECKING:
     from .store import JobRecord
@@ -55,7 +56,7 @@ async def end_leftovers(registry: procs.ProcessRegistry, sup: Supervisor,
                         grace_s: float = 2.0) -> dict[str, procs.GroupRecord]:
     """End the predecessor's groups; return the kept ones (service key -> record) of
     non-endpoint services that may be adopted once fingerprinted."""
-    boot = procs._boot_id()
+    boot = proctable.boot_id()
     kept: dict[str, procs.GroupRecord] = {}
     for rec in registry.records():
         if rec.boot_id != boot or not _alive(rec):
@@ -86,8 +87,8 @@ def _cg(rec: procs.GroupRecord) -> Path | None:
 def _alive(rec: procs.GroupRecord) -> bool:
     """Anything of the group left: a member of its process group, or of its cgroup."""
     cg = _cg(rec)
-    return bool(procs._members(rec.pgid, rec.start_ticks)) or (
-        cg is not None and containment.populated(cg))
+    return bool(proctable.members(rec.pgid, rec.start_ticks)) or (
+        cg is not None and cgroups.populated(cg))
 
 
 async def adopt_running(registry: procs.ProcessRegistry, sup: Supervisor,

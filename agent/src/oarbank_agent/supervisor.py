@@ -36,18 +36,18 @@ from oarbank_sdk import manifest as mf
 from oarbank_sdk.protocol import current_transport
 
 from . import (
+    detachedwatch,
     escapewatch,
-    groupwatch,
     logsetup,
     logtail,
     ops,
     procs,
     refusals,
     servicelog,
-    statuswatch,
 )
 from . import fingerprint as fingerprints
 from . import lifecycle as lc
+from .host import pidfd, proctable
 from .modules import ModuleCtx, NodeInfo
 
 if TYPE_CHECKING:
@@ -186,7 +186,7 @@ def row(rt: ServiceRuntime, refused: str | None = None) -> dict[str, Any]:
 
 class Supervisor:
     def __init__(self, node: NodeInfo, registry: procs.ProcessRegistry, *,
-                 channels: Channels, status_poll_s: float = statuswatch.DEFAULT_FIRST_S) -> None:
+                 channels: Channels, status_poll_s: float = detachedwatch.DEFAULT_FIRST_S) -> None:
         self.node = node
         self.registry = registry
         self.channels = channels  # endpoint channels, shared with the broker
@@ -196,7 +196,7 @@ class Supervisor:
         # Set once by ``shutdown`` (and into every service's state, where decisions read it);
         # the effects read it here: no fingerprint after a stop, a cancelled start re-raises.
         self.shutting_down = False
-        # First interval of the sparse `status` polls (statuswatch; --status-poll-s).
+        # First interval of the sparse `status` polls (detachedwatch; --status-poll-s).
         self.status_poll_s = status_poll_s
         # True only under the test-only fault OARBANK_AGENT_FAULT=bare_start_errors: an effect
         # (the error text), not a decision.
@@ -603,33 +603,33 @@ class Supervisor:
         reason = ch.closed.result()
         if not reason.startswith(advice.CHANNEL_CLOSED):
             return reason  # a protocol violation says what it is
-        left = groupwatch.members(rt.pgid) if rt.pgid is not None else []
+        left = proctable.members(rt.pgid) if rt.pgid is not None else []
         waited = 0.0
         while left and waited < EXIT_WAIT_S:
             await asyncio.sleep(0.05)
             waited += 0.05
-            left = groupwatch.members(rt.pgid) if rt.pgid is not None else []
+            left = proctable.members(rt.pgid) if rt.pgid is not None else []
         text = servicelog.get(rt.ctx.log_dir / f"{rt.svc.name}.log").since(log_from)
         return advice.closed_before_hello(reason, bool(left), logtail.summary(text))
 
     async def _watch(self, rt: ServiceRuntime, ch: Channel | None) -> None:
         """A ready service failing on its own: an endpoint service closing its channel, or
-        its process group dying (no live member left; pidfds, see groupwatch). A service that
+        its process group dying (no live member left; pidfds, see host.pidfd). A service that
         left nothing in its start group (it runs elsewhere) has only its channel watched, or,
-        without a channel, its `status` op asked sparsely (statuswatch)."""
+        without a channel, its `status` op asked sparsely (detachedwatch)."""
         waits: set[asyncio.Future[Any]] = set()
         if ch is not None:
             waits.add(ch.closed)
         pgid = rt.pgid
         group: asyncio.Task[None] | None = None
         status: asyncio.Task[str] | None = None
-        if pgid is not None and groupwatch.members(pgid):
-            group = asyncio.create_task(groupwatch.wait_group_gone(pgid), name=f"group {pgid}")
+        if pgid is not None and proctable.members(pgid):
+            group = asyncio.create_task(pidfd.wait_group_gone(pgid), name=f"group {pgid}")
             waits.add(group)
         elif ch is None:
             log.info("%s: nothing of it is left in its process group: watching it through "
                      "its status op (first after %gs)", rt.key, self.status_poll_s)
-            status = asyncio.create_task(statuswatch.watch(rt.key, lambda: ops.run_op(
+            status = asyncio.create_task(detachedwatch.watch(rt.key, lambda: ops.run_op(
                 rt.ctx, self.node, rt.svc.name, "status", timeout_s=ops.OP_TIMEOUTS["status"],
                 registry=self.registry), self.status_poll_s), name=f"status {rt.key}")
             waits.add(status)

@@ -14,7 +14,7 @@ import pytest
 from agent_helpers import read_jsonl, write_module
 
 from oarbank_agent import lifecycle as lc
-from oarbank_agent import refreshwatch
+from oarbank_agent import runningwatch
 
 MOD = "test.agent.echo"
 
@@ -36,7 +36,7 @@ def job(agent: Any, job_id: str) -> dict[str, Any]:
 
 def test_due_is_ready_run_by_the_agent_and_idle() -> None:
     S = lc.State
-    assert refreshwatch.due([
+    assert runningwatch.due([
         ("a", S.READY, "on_demand", False), ("b", S.READY, "always", False),
         ("c", S.READY, "manual", False),  # manualwatch's
         ("d", S.READY, "on_demand", True),  # an effect in flight fingerprints it itself

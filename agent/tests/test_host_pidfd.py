@@ -6,12 +6,12 @@ import asyncio
 import sys
 import threading
 
-from oarbank_agent.childwatch import use_pidfd_watcher
+from oarbank_agent.host.pidfd import use_child_watcher
 
 
 def test_children_are_reaped_with_their_exit_codes_and_no_thread_each():
     async def scenario() -> tuple[str, list[int | None], int, int]:
-        watcher = use_pidfd_watcher(asyncio.get_running_loop())
+        watcher = use_child_watcher(asyncio.get_running_loop())
         base = threading.active_count()
         procs = [await asyncio.create_subprocess_exec(
             "/bin/sh", "-c", f"sleep 0.3; exit {i % 4}") for i in range(16)]

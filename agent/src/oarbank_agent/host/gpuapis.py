@@ -1,6 +1,6 @@
 """Which GPU APIs this host provides (contract section 5), probed so a bad driver cannot hang us.
 
-Each API is probed in its own child process (`python -m oarbank_agent.gpu_detect --probe API`)
+Each API is probed in its own child process (`python -m oarbank_agent.host.gpuapis --probe API`)
 under a watchdog: a driver that hangs in its init, or crashes the process, costs one probe and
 reads as absent, never a stuck agent. The probes ask the real runtime for devices through ctypes
 (no vendor tools needed):
@@ -70,7 +70,7 @@ def detect(timeout_s: float = PROBE_TIMEOUT_S) -> Detection:
     for api in _candidates():
         try:
             children[api] = subprocess.Popen(
-                [sys.executable, "-I", "-m", "oarbank_agent.gpu_detect", "--probe", api],
+                [sys.executable, "-I", "-m", "oarbank_agent.host.gpuapis", "--probe", api],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL,
@@ -269,7 +269,7 @@ def _main(argv: list[str]) -> int:
     if not argv:
         print(json.dumps(detect().as_dict(), indent=2))
         return 0
-    print(f"usage: python -m oarbank_agent.gpu_detect [--probe {'|'.join(_PROBES)}]", file=sys.stderr)
+    print(f"usage: python -m oarbank_agent.host.gpuapis [--probe {'|'.join(_PROBES)}]", file=sys.stderr)
     return 2
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from agent_helpers import read_jsonl, write_module
 
-from oarbank_agent import statuswatch
+from oarbank_agent import detachedwatch
 from oarbank_agent.ops import OpResult
 
 
@@ -48,15 +48,15 @@ def test_a_service_with_a_live_group_gets_no_status_polls(start_agent, tmp_path:
 
 
 def test_poll_intervals_back_off_and_answers_are_read_strictly() -> None:
-    assert [statuswatch.next_interval(x, 10) for x in (10, 20, 40, 60)] == [20, 40, 60, 60]
+    assert [detachedwatch.next_interval(x, 10) for x in (10, 20, 40, 60)] == [20, 40, 60, 60]
 
     def res(ok: bool, doc: dict | None) -> OpResult:
         return OpResult("status", ok, 0 if ok else 1, doc, None if ok else "boom", 1)
 
-    assert statuswatch.verdict(res(True, {"running": True, "ready": True})) == "running"
-    assert statuswatch.verdict(res(True, {"running": False})) == "stopped"
-    assert statuswatch.verdict(res(True, {"running": "no"})) == "unknown"
-    assert statuswatch.verdict(res(False, {"running": False})) == "unknown"
+    assert detachedwatch.verdict(res(True, {"running": True, "ready": True})) == "running"
+    assert detachedwatch.verdict(res(True, {"running": False})) == "stopped"
+    assert detachedwatch.verdict(res(True, {"running": "no"})) == "unknown"
+    assert detachedwatch.verdict(res(False, {"running": False})) == "unknown"
 
 
 def test_status_poll_option_is_checked(tmp_path: Path) -> None:

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DEFAULT_INTERVAL_S", "Refresher", "due"]
 
-log = logging.getLogger("oarbank_agent.refreshwatch")
+log = logging.getLogger("oarbank_agent.runningwatch")
 
 DEFAULT_INTERVAL_S = 20.0
 

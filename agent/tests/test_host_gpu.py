@@ -8,14 +8,14 @@ import time
 
 import pytest
 
-from oarbank_agent import gpu_detect
+from oarbank_agent.host import gpuapis
 
 
 def test_detection_on_this_machine_reports_no_gpu_and_does_not_hang() -> None:
     # This machine has no GPU driver: every probe must come back "absent" with a reason,
     # quickly, and the result must list no API.
     start = time.monotonic()
-    found = gpu_detect.detect(timeout_s=20)
+    found = gpuapis.detect(timeout_s=20)
     assert time.monotonic() - start < 20
     assert found.apis == ()
     assert found.source == "detected"
@@ -32,16 +32,16 @@ def test_a_hanging_probe_is_cut_by_the_watchdog(monkeypatch: pytest.MonkeyPatch)
             argv = [sys.executable, "-c", "import time; time.sleep(3600)"]
         return real_popen(argv, **kw)
 
-    monkeypatch.setattr(gpu_detect.subprocess, "Popen", hanging)
+    monkeypatch.setattr(gpuapis.subprocess, "Popen", hanging)
     start = time.monotonic()
-    found = gpu_detect.detect(timeout_s=1.0)
+    found = gpuapis.detect(timeout_s=1.0)
     assert time.monotonic() - start < 5
     assert "did not answer within 1 s" in found.probes["cuda"]
     assert "cuda" not in found.apis
 
 
 def test_override_is_validated() -> None:
-    assert gpu_detect.from_override("cuda,vulkan").apis == ("cuda", "vulkan")
-    assert gpu_detect.from_override("none").apis == ()
+    assert gpuapis.from_override("cuda,vulkan").apis == ("cuda", "vulkan")
+    assert gpuapis.from_override("none").apis == ()
     with pytest.raises(ValueError, match="unknown GPU API quantum"):
-        gpu_detect.from_override("cuda,quantum")
+        gpuapis.from_override("cuda,quantum")

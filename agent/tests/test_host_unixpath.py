@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from oarbank_agent import cli, control, unixpath
+from oarbank_agent import cli, control
+from oarbank_agent.host import unixpath
 
 
 def _deep(root: Path, at_least: int = 160) -> Path:

@@ -1,0 +1,104 @@
+"""The process table: who is alive, in which process group, since when (``/proc``; psutil
+where there is no ``/proc``).
+
+A process group's members cannot be asked for directly, so ``members`` reads the whole table
+once (cheap: one small ``stat`` file per process). Start times (``start_ticks``, clock ticks
+since boot) tell a group of ours from a later one that reuses its number; ``boot_id`` tells a
+record written before a reboot, whose numbers mean nothing any more.
+"""
+
+from __future__ import annotations
+
+import os
+
+import psutil
+
+__all__ = ["proc_table", "members", "boot_id", "start_ticks", "status", "cmdline"]
+
+
+def proc_table() -> list[tuple[int, int, str, int | None]]:
+    """(pid, pgid, state letter, start ticks) of every process, straight from /proc (cheap)."""
+    if not os.path.isdir("/proc/self"):  # pragma: no cover - macOS: psutil's slower scan
+        out: list[tuple[int, int, str, int | None]] = []
+        for p in psutil.process_iter(["pid", "status"]):
+            try:
+                z = "Z" if p.info["status"] == psutil.STATUS_ZOMBIE else "R"
+                out.append((p.pid, os.getpgid(p.pid), z, None))
+            except (OSError, psutil.Error):
+                continue
+        return out
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                data = f.read()
+        except OSError:
+            continue
+        rest = data[data.rfind(b")") + 2 :].split()
+        if len(rest) < 20:
+            continue
+        out.append((int(name), int(rest[2]), rest[0].decode(), int(rest[19])))
+    return out
+
+
+def members(pgid: int, min_ticks: int | None = None) -> list[int]:
+    """Live (non-zombie) pids in process group ``pgid`` (started at or after ``min_ticks``)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return []
+    except PermissionError:
+        pass
+    pids = []
+    for pid, pgrp, state, ticks in proc_table():
+        if pgrp != pgid or state == "Z":
+            continue
+        if min_ticks is not None and ticks is not None and ticks < min_ticks:
+            continue  # started before our leader: a reused pgid, not ours
+        pids.append(pid)
+    return pids
+
+
+def boot_id() -> str | None:
+    """This boot's id (Linux), or None."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:  # pragma: no cover - not Linux
+        return None
+
+
+def start_ticks(pid: int) -> int | None:
+    """When ``pid`` started, in clock ticks since boot (Linux), or None."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+        return int(data[data.rfind(b")") + 2 :].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def status(pid: int) -> dict[str, str] | None:
+    """``/proc/<pid>/status`` as key -> value (``State``, ``Seccomp``, ``NoNewPrivs``...), or
+    None when the process is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            text = f.read()
+    except OSError:
+        return None  # gone
+    out = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        out[key] = value.strip()
+    return out
+
+
+def cmdline(pid: int) -> bytes | None:
+    """``/proc/<pid>/cmdline`` (NUL-separated), or None when the process is gone."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return None
