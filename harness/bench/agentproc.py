@@ -35,7 +35,8 @@ class Agent:
 
     def __init__(self, state_dir: Path, modules: list[Path],
                  settings: dict[str, dict[str, Any]] | None = None,
-                 ready_timeout: float = 60.0, profile: Path | None = None) -> None:
+                 ready_timeout: float = 60.0, profile: Path | None = None,
+                 extra_args: list[str] | None = None) -> None:
         self.state_dir = state_dir
         self._spy: subprocess.Popen[bytes] | None = None
         state_dir.mkdir(parents=True, exist_ok=True)
@@ -43,6 +44,7 @@ class Agent:
                 "--node-id", "bench-node"]
         for m in modules:
             argv += ["--module", str(m)]
+        argv += extra_args or []  # e.g. --process-factory off (figure 6 compares both)
         for name, value in (settings or {}).items():
             f = state_dir.parent / f"{state_dir.name}-{name}-settings.json"
             f.write_text(json.dumps(value))

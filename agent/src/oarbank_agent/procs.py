@@ -145,14 +145,19 @@ async def spawn(argv: list[str], *, env: dict[str, str], cwd: str | os.PathLike[
         proc: ChildProcess | None = None
         if maker is not None and maker.broken is None:
             fds = [(_fd_of(stdout), 1), (_fd_of(stderr), 2), *((fd, fd) for fd in inherit)]
-            try:
-                proc = await maker.spawn(inner, env=env, cwd=str(cwd), fds=fds,
-                                         cgroup=str(cg) if cg is not None else None,
-                                         kind=kind, label=label)
-            except FactoryLost as exc:
-                if maker.broken is None:
-                    raise OSError(f"{exc}") from None
-                # No factory any more (it says why in status): the direct way below.
+            for retry in (False, True):
+                try:
+                    proc = await maker.spawn(inner, env=env, cwd=str(cwd), fds=fds,
+                                             cgroup=str(cg) if cg is not None else None,
+                                             kind=kind, label=label)
+                    break
+                except FactoryLost as exc:
+                    # It died under this spawn (a child it forked is ended by the client):
+                    # once more through its successor; with no successor, the direct way.
+                    if maker.broken is not None:
+                        break
+                    if retry:
+                        raise OSError(f"{exc}") from None
         if proc is None:
             full = inner if cg is None else box.wrap(inner, cg)
             proc = await asyncio.create_subprocess_exec(

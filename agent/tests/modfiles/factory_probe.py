@@ -1,5 +1,6 @@
 """A runner that reports how it was started: what `--process-factory on` and `off` must give
-alike (tests/test_factory.py). Payload: exit (a code), kill (a signal to itself), sleep_s."""
+alike (tests/test_factory.py). Payload: exit (a code), kill (a signal to itself), sleep_s,
+first_attempt_sleep_s (only the job's first attempt sleeps)."""
 
 from __future__ import annotations
 
@@ -87,6 +88,8 @@ def main() -> int:
     with open(spec_path) as f:
         payload = json.load(f)["payload"]
     time.sleep(float(payload.get("sleep_s", 0)))
+    if os.environ.get("OARBANK_ATTEMPT_ID", "").endswith(".1"):
+        time.sleep(float(payload.get("first_attempt_sleep_s", 0)))
     rep = report()
     with open(os.path.join(workdir, "probe.json"), "w") as f:
         json.dump(rep, f)

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..agentproc import BENCH_MODULE
+from ..agentproc import BENCH_MODULE, Agent
 from ..context import MODULE_ID, Bench
 from ..stats import metric
 
@@ -41,34 +41,53 @@ def _wait_direct(procs: list[subprocess.Popen[bytes]]) -> None:
 
 
 def run(b: Bench) -> dict[str, Any]:
+    """The bench's agent (process factory on, the default), then the same rounds against an
+    agent with ``--process-factory off`` (every runner spawned directly), side by side."""
     p = b.params
-    agent = b.agent()
-    jps: list[float] = []
-    base_jps: list[float] = []
     n = p.trivial_jobs
-    for r in range(p.trivial_rounds):
-        t0 = time.monotonic()
-        agent.run_jobs(MODULE_ID, "trivial", [{}] * n)
-        jps.append(n / (time.monotonic() - t0))
-        t0 = time.monotonic()
-        _wait_direct([_direct(b.tmp / f"direct-{r}", i) for i in range(n)])
-        base_jps.append(n / (time.monotonic() - t0))
+    agent = b.agent()
+    off = Agent(b.tmp / "state-factory-off", [BENCH_MODULE], {"bench": {"slots": 64}},
+                extra_args=["--process-factory", "off"])
+    jps: list[float] = []
+    off_jps: list[float] = []
+    base_jps: list[float] = []
     wall: list[float] = []
+    off_wall: list[float] = []
     runner: list[float] = []
-    for r in range(p.single_rounds):
-        t0 = time.monotonic()
-        agent.run_jobs(MODULE_ID, "trivial", [{}])
-        wall.append(time.monotonic() - t0)
-        t0 = time.monotonic()
-        _wait_direct([_direct(b.tmp / f"single-{r}", 0)])
-        runner.append(time.monotonic() - t0)
+    try:
+        for r in range(p.trivial_rounds):
+            jps.append(_jobs_per_s(agent, n))
+            off_jps.append(_jobs_per_s(off, n))
+            t0 = time.monotonic()
+            _wait_direct([_direct(b.tmp / f"direct-{r}", i) for i in range(n)])
+            base_jps.append(n / (time.monotonic() - t0))
+        for r in range(p.single_rounds):
+            wall.append(1.0 / _jobs_per_s(agent, 1))
+            off_wall.append(1.0 / _jobs_per_s(off, 1))
+            t0 = time.monotonic()
+            _wait_direct([_direct(b.tmp / f"single-{r}", 0)])
+            runner.append(time.monotonic() - t0)
+    finally:
+        off.stop()
     share = [100.0 * (w - d) / w for w, d in zip(wall, runner, strict=True)]
     return {"title": TITLE, "metrics": {
         "trivial_jobs_per_s": metric(jps, unit="jobs/s", baseline=base_jps,
                                      baseline_name="runners spawned directly", with_p99=False,
                                      targets={"median": ">= 20"}),
+        "trivial_jobs_per_s_factory_off": metric(
+            off_jps, unit="jobs/s", baseline=jps, baseline_name="process factory on",
+            with_p99=False, note="--process-factory off: each runner spawned by the agent"),
         "one_job_wall": metric(wall, unit="ms", scale=MS, baseline=runner,
                                baseline_name="runner spawn to exit, no agent"),
+        "one_job_wall_factory_off": metric(
+            off_wall, unit="ms", scale=MS, baseline=wall, baseline_name="process factory on",
+            note="--process-factory off"),
         "agent_share_of_job_wall": metric(share, unit="%",
                                           note="(job wall - runner alone) / job wall"),
     }, "details": {"jobs_at_once": n, "rounds": p.trivial_rounds}}
+
+
+def _jobs_per_s(agent: Agent, n: int) -> float:
+    t0 = time.monotonic()
+    agent.run_jobs(MODULE_ID, "trivial", [{}] * n)
+    return n / (time.monotonic() - t0)

@@ -85,11 +85,13 @@ class FactoryClient:
         self._decoder = wire.Decoder()
         self._ids = itertools.count(1)
         self._pending: dict[int, tuple[asyncio.Future[int], str, str]] = {}
+        self._forked: dict[int, int] = {}  # spawn id -> pid, until started or failed
         self._live: dict[int, FactoryProcess] = {}
         self._hello: asyncio.Future[int] | None = None
         self._ready = asyncio.Event()
         self._send_lock = asyncio.Lock()
         self._closing = False
+        self._dead = True  # no live factory behind _sock (until start() gets its hello)
         self._restarting: asyncio.Task[None] | None = None
         self._orphan_watch: set[asyncio.Task[None]] = set()
 
@@ -122,6 +124,7 @@ class FactoryClient:
         self._sock = ours
         self._decoder = wire.Decoder()
         self._hello = loop.create_future()
+        self._dead = False
         loop.add_reader(ours.fileno(), self._readable)
         try:
             await asyncio.wait_for(asyncio.shield(self._hello), _START_TIMEOUT_S)
@@ -201,6 +204,7 @@ class FactoryClient:
             return self._live[await fut]
         finally:
             self._pending.pop(rid, None)
+            self._forked.pop(rid, None)
 
     async def _send(self, data: bytes, fds: list[int]) -> None:
         transport = current_transport()
@@ -221,6 +225,7 @@ class FactoryClient:
                     finally:
                         loop.remove_writer(sock.fileno())
                 except OSError as exc:
+                    self._lost(f"sending to it failed: {exc}")
                     raise FactoryLost(f"the process factory is gone ({exc})") from None
             if n < len(data):  # the descriptors went with the first byte
                 await loop.sock_sendall(sock, data[n:])
@@ -252,6 +257,8 @@ class FactoryClient:
         op = msg.get("op")
         if op == "hello" and self._hello is not None and not self._hello.done():
             self._hello.set_result(int(msg["pid"]))
+        elif op == "forked":
+            self._forked[int(msg["id"])] = int(msg["pid"])
         elif op == "started":
             pending = self._pending.get(int(msg["id"]))
             pid = int(msg["pid"])
@@ -271,6 +278,9 @@ class FactoryClient:
     def _lost(self, why: str) -> None:
         """The factory died: release, end and watch its children; fail what it never
         answered; start a new one."""
+        if self._dead:
+            return  # already handled
+        self._dead = True
         loop = asyncio.get_running_loop()
         with contextlib.suppress(Exception):
             loop.remove_reader(self._sock.fileno())
@@ -278,24 +288,33 @@ class FactoryClient:
         self._ready.clear()
         if self._hello is not None and not self._hello.done():
             self._hello.set_exception(FactoryLost(why))
-        for fut, _kind, _label in self._pending.values():
-            if not fut.done():
-                fut.set_exception(FactoryLost(f"the process factory died ({why})"))
         orphans = list(self._live.values())
         self._live.clear()
+        unforked = []  # their spawns fail (FactoryLost); their jobs are released too
+        for rid, (fut, kind, label) in self._pending.items():
+            pid = self._forked.get(rid)
+            if pid is not None:  # forked, never said started: ended like the others
+                orphans.append(FactoryProcess(pid, kind, label))
+            else:
+                unforked.append(FactoryProcess(0, kind, label))
+            if not fut.done():
+                fut.set_exception(FactoryLost(f"the process factory died ({why})"))
+        self._forked.clear()
         if self._closing or not was_ready:
             return  # shutting down, or dead at start (start() says so)
         log.error("process factory died (%s): %d child(ren) in flight ended, their jobs "
                   "released; starting a new one", why, len(orphans))
-        if self.on_lost is not None and orphans:
+        if self.on_lost is not None and (orphans or unforked):
             try:
-                self.on_lost(orphans)
+                self.on_lost(orphans + unforked)
             except Exception:
                 log.exception("process factory: on_lost failed")
         for proc in orphans:
             proc.lost = True
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(proc.pid, signal.SIGKILL)  # not yet in its own session
             t = asyncio.create_task(self._until_gone(proc))
             self._orphan_watch.add(t)
             t.add_done_callback(self._orphan_watch.discard)

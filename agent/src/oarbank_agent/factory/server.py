@@ -106,6 +106,9 @@ class Factory:
             self.sock.detach()
             child.run(req, fds, self.startup, err_w)
         os.close(err_w)
+        # Said at once: a factory that dies before ``started`` leaves a child the agent must
+        # still be able to find and end.
+        self._reply({"op": "forked", "id": req["id"], "pid": pid})
         chunks = []
         while True:  # EOF: exec'd, running in place, or sandboxing (child.py says when)
             try:

@@ -6,8 +6,9 @@ with exact-size reads, so a message's descriptors are never taken with another's
 
 Agent -> factory: ``{"op": "spawn", "id", "argv", "env", "cwd", "umask", "rlimits", "fds",
 "cgroup"}`` (``fds``: the number each attached descriptor gets in the child, in order).
-Factory -> agent: ``{"op": "hello", "pid"}`` once; per spawn ``{"op": "started", "id",
-"pid"}`` or ``{"op": "failed", "id", "errno", "error"}``; per child ``{"op": "exit", "pid",
+Factory -> agent: ``{"op": "hello", "pid"}`` once; per spawn ``{"op": "forked", "id",
+"pid"}`` right after the fork, then ``{"op": "started", "id", "pid"}`` or ``{"op": "failed",
+"id", "errno", "error"}``; per child ``{"op": "exit", "pid",
 "code"}`` (``code`` as ``Popen.returncode``: negative for a signal).
 """
 

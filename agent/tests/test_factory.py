@@ -1,0 +1,185 @@
+"""The process factory (``--process-factory on``) against the direct path (``off``).
+
+The same probe runner (modfiles/factory_probe.py) runs under two real agents, one each way,
+with the real sandbox and containment of this machine; what it reports of itself must be
+identical (argv, environment, /proc cmdline and environ, cwd, sys.path, sys.flags, stdio,
+descriptors, rlimits, umask, signal dispositions and mask, session and group, cgroup, sandbox
+status), and so must how jobs end (exit codes, signals, a command that cannot be exec'd). The
+only differences allowed are the paths and ids of the two agents' state dirs, and the probe's
+own ``in_factory`` (which must say the factory ran it in place, or the comparison proves
+nothing). Then: a factory killed under a running job: the job is released and run again, the
+agent carries on with a new factory, and nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from agent_helpers import MODFILES, RunningAgent, alive, write_module  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
+                                reason="the process factory is Linux only (off elsewhere)")
+MODULE = "test.agent.echo"
+
+
+def _probe_module(root: Path, runner_exec: list[str] | None = None) -> Path:
+    mod = write_module(root, runner={"exec": runner_exec or
+                                     ["python", "-I", "{bundle}/factory_probe.py"]},
+                       stages=[{"name": "plain", "timeout_s": 120}])
+    shutil.copy(MODFILES / "factory_probe.py", mod / "factory_probe.py")
+    return mod
+
+
+def _report(agent: RunningAgent, job: dict[str, Any], attempt: int = 1) -> dict[str, Any]:
+    path = agent.state_dir / "jobs" / job["job_id"] / f"a{attempt}" / "probe.json"
+    text = path.read_text().replace(str(agent.root), "<agent>").replace(job["job_id"], "<job>")
+    return json.loads(text)
+
+
+def _outcome(job: dict[str, Any]) -> tuple[Any, ...]:
+    reason = str(job.get("reason") or "")
+    return job["state"], job.get("exit_code"), reason.replace(job["job_id"], "<job>")
+
+
+def _diff(on: dict[str, Any], off: dict[str, Any]) -> list[str]:
+    out = []
+    for key in sorted(set(on) | set(off)):
+        if on.get(key) != off.get(key):
+            out.append(f"{key}:\n  on:  {on.get(key)!r}\n  off: {off.get(key)!r}")
+    return out
+
+
+def _both(start_agent: Callable[..., RunningAgent], mod: Path) -> dict[str, RunningAgent]:
+    return {mode: start_agent([mod], extra_args=["--process-factory", mode])
+            for mode in ("on", "off")}
+
+
+def test_the_same_runner_cannot_tell_the_factory_from_a_direct_start(
+        tmp_path: Path, start_agent: Callable[..., RunningAgent]) -> None:
+    agents = _both(start_agent, _probe_module(tmp_path / "mod"))
+    assert agents["on"].status()["process_factory"]["pid"], agents["on"].status()
+    assert agents["off"].status()["process_factory"]["mode"] == "off"
+    reports, outcomes = {}, {}
+    for mode, agent in agents.items():
+        job = agent.run_job("plain", {}, module=MODULE)
+        outcomes[mode] = _outcome(job)
+        reports[mode] = _report(agent, job)
+    assert outcomes["on"] == outcomes["off"] == ("succeeded", 0, "")
+    # Run in place by the factory (its modules already loaded), exec'd by the direct path.
+    assert reports["on"].pop("in_factory") is True
+    assert reports["off"].pop("in_factory") is False
+    assert not _diff(reports["on"], reports["off"]), "\n".join(_diff(reports["on"],
+                                                                     reports["off"]))
+    # And the probe saw a real start: its own session, cgroup and (where enforced) sandbox.
+    rep = reports["on"]
+    assert rep["session"] == [True, True]
+    assert rep["fds"]["0"].startswith("/dev/null")
+    if agents["on"].status()["sandbox"]["mode"] != "off" and \
+            agents["on"].status()["sandbox"]["endpoints"] == "enforced":
+        assert rep["status"]["NoNewPrivs"] == "1" and rep["status"]["Seccomp"] == "2"
+
+
+@pytest.mark.parametrize("payload", [{"exit": 3}, {"exit": 75}, {"kill": int(signal.SIGTERM)},
+                                     {"kill": int(signal.SIGKILL)}],
+                         ids=["exit3", "exit75", "sigterm", "sigkill"])
+def test_exit_codes_and_signals_end_jobs_alike(
+        tmp_path: Path, start_agent: Callable[..., RunningAgent],
+        payload: dict[str, Any]) -> None:
+    agents = _both(start_agent, _probe_module(tmp_path / "mod"))
+    outcomes = {mode: _outcome(a.run_job("plain", payload, module=MODULE))
+                for mode, a in agents.items()}
+    assert outcomes["on"] == outcomes["off"], outcomes
+    assert outcomes["on"][0] == "failed"
+    code = payload.get("exit", -payload.get("kill", 0))
+    assert outcomes["on"][1] == code
+
+
+def test_a_command_that_cannot_be_run_fails_alike(
+        tmp_path: Path, start_agent: Callable[..., RunningAgent]) -> None:
+    """A runner that does not exist: its ``doctor --json`` (runnerhealth) fails the same
+    way both ways (under the sandbox: the launcher's exit 71 and its line)."""
+    mod = _probe_module(tmp_path / "mod", ["{bundle}/no-such-runner"])
+    agents = _both(start_agent, mod)
+    health = {}
+    for mode, agent in agents.items():
+        agent.wait_for(lambda a=agent: a.status().get("runners", {}).get(MODULE, {}).get(
+            "health") not in (None, "checking"), what="the runner's health checked")
+        row = agent.status()["runners"][MODULE]
+        health[mode] = (row["health"], row["reason"])
+    assert health["on"] == health["off"], health
+    assert "no-such-runner" in health["on"][1]
+
+
+def test_services_ops_and_daemons_come_from_the_factory(
+        tmp_path: Path, start_agent: Callable[..., RunningAgent]) -> None:
+    """The echo module's start op, its daemon and the runner's connector, all through it."""
+    agent = start_agent([write_module(tmp_path / "mod-echo")],
+                        extra_args=["--process-factory", "on"])
+    job = agent.run_job("echo", {"requests": 3})
+    assert job["state"] == "succeeded", job
+    row = agent.service_row()
+    assert row["ready"] is True, row
+    # The daemon was forked by the factory (then left by its start op, like any daemon).
+    assert row.get("pid") and alive(row["pid"])
+
+
+def _children_of(pid: int) -> set[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return {int(x) for x in f.read().split()}
+    except OSError:
+        return set()
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def test_a_factory_killed_under_a_job_releases_it_and_the_job_runs_again(
+        tmp_path: Path, start_agent: Callable[..., RunningAgent]) -> None:
+    agent = start_agent([_probe_module(tmp_path / "mod")],
+                        extra_args=["--process-factory", "on"])
+    agent.run_job("plain", {}, module=MODULE)  # warm: the baseline has seen one job
+    agent.wait_for(lambda: agent.status()["process_factory"].get("children") == 0,
+                   what="no child in flight")
+    baseline_fds = agent.fd_count()
+    first = agent.status()["process_factory"]
+    job_id = agent.submit("plain", {"first_attempt_sleep_s": 600}, module=MODULE)
+    runner: list[int] = []
+
+    def runner_started() -> bool:  # the factory's child that is this job's runner
+        runner[:] = [pid for pid in _children_of(first["pid"]) if job_id in _cmdline(pid)]
+        return bool(runner)
+
+    agent.wait_for(runner_started, timeout=60, what="the runner forked by the factory")
+    os.kill(first["pid"], signal.SIGKILL)
+    job = agent.wait(job_id, timeout=120)
+    assert job["state"] == "succeeded", (job, agent.log()[-3000:])
+    job = json.loads((agent.state_dir / "jobs" / job_id / "job.json").read_text())
+    outcomes = [h["outcome"] for h in job["history"]]
+    assert outcomes == ["released", "succeeded"], job["history"]
+    assert "process factory died" in job["history"][0]["reason"]
+    assert job["attempts"] == 1  # the released attempt is not charged
+    # The orphaned runner was ended, the agent has a new factory and its old descriptors.
+    agent.wait_for(lambda: not alive(runner[0]), what="the orphaned runner ended")
+    now = agent.status()["process_factory"]
+    assert now["pid"] != first["pid"] and now["restarts"] == first["restarts"] + 1
+    assert not alive(first["pid"])
+    agent.wait_for(lambda: agent.fd_count() <= baseline_fds, timeout=30,
+                   what=f"the agent's descriptors back to {baseline_fds}")
+    assert agent.run_job("plain", {}, module=MODULE)["state"] == "succeeded"
