@@ -8,8 +8,9 @@ from harness.scenarios import (
     gpu_shared_start,
     idle_stop,
     listener_refused,
+    oom_limit,
     yield_,
 )
 
 __all__ = ["agent_restart", "crash_loop", "gpu_shared_start", "idle_stop", "listener_refused",
-           "yield_"]
+           "oom_limit", "yield_"]

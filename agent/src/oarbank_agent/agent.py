@@ -41,6 +41,7 @@ from . import (
     recovery,
     refusals,
     reload,
+    resourcelimits,
     runnerhealth,
     runningwatch,
     sandboxing,
@@ -285,6 +286,8 @@ class Agent:
         rep["protection"] = self.guard.report(self.admission.budget_gb,
                                               self.admission.charged_gb())
         rep.update(containment.current().report())  # cgroup | process-group, and why
+        # requires.resources as memory.max / cpu.max: enforced, or unavailable and why
+        rep["resource_limits"] = resourcelimits.current().report()
         rep["fault"] = self.fault  # test-only fault injection: never on silently
         rep["process_factory"] = factory.report()  # on/off; its pid, RSS, descriptors
         # what the portal did with this node's reports (refusals by cause: heartbeat.py)
@@ -319,6 +322,9 @@ class Agent:
         self.supervisor.bare_start_errors = self.fault == faults.BARE_START_ERRORS
         if self.fault is not None:
             log.warning("!!! %s !!!", faults.describe(self.fault))
+        box = containment.current()  # one line: which resource limits are enforced here
+        resourcelimits.install(resourcelimits.setup(box.base if box.enabled else None,
+                                                    box.note))
         if self.fault == faults.KEEP_PREDECESSOR_GROUPS:
             kept: dict[str, procs.GroupRecord] = {}  # fault injection: nothing is ended
         else:

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from oarbank_sdk.protocol import current_transport
 
-from . import containment, factory, refusals, sandboxing
+from . import containment, factory, refusals, resourcelimits, sandboxing
 from .factory.client import FactoryLost
 from .host import cgroups, proctable
 
@@ -121,7 +121,8 @@ async def spawn(argv: list[str], *, env: dict[str, str], cwd: str | os.PathLike[
                 stdout: Any, stderr: Any, inherit: tuple[int, ...] = (),
                 registry: ProcessRegistry | None = None, kind: str = "op",
                 label: str = "", walls: sandboxing.Walls | None = None,
-                refusal_key: str | None = None) -> ChildProcess:
+                refusal_key: str | None = None,
+                limits: dict[str, str] | None = None) -> ChildProcess:
     """Start ``argv`` in a new session with exactly ``env``; record its group.
 
     Only the handles in ``inherit`` (plus stdin/stdout/stderr) reach the child, passed the
@@ -132,6 +133,8 @@ async def spawn(argv: list[str], *, env: dict[str, str], cwd: str | os.PathLike[
     the network attempts of the child and all it starts under that key (``refusals``).
     With the process factory installed (``--process-factory on``) the factory forks it;
     otherwise (or when the factory cannot be had) it is started directly, as always.
+    ``limits``: cgroup files set in its cgroup before it enters (``resourcelimits``; only
+    with cgroup containment, ignored without).
     """
     box = containment.current()
     cg = box.new_cgroup() if box.enabled else None
@@ -142,6 +145,8 @@ async def spawn(argv: list[str], *, env: dict[str, str], cwd: str | os.PathLike[
     inner = launch_argv(argv, walls, watch.child_fd if watch is not None else None)
     maker = factory.current()
     try:
+        if cg is not None and limits:
+            resourcelimits.write(cg, limits)  # before its first instruction runs in it
         proc: ChildProcess | None = None
         if maker is not None and maker.broken is None:
             fds = [(_fd_of(stdout), 1), (_fd_of(stderr), 2), *((fd, fd) for fd in inherit)]

@@ -19,11 +19,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from oarbank_sdk import advice
+from oarbank_sdk import advice, environments
 from oarbank_sdk import manifest as mf
 from oarbank_sdk.protocol import current_transport
 
-from . import compat, escapewatch, logtail, procs, runnerevents, sandboxing
+from . import (
+    compat,
+    containment,
+    escapewatch,
+    logtail,
+    procs,
+    resourcelimits,
+    runnerevents,
+    sandboxing,
+)
 from .modules import ModuleCtx, NodeInfo
 from .supervisor import service_key
 
@@ -106,23 +115,10 @@ def classify(rc: int, timed_out: bool, workdir: Path, timeout_s: float,
 def runner_env(ctx: ModuleCtx, node: NodeInfo, stage: mf.Stage, attempt_id: str,
                workdir: Path) -> dict[str, str]:
     """The contract's runner environment, without the connectors (added per service)."""
-    env = dict(ctx.manifest.runner.env) if ctx.manifest.runner else {}
-    env.update({
-        "OARBANK_WORKDIR": str(workdir),
-        "OARBANK_TMP": str(workdir / "tmp"),
-        "TMPDIR": str(workdir / "tmp"),
-        "OARBANK_MODULE_DATA": str(ctx.data_dir),
-        "OARBANK_PLATFORM": node.platform,
-        "OARBANK_MODULE": ctx.id,
-        "OARBANK_ATTEMPT_ID": attempt_id,
-        "OARBANK_PROTOCOL": "1",
-        "OARBANK_SETTINGS_FILE": str(ctx.settings_file),
-        "PYTHONUTF8": "1",
-        "HOME": str(workdir / "home"),
-    })
-    for pool, n in stage.pools.items():
-        env[f"OARBANK_POOL_{pool.upper()}_TOKENS"] = str(n)
-    return env
+    return environments.runner_env(
+        module=ctx.id, attempt_id=attempt_id, workdir=workdir, data_dir=ctx.data_dir,
+        platform=node.platform, settings_file=ctx.settings_file, pools=stage.pools,
+        manifest_env=ctx.manifest.runner.env if ctx.manifest.runner else None)
 
 
 def endpoint_services(ctx: ModuleCtx, stage: mf.Stage) -> list[mf.Service]:
@@ -155,6 +151,8 @@ async def run_attempt(ctx: ModuleCtx, node: NodeInfo, stage: mf.Stage, *, job_id
     if runnerevents.declared(ctx.manifest):  # [runner].capabilities lists "events"
         argv += runnerevents.argv(workdir)
     env = runner_env(ctx, node, stage, attempt_id, workdir)
+    # requires.resources as the attempt cgroup's memory.max / cpu.max, where enforced here
+    limits = resourcelimits.current().files_for(stage.mem_gb, stage.cpu)
     inherit: list[int] = []
     transport = current_transport()
     proc = None
@@ -169,7 +167,7 @@ async def run_attempt(ctx: ModuleCtx, node: NodeInfo, stage: mf.Stage, *, job_id
                                          inherit=tuple(inherit), registry=registry,
                                          kind="runner", label=attempt_id,
                                          walls=sandboxing.runner_walls(ctx, workdir),
-                                         refusal_key=attempt_id)
+                                         refusal_key=attempt_id, limits=limits)
             except OSError as exc:
                 return Outcome("failed", None, f"cannot start the runner {argv[0]}: {exc}",
                                fault="host")
@@ -192,8 +190,14 @@ async def run_attempt(ctx: ModuleCtx, node: NodeInfo, stage: mf.Stage, *, job_id
         escaped = escapewatch.take(proc.pid)  # the escape check ended the group: not the job's doing
         if escaped is not None:
             return Outcome("failed", rc, escaped, fault="job")
-        return classify(rc, timed_out, workdir, stage.timeout_s,
-                        compat.max_inline_kb(ctx.manifest))
+        outcome = classify(rc, timed_out, workdir, stage.timeout_s,
+                           compat.max_inline_kb(ctx.manifest))
+        # Read before the attempt's cgroup is removed: the OOM killer at its memory.max.
+        oom = (resourcelimits.oom_fault(containment.current().cgroup_of(proc.pid),
+                                        stage.mem_gb) if "memory.max" in limits else None)
+        if oom is not None and outcome.state != "succeeded":
+            return Outcome("failed", rc, oom, fault="job")
+        return outcome
     except asyncio.CancelledError:
         # Agent shutdown: end the attempt the same way as a timeout.
         if proc is not None and proc.returncode is None:

@@ -123,18 +123,23 @@ async def doctor(ctx: ModuleCtx, node: NodeInfo, registry: procs.ProcessRegistry
                                      refusal_key=f"{ctx.id} runner doctor")
         except OSError as exc:
             return RunnerHealth("unhealthy", f"doctor --json: cannot run {argv[0]}: {exc}", now)
-    rc: int | None
+    rc: int | None = None
+    # asyncio.wait, not wait_for: on Python < 3.12 wait_for may swallow a cancel that comes
+    # in the turn the doctor exits (eventwait.py), and the refresh task would never end.
+    waiter = asyncio.ensure_future(proc.wait())
     try:
-        rc = await asyncio.wait_for(proc.wait(), timeout_s)
-    except asyncio.TimeoutError:
-        rc = None
+        done, _ = await asyncio.wait({waiter}, timeout=timeout_s)
+        if done:
+            rc = waiter.result()
     finally:
+        waiter.cancel()
         await procs.end_group(proc.pid, 1.0)  # what it left goes too (also when cancelled)
         registry.remove(proc.pid)
     if rc is None:
         with contextlib.suppress(ProcessLookupError):
             await proc.wait()  # (reaped: its group was ended)
-    raw = (work / "doctor.out").read_bytes()[:advice.OP_STDOUT_MAX]
+    with open(work / "doctor.out", "rb") as f:
+        raw = f.read(advice.OP_STDOUT_MAX)  # bounded, as an op's stdout
     refused = sandboxing.launcher_failure(rc, logtail.read_tail(work / "doctor.err")) \
         if rc is not None else None
     if refused is not None:

@@ -8,7 +8,8 @@ count successful connects over rate_window_s), sleep_s (sleep_below_attempt), ig
 exit / exit_below_attempt / failure (exit with a code, writing failure.json unless failure is
 false), pad_kb (that many KiB of padding in the result's payload), events (that many events
 {"event": "step", "i"} to the --events file, when the agent passes one), events_pad_kb (each
-event padded to that many KiB).
+event padded to that many KiB), alloc_mb (allocate and touch that many MiB, then record
+"allocated": what an attempt's memory.max stops).
 
 ``doctor --json`` answers <module data>/doctor.json ({"answer": <printed as JSON>, "exit": n})
 when it exists, else {"ok": true}.
@@ -152,6 +153,12 @@ def main() -> int:
         with ThreadPoolExecutor(8) as pool:
             result["pids"] = list(pool.map(lambda i: one_request(i, keep),
                                            range(int(payload["requests"]))))
+    if payload.get("alloc_mb"):
+        hog = bytearray(int(payload["alloc_mb"]) << 20)
+        for i in range(0, len(hog), 4096):
+            hog[i] = 1  # touched: resident, charged to the attempt's cgroup
+        record("allocated", mb=int(payload["alloc_mb"]))
+        del hog
     attempt_no = int(os.environ["OARBANK_ATTEMPT_ID"].rsplit(".", 1)[1])
     if attempt_no < int(payload.get("sleep_below_attempt", 1 << 30)):
         record("sleep")
