@@ -12,7 +12,8 @@ fails with reason ``sandbox_escape`` (``take(pgid)`` hands the reason to whoever
 
 The one member allowed to be unconfined is the group's leader during its launcher's own set-up
 (``SETUP_GRACE_S`` after the spawn, and only while its command line is still the launcher's
-or the cgroup entry shell in front of it).
+or the cgroup entry shell in front of it, or the process factory's: a child it forked shows
+the factory's command line until it has confined itself, ``factory/child.py``).
 
 Only when the sandbox enforces (``sandboxing.current().enforce``): unconfined by policy is not
 an escape.
@@ -38,6 +39,7 @@ log = logging.getLogger("oarbank_agent.sandbox")
 INTERVAL_S = 3.0
 SETUP_GRACE_S = 15.0
 _LAUNCHER_MARK = b"oarbank_sdk.sandbox.launch"
+_FACTORY_MARK = b"oarbank_agent.factory\0"  # the factory's argv: ``-m oarbank_agent.factory``
 
 _escapes: dict[int, str] = {}  # pgid -> the failure reason, until taken
 
@@ -50,7 +52,8 @@ def take(pgid: int | None) -> str | None:
 def _in_setup(pid: int, rec: procs.GroupRecord) -> bool:
     if pid != rec.pgid or time.time() - rec.started > SETUP_GRACE_S:
         return False
-    return _LAUNCHER_MARK in (proctable.cmdline(pid) or b"")
+    cmdline = proctable.cmdline(pid) or b""
+    return _LAUNCHER_MARK in cmdline or _FACTORY_MARK in cmdline
 
 
 def _group_pids(rec: procs.GroupRecord) -> set[int]:

@@ -243,12 +243,12 @@ def _run(req: dict[str, Any], received: list[int], startup: Startup, err_fd: int
         os.close(err_fd)
         _set_signals(startup.ignored, (), python=True)  # the launcher is a Python process
     command = list(launch.command)
+    if sandboxed:  # until this is done it shows the factory's command line (escapewatch)
+        _confine(startup, launch)
     script = plan.in_place(command, startup.python, env, startup.locale)
-    if script is not None and not (os.path.isabs(script[0]) and os.path.isfile(script[0])
+    if script is not None and not (os.path.isabs(script[0]) and _readable(script[0])
                                    and _show_as(command, env)):
         script = None  # exec, below: /proc/<pid>/cmdline and environ could not be exact
-    if sandboxed:
-        _confine(startup, launch)
     if script is not None:
         _run_in_place(script[0], script[1], command, env, startup,
                       None if sandboxed else err_fd)
@@ -336,12 +336,21 @@ def _run_in_place(script: str, argv: list[str], command: list[str], env: Mapping
     except BaseException as exc:  # what python prints for an uncaught exception
         tb = exc.__traceback__
         while tb is not None and tb.tb_frame.f_code.co_filename != script:
-            tb = tb.tb_next
-        sys.excepthook(type(exc), exc, tb or exc.__traceback__)
+            tb = tb.tb_next  # python shows the script's frames only (none: a SyntaxError)
+        sys.excepthook(type(exc), exc, tb)
         code = 1
         if isinstance(exc, KeyboardInterrupt):
             code = -signal.SIGINT
     os._exit(_finalize(code))
+
+
+def _readable(script: str) -> bool:
+    """A file this child can open: else python's own "can't open file" comes from an exec."""
+    try:
+        with open(script, "rb"):
+            return os.path.isfile(script)
+    except OSError:
+        return False
 
 
 def _exit_code(exc: SystemExit) -> int:

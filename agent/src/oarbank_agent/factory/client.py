@@ -84,7 +84,7 @@ class FactoryClient:
         self._sock: Any = None
         self._decoder = wire.Decoder()
         self._ids = itertools.count(1)
-        self._pending: dict[int, tuple[asyncio.Future[int], str, str]] = {}
+        self._pending: dict[int, tuple[asyncio.Future[FactoryProcess], str, str]] = {}
         self._forked: dict[int, int] = {}  # spawn id -> pid, until started or failed
         self._live: dict[int, FactoryProcess] = {}
         self._hello: asyncio.Future[int] | None = None
@@ -197,11 +197,11 @@ class FactoryClient:
         msg = {"op": "spawn", "id": rid, "argv": argv, "env": env, "cwd": cwd,
                "umask": _umask(), "cgroup": cgroup, "fds": [n for _fd, n in fds],
                "rlimits": [[r, *resource.getrlimit(r)] for r in RLIMITS]}
-        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[FactoryProcess] = asyncio.get_running_loop().create_future()
         self._pending[rid] = (fut, kind, label)
         try:
             await self._send(wire.encode(msg), [fd for fd, _n in fds])
-            return self._live[await fut]
+            return await fut  # it may have exited already: the handle knows
         finally:
             self._pending.pop(rid, None)
             self._forked.pop(rid, None)
@@ -262,18 +262,18 @@ class FactoryClient:
         elif op == "started":
             pending = self._pending.get(int(msg["id"]))
             pid = int(msg["pid"])
-            self._live[pid] = FactoryProcess(pid, *(pending[1:] if pending else ()))
+            proc = self._live[pid] = FactoryProcess(pid, *(pending[1:] if pending else ()))
             if pending is not None and not pending[0].done():
-                pending[0].set_result(pid)
+                pending[0].set_result(proc)
         elif op == "failed":
             pending = self._pending.get(int(msg["id"]))
             if pending is not None and not pending[0].done():
                 pending[0].set_exception(OSError(int(msg.get("errno") or 0),
                                                  str(msg.get("error"))))
         elif op == "exit":
-            proc = self._live.pop(int(msg["pid"]), None)
-            if proc is not None:
-                proc._exited(int(msg["code"]))
+            ended = self._live.pop(int(msg["pid"]), None)
+            if ended is not None:
+                ended._exited(int(msg["code"]))
 
     def _lost(self, why: str) -> None:
         """The factory died: release, end and watch its children; fail what it never

@@ -26,7 +26,7 @@ from typing import Any
 
 from oarbank_sdk.protocol import current_transport
 
-from . import child, selfconfine, wire
+from . import child, filters, selfconfine, wire
 
 __all__ = ["main"]
 
@@ -39,8 +39,9 @@ def _launcher_sys_path() -> list[str]:
     return [p for p in json.loads(out.stdout) if p]
 
 
-def _preload() -> None:
-    """What children would each import again: imported once here."""
+def _preload(guard_pid: int) -> None:
+    """What children would each do again: imported (and the seccomp filter built) once here."""
+    import pkgutil  # noqa: F401  (runpy.run_path imports it on each call otherwise)
     import runpy  # noqa: F401
 
     if sys.platform.startswith("linux"):
@@ -48,6 +49,7 @@ def _preload() -> None:
 
         with contextlib.suppress(ImportError, OSError):
             _linux._import_pyseccomp()
+        filters.prebuild(_linux, (guard_pid,))
 
 
 def _boot() -> str:
@@ -157,7 +159,7 @@ def main(argv: list[str]) -> int:
     boot = _boot()
     startup = child.capture(boot, _launcher_sys_path() if boot else [])
     startup.sys_path = startup_path
-    _preload()
+    _preload(os.getppid())  # the agent: every launch guards it (sandboxing.SandboxPolicy)
     if "--confine" in argv[1:]:
         selfconfine.confine()
     else:
