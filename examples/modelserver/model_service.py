@@ -11,8 +11,8 @@ JSON document on stdout and exits 0 on success:
     destroy       remove such an object (nothing to do)
 
 The daemon never listens: it says hello on the channel the agent gave ``start``, loads the
-model, then serves HTTP on every connection the agent hands it (``serve_http``). It exits when
-the agent closes the channel.
+model, says ``ready`` on the channel (where the agent offers it), then serves HTTP on every
+connection the agent hands it (``serve_http``). It exits when the agent closes the channel.
 
 Files in the module data dir (OARBANK_MODULE_DATA):
     model.pid     the daemon's pid (written by ``start``)
@@ -235,6 +235,7 @@ def serve() -> int:
     try:
         load_model(d, float(conf["load_s"]))
         (d / READY_FILE).write_text(f"{os.getpid()}\n")  # `ready` answers true from now on
+        acc.ready()  # where the agent offers it: jobs start now, not at its next `ready` poll
         Handler.data = d
         ep.serve_http(Handler, acc)  # returns when the agent closes the channel (EOF)
     finally:

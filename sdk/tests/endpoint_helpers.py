@@ -81,6 +81,7 @@ class FakeAgent:
     def __init__(self, channel: bool = True) -> None:
         self.cond = threading.Condition()
         self.hello_pids: list[int] = []
+        self.ready_lines = 0  # {"op": "ready"} lines the service sent on the channel
         self.accepted: list[int] = []
         self.received: list[int] = []
         self.connect_pids: list[int] = []
@@ -220,6 +221,8 @@ class FakeAgent:
             with self.cond:
                 if msg.get("op") == "hello":
                     self.hello_pids.append(msg["pid"])
+                elif msg == {"op": "ready"}:
+                    self.ready_lines += 1
                 elif msg.get("op") == "accepted":
                     self.accepted.append(msg["conn"])
                     held = self._held.pop(("service", msg["conn"]), None)
@@ -261,7 +264,42 @@ def fds_settle(baseline: set[int], timeout: float = 5.0) -> set[int]:
 
 
 class EchoHandler(BaseHTTPRequestHandler):
+    """Echoes requests. Paths for the pooled ``request()`` tests: ``/seen`` (how many requests
+    came per path, and how many connections), ``/drop-reused`` (on a connection that already
+    carried a request: read it, then close without a byte of answer), ``/partial-reused``
+    (same, but close after half a status line), ``/gather`` (answer once ``GATHER`` requests
+    wait at once). ``timeout`` (class attribute, seconds): idle connections are closed."""
+
     protocol_version = "HTTP/1.1"
+    GATHER = 12
+    _gate: threading.Barrier | None = None
+    _seen: dict[str, int] = {}
+    _seen_lock = threading.Lock()
+    _requests_here = 0  # per instance: one handler instance serves one connection
+
+    def _special(self) -> bool:
+        """Count this request; True when it was answered (or dropped) here."""
+        before, self._requests_here = self._requests_here, self._requests_here + 1
+        with EchoHandler._seen_lock:
+            EchoHandler._seen[self.path] = EchoHandler._seen.get(self.path, 0) + 1
+            if before == 0:
+                EchoHandler._seen["connections"] = EchoHandler._seen.get("connections", 0) + 1
+            seen = dict(EchoHandler._seen)
+            if EchoHandler._gate is None:
+                EchoHandler._gate = threading.Barrier(EchoHandler.GATHER)
+        if self.path == "/seen":
+            self._reply(200, seen)
+        elif self.path in ("/drop-reused", "/partial-reused") and before > 0:
+            if self.path == "/partial-reused":
+                self.wfile.write(b"HTTP/1.1 2")
+                self.wfile.flush()
+            self.close_connection = True
+        elif self.path == "/gather":
+            EchoHandler._gate.wait(60)
+            self._reply(200, {"gathered": EchoHandler.GATHER})
+        else:
+            return False
+        return True
 
     def _reply(self, status: int, payload: dict, close: bool = False) -> None:
         body = json.dumps(payload).encode()
@@ -274,12 +312,16 @@ class EchoHandler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def do_GET(self) -> None:  # noqa: N802 - http.server naming
+        if self._special():
+            return
         self._reply(200, {"pid": os.getpid(), "client": list(self.client_address),
                           "path": self.path, "host": self.headers.get("Host")})
 
     def do_POST(self) -> None:  # noqa: N802
         n = int(self.headers.get("Content-Length", "0"))
         raw = self.rfile.read(n)
+        if self._special():
+            return
         self._reply(201, {"pid": os.getpid(), "client": list(self.client_address),
                           "content_type": self.headers.get("Content-Type"),
                           "body": raw.decode("utf-8")})
@@ -298,6 +340,9 @@ def _main(argv: list[str]) -> int:
         print(json.dumps({"ok": True, "daemon_pid": proc.pid}), flush=True)
         return 0
     if argv[1] == "serve":
+        # ENDPOINT_HELPER_IDLE_S: close connections idle that long (as servers do).
+        idle = os.environ.get("ENDPOINT_HELPER_IDLE_S")
+        EchoHandler.timeout = float(idle) if idle else None
         acc = ep.Acceptor()
         ep.serve_http(EchoHandler, acc)
         print(json.dumps({"served": "eof", "malformed": acc.malformed}), flush=True)

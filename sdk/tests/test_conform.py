@@ -112,6 +112,9 @@ def test_reference_module_passes_with_zero_failed():
         for when in ("after ready", "after requests"):
             assert any(line.startswith(f"ok   service model: no network attempts ({when}): none")
                        for line in checks), checks
+    # The reference daemon says `ready` on the channel (the kit offers it, as an agent does).
+    assert any(line.startswith("ok   service model: ready: after ") and
+               line.endswith("(said on the channel; the ready op agrees)") for line in checks)
     # the daemon that said hello is gone
     pid = int(re.search(r"hello: pid (\d+)", done.stdout).group(1))
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
@@ -163,6 +166,11 @@ def no_leftovers(broken_root):
             "service echo: ready": r"not true within start_timeout_s \(6 s\); last answer: "
                                    r"\{\"running\": true, \"ready\": false\}",
         }),
+        ("said_ready_op_false", {
+            "service echo: ready": r"said on the channel, but the ready op answers "
+                                   r"\{\"running\": true, \"ready\": false\}: an agent that "
+                                   r"does not offer the ready feature polls the op",
+        }),
         ("answers_500", {"spec echo": r"POST /echo: expected status 200, got 500"}),
         ("golden_differs", {
             "golden one": r'payload\.texts: expected \["A", "C"\], got \["A", "B"\]',
@@ -184,6 +192,9 @@ def test_healthy_twin_of_the_broken_modules_passes(broken, no_leftovers):
     # failure above comes from what its module breaks, not from the shared code.
     rc, report = in_process(broken("healthy"), sandbox=False)
     assert rc == 0, failures(report)
+    # It never says `ready` on the channel: polled, and that passes.
+    ready = next(c for c in report["checks"] if c["name"] == "service echo: ready")
+    assert ready["status"] == "ok" and "the ready op polled" in ready["detail"], ready
 
 
 needs_sandbox = pytest.mark.skipif(

@@ -147,7 +147,8 @@ def _readme(module_id: str, service: str, stage: str, svc_file: str, run_file: s
 Made by `oarbank-sdk new` from the reference module (examples/modelserver in the oarbank
 repository; its README explains every file, op and timing). The service `{service}` is still
 the stand-in model: replace `load_model` and `complete` in `{svc_file}` with the real thing,
-keeping the order hello (`Acceptor()`), load, ready marker, `serve_http`.
+keeping the order hello (`Acceptor()`), load, ready marker, `acc.ready()` (jobs start
+at once where the agent offers it; elsewhere the agent polls `ready`), `serve_http`.
 
 Where the names live (change them together):
 

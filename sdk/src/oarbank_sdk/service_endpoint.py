@@ -9,7 +9,9 @@ Job side::
 Service side::
 
     acc = ep.Acceptor()            # says hello
-    ep.serve_http(Handler, acc)    # a thread per connection; returns when the agent stops us
+    load_the_model()
+    acc.ready()                    # jobs may start now (where the agent offers it; else polled)
+    ep.serve_http(Handler, acc)    # a pooled thread per connection; returns when the agent stops us
 
 A superset of the upstream SDK's ``service_endpoint`` (same names, parameter names and
 defaults; the table is in sdk/README.md): a module written against either runs on both.
@@ -33,6 +35,7 @@ from oarbank_sdk.endpoint.job import (
 from oarbank_sdk.endpoint.service import (
     CHANNEL_ENV,
     CONNECTIONS_PER_ATTEMPT,
+    FEATURES_ENV,
     Acceptor,
     EndpointSocket,
     inherit_channel,
@@ -54,6 +57,7 @@ __all__ = [
     "inherit_channel",
     "serve_http",
     "CHANNEL_ENV",
+    "FEATURES_ENV",
     "CONNECTIONS_PER_ATTEMPT",
     "REQUEST_TIMEOUT_S",
 ]

@@ -43,6 +43,7 @@ from oarbank_sdk._wire import (
     Hello,
     LineSplitter,
     Ok,
+    Ready,
     Received,
     Refusal,
     WireError,
@@ -321,6 +322,10 @@ class Channel(_AgentEnd):
         super().__init__("conform-channel")
         self._hello = threading.Event()
         self.hello_pid: int | None = None
+        # {"op": "ready"} (the `ready` feature the kit offers, as an agent does); also set at
+        # the service's EOF, to wake a waiter: check ``said_ready``.
+        self.ready_event = threading.Event()
+        self.said_ready = False
         self.closed_reason: str | None = None  # set when the SERVICE closed or broke it
         self.problems: list[str] = []  # protocol violations by the service
         self.handed = 0
@@ -346,6 +351,14 @@ class Channel(_AgentEnd):
                 return
             self.hello_pid = parsed.pid  # state: channel up, connections may be handed
             self._hello.set()
+        elif isinstance(parsed, Ready):
+            if self.hello_pid is None:
+                self.problems.append("'ready' before hello; hello must come first")
+            elif self.said_ready:
+                self.problems.append("a second 'ready'; it is said at most once")
+            else:
+                self.said_ready = True  # state: the service says it can serve
+                self.ready_event.set()
         elif isinstance(parsed, Accepted):
             if self.hello_pid is None:
                 self.problems.append("'accepted' before hello; hello must come first")
@@ -364,6 +377,7 @@ class Channel(_AgentEnd):
             # state: the service closed its channel (a service failure per the contract)
             self.closed_reason = advice.channel_closed(why)
         self._hello.set()  # wake a waiter: no hello will come now
+        self.ready_event.set()  # nor a `ready`
 
     def hand(self, attempt: str, service_end: socket.socket) -> int:
         """Send ``service_end`` to the service as a connection of ``attempt`` (named here;

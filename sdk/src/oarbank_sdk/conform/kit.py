@@ -52,6 +52,7 @@ from oarbank_sdk.conform import expect, host, inputs
 from oarbank_sdk.conform import start as starting
 from oarbank_sdk.conform.listeners import listeners, related_pids
 from oarbank_sdk.conform.report import FAIL, OK, SKIP, WARN, Report
+from oarbank_sdk.endpoint.service import FEATURES_ENV
 
 __all__ = ["run", "sandbox_wrapper"]
 
@@ -60,6 +61,8 @@ REQUEST_TIMEOUT_S = 30.0
 ENDED_WAIT_S = 5.0
 GROUP_GONE_WAIT_S = 10.0
 READY_OP_TIMEOUT_S = 5.0  # contract section 2
+# What the kit offers endpoint services, as an agent does (contract section 3).
+OFFERED_FEATURES = "ready"
 
 Wrap = Callable[..., list[str]]  # wrap(argv, read=..., write=..., signals=...) -> argv
 
@@ -143,6 +146,7 @@ class ServiceUnderTest:
     def _op(self, op: str, timeout_s: float, env_extra: dict[str, str] | None = None,
             inherit: tuple[int, ...] = ()) -> host.OpResult:
         env = host.op_env(self.node, self.svc.name)
+        env[FEATURES_ENV] = OFFERED_FEATURES  # as an agent offers them (contract section 3)
         env.update(env_extra or {})
         # The agent's walls for ops: read the bundle and the node's files, write the data dir;
         # signals open between the service's own processes (`stop` signals the daemon).
@@ -164,6 +168,12 @@ class ServiceUnderTest:
     def _ready_true(self, timeout_s: float) -> bool:
         r = self._op("ready", timeout_s)
         return r.rc == 0 and r.doc is not None and r.doc.get("ready") is True
+
+    def _said_ready(self, deadline: float) -> dict | str | None:
+        """The service said `ready`: what the `ready` op answers now (it must agree: agents
+        that do not offer the feature poll it)."""
+        r = self._op("ready", max(0.1, min(READY_OP_TIMEOUT_S, deadline - time.monotonic())))
+        return r.doc if r.rc == 0 else f"exit {r.rc}: {r.tail(120)}"
 
     def start(self) -> None:
         starting.check_fingerprint(self, self.svc.pools)
@@ -199,10 +209,14 @@ class ServiceUnderTest:
             return
         self.report.add(OK, f"{self.label}: hello", f"pid {pid} after {time.monotonic() - t0:.2f} s")
 
-        # Poll `ready` as the agent does: first after 50 ms, backing off to 1 s.
+        # Poll `ready` as the agent does, first after 50 ms, backing off to 1 s, until it
+        # answers true or the service says `ready` on the channel.
         delay, last = 0.05, None
         while True:
-            time.sleep(max(0.0, min(delay, deadline - time.monotonic())))
+            ch.ready_event.wait(max(0.0, min(delay, deadline - time.monotonic())))
+            if ch.said_ready:
+                last = self._said_ready(deadline)
+                break
             r = self._op("ready", min(READY_OP_TIMEOUT_S, deadline - time.monotonic()))
             if not r.timed_out or last is None:  # a poll cut short by the deadline says nothing
                 last = r.doc if r.rc == 0 else (
@@ -216,7 +230,15 @@ class ServiceUnderTest:
             self.report.add(FAIL, f"{self.label}: ready", ch.closed_reason)
         elif isinstance(last, dict) and last.get("ready") is True:
             self.ready = True  # state: ready = ready true AND hello AND channel open
-            self.report.add(OK, f"{self.label}: ready", f"after {time.monotonic() - t0:.2f} s")
+            how = ("said on the channel; the ready op agrees" if ch.said_ready else
+                   "the ready op polled: the service does not say ready on the channel "
+                   "(optional: Acceptor.ready() starts jobs without waiting for a poll)")
+            self.report.add(OK, f"{self.label}: ready",
+                            f"after {time.monotonic() - t0:.2f} s ({how})")
+        elif ch.said_ready:
+            self.report.add(FAIL, f"{self.label}: ready", f"said on the channel, but the ready op "
+                            f"answers {json.dumps(last)[:200]}: an agent that does not offer "
+                            "the ready feature polls the op, and would never count it ready")
         else:
             self.report.add(FAIL, f"{self.label}: ready", f"not true within start_timeout_s "
                             f"({limit:g} s); last answer: {json.dumps(last)[:200]}")

@@ -27,10 +27,11 @@ import stat
 import threading
 import time
 from email.message import Message
-from typing import Any
+from typing import Any, cast
 
 from oarbank_sdk._transport import UnsupportedHandle, current
 from oarbank_sdk._wire import Connect, Ok, Received, Refusal, WireError, parse_reply_to_job
+from oarbank_sdk.endpoint import pool as pools
 from oarbank_sdk.endpoint.errors import ChannelClosed, EndpointError
 from oarbank_sdk.endpoint.stream import MessageStream
 
@@ -176,7 +177,9 @@ def _connector(service: str) -> _Connector:
 
 
 def _forget_connectors() -> None:
-    """Close every connector this process opened (tests only: the agent owns their lifetime)."""
+    """Close every connector this process opened, and the idle connections ``request()``
+    kept (tests only: the agent owns their lifetime)."""
+    pools.close_all()
     with _lock:
         for conn in _connectors.values():
             conn.stream.close()
@@ -296,7 +299,14 @@ def request(
     headers: dict[str, str] | None = None,
     timeout: float | None = REQUEST_TIMEOUT_S,
 ) -> Response:
-    """One HTTP/1.1 request over its own brokered connection (``Connection: close``).
+    """One HTTP/1.1 request to ``service``, over a kept-alive brokered connection.
+
+    Connections are pooled per service (``endpoint/pool.py``: at most 8 idle, thread-safe):
+    a request reuses an idle one, or asks the agent for a new one; after a complete response
+    the connection goes back to the pool unless the service said it closes it. A reused
+    connection found closed before any byte of the response arrived (the service closed it
+    while idle) is retried once on a fresh one. ``headers`` with ``Connection: close`` gets
+    a connection of its own, closed after the response.
 
     ``body``: bytes sent as-is; str sent UTF-8 encoded; dict or list sent as JSON with
     ``Content-Type: application/json`` (unless ``headers`` sets one); None for no body.
@@ -320,13 +330,78 @@ def request(
             hdrs["Content-Type"] = "application/json"
     else:
         raise TypeError(f"body must be bytes, str, dict, list or None, not {type(body).__name__}")
-    if "connection" not in names:
-        hdrs["Connection"] = "close"
-    conn = HTTPConnection(service, timeout=timeout)
+    closing = any(k.lower() == "connection" and "close" in v.lower() for k, v in hdrs.items())
+    pool = None
+    if not closing:
+        _connector(service)  # no_connector here, before anything is pooled under its name
+        pool = pools.pool_for(service, os.environ[env_name(service)])
+    # The pool holds only what this function gave it: HTTPConnections.
+    reused = cast("HTTPConnection | None", pool.take() if pool is not None else None)
+    while True:
+        conn = reused if reused is not None else HTTPConnection(service, timeout=timeout)
+        try:
+            resp = _exchange(conn, method, path, data, hdrs, timeout, reused=conn is reused)
+        except _ClosedUnanswered:
+            conn.close()
+            reused = None
+            continue  # the one retry, on a fresh connection (which never raises this)
+        except BaseException:
+            conn.close()
+            raise
+        payload = _read_body(conn, resp)
+        if pool is not None and not resp.will_close:
+            pool.give(conn)
+        else:
+            conn.close()
+        return Response(resp.status, resp.reason, resp.headers, payload)
+
+
+class _ClosedUnanswered(Exception):
+    """The connection turned out closed before any byte of the response arrived."""
+
+
+def _exchange(conn: HTTPConnection, method: str, path: str, data: bytes | None,
+              hdrs: dict[str, str], timeout: float | None, *,
+              reused: bool) -> http.client.HTTPResponse:
+    """Send the request on ``conn`` and read the response head. Raises ``_ClosedUnanswered``
+    when ``conn`` was ``reused`` and the service had closed it before a byte of a response
+    came; a fresh connection raises what happened."""
+    conn.timeout = timeout
+    if conn.sock is not None:
+        conn.sock.settimeout(timeout)
     try:
         conn.request(method, path, body=data, headers=hdrs)
-        resp = conn.getresponse()
-        payload = resp.read()
-        return Response(resp.status, resp.reason, resp.headers, payload)
-    finally:
-        conn.close()
+    except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError):
+        # Writing failed: the service closed it. Whatever it wrote before closing would be a
+        # response; only with none waiting may the request go again elsewhere.
+        if reused and conn.sock is not None and _nothing_waiting(conn.sock):
+            raise _ClosedUnanswered() from None
+        raise
+    try:
+        return conn.getresponse()
+    except http.client.RemoteDisconnected:
+        if not reused:
+            raise
+        # End of file where the status line should start: not one byte of a response came.
+        # Never retry once a byte has arrived: the service may have acted on the request, and
+        # sending it again could do it twice (so a reset mid-response is raised, not retried).
+        raise _ClosedUnanswered() from None
+
+
+def _nothing_waiting(sock: socket.socket) -> bool:
+    """No byte of an answer waits on ``sock`` (end of file or an error may)."""
+    if not pools.readable_now(sock):
+        return True
+    sock.settimeout(0)  # readable: this peek returns at once
+    try:
+        return not sock.recv(1, socket.MSG_PEEK)
+    except OSError:
+        return True  # reset: nothing can be read from it any more
+
+
+def _read_body(conn: HTTPConnection, resp: http.client.HTTPResponse) -> bytes:
+    try:
+        return resp.read()
+    except BaseException:
+        conn.close()  # half a body left in it: never reused
+        raise

@@ -8,6 +8,8 @@ The channel is an inherited, already-connected stream named by ``OARBANK_ENDPOIN
                       (id: an integer from agents, ours and upstream's; a string from older
                       ones; handed to the service as it came)
     service -> agent  {"op": "accepted", "conn": n}
+    service -> agent  {"op": "ready"}                                   at most once, after hello,
+                      only where OARBANK_ENDPOINT_FEATURES offers it (``Acceptor.ready()``)
     agent -> service  {"op": "ended", "attempt": id}                   close that attempt's rest
 
 End of file on the channel means the agent is stopping the service: ``accept`` raises
@@ -27,6 +29,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import queue
 import socket
 import threading
 import weakref
@@ -40,6 +43,7 @@ from oarbank_sdk._wire import (
     Connection,
     Ended,
     Hello,
+    Ready,
     WireError,
     parse_to_service,
 )
@@ -48,6 +52,7 @@ from oarbank_sdk.endpoint.stream import MessageStream
 
 __all__ = [
     "CHANNEL_ENV",
+    "FEATURES_ENV",
     "CONNECTIONS_PER_ATTEMPT",
     "Acceptor",
     "EndpointSocket",
@@ -56,6 +61,9 @@ __all__ = [
 ]
 
 CHANNEL_ENV = "OARBANK_ENDPOINT_CHANNEL"
+# Features the agent offers (comma-separated): "ready" lets the service say it is ready on the
+# channel instead of being polled with its `ready` op.
+FEATURES_ENV = "OARBANK_ENDPOINT_FEATURES"
 CONNECTIONS_PER_ATTEMPT = 64
 
 log = logging.getLogger("oarbank_sdk.service_endpoint")
@@ -120,10 +128,14 @@ class Acceptor:
     connections are tracked per attempt: at most ``max_per_attempt`` each, the oldest cut
     (shutdown and close) to admit a new one; ``ended`` cuts what is left of that attempt.
     Connections the handler closes, or drops, are forgotten.
+
+    ``ready()`` tells the agent the service can serve now, where the agent offers that
+    (``OARBANK_ENDPOINT_FEATURES``; ``features`` overrides the variable): call it once the
+    model is loaded, and jobs start at once instead of at the agent's next ``ready`` poll.
     """
 
     def __init__(self, max_per_attempt: int = CONNECTIONS_PER_ATTEMPT, *,
-                 channel: str | None = None) -> None:
+                 channel: str | None = None, features: str | None = None) -> None:
         if (not isinstance(max_per_attempt, int) or isinstance(max_per_attempt, bool)
                 or max_per_attempt < 1):
             raise ValueError(f"Acceptor: max_per_attempt must be a positive integer, "
@@ -136,6 +148,11 @@ class Acceptor:
         except UnsupportedHandle as exc:
             raise EndpointError("no_channel", f"endpoint channel fd:{fd}: {exc}") from None
         self._stream = MessageStream(sock, transport)
+        offered = os.environ.get(FEATURES_ENV, "") if features is None else features
+        self.features = frozenset(f.strip() for f in offered.split(",") if f.strip())
+        self._said_ready = False
+        # Sends come from the accepting thread (`accepted`) and from whoever calls ready().
+        self._send_lock = threading.Lock()
         self._accept_lock = threading.Lock()
         self._track_lock = threading.RLock()  # RLock: weakref callbacks may run under it
         self._open: dict[int | str, dict[int, weakref.ref[EndpointSocket]]] = {}
@@ -176,6 +193,26 @@ class Acceptor:
                     if conn is not None:
                         return conn, msg.attempt
 
+    def ready(self) -> bool:
+        """Say ``{"op": "ready"}`` on the channel: the service can serve now. Sent at most
+        once, and only where the agent offers the ``ready`` feature (an SDK sends nothing the
+        agent did not offer; that agent polls the service's ``ready`` op instead, so the op
+        must still answer true). Returns whether it was sent now. Thread-safe. Raises
+        ``ChannelClosed`` if the agent has closed the channel.
+        """
+        if "ready" not in self.features:
+            return False
+        with self._send_lock:
+            if self._said_ready:
+                return False
+            self._said_ready = True
+            self._stream.send(Ready().to_wire())
+        return True
+
+    def _send(self, msg: dict[str, Any]) -> None:
+        with self._send_lock:
+            self._stream.send(msg)
+
     def __iter__(self) -> Iterator[tuple[EndpointSocket, int | str]]:
         """Yield ``accept()`` results until the channel reaches end of file."""
         while True:
@@ -188,7 +225,7 @@ class Acceptor:
         # We hold the descriptor: the receipt lets the agent drop its copy, even if the
         # descriptor turns out unusable.
         try:
-            self._stream.send(Accepted(msg.conn).to_wire())
+            self._send(Accepted(msg.conn).to_wire())
         except ChannelClosed:
             os.close(fd)
             raise
@@ -305,9 +342,55 @@ def _handle(handler: type[BaseHTTPRequestHandler], conn: EndpointSocket, attempt
         conn.close()
 
 
+class _Workers:
+    """Daemon threads that run one connection's handler each, reused: a connection goes to an
+    idle worker, else a new one starts (so connections never wait for each other, as with a
+    thread each). Starting a thread costs more than handing it work, and a job's pooled
+    ``request()`` makes a connection per worker, not per request. At most ``keep`` workers
+    wait idle, each for at most ``idle_s``."""
+
+    def __init__(self, name: str, keep: int = 8, idle_s: float = 60.0) -> None:
+        self._name = name
+        self._keep = keep
+        self._idle_s = idle_s
+        self._lock = threading.Lock()
+        self._idle = 0  # workers waiting on the queue (each item taken by exactly one)
+        self._work: queue.SimpleQueue[tuple[Callable[..., None], tuple[Any, ...]]] = \
+            queue.SimpleQueue()
+        self._count = itertools.count(1)
+
+    def run(self, fn: Callable[..., None], *args: Any) -> None:
+        with self._lock:
+            if self._idle:
+                self._idle -= 1  # that worker is taken: the item is its
+                self._work.put((fn, args))
+                return
+        threading.Thread(target=self._loop, args=(fn, args), daemon=True,
+                         name=f"{self._name}-{next(self._count)}").start()
+
+    def _loop(self, fn: Callable[..., None], args: tuple[Any, ...]) -> None:
+        while True:
+            fn(*args)
+            with self._lock:
+                if self._idle >= self._keep:
+                    return
+                self._idle += 1
+            try:
+                fn, args = self._work.get(timeout=self._idle_s)
+            except queue.Empty:
+                with self._lock:
+                    try:
+                        # run() counted us taken just as we timed out: the item is ours.
+                        fn, args = self._work.get_nowait()
+                    except queue.Empty:
+                        self._idle -= 1
+                        return
+
+
 def serve_http(handler: type[BaseHTTPRequestHandler], acceptor: Acceptor | None = None) -> None:
     """Run ``handler`` (a ``BaseHTTPRequestHandler`` subclass) on every connection the
-    agent hands over, one daemon thread each; return when the agent closes the channel.
+    agent hands over, a daemon thread each (reused from a small pool of idle ones); return
+    when the agent closes the channel.
 
     Set ``protocol_version = "HTTP/1.1"`` on the handler for keep-alive. Handlers see
     ``client_address == ("endpoint", attempt_id)`` and ``self.server.acceptor``. Creates an
@@ -316,10 +399,6 @@ def serve_http(handler: type[BaseHTTPRequestHandler], acceptor: Acceptor | None 
     """
     acc = acceptor if acceptor is not None else Acceptor()
     server = _EndpointServer(acc)
+    workers = _Workers("endpoint")
     for conn, attempt in acc:
-        threading.Thread(
-            target=_handle,
-            args=(handler, conn, attempt, server),
-            name=f"endpoint-{attempt}",
-            daemon=True,
-        ).start()
+        workers.run(_handle, handler, conn, attempt, server)

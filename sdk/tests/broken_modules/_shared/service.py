@@ -7,7 +7,8 @@ MODE: ok, listen_tcp, listen_unix, no_hello, never_ready, answer_500, quiet_list
 socket/bind/listen/connect, swallows every refusal, logs nothing and serves perfectly),
 fp_pools (fingerprint answers a pool the manifest does not provide), fp_protocol (fingerprint
 lists service protocol 2 only), ready_no_hello (ready says true, no hello ever), no_inherit
-(`start` does not pass the channel on: the daemon's Acceptor() fails and it exits).
+(`start` does not pass the channel on: the daemon's Acceptor() fails and it exits),
+said_ready_op_false (says ready on the channel, but its `ready` op never answers true).
 HTTP: POST /echo {"prompt": s} -> 200 {"text": s.upper()} (500 for everything in answer_500).
 """
 
@@ -26,7 +27,8 @@ from pathlib import Path
 from oarbank_sdk import service_endpoint as ep
 
 MODES = ("ok", "listen_tcp", "listen_unix", "no_hello", "never_ready", "answer_500",
-         "quiet_listen", "fp_pools", "fp_protocol", "ready_no_hello", "no_inherit")
+         "quiet_listen", "fp_pools", "fp_protocol", "ready_no_hello", "no_inherit",
+         "said_ready_op_false")
 DATA = Path(os.environ.get("OARBANK_MODULE_DATA", "."))
 PID, READY, LOG = DATA / "service.pid", DATA / "service.ready", DATA / "service.log"
 
@@ -96,8 +98,10 @@ def serve(mode: str) -> None:
                 call()
             except OSError:
                 pass
-    if mode != "never_ready":
+    if mode not in ("never_ready", "said_ready_op_false"):
         READY.write_text("1")
+    if mode == "said_ready_op_false":
+        acc.ready()
     Handler.mode = mode
     ep.serve_http(Handler, acc)
 
