@@ -148,7 +148,8 @@ async def spawn(argv: list[str], *, env: dict[str, str], cwd: str | os.PathLike[
         if cg is not None and limits:
             resourcelimits.write(cg, limits)  # before its first instruction runs in it
         proc: ChildProcess | None = None
-        if maker is not None and maker.broken is None:
+        if maker is not None and maker.broken is None and _factory_can_pass(
+                stdout, stderr, inherit):
             fds = [(_fd_of(stdout), 1), (_fd_of(stderr), 2), *((fd, fd) for fd in inherit)]
             for retry in (False, True):
                 try:
@@ -189,6 +190,18 @@ async def spawn(argv: list[str], *, env: dict[str, str], cwd: str | os.PathLike[
         registry.add(GroupRecord(proc.pid, kind, label, time.time(), proctable.start_ticks(proc.pid),
                                  proctable.boot_id(), str(cg) if cg is not None else None))
     return proc
+
+
+def _factory_can_pass(stdout: Any, stderr: Any, inherit: tuple[int, ...]) -> bool:
+    """Files or descriptors (not PIPE/DEVNULL), and few enough for one message."""
+    ok = all((isinstance(s, int) and s >= 0) or hasattr(s, "fileno") for s in (stdout, stderr))
+    return ok and len(inherit) + 2 <= _max_handles()
+
+
+def _max_handles() -> int:
+    from oarbank_sdk._transport import MAX_HANDLES
+
+    return MAX_HANDLES
 
 
 def _fd_of(stream: Any) -> int:
