@@ -22,6 +22,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
+from oarbank_sdk import environments
 from oarbank_sdk import manifest as mf
 
 from . import channel
@@ -75,22 +76,13 @@ class ModuleCtx:
     def op_env(self, node: NodeInfo, service: str) -> dict[str, str]:
         """The exact environment of every op (contract section 2); nothing else is inherited.
         An endpoint service's ops also get the features the agent offers (section 3)."""
-        env = {
-            "OARBANK_MODULE_DATA": str(self.data_dir),
-            "OARBANK_MODULE": self.id,
-            "OARBANK_SERVICE": service,
-            "OARBANK_NODE_ID": node.node_id,
-            "OARBANK_PLATFORM": node.platform,
-            "OARBANK_SETTINGS_FILE": str(self.settings_file),
-            "OARBANK_LIMITS_FILE": str(node.limits_file),
-            "OARBANK_TOOLS_FILE": str(node.tools_file),
-            "HOME": str(self.data_dir / "home"),
-            "TMPDIR": str(self.data_dir / "tmp"),
-        }
         svc = self.manifest.service(service)
-        if svc is not None and svc.endpoint:
-            env[channel.FEATURES_ENV] = ",".join(channel.FEATURES)
-        return env
+        features = ({channel.FEATURES_ENV: ",".join(channel.FEATURES)}
+                    if svc is not None and svc.endpoint else None)
+        return environments.op_env(
+            module=self.id, service=service, node_id=node.node_id, platform=node.platform,
+            data_dir=self.data_dir, settings_file=self.settings_file,
+            limits_file=node.limits_file, tools_file=node.tools_file, extra=features)
 
     def exec_argv(self, argv: tuple[str, ...] | list[str]) -> list[str]:
         return mf.expand_exec(list(argv), self.manifest.bundle)

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from oarbank_sdk import advice
 from oarbank_sdk import manifest as mf
 from oarbank_sdk.protocol import current_transport
+from oarbank_sdk.servicerow import ServiceRow
 
 from . import (
     detachedwatch,
@@ -165,23 +166,23 @@ def row(rt: ServiceRuntime, refused: str | None = None) -> dict[str, Any]:
     s = rt.st.state
     up = s in (lc.State.STARTING, lc.State.READY, lc.State.STOPPING)
     error = rt.st.error or rt.fp_error or rt.stop_note
-    return {
-        "module": rt.ctx.id,
-        "service": rt.svc.name,
-        "health": rt.health,
-        "running": up or (rt.svc.lifecycle == "manual" and rt.fp_running),
-        "ready": ready(rt),
-        "accepting": ready(rt) and not rt.st.shutting_down,
+    return ServiceRow(
+        module=rt.ctx.id,
+        service=rt.svc.name,
+        health=rt.health,
+        running=up or (rt.svc.lifecycle == "manual" and rt.fp_running),
+        ready=ready(rt),
+        accepting=ready(rt) and not rt.st.shutting_down,
         # A failed service's error says how many network attempts the sandbox refused it.
-        "error": f"{error} ({refused})" if error and refused else error,
-        "held": rt.st.held,
-        "disabled": rt.st.disabled,  # its module is disabled here (module disable)
-        "withdrawn": s is lc.State.WITHDRAWN,
-        "gpu_api_missing": rt.st.gpu_missing is not None,
-        "lifecycle": rt.svc.lifecycle,
-        "users": rt.st.users,
-        "endpoint": rt.svc.endpoint,
-    }
+        error=f"{error} ({refused})" if error and refused else error,
+        held=rt.st.held,
+        disabled=rt.st.disabled,  # its module is disabled here (module disable)
+        withdrawn=s is lc.State.WITHDRAWN,
+        gpu_api_missing=rt.st.gpu_missing is not None,
+        lifecycle=rt.svc.lifecycle,
+        users=rt.st.users,
+        endpoint=rt.svc.endpoint,
+    ).as_dict()
 
 
 class Supervisor:

@@ -9,46 +9,24 @@ agent may report more), never acted upon.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from typing import Any
 
 from oarbank_sdk.jsonkind import kind_of as _kind
+from oarbank_sdk.manifest import LIFECYCLES, SERVICE_NAME
+from oarbank_sdk.servicerow import BOOL_FIELDS, ServiceRow
 
 __all__ = ["Heartbeat", "HeartbeatError", "ServiceRow", "parse_heartbeat"]
 
-LIFECYCLES = ("on_demand", "always", "manual")
 MAX_SERVICES = 2000  # rows per heartbeat; far above any real node, bounds the work per post
 MAX_TEXT = 4096  # characters in any string field (an error message is the longest one)
-_SERVICE_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 # A report without heartbeat_s (an older or upstream agent) is judged by the agent's default.
 DEFAULT_HEARTBEAT_S = 10.0
 MAX_HEARTBEAT_S = 86400.0
-_BOOL_FIELDS = ("running", "ready", "accepting", "disabled", "withdrawn", "gpu_api_missing",
-                "endpoint")
 
 
 class HeartbeatError(ValueError):
     """A malformed heartbeat; ``str()`` is the reason sent back with the 400."""
-
-
-@dataclass(frozen=True)
-class ServiceRow:
-    module: str
-    service: str
-    health: str | None
-    running: bool
-    ready: bool
-    accepting: bool
-    error: str | None
-    held: str | None
-    disabled: bool
-    withdrawn: bool
-    gpu_api_missing: bool
-    lifecycle: str
-    users: int
-    endpoint: bool
-    raw: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -77,17 +55,17 @@ def _text(value: Any, where: str, *, nullable: bool = False, empty_ok: bool = Fa
 def _row(value: Any, where: str) -> ServiceRow:
     if not isinstance(value, dict):
         raise HeartbeatError(f"{where}: must be an object, got {_kind(value)}")
-    for key in ("module", "service", "lifecycle", "users", *_BOOL_FIELDS):
+    for key in ("module", "service", "lifecycle", "users", *BOOL_FIELDS):
         if key not in value:
             raise HeartbeatError(f"{where}.{key}: missing")
     module = _text(value["module"], f"{where}.module")
     service = _text(value["service"], f"{where}.service")
     assert module is not None and service is not None
-    if not _SERVICE_NAME.match(service):
+    if not SERVICE_NAME.match(service):
         raise HeartbeatError(f"{where}.service: {service!r} is not a service name "
                              "(^[a-z][a-z0-9_]*$)")
     flags: dict[str, bool] = {}
-    for key in _BOOL_FIELDS:
+    for key in BOOL_FIELDS:
         if not isinstance(value[key], bool):
             raise HeartbeatError(f"{where}.{key}: must be true or false, got {_kind(value[key])}")
         flags[key] = value[key]

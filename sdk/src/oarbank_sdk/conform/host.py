@@ -35,7 +35,7 @@ from pathlib import Path
 
 import psutil
 
-from oarbank_sdk import _transport, advice
+from oarbank_sdk import _transport, advice, environments
 from oarbank_sdk._opdoc import last_json_object
 from oarbank_sdk._wire import (
     Accepted,
@@ -102,18 +102,10 @@ class NodeDirs:
 
 def op_env(node: NodeDirs, service: str) -> dict[str, str]:
     """The environment of every service op (contract section 2): these and nothing else."""
-    return {
-        "OARBANK_MODULE_DATA": str(node.data),
-        "HOME": str(node.home),
-        "TMPDIR": str(node.tmp),
-        "OARBANK_MODULE": node.module_id,
-        "OARBANK_SERVICE": service,
-        "OARBANK_NODE_ID": node.node_id,
-        "OARBANK_PLATFORM": platform_token(),
-        "OARBANK_SETTINGS_FILE": str(node.settings_file),
-        "OARBANK_LIMITS_FILE": str(node.limits_file),
-        "OARBANK_TOOLS_FILE": str(node.tools_file),
-    }
+    return environments.op_env(
+        module=node.module_id, service=service, node_id=node.node_id, platform=platform_token(),
+        data_dir=node.data, settings_file=node.settings_file, limits_file=node.limits_file,
+        tools_file=node.tools_file)
 
 
 @dataclass
@@ -501,25 +493,10 @@ def runner_env(
 ) -> dict[str, str]:
     """The runner's environment (contract section 4): these and nothing else, plus the
     manifest's ``[runner].env``."""
-    env = dict(extra or {})
-    env.update({
-        "OARBANK_WORKDIR": str(workdir),
-        "OARBANK_TMP": str(workdir / "tmp"),
-        "TMPDIR": str(workdir / "tmp"),
-        "HOME": str(workdir / "home"),
-        "OARBANK_MODULE_DATA": str(node.data),
-        "OARBANK_PLATFORM": platform_token(),
-        "OARBANK_MODULE": node.module_id,
-        "OARBANK_ATTEMPT_ID": attempt_id,
-        "OARBANK_PROTOCOL": "1",
-        "OARBANK_SETTINGS_FILE": str(node.settings_file),
-        "PYTHONUTF8": "1",
-    })
-    for pool, tokens in pools.items():
-        env[f"OARBANK_POOL_{pool.upper()}_TOKENS"] = str(tokens)
-    for service, conn in connectors.items():
-        env[f"OARBANK_SERVICE_{service.upper()}"] = conn.env_value
-    return env
+    return environments.runner_env(
+        module=node.module_id, attempt_id=attempt_id, workdir=workdir, data_dir=node.data,
+        platform=platform_token(), settings_file=node.settings_file, pools=pools,
+        manifest_env=extra, connectors={s: c.env_value for s, c in connectors.items()})
 
 
 def _read_json(path: Path) -> dict | None:

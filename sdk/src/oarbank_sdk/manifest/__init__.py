@@ -15,9 +15,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from .checker import GPU_APIS, PLATFORMS
+from .checker import GPU_APIS, PLATFORMS, SERVICE_NAME
 from .checker import build as _build
 from .model import (
+    LIFECYCLES,
     MANIFEST_FILE,
     Gpu,
     Manifest,
@@ -37,8 +38,10 @@ else:  # pragma: no cover - exercised on 3.10 only
 
 __all__ = [
     "GPU_APIS",
+    "LIFECYCLES",
     "MANIFEST_FILE",
     "PLATFORMS",
+    "SERVICE_NAME",
     "Gpu",
     "Manifest",
     "ManifestError",

@@ -18,7 +18,26 @@ from pathlib import Path
 from typing import Any
 
 from .._version_range import RangeError, at_least, parse_range
-from .model import Gpu, Manifest, Problem, Restart, Runner, Service, Stage, UiEntry
+from .model import (
+    BACKOFF_INITIAL_S,
+    BACKOFF_MAX_S,
+    IDLE_TIMEOUT_S,
+    LIFECYCLES,
+    MAX_ATTEMPTS,
+    MAX_FAILURES,
+    STAGE_TIMEOUT_S,
+    START_TIMEOUT_S,
+    STOP_GRACE_S,
+    STOP_TIMEOUT_S,
+    Gpu,
+    Manifest,
+    Problem,
+    Restart,
+    Runner,
+    Service,
+    Stage,
+    UiEntry,
+)
 from .reader import MISSING, Reader, join
 
 __all__ = ["build", "PLATFORMS", "GPU_APIS"]
@@ -32,7 +51,6 @@ PLATFORMS = (
     "windows-arm64",
 )
 GPU_APIS = ("metal", "cuda", "rocm", "vulkan", "opencl", "directml")
-LIFECYCLES = ("on_demand", "always", "manual")
 GPU_USES = ("none", "shared", "exclusive")
 
 MODULE_ID = re.compile(r"^[a-z][a-z0-9-]*(\.[a-z0-9][a-z0-9_-]*)+$")
@@ -200,7 +218,8 @@ def _runner(r: Reader, doc: dict[str, Any]) -> Runner | None:
     for k, v in env_t.items():
         if r.string(v, join("runner.env", k)) is not None:
             env[k] = v
-    grace = r.positive_number(t.get("stop_grace_s", MISSING), "runner.stop_grace_s", 20.0)
+    grace = r.positive_number(t.get("stop_grace_s", MISSING), "runner.stop_grace_s",
+                              STOP_GRACE_S)
     r.string_list(t.get("capabilities", MISSING), "runner.capabilities")
     return Runner(exec=argv, env=env, stop_grace_s=grace)
 
@@ -245,8 +264,9 @@ def _services(r: Reader, doc: dict[str, Any]) -> list[tuple[Service, str, dict[s
                              "on_demand")
         timeouts = {
             k: r.positive_number(t.get(k, MISSING), join(p, k), default)
-            for k, default in (("idle_timeout_s", 900.0), ("start_timeout_s", 120.0),
-                               ("stop_timeout_s", 120.0))
+            for k, default in (("idle_timeout_s", IDLE_TIMEOUT_S),
+                               ("start_timeout_s", START_TIMEOUT_S),
+                               ("stop_timeout_s", STOP_TIMEOUT_S))
         }
         restart = Restart()
         rt = r.table(t.get("restart", MISSING), join(p, "restart"))
@@ -255,11 +275,12 @@ def _services(r: Reader, doc: dict[str, Any]) -> list[tuple[Service, str, dict[s
             r.known_keys(rt, rp, RESTART_KEYS, "restart")
             restart = Restart(
                 backoff_initial_s=r.positive_number(rt.get("backoff_initial_s", MISSING),
-                                                    join(rp, "backoff_initial_s"), 10.0),
+                                                    join(rp, "backoff_initial_s"),
+                                                    BACKOFF_INITIAL_S),
                 backoff_max_s=r.positive_number(rt.get("backoff_max_s", MISSING),
-                                                join(rp, "backoff_max_s"), 600.0),
+                                                join(rp, "backoff_max_s"), BACKOFF_MAX_S),
                 max_failures=r.positive_int(rt.get("max_failures", MISSING),
-                                            join(rp, "max_failures"), 5),
+                                            join(rp, "max_failures"), MAX_FAILURES),
             )
             if restart.backoff_max_s < restart.backoff_initial_s:
                 r.add(join(rp, "backoff_max_s"), f"{restart.backoff_max_s:g} is less than "
@@ -313,13 +334,14 @@ def _stages(r: Reader, doc: dict[str, Any]) -> list[tuple[Stage, str]]:
     for p, t in _array_of_tables(r, doc, "stages"):
         r.known_keys(t, p, STAGE_KEYS, "[[stages]]")
         name = r.string(r.get(t, "name", p, required=True), join(p, "name"), "", nonempty=True)
-        timeout = r.positive_number(t.get("timeout_s", MISSING), join(p, "timeout_s"), 1800.0)
-        max_attempts = 3
+        timeout = r.positive_number(t.get("timeout_s", MISSING), join(p, "timeout_s"),
+                                    STAGE_TIMEOUT_S)
+        max_attempts = MAX_ATTEMPTS
         rt = r.table(t.get("retry", MISSING), join(p, "retry"))
         if rt is not None:
             r.known_keys(rt, join(p, "retry"), RETRY_KEYS, "retry")
             max_attempts = r.positive_int(rt.get("max_attempts", MISSING),
-                                          join(p, "retry.max_attempts"), 3)
+                                          join(p, "retry.max_attempts"), MAX_ATTEMPTS)
         after = t.get("after", MISSING)
         if not isinstance(after, str):  # one stage name or a list of them
             r.string_list(after, join(p, "after"))

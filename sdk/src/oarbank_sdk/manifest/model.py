@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..environments import service_env_name
+
 __all__ = [
     "MANIFEST_FILE",
     "Gpu",
@@ -21,9 +23,32 @@ __all__ = [
     "Service",
     "Stage",
     "UiEntry",
+    "LIFECYCLES",
+    "IDLE_TIMEOUT_S",
+    "START_TIMEOUT_S",
+    "STOP_TIMEOUT_S",
+    "BACKOFF_INITIAL_S",
+    "BACKOFF_MAX_S",
+    "MAX_FAILURES",
+    "STAGE_TIMEOUT_S",
+    "MAX_ATTEMPTS",
+    "STOP_GRACE_S",
 ]
 
 MANIFEST_FILE = "oarbank-module.toml"
+LIFECYCLES = ("on_demand", "always", "manual")
+
+# Contract section 1's defaults, written once: the dataclasses below and the checker (which
+# fills in a key that is absent) both read them.
+IDLE_TIMEOUT_S = 900.0
+START_TIMEOUT_S = 120.0
+STOP_TIMEOUT_S = 120.0
+BACKOFF_INITIAL_S = 10.0
+BACKOFF_MAX_S = 600.0
+MAX_FAILURES = 5
+STAGE_TIMEOUT_S = 1800.0
+MAX_ATTEMPTS = 3
+STOP_GRACE_S = 20.0
 
 
 @dataclass(frozen=True)
@@ -59,9 +84,9 @@ class Gpu:
 
 @dataclass(frozen=True)
 class Restart:
-    backoff_initial_s: float = 10
-    backoff_max_s: float = 600
-    max_failures: int = 5
+    backoff_initial_s: float = BACKOFF_INITIAL_S
+    backoff_max_s: float = BACKOFF_MAX_S
+    max_failures: int = MAX_FAILURES
 
 
 @dataclass(frozen=True)
@@ -69,9 +94,9 @@ class Service:
     name: str
     exec: tuple[str, ...]
     lifecycle: str = "on_demand"  # on_demand | always | manual
-    idle_timeout_s: float = 900.0
-    start_timeout_s: float = 120.0
-    stop_timeout_s: float = 120.0
+    idle_timeout_s: float = IDLE_TIMEOUT_S
+    start_timeout_s: float = START_TIMEOUT_S
+    stop_timeout_s: float = STOP_TIMEOUT_S
     restart: Restart = field(default_factory=Restart)
     endpoint: bool = False
     pools: tuple[str, ...] = ()  # provides.pools
@@ -86,18 +111,18 @@ class Service:
     @property
     def env_name(self) -> str:
         """The connector's environment variable for jobs: ``OARBANK_SERVICE_<NAME>``."""
-        return "OARBANK_SERVICE_" + self.name.upper()
+        return service_env_name(self.name)
 
 
 @dataclass(frozen=True)
 class Stage:
     name: str
-    timeout_s: float = 1800.0
+    timeout_s: float = STAGE_TIMEOUT_S
     pools: dict[str, int] = field(default_factory=dict)  # requires.pools
     needs_pools: tuple[str, ...] = ()  # requires.needs_pools
     cpu: float | None = None  # requires.resources.cpu
     mem_gb: float | None = None  # requires.resources.mem_gb
-    max_attempts: int = 3  # retry.max_attempts
+    max_attempts: int = MAX_ATTEMPTS  # retry.max_attempts
     # Beyond apis.md:
     capabilities: tuple[str, ...] = ()  # requires.capabilities
     platforms: tuple[str, ...] = ()  # requires.platforms
@@ -107,7 +132,7 @@ class Stage:
 class Runner:
     exec: tuple[str, ...]
     env: dict[str, str] = field(default_factory=dict)
-    stop_grace_s: float = 20.0
+    stop_grace_s: float = STOP_GRACE_S
 
 
 @dataclass(frozen=True)
