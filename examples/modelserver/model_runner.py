@@ -6,7 +6,8 @@ The agent runs (contract section 4):
     python -I model_runner.py doctor --json
 
 Payload: ``{"prompts": [str, ...], "hold_s"?: number}``. Every prompt goes to the `model`
-service concurrently (one connection each, through the connector in OARBANK_SERVICE_MODEL);
+service concurrently (``request()`` reuses kept-alive connections through the connector in
+OARBANK_SERVICE_MODEL: at most one per thread);
 then the runner sleeps ``hold_s`` if given (tests use it to overlap jobs) and writes
 ``result.json`` atomically:
 

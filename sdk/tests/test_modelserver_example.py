@@ -271,7 +271,8 @@ def test_runner_sends_prompts_through_a_real_connector(ready_service):
     texts = a.result["payload"]["texts"]
     assert len(texts) == 10 and texts[3].startswith("3 tpmorp [")
     assert a.result["provenance"] == {"service_pids": [ready_service.channel.hello_pid], "loads": 1}
-    assert a.connects == 10 and a.refusals == []
+    # request() keeps connections alive and reuses them: at most one per runner thread (8).
+    assert 1 <= a.connects <= 8 and a.refusals == []
     assert not list(a.workdir.glob("result.json.tmp*"))
 
 

@@ -64,12 +64,13 @@ def run(b: Bench) -> dict[str, Any]:
             res = [b.client_result(pr) for pr in procs]
             base += [x for r_ in res for x in r_["latencies_s"]]
             base_cps.append(_cps(res))
-        targets = {"median": "<= 150", "p99": "<= 1000"} if n == 8 else None
+        # Issue 16: one connect alone <= 100 us; 8 attempts at once >= 8,000 connects a second.
+        targets = {"median": "<= 100"} if n == 1 else None
         metrics[f"connect_latency_{n}_parallel"] = metric(
             ours, unit="us", scale=US, baseline=base, baseline_name="loopback TCP connect",
             targets=targets)
         metrics[f"connects_per_s_{n}_parallel"] = metric(
             ours_cps, unit="conn/s", baseline=base_cps, baseline_name="loopback TCP connect",
-            with_p99=False)
+            with_p99=False, targets={"median": ">= 8000"} if n == 8 else None)
     return {"title": TITLE, "metrics": metrics,
             "details": {"connects_per_attempt": p.connect_count, "rounds": p.connect_rounds}}

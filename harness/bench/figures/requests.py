@@ -47,8 +47,10 @@ def run(b: Bench) -> dict[str, Any]:
 
     tcp_pr, tcp_ka = "loopback TCP per request", "loopback TCP keep-alive (TCP_NODELAY)"
     metrics = {
+        # request() per call (it pools kept-alive connections) against a loopback TCP request
+        # on a fresh connection each, as a client without a pool pays (issue 16).
         "brokered_per_request_latency": lat("brokered_per_request", "tcp_per_request", tcp_pr,
-                                            {"ratio": "<= 1.25"}),
+                                            {"ratio": "<= 1.0"}),
         "brokered_keepalive_latency": lat("brokered_keepalive", "tcp_keepalive", tcp_ka,
                                           {"ratio": "<= 1.0"}),
         "unix_per_request_latency": lat("unix_per_request", "tcp_per_request", tcp_pr),

@@ -3,9 +3,11 @@
 
 ``python -I bench_service.py <op>`` (contract section 2); ``OARBANK_SERVICE`` says which
 service. The daemon says hello, "loads" (sleeps ``load_s`` from the settings: 0 for
-``bench``, ``probe_load_s`` for ``probe``), appends the unix time at which loading finished to
-``<service>.loaded`` in the module data dir (the readiness figure starts its clock there),
-marks itself ready and serves until the agent closes the channel.
+``bench``, ``probe_load_s`` for ``probe`` and ``probe_polled``), appends the unix time at which
+loading finished to ``<service>.loaded`` in the module data dir (the readiness figure starts
+its clock there), marks itself ready (its ``ready`` op answers true), says ``ready`` on the
+channel (all but ``probe_polled``, which the agent polls) and serves until the agent closes
+the channel.
 
 Standard library plus ``oarbank_sdk.service_endpoint``.
 """
@@ -80,13 +82,15 @@ def serve() -> int:
     d, name, conf = data_dir(), service(), settings()
     acc = ep.Acceptor()  # hello
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    load_s = float(conf["probe_load_s"]) if name == "probe" else 0.0
+    load_s = float(conf["probe_load_s"]) if name.startswith("probe") else 0.0
     try:
         time.sleep(load_s)
         loaded_at = time.time()
         with open(d / f"{name}.loaded", "a", encoding="ascii") as f:
             f.write(f"{loaded_at:.6f}\n")
         (d / f"{name}.ready").write_text(f"{os.getpid()}\n")
+        if name != "probe_polled":
+            acc.ready()
         ep.serve_http(GenerateHandler, acc)
     finally:
         for marker in (f"{name}.ready", f"{name}.pid"):
