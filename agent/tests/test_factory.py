@@ -183,3 +183,16 @@ def test_a_factory_killed_under_a_job_releases_it_and_the_job_runs_again(
     agent.wait_for(lambda: agent.fd_count() <= baseline_fds, timeout=30,
                    what=f"the agent's descriptors back to {baseline_fds}")
     assert agent.run_job("plain", {}, module=MODULE)["state"] == "succeeded"
+
+
+def test_the_factory_ends_with_its_agent_stopped_or_killed(
+        tmp_path: Path, start_agent: Callable[..., RunningAgent]) -> None:
+    mod = _probe_module(tmp_path / "mod")
+    stopped = start_agent([mod], extra_args=["--process-factory", "on"])
+    killed = start_agent([mod], extra_args=["--process-factory", "on"])
+    pids = {a: a.status()["process_factory"]["pid"] for a in (stopped, killed)}
+    assert all(alive(p) for p in pids.values())
+    stopped.stop()
+    assert not alive(pids[stopped])  # reaped before the agent exited
+    killed.kill()  # SIGKILL: nobody closes the factory, its socket's other end goes away
+    killed.wait_for(lambda: not alive(pids[killed]), what="the factory of a killed agent ends")
