@@ -9,6 +9,8 @@ from pathlib import Path
 
 from agent_helpers import read_jsonl
 
+from oarbank_agent import supervisor
+
 
 def _events(agent, name: str) -> list[float]:
     return [e["t"] for e in read_jsonl(agent.module_data() / "events.jsonl")
@@ -71,3 +73,14 @@ def test_a_second_ready_fails_the_service(start_agent, echo_module: Path) -> Non
     agent.wait_for(lambda: "a second 'ready'" in (agent.service_row()["error"] or ""),
                    timeout=60, what="the service to fail with the protocol violation")
     assert "protocol violation: a second 'ready'" in agent.log()
+
+
+def test_how_often_the_ready_op_is_polled() -> None:
+    cap = supervisor.ready_poll_cap
+    # A fork from the process factory is cheap: polled tightly, so a polled service's first
+    # job waits little; a process started directly costs more: a looser cap.
+    assert cap(factory=True, says_ready=False) == supervisor.READY_POLL_MAX_FACTORY_S == 0.025
+    assert cap(factory=False, says_ready=False) == supervisor.READY_POLL_MAX_S == 0.1
+    # A service that said ready on its channel in an earlier run says it again: the polls
+    # are only a fallback.
+    assert cap(factory=True, says_ready=True) == cap(factory=False, says_ready=True) == 1.0

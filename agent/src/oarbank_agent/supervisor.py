@@ -14,7 +14,8 @@ Start = channel pair from the broker + ``start`` op with the child end inherited
 ``ready``: said on the channel (``OARBANK_ENDPOINT_FEATURES=ready``: the channel's reader makes
 the service READY, and wakes the jobs waiting for it, in the loop turn the line arrives in), or
 the ``ready`` op true (polled once the hello is in: at once, then every 50 ms doubling up to
-0.1 s; a ``ready`` line arriving meanwhile ends the polling), all within ``start_timeout_s``.
+``ready_poll_cap``; a ``ready`` line arriving meanwhile ends the polling), all within
+``start_timeout_s``.
 Stop order = ``stop`` op, close the channel, end the process group.
 This class is also the broker's ``ServiceGate``; it opens channels in the ``Channels`` table it
 shares with the broker (given at construction: neither holds the other).
@@ -39,6 +40,7 @@ from oarbank_sdk.servicerow import ServiceRow
 from . import (
     detachedwatch,
     escapewatch,
+    factory,
     logsetup,
     logtail,
     ops,
@@ -62,9 +64,21 @@ GROUP_GRACE_S = 5.0  # SIGTERM -> SIGKILL for a service's group at the end of th
 # A `stop` op that overran stop_timeout_s has had its chance: the group gets a short grace.
 ESCALATE_GRACE_S = 2.0
 READY_POLL_FIRST_S = 0.05
-# Each poll is a process start (~50-150 ms of CPU), so polling faster buys little; a
-# cap of 1 s made a service that had just loaded wait up to 1 s for its first job.
+# Each poll is a process start: started directly (~50-150 ms of CPU) polling faster buys
+# little, and a cap of 1 s made a service that had just loaded wait up to 1 s for its first
+# job; from the process factory (a fork, a few ms) a 25 ms cap keeps that wait near 15 ms.
 READY_POLL_MAX_S = 0.1
+READY_POLL_MAX_FACTORY_S = 0.025
+# A service that said `ready` on its channel before says it again: polled only as a fallback.
+READY_POLL_FALLBACK_S = 1.0
+
+
+def ready_poll_cap(*, factory: bool, says_ready: bool) -> float:
+    """The longest wait between two polls of the `ready` op (they start at once, then every
+    ``READY_POLL_FIRST_S`` doubling up to this)."""
+    if says_ready:
+        return READY_POLL_FALLBACK_S
+    return READY_POLL_MAX_FACTORY_S if factory else READY_POLL_MAX_S
 # A channel closed before the hello: how long the daemon may take to end (and to write why)
 # before the start's group is ended, so its last log line can be quoted.
 EXIT_WAIT_S = 2.0
@@ -110,6 +124,7 @@ class ServiceRuntime:
     # The start waits for readiness (hello in, `start` op done): a `ready` said on the channel
     # now makes the service READY at once (``Supervisor._ready_said``).
     awaiting_ready: bool = False
+    says_ready: bool = False  # it said `ready` on its channel in a run of this agent's life
 
     def busy(self) -> bool:
         return self.task is not None and not self.task.done()
@@ -546,7 +561,9 @@ class Supervisor:
         await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
         if not ch.hello.done():
             raise StartFailed(await self._closed_before_hello(rt, ch, log_from))
-        if not ch.ready_said.done():
+        if ch.ready_said.done():
+            rt.says_ready = True
+        else:
             poll = asyncio.create_task(self._poll_ready(rt, ch), name=f"ready poll {rt.key}")
             rt.awaiting_ready = True  # from now on a `ready` line makes it READY at once
             first: set[asyncio.Future[Any]] = {poll, ch.ready_said, ch.closed}
@@ -578,13 +595,16 @@ class Supervisor:
                 and rt.st.state is lc.State.STARTING):
             return
         rt.awaiting_ready = False
+        rt.says_ready = True
         rt.cancellable = False  # a hold arriving now stops a ready service, as for any other
         # STARTING -> READY (said on the channel, hello, channel open)
         self._transition(rt, lc.Event.READY)
 
     async def _poll_ready(self, rt: ServiceRuntime, ch: Channel | None) -> None:
-        """Poll the `ready` op until it answers true: at once, then 50 ms doubling to 0.1 s."""
-        delay = READY_POLL_FIRST_S
+        """Poll the `ready` op until it answers true: at once, then 50 ms doubling to
+        ``ready_poll_cap`` (25 ms apart from the process factory)."""
+        cap = ready_poll_cap(factory=factory.current() is not None, says_ready=rt.says_ready)
+        delay = min(READY_POLL_FIRST_S, cap)
         while True:
             if ch is not None and ch.closed.done():
                 raise StartFailed(ch.closed.result())
@@ -596,7 +616,7 @@ class Supervisor:
                 await asyncio.wait({ch.closed}, timeout=delay)
             else:
                 await asyncio.sleep(delay)  # the contract's `ready` poll, nothing else
-            delay = min(delay * 2, READY_POLL_MAX_S)
+            delay = min(delay * 2, cap)
 
     async def _closed_before_hello(self, rt: ServiceRuntime, ch: Channel, log_from: int) -> str:
         """Why the channel closed before the hello, in conform's words: whether the daemon is

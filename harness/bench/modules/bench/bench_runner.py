@@ -11,7 +11,7 @@ request-path figure is measured here, with ``bench_client``'s loops, and written
   ``service_endpoint.connect`` once every attempt of the round is at the barrier;
 - ``bench`` ``{"mode": "hold", "release_file": f}``: one connection held
   (a request answered on it) until ``release_file`` exists;
-- ``readiness`` ``{}`` and ``trivial`` ``{}``: only the runner's start time.
+- ``readiness``, ``readiness_polled`` and ``trivial`` ``{}``: only the runner's start time.
 
 Each result's payload carries ``runner_start`` (unix time of the first line of this file).
 """
@@ -37,7 +37,7 @@ def write_json_atomically(path: str, obj: dict) -> None:
 
 
 def measure(stage: str, payload: dict) -> dict:
-    if stage in ("readiness", "trivial"):
+    if stage in ("readiness", "readiness_polled", "trivial"):
         return {}
     sys.path.insert(0, HERE)  # -I leaves the script's folder off sys.path
     import bench_client as bc
