@@ -90,6 +90,29 @@ def test_the_same_runner_cannot_tell_the_factory_from_a_direct_start(
         assert rep["status"]["NoNewPrivs"] == "1" and rep["status"]["Seccomp"] == "2"
 
 
+def test_an_execd_runner_cannot_tell_either(
+        tmp_path: Path, start_agent: Callable[..., RunningAgent]) -> None:
+    """A shell runner: exec'd both ways (not run in place), with the same sandbox, signal
+    dispositions, descriptors, limits and environment."""
+    mod = _probe_module(tmp_path / "mod", ["{bundle}/factory_probe.sh"])
+    shutil.copy(MODFILES / "factory_probe.sh", mod / "factory_probe.sh")
+    agents = _both(start_agent, mod)
+    seen = {}
+    for mode, agent in agents.items():
+        job = agent.run_job("plain", {}, module=MODULE)
+        assert job["state"] == "succeeded", job
+        text = (agent.state_dir / "jobs" / job["job_id"] / "a1" / "probe.txt").read_text()
+        lines = text.replace(str(agent.root), "<agent>").replace(job["job_id"], "<job>")
+        # the session line has the pid twice: same pid = sid = pgid, whatever its number
+        seen[mode] = [ln if not ln.startswith("session: ") else
+                      str(len(set(ln.replace("pid", "").split()[1:])) == 1)
+                      for ln in lines.splitlines()]
+    assert seen["on"] == seen["off"], "\n".join(
+        f"on: {a!r}\noff: {b!r}" for a, b in zip(seen["on"], seen["off"], strict=False)
+        if a != b)
+    assert "True" in seen["on"]  # its own session and group
+
+
 @pytest.mark.parametrize("payload", [{"exit": 3}, {"exit": 75}, {"kill": int(signal.SIGTERM)},
                                      {"kill": int(signal.SIGKILL)}],
                          ids=["exit3", "exit75", "sigterm", "sigkill"])
