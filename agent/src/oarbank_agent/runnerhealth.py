@@ -1,5 +1,5 @@
 """Runner health (G12): ``<runner.exec...> doctor --json`` (contract section 4) when a module is
-loaded and at every refresh (``refreshwatch``, ``--refresh-s``).
+loaded and at every refresh (``runningwatch``, ``--refresh-s``).
 
 What a doctor said (``judge``, pure):
 
