@@ -34,8 +34,10 @@ def test_remove_lets_attempts_finish_fails_queued_jobs_destroys_owned_and_forget
     data.mkdir(parents=True, exist_ok=True)
     (data / "owned.json").write_text(json.dumps([{"id": "vol-a", "attempt": 10**6},
                                                  {"id": "lease-b"}, {"kind": "nameless"}]))
-    running = agent.submit("echo", {"requests": 1, "sleep_s": 4})
-    agent.wait_for(lambda: any(j["state"] == "running" for j in agent.status()["jobs"]),
+    # the attempt runs until the test creates <data>/go: the removal cannot end before that
+    running = agent.submit("echo", {"requests": 1, "wait_file": "go"})
+    agent.wait_for(lambda: any(r["event"] == "waiting"
+                               for r in read_jsonl(data / "runs.jsonl")),
                    timeout=60, what="a running job")
     queued = agent.submit("echo", {"requests": 1})  # waits for the one slot
     assert next(j for j in agent.status()["jobs"] if j["job_id"] == queued)["state"] == "queued"
@@ -49,7 +51,10 @@ def test_remove_lets_attempts_finish_fails_queued_jobs_destroys_owned_and_forget
     assert reply["code"] == "module_removed" and "is being removed" in reply["error"], reply
     done = agent.wait(queued, 30)
     assert (done["state"], done["reason"], done["attempts"]) == ("failed", FAILED, 0), done
-    assert agent.cli("module", "disable", "--state-dir", sd, "echo").returncode == 1
+    r = agent.cli("module", "disable", "--state-dir", sd, "echo")
+    assert r.returncode == 1 and "is being removed" in r.stderr, r
+    assert agent.service_row()["running"] is True  # its attempt still uses it
+    (data / "go").touch()
     # the running attempt finishes
     first = agent.wait(running, 90)
     assert (first["state"], first["attempts"]) == ("succeeded", 1), first

@@ -39,6 +39,8 @@ def oom_limit(ctx: Ctx) -> None:
                   f"the attempt's {name} is {got!r}, expected {want!r}")
 
     over = node.submit(MOD, "hog", {"alloc_mb": 1024}, wait=True, timeout_s=120)
+    if over.get("job_id"):
+        ctx.expect_final(over["job_id"], "failed")  # the one job meant to fail
     reason = str(over.get("reason") or "")
     ctx.check(over.get("state") == "failed", f"a job over its memory should fail: {over}")
     ctx.check(reason.startswith("oom: the OOM killer ended"),

@@ -9,7 +9,8 @@ exit / exit_below_attempt / failure (exit with a code, writing failure.json unle
 false), pad_kb (that many KiB of padding in the result's payload), events (that many events
 {"event": "step", "i"} to the --events file, when the agent passes one), events_pad_kb (each
 event padded to that many KiB), alloc_mb (allocate and touch that many MiB, then record
-"allocated": what an attempt's memory.max stops).
+"allocated": what an attempt's memory.max stops), wait_file (wait until <module data>/<that
+name> exists: the test says when the attempt may end).
 
 ``doctor --json`` answers <module data>/doctor.json ({"answer": <printed as JSON>, "exit": n})
 when it exists, else {"ok": true}.
@@ -153,6 +154,11 @@ def main() -> int:
         with ThreadPoolExecutor(8) as pool:
             result["pids"] = list(pool.map(lambda i: one_request(i, keep),
                                            range(int(payload["requests"]))))
+    if payload.get("wait_file"):
+        record("waiting", file=payload["wait_file"])
+        go = Path(os.environ["OARBANK_MODULE_DATA"]) / str(payload["wait_file"])
+        while not go.exists():
+            time.sleep(0.05)
     if payload.get("alloc_mb"):
         hog = bytearray(int(payload["alloc_mb"]) << 20)
         for i in range(0, len(hog), 4096):

@@ -2,6 +2,7 @@
 memory.max and cpu.max say (as far as its sandbox lets it read them). Standard library only.
 
     hog.py run --spec W/spec.json --workdir W --out W/result.json
+    hog.py doctor --json
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ def own_limits() -> dict[str, str]:
 
 
 def main(argv: list[str]) -> int:
+    if argv[:2] == ["doctor", "--json"]:
+        print(json.dumps({"ok": True}))
+        return 0
     if argv[:1] != ["run"]:
         print(f"usage: hog.py run --spec S --workdir W --out O (got {argv})", file=sys.stderr)
         return 2
