@@ -46,7 +46,7 @@ FEATURES = ("ready",)
 
 def refusal(code: str, detail: str) -> bytes:
     """A refusal line for a job (``service_unavailable``, ``rate_limited``, ...)."""
-    return wire.encode(wire.Refusal(code, detail).to_wire())
+    return wire.Refusal(code, detail).line()
 
 
 class Channel:
@@ -151,7 +151,7 @@ class Channel:
 
     def _on_line(self, line: bytes) -> None:
         try:
-            msg = wire.parse_from_service(wire.decode(line))
+            msg = wire.parse_line_from_service(line)
         except wire.WireError as exc:
             self._fail(f"protocol violation: {exc.detail}")
             return
@@ -198,11 +198,11 @@ class Channel:
         channel owns ``end`` until the service's ``accepted``. False if the channel broke
         meanwhile."""
         self._pending[conn] = (end, attempt_id)
-        return self._stream.send(wire.encode(wire.Connection(conn, wire_id).to_wire()), end)
+        return self._stream.send(wire.Connection(conn, wire_id).line(), end)
 
     def send_ended(self, wire_id: int) -> None:
         """Tell the service the attempt ``wire_id`` is over."""
-        self._stream.send(wire.encode(wire.Ended(wire_id).to_wire()))
+        self._stream.send(wire.Ended(wire_id).line())
 
     def drop_pending(self, attempt_id: str) -> None:
         """Close the ends of ``attempt_id`` still awaiting the service's receipt."""

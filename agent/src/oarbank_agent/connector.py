@@ -189,7 +189,7 @@ class Connector:
     def send_ok(self, conn: int, job_end: socket.socket) -> None:
         """Hand ``job_end`` to the job as connection ``conn``; owned here until ``received``."""
         self.pending[conn] = job_end
-        self.stream.send(wire.encode(wire.Ok(conn).to_wire()), job_end)
+        self.stream.send(wire.Ok(conn).line(), job_end)
 
     # --- lines from the job -------------------------------------------------------------------
 
@@ -223,7 +223,7 @@ class Connector:
 
     def _on_line(self, line: bytes) -> None:
         try:
-            msg = wire.parse_from_job(wire.decode(line))
+            msg = wire.parse_line_from_job(line)
         except wire.WireError as exc:
             self._bad_request(exc.detail)
             return

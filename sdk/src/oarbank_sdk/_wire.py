@@ -9,11 +9,18 @@ Rules this module enforces:
   from older agents: parsed either way and kept as they came.
 
 Pure functions and a line splitter: no sockets here. Standard library only.
+
+Hot path: every connect is five messages across three processes, so each message also has
+``line()`` (its encoded line, formatted without ``json``) and the ``parse_line_*`` functions
+match the compact lines peers send (``{"op":"connect","pid":12}``) with one regular
+expression, falling back to ``decode`` + ``parse_*`` for anything else: same result, same
+errors, for every input (sdk/tests/test_wire_fast_path.py compares both on many lines).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +43,10 @@ __all__ = [
     "parse_from_service",
     "parse_reply_to_job",
     "parse_to_service",
+    "parse_line_from_job",
+    "parse_line_from_service",
+    "parse_line_reply_to_job",
+    "parse_line_to_service",
     "REFUSAL_CODES",
 ]
 
@@ -121,6 +132,9 @@ class Connect:
     def to_wire(self) -> dict[str, Any]:
         return {"op": "connect", "pid": self.pid}
 
+    def line(self) -> bytes:
+        return b'{"op":"connect","pid":%d}\n' % self.pid
+
 
 @dataclass(frozen=True)
 class Received:
@@ -131,6 +145,9 @@ class Received:
     def to_wire(self) -> dict[str, Any]:
         return {"op": "received", "conn": self.conn}
 
+    def line(self) -> bytes:
+        return b'{"op":"received","conn":%d}\n' % self.conn
+
 
 @dataclass(frozen=True)
 class Ok:
@@ -140,6 +157,9 @@ class Ok:
 
     def to_wire(self) -> dict[str, Any]:
         return {"ok": True, "conn": self.conn}
+
+    def line(self) -> bytes:
+        return b'{"ok":true,"conn":%d}\n' % self.conn
 
 
 @dataclass(frozen=True)
@@ -152,6 +172,9 @@ class Refusal:
     def to_wire(self) -> dict[str, Any]:
         return {"ok": False, "error": self.error, "detail": self.detail}
 
+    def line(self) -> bytes:
+        return encode(self.to_wire())
+
 
 @dataclass(frozen=True)
 class Hello:
@@ -161,6 +184,9 @@ class Hello:
 
     def to_wire(self) -> dict[str, Any]:
         return {"op": "hello", "pid": self.pid}
+
+    def line(self) -> bytes:
+        return b'{"op":"hello","pid":%d}\n' % self.pid
 
 
 @dataclass(frozen=True)
@@ -173,6 +199,11 @@ class Connection:
     def to_wire(self) -> dict[str, Any]:
         return {"op": "connection", "conn": self.conn, "attempt": self.attempt}
 
+    def line(self) -> bytes:
+        if isinstance(self.attempt, int):
+            return b'{"op":"connection","conn":%d,"attempt":%d}\n' % (self.conn, self.attempt)
+        return encode(self.to_wire())  # a string id: JSON's escaping
+
 
 @dataclass(frozen=True)
 class Accepted:
@@ -183,6 +214,9 @@ class Accepted:
     def to_wire(self) -> dict[str, Any]:
         return {"op": "accepted", "conn": self.conn}
 
+    def line(self) -> bytes:
+        return b'{"op":"accepted","conn":%d}\n' % self.conn
+
 
 @dataclass(frozen=True)
 class Ready:
@@ -191,6 +225,9 @@ class Ready:
 
     def to_wire(self) -> dict[str, Any]:
         return {"op": "ready"}
+
+    def line(self) -> bytes:
+        return b'{"op":"ready"}\n'
 
 
 @dataclass(frozen=True)
@@ -201,6 +238,11 @@ class Ended:
 
     def to_wire(self) -> dict[str, Any]:
         return {"op": "ended", "attempt": self.attempt}
+
+    def line(self) -> bytes:
+        if isinstance(self.attempt, int):
+            return b'{"op":"ended","attempt":%d}\n' % self.attempt
+        return encode(self.to_wire())
 
 
 def _int_field(msg: dict[str, Any], key: str, what: str) -> int:
@@ -305,3 +347,54 @@ def parse_to_service(msg: dict[str, Any]) -> Connection | Ended:
     if op == "ended":
         return Ended(_attempt_field(msg, "ended"))
     raise WireError(f"unknown op {op!r} from the agent (expected 'connection' or 'ended')")
+
+
+# --- the hot path: compact lines matched without json -----------------------------------------
+
+# A JSON number that is a non-negative integer without a leading zero, at most 18 digits (so
+# it fits anywhere an int goes; a longer one takes the slow path, with the same result).
+_N = rb"(0|[1-9][0-9]{0,17})"
+_CONNECT = re.compile(rb'\{"op":"connect","pid":' + _N + rb"\}")
+_RECEIVED = re.compile(rb'\{"op":"received","conn":' + _N + rb"\}")
+_OK = re.compile(rb'\{"ok":true,"conn":' + _N + rb"\}")
+_ACCEPTED = re.compile(rb'\{"op":"accepted","conn":' + _N + rb"\}")
+_CONNECTION = re.compile(rb'\{"op":"connection","conn":' + _N + rb',"attempt":' + _N + rb"\}")
+_ENDED = re.compile(rb'\{"op":"ended","attempt":' + _N + rb"\}")
+
+
+def parse_line_from_job(line: bytes) -> Connect | Received:
+    """``parse_from_job(decode(line))``, compact lines matched without json."""
+    m = _CONNECT.fullmatch(line)
+    if m is not None:
+        return Connect(int(m[1]))
+    m = _RECEIVED.fullmatch(line)
+    if m is not None:
+        return Received(int(m[1]))
+    return parse_from_job(decode(line))
+
+
+def parse_line_from_service(line: bytes) -> Hello | Accepted | Ready:
+    """``parse_from_service(decode(line))``, compact lines matched without json."""
+    m = _ACCEPTED.fullmatch(line)
+    if m is not None:
+        return Accepted(int(m[1]))
+    return parse_from_service(decode(line))
+
+
+def parse_line_reply_to_job(line: bytes) -> Ok | Refusal:
+    """``parse_reply_to_job(decode(line))``, compact lines matched without json."""
+    m = _OK.fullmatch(line)
+    if m is not None:
+        return Ok(int(m[1]))
+    return parse_reply_to_job(decode(line))
+
+
+def parse_line_to_service(line: bytes) -> Connection | Ended:
+    """``parse_to_service(decode(line))``, compact lines matched without json."""
+    m = _CONNECTION.fullmatch(line)
+    if m is not None:
+        return Connection(int(m[1]), int(m[2]))
+    m = _ENDED.fullmatch(line)
+    if m is not None:
+        return Ended(int(m[1]))
+    return parse_to_service(decode(line))

@@ -30,7 +30,7 @@ from email.message import Message
 from typing import Any, cast
 
 from oarbank_sdk._transport import UnsupportedHandle, current
-from oarbank_sdk._wire import Connect, Ok, Received, Refusal, WireError, parse_reply_to_job
+from oarbank_sdk._wire import Connect, Ok, Received, Refusal, WireError, parse_line_reply_to_job
 from oarbank_sdk.endpoint import pool as pools
 from oarbank_sdk.endpoint.errors import ChannelClosed, EndpointError
 from oarbank_sdk.endpoint.stream import MessageStream
@@ -93,7 +93,7 @@ class _Connector:
                 self.owed -= 1
                 if late is not None:
                     late.close()
-            self.stream.send(Connect(os.getpid()).to_wire())
+            self.stream.send(Connect(os.getpid()))
             self.owed += 1
             try:
                 sock = self._reply(deadline)
@@ -109,7 +109,7 @@ class _Connector:
     def _reply(self, deadline: float | None) -> socket.socket:
         """Read one reply to a ``connect``; return the connection or raise ``EndpointError``."""
         try:
-            msg, fd = self.stream.next(parse_reply_to_job, _carries_fd, deadline)
+            msg, fd = self.stream.next(parse_line_reply_to_job, _carries_fd, deadline)
         except TimeoutError:
             raise EndpointError(
                 "timeout", f"connect to {self.service!r}: no reply from the agent in time"
@@ -127,7 +127,7 @@ class _Connector:
             )
         # We hold our end now: the receipt lets the agent drop its copy.
         try:
-            self.stream.send(Received(msg.conn).to_wire())
+            self.stream.send(Received(msg.conn))
         except ChannelClosed:
             os.close(fd)
             raise

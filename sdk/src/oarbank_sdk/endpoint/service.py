@@ -45,7 +45,7 @@ from oarbank_sdk._wire import (
     Hello,
     Ready,
     WireError,
-    parse_to_service,
+    parse_line_to_service,
 )
 from oarbank_sdk.endpoint.errors import ChannelClosed, EndpointError
 from oarbank_sdk.endpoint.stream import MessageStream
@@ -161,7 +161,7 @@ class Acceptor:
         self.pid = os.getpid()
         # hello first and exactly once: the agent hands connections only after it.
         try:
-            self._stream.send(Hello(self.pid).to_wire())
+            self._stream.send(Hello(self.pid))
         except BaseException:
             self._stream.close()
             raise
@@ -181,7 +181,7 @@ class Acceptor:
         """
         with self._accept_lock:
             while True:
-                msg, fd = self._stream.next(parse_to_service, _carries_fd)
+                msg, fd = self._stream.next(parse_line_to_service, _carries_fd)
                 if isinstance(msg, WireError):
                     self._malformed(f"ignoring a malformed message from the agent: {msg.detail}")
                 elif isinstance(msg, Ended):
@@ -206,10 +206,10 @@ class Acceptor:
             if self._said_ready:
                 return False
             self._said_ready = True
-            self._stream.send(Ready().to_wire())
+            self._stream.send(Ready())
         return True
 
-    def _send(self, msg: dict[str, Any]) -> None:
+    def _send(self, msg: Accepted) -> None:
         with self._send_lock:
             self._stream.send(msg)
 
@@ -225,7 +225,7 @@ class Acceptor:
         # We hold the descriptor: the receipt lets the agent drop its copy, even if the
         # descriptor turns out unusable.
         try:
-            self._send(Accepted(msg.conn).to_wire())
+            self._send(Accepted(msg.conn))
         except ChannelClosed:
             os.close(fd)
             raise

@@ -22,13 +22,17 @@ import socket
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from oarbank_sdk._transport import Transport
-from oarbank_sdk._wire import LineSplitter, WireError, decode, encode
+from oarbank_sdk._wire import LineSplitter, WireError
 from oarbank_sdk.endpoint.errors import ChannelClosed
 
-__all__ = ["MessageStream"]
+__all__ = ["MessageStream", "Message"]
+
+
+class Message(Protocol):
+    def line(self) -> bytes: ...
 
 _RECV_SIZE = 65536
 
@@ -55,9 +59,10 @@ class MessageStream:
     def fileno(self) -> int:
         return self.sock.fileno()
 
-    def send(self, msg: dict[str, Any], attach: int | None = None) -> None:
-        """Send one message. Raises ``ChannelClosed`` if the peer is gone."""
-        data = encode(msg)
+    def send(self, msg: Message, attach: int | None = None) -> None:
+        """Send one message (a wire message: its ``line()``). Raises ``ChannelClosed`` if the
+        peer is gone."""
+        data = msg.line()
         try:
             sent = self._t.send(self.sock, data, attach)
             if sent < len(data):
@@ -71,11 +76,12 @@ class MessageStream:
 
     def next(
         self,
-        parse: Callable[[dict[str, Any]], Any],
+        parse: Callable[[bytes], Any],
         wants_fd: Callable[[Any], bool],
         deadline: float | None = None,
     ) -> tuple[Any, int | None]:
-        """The next message, parsed, and the descriptor it carried (or None).
+        """The next message, parsed (``parse``: a line to a message, raising ``WireError``;
+        the wire's ``parse_line_*``), and the descriptor it carried (or None).
 
         A malformed line comes back as the ``WireError`` instance in place of the message (any
         descriptor that rode on it is closed). Raises ``ChannelClosed`` at end of file and
@@ -89,7 +95,7 @@ class MessageStream:
             msg: Any = line
         else:
             try:
-                msg = parse(decode(line))
+                msg = parse(line)
             except WireError as exc:
                 msg = exc
         fd = None
