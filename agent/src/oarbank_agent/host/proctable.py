@@ -43,8 +43,10 @@ def proc_table() -> list[tuple[int, int, str, int | None]]:
     return out
 
 
-def members(pgid: int, min_ticks: int | None = None) -> list[int]:
-    """Live (non-zombie) pids in process group ``pgid`` (started at or after ``min_ticks``)."""
+def members(pgid: int, min_ticks: int | None = None,
+            table: list[tuple[int, int, str, int | None]] | None = None) -> list[int]:
+    """Live (non-zombie) pids in process group ``pgid`` (started at or after ``min_ticks``).
+    ``table``: a ``proc_table()`` already read (one read for many groups)."""
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
@@ -52,7 +54,7 @@ def members(pgid: int, min_ticks: int | None = None) -> list[int]:
     except PermissionError:
         pass
     pids = []
-    for pid, pgrp, state, ticks in proc_table():
+    for pid, pgrp, state, ticks in (proc_table() if table is None else table):
         if pgrp != pgid or state == "Z":
             continue
         if min_ticks is not None and ticks is not None and ticks < min_ticks:
