@@ -170,7 +170,7 @@ def _new_stdio(startup: Startup) -> None:
 def _confine(startup: Startup, launch: plan.LaunchPlan) -> None:
     """The launcher's confinement, with the launcher's own code, from its point of view
     (its sys.path decides the Python folders Landlock lets it read)."""
-    from oarbank_sdk.sandbox import launch as launcher
+    import oarbank_sdk.sandbox.launch as launcher
 
     assert launch.request is not None
     argv0 = launch.command[0]
@@ -306,7 +306,7 @@ def _show_as(argv: list[str], env: Mapping[str, str]) -> bool:
 
 
 def _fail_launch(message: str, code: int = _policy.EXIT_SETUP_FAILED) -> int:
-    from oarbank_sdk.sandbox import launch as launcher
+    import oarbank_sdk.sandbox.launch as launcher
 
     return launcher._fail(code, message)
 

@@ -45,7 +45,8 @@ def _preload(guard_pid: int) -> None:
     import runpy  # noqa: F401
 
     if sys.platform.startswith("linux"):
-        from oarbank_sdk.sandbox import _landlock, _linux, _notify, launch  # noqa: F401
+        import oarbank_sdk.sandbox.launch  # noqa: F401
+        from oarbank_sdk.sandbox import _landlock, _linux, _notify  # noqa: F401
 
         with contextlib.suppress(ImportError, OSError):
             _linux._import_pyseccomp()
