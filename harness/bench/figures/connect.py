@@ -1,5 +1,9 @@
 """Figure 3: connect handoff with 1, 8 and 32 attempts connecting at once (real attempts,
-released together from a file barrier), against loopback TCP connects from as many processes."""
+released together from a file barrier), against loopback TCP connects from as many processes.
+
+The profile of the three sides: with one attempt, the runner also reads how much CPU each side
+spent during its connect loop (itself; the agent; the service's daemon, every thread), per
+connect (``connect_cpu_<side>``), to say where a connect's time goes."""
 
 from __future__ import annotations
 
@@ -37,6 +41,7 @@ def run(b: Bench) -> dict[str, Any]:
     agent = b.agent()
     port = b.baseline_addrs()["tcp_nodelay"]
     metrics: dict[str, Any] = {}
+    cpu: dict[str, list[float]] = {}
     for n in p.connect_parallel:
         ours: list[float] = []
         base: list[float] = []
@@ -45,7 +50,12 @@ def run(b: Bench) -> dict[str, Any]:
         for r in range(p.connect_rounds):
             # brokered: n attempts
             go = b.tmp / f"c{n}-{r}-go"
-            payload = {"mode": "connect", "count": p.connect_count, "go_file": str(go)}
+            payload: dict[str, Any] = {"mode": "connect", "count": p.connect_count,
+                                       "go_file": str(go)}
+            if n == 1:
+                row = agent.service_row("bench") or {}
+                payload["cpu_pids"] = {"agent": agent.pid,
+                                       **({"service": row["pid"]} if row.get("pid") else {})}
             ids = agent.submit(MODULE_ID, "bench", [payload] * n)
             _barrier(lambda ids=ids: agent.attempts_ready(ids), n, go)
             jobs = agent.wait_all(ids)
@@ -53,6 +63,9 @@ def run(b: Bench) -> dict[str, Any]:
             if bad:
                 raise RuntimeError(f"connect job {bad[0]['job_id']}: {bad[0]['reason']}")
             res = [j["result"]["payload"] for j in jobs]
+            for side, ns in (res[0].get("cpu_ns") or {}).items() if n == 1 else ():
+                if ns is not None:
+                    cpu.setdefault(side, []).append(ns / 1e3 / p.connect_count)
             ours += [x for r_ in res for x in r_["latencies_s"]]
             ours_cps.append(_cps(res))
             # loopback: n processes
@@ -72,5 +85,10 @@ def run(b: Bench) -> dict[str, Any]:
         metrics[f"connects_per_s_{n}_parallel"] = metric(
             ours_cps, unit="conn/s", baseline=base_cps, baseline_name="loopback TCP connect",
             with_p99=False, targets={"median": ">= 8000"} if n == 8 else None)
+    for side in ("job", "agent", "service"):
+        if cpu.get(side):
+            metrics[f"connect_cpu_{side}"] = metric(
+                cpu[side], unit="us", with_p99=False,
+                note=f"CPU per connect, 1 attempt: the {side} side (every thread)")
     return {"title": TITLE, "metrics": metrics,
             "details": {"connects_per_attempt": p.connect_count, "rounds": p.connect_rounds}}

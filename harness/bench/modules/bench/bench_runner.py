@@ -7,8 +7,10 @@ request-path figure is measured here, with ``bench_client``'s loops, and written
 
 - ``bench`` ``{"mode": "requests", "per_request": n, "keepalive": n, "warmup": n}``:
   latencies of ``service_endpoint.request`` and of one ``HTTPConnection``;
-- ``bench`` ``{"mode": "connect", "count": n, "go_file": f}``: latencies of
-  ``service_endpoint.connect`` once every attempt of the round is at the barrier;
+- ``bench`` ``{"mode": "connect", "count": n, "go_file": f, "cpu_pids"?: {side: pid}}``:
+  latencies of ``service_endpoint.connect`` once every attempt of the round is at the
+  barrier; with ``cpu_pids``, the CPU time each side spent during the loop (``cpu_ns``: this
+  runner's own, and each pid's from ``/proc/<pid>/task/*/schedstat``, all its threads);
 - ``bench`` ``{"mode": "hold", "release_file": f}``: one connection held
   (a request answered on it) until ``release_file`` exists;
 - ``readiness``, ``readiness_polled`` and ``trivial`` ``{}``: only the runner's start time.
@@ -61,8 +63,15 @@ def measure(stage: str, payload: dict) -> dict:
         ep.connect("bench").close()  # the connector is opened outside the timed loop
         # The marker goes in this attempt's workdir: the sandbox lets a runner write nowhere else.
         bc.barrier(os.getcwd(), READY, payload["go_file"])
+        pids = payload.get("cpu_pids") or {}
+        before = {side: _cpu_ns(pid) for side, pid in pids.items()}
+        own = time.process_time_ns()
         lat, first, last = bc.connect_loop(lambda: ep.connect("bench"), payload["count"])
-        return {"latencies_s": lat, "first": first, "last": last}
+        cpu = {"job": time.process_time_ns() - own}
+        for side, pid in pids.items():
+            now = _cpu_ns(pid)
+            cpu[side] = None if now is None or before[side] is None else now - before[side]
+        return {"latencies_s": lat, "first": first, "last": last, "cpu_ns": cpu}
     if mode == "hold":
         conn = ep.HTTPConnection("bench")
         conn.request("POST", bc.PATH, body=json.dumps(bc.BODY), headers=bc.HEADERS)
@@ -78,6 +87,18 @@ def measure(stage: str, payload: dict) -> dict:
 
 
 READY = "bench.ready"  # the marker an attempt leaves in its workdir once it is in place
+
+
+def _cpu_ns(pid: int) -> int | None:
+    """CPU time of every thread of ``pid`` so far (ns), or None where /proc cannot tell."""
+    total = 0
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/schedstat", encoding="ascii") as f:
+                total += int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return total
 
 
 def main(argv: list[str]) -> int:
