@@ -124,7 +124,8 @@ class MessageStream:
             raise ChannelClosed(self._closed.detail)
         try:
             if deadline is None:
-                self.sock.settimeout(None)
+                if self.sock.gettimeout() is not None:  # two fcntl calls, only when needed
+                    self.sock.settimeout(None)
             else:
                 left = deadline - time.monotonic()
                 if left <= 0:
