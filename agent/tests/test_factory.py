@@ -60,14 +60,16 @@ def _diff(on: dict[str, Any], off: dict[str, Any]) -> list[str]:
     return out
 
 
-def _both(start_agent: Callable[..., RunningAgent], mod: Path) -> dict[str, RunningAgent]:
-    return {mode: start_agent([mod], extra_args=["--process-factory", mode])
+def _both(start_agent: Callable[..., RunningAgent], mod: Path,
+          *extra: str) -> dict[str, RunningAgent]:
+    return {mode: start_agent([mod], extra_args=["--process-factory", mode, *extra])
             for mode in ("on", "off")}
 
 
+@pytest.mark.parametrize("sandbox", ["auto", "off"])
 def test_the_same_runner_cannot_tell_the_factory_from_a_direct_start(
-        tmp_path: Path, start_agent: Callable[..., RunningAgent]) -> None:
-    agents = _both(start_agent, _probe_module(tmp_path / "mod"))
+        tmp_path: Path, start_agent: Callable[..., RunningAgent], sandbox: str) -> None:
+    agents = _both(start_agent, _probe_module(tmp_path / "mod"), "--sandbox", sandbox)
     assert agents["on"].status()["process_factory"]["pid"], agents["on"].status()
     assert agents["off"].status()["process_factory"]["mode"] == "off"
     reports, outcomes = {}, {}
