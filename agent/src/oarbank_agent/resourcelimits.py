@@ -168,8 +168,8 @@ def _make_room(own: Path) -> str | None:
                 (leaf / "cgroup.procs").write_text(str(pid))
     except OSError as exc:
         return f"cannot move the agent into {leaf}: {exc.strerror or exc}"
-    log.info("the agent moved into %s: its own cgroup %s gives controllers to the attempts'",
-             leaf, own)
+    log.info("the agent moved into %s, so that its own cgroup %s may give the memory and cpu "
+             "controllers to the attempts' cgroups", leaf, own)
     return None
 
 
