@@ -130,12 +130,16 @@ def test_exit_codes_and_signals_end_jobs_alike(
     assert outcomes["on"][1] == code
 
 
+@pytest.mark.parametrize("sandbox", ["auto", "off"])
 def test_a_command_that_cannot_be_run_fails_alike(
-        tmp_path: Path, start_agent: Callable[..., RunningAgent]) -> None:
+        tmp_path: Path, start_agent: Callable[..., RunningAgent], sandbox: str) -> None:
     """A runner that does not exist: its ``doctor --json`` (runnerhealth) fails the same
-    way both ways (under the sandbox: the launcher's exit 71 and its line)."""
+    way both ways (sandboxed: the launcher's exit 71 and its line; unsandboxed: Popen's
+    FileNotFoundError). Unsandboxed under cgroups the direct path's entry shell would say
+    it instead (exit 127): the factory still says what Popen says (agent/README.md)."""
     mod = _probe_module(tmp_path / "mod", ["{bundle}/no-such-runner"])
-    agents = _both(start_agent, mod)
+    agents = _both(start_agent, mod, "--sandbox", sandbox,
+                   *(["--containment", "process-group"] if sandbox == "off" else []))
     health = {}
     for mode, agent in agents.items():
         agent.wait_for(lambda a=agent: a.status().get("runners", {}).get(MODULE, {}).get(

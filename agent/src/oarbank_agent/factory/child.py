@@ -25,6 +25,7 @@ import contextlib
 import ctypes
 import fcntl
 import io
+import json
 import os
 import resource
 import signal
@@ -91,16 +92,19 @@ def _disposition(sig: int) -> Any:
 
 
 class _Refused(Exception):
-    """A failure the direct path would show as OSError from Popen."""
+    """A failure the direct path would show as OSError from Popen. ``filename``: what Popen's
+    error names (the command, or the working folder), so both read the same."""
 
-    def __init__(self, exc: OSError, what: str) -> None:
+    def __init__(self, exc: OSError, what: str, filename: str | None = None) -> None:
         super().__init__(f"{what}: {exc.strerror or exc}")
         self.errno = exc.errno or 0
+        self.filename = filename
 
 
 def _report(err_fd: int, exc: _Refused) -> NoReturn:
     with contextlib.suppress(OSError):
-        os.write(err_fd, f"{exc.errno}:{exc}".encode(errors="replace"))
+        os.write(err_fd, json.dumps({"errno": exc.errno, "error": str(exc),
+                                     "filename": exc.filename}).encode())
     os._exit(127)
 
 
@@ -195,17 +199,20 @@ def _confine(startup: Startup, launch: plan.LaunchPlan) -> None:
 
 def run(req: dict[str, Any], received: list[int], startup: Startup, err_fd: int) -> NoReturn:
     """Never returns: execs, runs the script and exits, or exits with the failure."""
+    err = [err_fd]  # where it is now: _place_fds moves it out of the children's way
     try:
-        _run(req, received, startup, err_fd)
+        _run(req, received, startup, err)
     except _Refused as exc:
-        _report(err_fd, exc)
+        _report(err[0], exc)
     except BaseException as exc:  # a bug here must never return into the factory's loop
         with contextlib.suppress(BaseException):
-            os.write(err_fd, f"0:process factory: {type(exc).__name__}: {exc}".encode())
+            os.write(err[0], json.dumps({"errno": 0, "error": f"process factory: "
+                                         f"{type(exc).__name__}: {exc}"}).encode())
     os._exit(127)
 
 
-def _run(req: dict[str, Any], received: list[int], startup: Startup, err_fd: int) -> None:
+def _run(req: dict[str, Any], received: list[int], startup: Startup, err: list[int]) -> None:
+    err_fd = err[0]
     argv: list[str] = req["argv"]
     env: dict[str, str] = req["env"]
     _set_signals(startup.ignored, (), python=False)  # the factory's own handlers go first
@@ -218,13 +225,13 @@ def _run(req: dict[str, Any], received: list[int], startup: Startup, err_fd: int
             raise _Refused(exc, f"cannot join the cgroup {cgroup}") from None
     os.setsid()
     try:
-        err_fd = _place_fds(received, list(req["fds"]), err_fd)
+        err_fd = err[0] = _place_fds(received, list(req["fds"]), err_fd)
     except OSError as exc:
         raise _Refused(exc, "cannot place the child's descriptors") from None
     try:
         os.chdir(req["cwd"])
     except OSError as exc:
-        raise _Refused(exc, f"cannot enter {req['cwd']}") from None
+        raise _Refused(exc, f"cannot enter {req['cwd']}", req["cwd"]) from None
     os.umask(int(req["umask"]))
     _set_limits(req.get("rlimits") or [])
     try:
@@ -261,7 +268,7 @@ def _run(req: dict[str, Any], received: list[int], startup: Startup, err_fd: int
         if sandboxed:
             os._exit(_fail_launch(f"exec failed: {command[0]!r}: {exc.strerror or exc}",
                                   _policy.EXIT_EXEC_FAILED))
-        raise _Refused(exc, f"cannot run {command[0]}") from None
+        raise _Refused(exc, f"cannot run {command[0]}", command[0]) from None
 
 
 _PR_SET_MM, _PR_SET_MM_MAP = 35, 14

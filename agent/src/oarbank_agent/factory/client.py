@@ -268,8 +268,7 @@ class FactoryClient:
         elif op == "failed":
             pending = self._pending.get(int(msg["id"]))
             if pending is not None and not pending[0].done():
-                pending[0].set_exception(OSError(int(msg.get("errno") or 0),
-                                                 str(msg.get("error"))))
+                pending[0].set_exception(_spawn_error(msg))
         elif op == "exit":
             ended = self._live.pop(int(msg["pid"]), None)
             if ended is not None:
@@ -373,3 +372,11 @@ def _zombie(pid: int) -> bool:
 def _set_once(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)
+
+
+def _spawn_error(msg: dict[str, Any]) -> OSError:
+    """The OSError ``Popen`` would have raised: with the file it names, the same text."""
+    code = int(msg.get("errno") or 0)
+    if code and msg.get("filename"):
+        return OSError(code, os.strerror(code), str(msg["filename"]))
+    return OSError(code, str(msg.get("error")))

@@ -123,11 +123,13 @@ class Factory:
             chunks.append(data)
         os.close(err_r)
         if chunks:
-            code, _, text = b"".join(chunks).decode(errors="replace").partition(":")
+            try:
+                why = json.loads(b"".join(chunks))
+            except ValueError:
+                why = {"errno": 0, "error": b"".join(chunks).decode(errors="replace")}
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, 0)  # it exits right after saying why
-            self._reply({"op": "failed", "id": req["id"],
-                         "errno": int(code) if code.isdigit() else 0, "error": text})
+            self._reply({"op": "failed", "id": req["id"], **why})
             return
         self.children.add(pid)
         self._reply({"op": "started", "id": req["id"], "pid": pid})
