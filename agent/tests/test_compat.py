@@ -14,7 +14,7 @@ from agent_helpers import write_module
 
 from oarbank_agent import compat, control
 from oarbank_sdk import manifest as mf
-from oarbank_sdk._version_range import allows
+from oarbank_sdk.versions import allows
 
 HERE = mf.platform_token()
 OTHER = "windows-arm64" if HERE != "windows-arm64" else "linux-amd64"

@@ -30,7 +30,7 @@ from typing import Any
 
 from oarbank_sdk import advice
 from oarbank_sdk import manifest as mf
-from oarbank_sdk._version_range import RangeError, allows
+from oarbank_sdk.versions import RangeError, allows
 
 __all__ = ["AGENT_VERSION", "CORE_VERSION", "PROTOCOL", "Node", "this_node",
            "module_refusals", "stage_refusal", "refusal_line", "version_line", "max_inline_kb"]

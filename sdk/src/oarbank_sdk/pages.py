@@ -10,7 +10,7 @@ a placeholder); what a known component needs, the common props, sources, columns
 40-per-container cap and id uniqueness are checked. A component using a 1.2 feature (the
 ``services`` host query) must say so with ``requires`` >= "1.2", so older consoles show a
 placeholder instead of a broken table. Link targets and kv items are read in this project's
-and upstream's forms (``_page_forms``: the renderer reads them with the same code).
+and upstream's forms (``page_forms``: the renderer reads them with the same code).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ._page_forms import kv_item, link_target
+from .page_forms import kv_item, link_target
 from ._page_refs import reference_problems
 from .manifest.model import Manifest, Problem
 from .manifest.reader import MISSING, Reader, describe, join

@@ -35,7 +35,7 @@ from importlib import resources
 from typing import Any
 from urllib.parse import quote, unquote, urlencode
 
-from oarbank_sdk._page_forms import Target
+from oarbank_sdk.page_forms import Target
 from oarbank_sdk.manifest import UiEntry
 
 from . import uicontract

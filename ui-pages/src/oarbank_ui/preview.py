@@ -20,7 +20,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from oarbank_sdk._page_forms import Target
+from oarbank_sdk.page_forms import Target
 from oarbank_sdk.manifest import load
 
 from .fixture_times import resolve_rows

@@ -13,7 +13,7 @@ Rules (a renderer never breaks on what it does not know):
   failing) -> "data unavailable", the rest of the page renders;
 - a value of the wrong type for its column -> "—"; a null value -> empty;
 - at most 40 components per container; the rest are not rendered and a notice says how many;
-- ``link.to`` and ``kv`` items are read in both forms (``oarbank_sdk._page_forms``, the
+- ``link.to`` and ``kv`` items are read in both forms (``oarbank_sdk.page_forms``, the
   checker's reader): a typed link target the portal cannot resolve (``RenderContext.resolve``
   says where a target goes, or None) renders as plain text, never as a broken link.
 """
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
-from oarbank_sdk._page_forms import KvItem, Target, kv_item, link_target
+from oarbank_sdk.page_forms import KvItem, Target, kv_item, link_target
 
 __all__ = [
     "HOST_CONTRACT",

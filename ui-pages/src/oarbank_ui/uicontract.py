@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from oarbank_sdk._version_range import RangeError, allows
+from oarbank_sdk.versions import RangeError, allows
 
 from .render import HOST_CONTRACT
 

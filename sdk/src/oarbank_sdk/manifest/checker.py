@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .._version_range import RangeError, at_least, parse_range
+from ..versions import RangeError, at_least, parse_range
 from .model import (
     BACKOFF_INITIAL_S,
     BACKOFF_MAX_S,
