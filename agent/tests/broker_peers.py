@@ -1,7 +1,7 @@
 """Real child processes for the broker tests: a job and an endpoint service speaking the wire.
 
-Written with oarbank_sdk._wire/_transport directly (the SDK's service_endpoint is another
-engineer's part). Usage:
+Written with ``oarbank_sdk.protocol``'s wire and transport directly (the SDK's
+service_endpoint is another engineer's part). Usage:
 
     python broker_peers.py service fd:N     hello, accept connections (echo upper-cased), print
                                             "ended <attempt>" per ended; exit 0 on channel EOF
@@ -18,15 +18,15 @@ import socket
 import sys
 import threading
 
-from oarbank_sdk import _transport, _wire
+from oarbank_sdk.protocol import current_transport, wire
 
-T = _transport.current()
+T = current_transport()
 
 
 class Lines:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
-        self.split = _wire.LineSplitter()
+        self.split = wire.LineSplitter()
         self.lines: list[bytes] = []
         self.fds: list[int] = []
 
@@ -37,7 +37,7 @@ class Lines:
             if not data:
                 return None, []
             self.lines.extend(self.split.feed(data))
-        msg = _wire.decode(self.lines.pop(0))
+        msg = wire.decode(self.lines.pop(0))
         fds, self.fds = self.fds, []
         return msg, fds
 
@@ -53,18 +53,18 @@ def serve_connection(sock: socket.socket) -> None:
 
 def service(handle: str) -> int:
     chan = T.open_stream(T.parse(handle))
-    chan.sendall(_wire.encode({"op": "hello", "pid": os.getpid()}))
+    chan.sendall(wire.encode({"op": "hello", "pid": os.getpid()}))
     reader = Lines(chan)
     while True:
         msg, fds = reader.read()
         if msg is None:
             return 0
-        parsed = _wire.parse_to_service(msg)
-        if isinstance(parsed, _wire.Ended):
+        parsed = wire.parse_to_service(msg)
+        if isinstance(parsed, wire.Ended):
             print(f"ended {parsed.attempt}", flush=True)
             continue
         (fd,) = fds
-        chan.sendall(_wire.encode({"op": "accepted", "conn": parsed.conn}))
+        chan.sendall(wire.encode({"op": "accepted", "conn": parsed.conn}))
         conn = socket.socket(fileno=fd)
         threading.Thread(target=serve_connection, args=(conn,), daemon=True).start()
 
@@ -73,15 +73,15 @@ def job(handle: str, count: int) -> int:
     sock = T.open_stream(T.parse(handle))
     reader = Lines(sock)
     for i in range(count):
-        sock.sendall(_wire.encode({"op": "connect", "pid": os.getpid()}))
+        sock.sendall(wire.encode({"op": "connect", "pid": os.getpid()}))
         msg, fds = reader.read()
         assert msg is not None, "connector closed"
-        reply = _wire.parse_reply_to_job(msg)
-        if isinstance(reply, _wire.Refusal):
+        reply = wire.parse_reply_to_job(msg)
+        if isinstance(reply, wire.Refusal):
             print(f"refused {reply.error}: {reply.detail}", flush=True)
             return 1
         (fd,) = fds
-        sock.sendall(_wire.encode({"op": "received", "conn": reply.conn}))
+        sock.sendall(wire.encode({"op": "received", "conn": reply.conn}))
         with socket.socket(fileno=fd) as conn:
             conn.sendall(f"ping {i}".encode())
             conn.shutdown(socket.SHUT_WR)
@@ -108,7 +108,7 @@ def flood(handle: str, count: int) -> int:
 
     t = threading.Thread(target=read_all)
     t.start()
-    line = _wire.encode({"op": "connect", "pid": os.getpid()})
+    line = wire.encode({"op": "connect", "pid": os.getpid()})
     for _ in range(count):
         sock.sendall(line)
     t.join(60)

@@ -22,9 +22,9 @@ import time
 from pathlib import Path
 
 from oarbank_agent.broker import Broker
-from oarbank_sdk import _transport, _wire
+from oarbank_sdk.protocol import current_transport, wire
 
-T = _transport.current()
+T = current_transport()
 PEERS = Path(__file__).with_name("broker_peers.py")
 TIMEOUT = 10.0
 
@@ -62,12 +62,12 @@ class Peer:
     def __init__(self, fd: int) -> None:
         self.sock = T.open_stream(os.dup(fd))
         self.sock.settimeout(TIMEOUT)
-        self.split = _wire.LineSplitter()
+        self.split = wire.LineSplitter()
         self.lines: list[bytes] = []
         self.fds: list[int] = []
 
     def send(self, msg: dict | bytes, attach: int | None = None) -> None:
-        data = msg if isinstance(msg, bytes) else _wire.encode(msg)
+        data = msg if isinstance(msg, bytes) else wire.encode(msg)
         sent = T.send(self.sock, data, attach=attach)
         self.sock.sendall(data[sent:])
 
@@ -79,7 +79,7 @@ class Peer:
             if not data:
                 return None, []
             self.lines.extend(self.split.feed(data))
-        msg = _wire.decode(self.lines.pop(0))
+        msg = wire.decode(self.lines.pop(0))
         fds, self.fds = self.fds, []
         return msg, fds
 
@@ -218,11 +218,11 @@ def test_job_and_service_processes_talk_through_handed_over_pairs():
                     break
                 await asyncio.sleep(0.02)
             assert_drained(broker)
-            wire = broker.wire_attempt("att-1")
+            wire_id = broker.wire_attempt("att-1")
             broker.end_attempt("att-1")
             assert broker.stats()["connectors"] == 0
             line = await asyncio.to_thread(svc.stdout.readline)
-            assert line == f"ended {wire}\n"
+            assert line == f"ended {wire_id}\n"
             # Stop order step 2: the agent closes the channel, the service sees EOF and exits.
             ch.close()
             rest, _ = await asyncio.to_thread(svc.communicate, timeout=TIMEOUT)
@@ -256,9 +256,9 @@ def test_receipts_close_the_agent_copies_and_bytes_flow_both_ways():
         assert reply["ok"] is True and isinstance(reply["conn"], int) and len(fds) == 1
         conn_msg, sfds = await asyncio.to_thread(svc.read)
         # The attempt travels as its integer wire id (contract section 3), not its name.
-        wire = broker.wire_attempt("a1")
-        assert isinstance(wire, int) and not isinstance(wire, bool) and wire > 0
-        assert conn_msg == {"op": "connection", "conn": reply["conn"], "attempt": wire}
+        wire_id = broker.wire_attempt("a1")
+        assert isinstance(wire_id, int) and not isinstance(wire_id, bool) and wire_id > 0
+        assert conn_msg == {"op": "connection", "conn": reply["conn"], "attempt": wire_id}
         assert len(sfds) == 1
         # Before any receipt the agent still holds its copy of both ends.
         assert broker.stats()["pending_ends"] == 2
@@ -393,7 +393,7 @@ def test_rate_limit_burst_of_64_then_about_32_a_second():
 
             def burst():
                 began = time.monotonic()
-                job.send(_wire.encode({"op": "connect", "pid": 1}) * n)
+                job.send(wire.encode({"op": "connect", "pid": 1}) * n)
                 replies = []
                 for _ in range(n):
                     msg, fds = job.read()
@@ -483,7 +483,7 @@ def test_connects_queued_behind_a_starting_service_stay_bounded():
         job = job_peer(broker, "a", "m/s")
 
         def pipeline(n: int) -> None:
-            job.send(_wire.encode({"op": "connect", "pid": 1}) * n)
+            job.send(wire.encode({"op": "connect", "pid": 1}) * n)
 
         # 1,000 connects while the service starts: the broker queues at most 64 and leaves the
         # rest unread in the socket (back-pressure), instead of growing its own memory.

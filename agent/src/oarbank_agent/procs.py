@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from oarbank_sdk.protocol import current_transport
+from oarbank_sdk.protocol import MAX_HANDLES, current_transport
 
 from . import containment, factory, refusals, resourcelimits, sandboxing
 from .factory.client import FactoryLost
@@ -195,13 +195,7 @@ async def spawn(argv: list[str], *, env: dict[str, str], cwd: str | os.PathLike[
 def _factory_can_pass(stdout: Any, stderr: Any, inherit: tuple[int, ...]) -> bool:
     """Files or descriptors (not PIPE/DEVNULL), and few enough for one message."""
     ok = all((isinstance(s, int) and s >= 0) or hasattr(s, "fileno") for s in (stdout, stderr))
-    return ok and len(inherit) + 2 <= _max_handles()
-
-
-def _max_handles() -> int:
-    from oarbank_sdk._transport import MAX_HANDLES
-
-    return MAX_HANDLES
+    return ok and len(inherit) + 2 <= MAX_HANDLES
 
 
 def _fd_of(stream: Any) -> int:

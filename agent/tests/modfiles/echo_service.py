@@ -32,8 +32,7 @@ import threading
 import time
 from pathlib import Path
 
-from oarbank_sdk import _wire
-from oarbank_sdk._transport import current
+from oarbank_sdk.protocol import current_transport, wire
 
 
 def data() -> Path:
@@ -112,7 +111,7 @@ def op(name: str) -> int:
             out = {"ok": True}
         else:
             channel = os.environ.get("OARBANK_ENDPOINT_CHANNEL")
-            fds = (current().parse(channel),) if channel else ()
+            fds = (current_transport().parse(channel),) if channel else ()
             with open(data() / "daemon.log", "ab") as log:
                 p = subprocess.Popen([sys.executable, "-I", os.path.abspath(__file__), "serve"],
                                      stdin=subprocess.DEVNULL, stdout=log, stderr=log,
@@ -173,7 +172,7 @@ def die_on_file() -> None:
 
 def serve() -> int:
     conf = settings()
-    tr = current()
+    tr = current_transport()
     if conf.get("ignore_term"):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     else:
@@ -193,9 +192,9 @@ def serve() -> int:
     ch = tr.open_stream(tr.parse(os.environ["OARBANK_ENDPOINT_CHANNEL"]))
     offered = "ready" in os.environ.get("OARBANK_ENDPOINT_FEATURES", "").split(",")
     if conf.get("ready_before_hello"):
-        ch.sendall(_wire.encode(_wire.Ready().to_wire()))
+        ch.sendall(wire.encode(wire.Ready().to_wire()))
     if not conf.get("no_hello"):
-        ch.sendall(_wire.encode(_wire.Hello(os.getpid()).to_wire()))
+        ch.sendall(wire.encode(wire.Hello(os.getpid()).to_wire()))
         record("hello")
     time.sleep(float(conf.get("load_s", 0)))
     with open(data() / "loads", "a") as f:
@@ -204,7 +203,7 @@ def serve() -> int:
     record("ready")
     for _ in range(int(conf.get("say_ready", 0)) if offered else 0):
         record("said_ready")
-        ch.sendall(_wire.encode(_wire.Ready().to_wire()))
+        ch.sendall(wire.encode(wire.Ready().to_wire()))
     if conf.get("die_after_ready_s") is not None:
         threading.Timer(float(conf["die_after_ready_s"]), lambda: os._exit(1)).start()
     once = data() / "died_once"
@@ -215,7 +214,7 @@ def serve() -> int:
         ch.sendall(str(conf["garbage_after_ready"]).encode())
     conns: dict[str, list[socket.socket]] = {}
     lock = threading.Lock()
-    splitter = _wire.LineSplitter()
+    splitter = wire.LineSplitter()
     ended = 0
     while True:
         chunk, fds = tr.recv(ch, 65536)
@@ -225,10 +224,10 @@ def serve() -> int:
                 time.sleep(3600)
             return 0
         for line in splitter.feed(chunk):
-            msg = _wire.parse_to_service(_wire.decode(line))
-            if isinstance(msg, _wire.Connection):
+            msg = wire.parse_to_service(wire.decode(line))
+            if isinstance(msg, wire.Connection):
                 sock = socket.socket(fileno=fds.pop(0))
-                ch.sendall(_wire.encode(_wire.Accepted(msg.conn).to_wire()))
+                ch.sendall(wire.encode(wire.Accepted(msg.conn).to_wire()))
                 with lock:
                     conns.setdefault(msg.attempt, []).append(sock)
                 record("connection", attempt=msg.attempt, conn=msg.conn)

@@ -8,7 +8,8 @@ The node agent and tools import these rather than the SDK's private modules:
 - ``current_transport()``: the one seam between the protocol and the operating system: stream
   pairs (``pair``), handle values for a child's environment (``format``/``parse``), the
   arguments that hand handles to a child (``inheritable_kwargs``), descriptor passing
-  (``send``/``recv``). No other code makes socket pairs or spells ``fd:<n>``.
+  (``send``/``recv``; ``MAX_HANDLES`` travel in one message at most). No other code makes
+  socket pairs or spells ``fd:<n>``.
 - ``last_json_object``: what an op printed (the last line of its output that is a JSON object).
 
 Standard library only, like the rest of the service side.
@@ -18,7 +19,8 @@ from __future__ import annotations
 
 from . import _wire as wire
 from ._opdoc import last_json_object
-from ._transport import Transport, UnsupportedHandle
+from ._transport import MAX_HANDLES, Transport, UnsupportedHandle
 from ._transport import current as current_transport
 
-__all__ = ["wire", "Transport", "UnsupportedHandle", "current_transport", "last_json_object"]
+__all__ = ["wire", "MAX_HANDLES", "Transport", "UnsupportedHandle", "current_transport",
+           "last_json_object"]
