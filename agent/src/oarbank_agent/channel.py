@@ -145,6 +145,11 @@ class Channel:
         if reason.startswith("peer closed its end"):
             how = reason[len("peer closed its end") :].strip()
             reason = advice.channel_closed(how or "end of file")  # conform's words
+        elif "Connection reset by peer" in reason:
+            # A unix stream whose peer closed with our messages unread reads as a reset, not
+            # an end of file: the service closed its channel all the same (it died under a
+            # `connection` or `ended` it had not read yet).
+            reason = advice.channel_closed("reset: it closed with messages unread")
         elif reason.startswith("peer is not reading"):
             reason = "the service is not reading its endpoint channel" + reason[len("peer is not reading") :]
         self._fail(reason)
