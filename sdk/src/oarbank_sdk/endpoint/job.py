@@ -34,6 +34,7 @@ from oarbank_sdk._wire import Connect, Ok, Received, Refusal, WireError, parse_l
 from oarbank_sdk.endpoint import pool as pools
 from oarbank_sdk.endpoint.errors import ChannelClosed, EndpointError
 from oarbank_sdk.endpoint.stream import MessageStream
+from oarbank_sdk.environments import service_env_name as env_name
 
 __all__ = [
     "available",
@@ -49,11 +50,6 @@ __all__ = [
 # The upstream SDK's default for request(): a model call may take minutes, and a module
 # moving between the two SDKs must not start timing out where it did not before.
 REQUEST_TIMEOUT_S = 600.0
-
-
-def env_name(service: str) -> str:
-    """``"model"`` -> ``"OARBANK_SERVICE_MODEL"``."""
-    return "OARBANK_SERVICE_" + service.upper()
 
 
 def _carries_fd(msg: Any) -> bool:
