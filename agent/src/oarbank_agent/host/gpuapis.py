@@ -28,9 +28,10 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from oarbank_sdk.gpu import GPU_APIS  # the contract's names, shared with the manifest checker
+
 __all__ = ["GPU_APIS", "Detection", "detect", "from_override", "probe_api"]
 
-GPU_APIS = ("metal", "cuda", "rocm", "vulkan", "opencl", "directml")
 PROBE_TIMEOUT_S = 10.0
 
 

@@ -17,6 +17,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from ..gpu import GPU_APIS
 from ..versions import RangeError, at_least, parse_range
 from .model import (
     BACKOFF_INITIAL_S,
@@ -50,7 +51,6 @@ PLATFORMS = (
     "windows-amd64",
     "windows-arm64",
 )
-GPU_APIS = ("metal", "cuda", "rocm", "vulkan", "opencl", "directml")
 GPU_USES = ("none", "shared", "exclusive")
 
 MODULE_ID = re.compile(r"^[a-z][a-z0-9-]*(\.[a-z0-9][a-z0-9_-]*)+$")
