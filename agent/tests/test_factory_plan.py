@@ -9,10 +9,9 @@ import pytest
 
 from oarbank_agent.factory import plan
 from oarbank_sdk import sandbox
-from oarbank_sdk.sandbox import _policy
 
 PY = sys.executable
-BOOT = getattr(sandbox, "_BOOT", "")
+BOOT = sandbox.LAUNCHER_BOOT
 
 
 def test_the_launchers_argv_is_split_into_its_request_and_the_command() -> None:
@@ -27,7 +26,7 @@ def test_the_launchers_argv_is_split_into_its_request_and_the_command() -> None:
 
 
 def test_the_fault_hook_in_front_of_the_launcher_is_carried() -> None:
-    argv = ["/usr/bin/env", f"{_policy.FAULT_ENV}=seccomp",
+    argv = ["/usr/bin/env", f"{sandbox.FAULT_ENV}=seccomp",
             *sandbox.wrap(["/bin/true"], guard_pids=(7,))]
     got = plan.split_launch(argv, PY, BOOT)
     assert got.fault == "seccomp" and got.command == ("/bin/true",)
@@ -41,7 +40,7 @@ def test_anything_else_runs_as_it_is(argv: list[str]) -> None:
 
 
 def test_launcher_options_that_do_not_parse_are_the_launchers_error() -> None:
-    with pytest.raises(_policy.UsageError, match="--net"):
+    with pytest.raises(sandbox.UsageError, match="--net"):
         plan.split_launch([PY, "-I", "-m", "oarbank_sdk.sandbox.launch", "--net", "host",
                            "--", "x"], PY, BOOT)
 

@@ -557,9 +557,9 @@ def _install_refusals(enforce: bool) -> None:
 
     problem = None
     if enforce and sys.platform.startswith("linux"):
-        from oarbank_sdk.sandbox import _notify
+        from oarbank_sdk import sandbox
 
-        problem = _notify.probe()
+        problem = sandbox.notify_probe()
         if problem:
             logging.getLogger("oarbank_agent").warning(
                 "network attempts are refused but not counted (seccomp user notification "

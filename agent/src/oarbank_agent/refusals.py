@@ -3,7 +3,7 @@
 Each sandboxed launch (``procs.spawn`` with a ``refusal_key``) gets the launcher's
 ``--notify-fd``: the sandbox's filter sends ``socket``, ``bind``, ``listen``, ``connect`` and
 ``accept`` of the child and of everything it starts to the agent, which records who tried
-what and answers EPERM, as the plain filter would (``oarbank_sdk.sandbox._notify``). It runs
+what and answers EPERM, as the plain filter would (``oarbank_sdk.sandbox.notify_session``). It runs
 on the agent's event loop (``loop.add_reader``), no thread per launch. Nothing the child writes
 is read.
 
@@ -96,14 +96,14 @@ class Watch:
     itself when no process uses the filter any more."""
 
     def __init__(self, owner: Refusals, key: str) -> None:
-        from oarbank_sdk.sandbox import _notify
+        from oarbank_sdk import sandbox
 
         self._owner, self.key = owner, key
         self._loop = asyncio.get_running_loop()
         self._sock, theirs = current_transport().pair()
         self._sock.setblocking(False)
         self.child_fd: int | None = theirs.detach()
-        self._session = _notify.Session(self._sock, lambda a: owner.record(key, a))
+        self._session = sandbox.notify_session(self._sock, lambda a: owner.record(key, a))
         self._listener: int | None = None
         self._closed = False
         self._loop.add_reader(self._sock.fileno(), self._on_sock)

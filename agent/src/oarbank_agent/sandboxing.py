@@ -176,9 +176,7 @@ class SandboxPolicy:
         """``--sandbox auto`` on a kernel missing walls: one WARNING naming each. (Also logs
         the kernel's Landlock ABI: 6 or more has the signal and abstract-unix scopes.)"""
         if self.enforce and sys.platform == "linux":
-            from oarbank_sdk.sandbox import _landlock
-
-            log.info("sandbox: Landlock ABI %d on this kernel", _landlock.abi())
+            log.info("sandbox: Landlock ABI %d on this kernel", sandbox.landlock_abi())
         missing = self.missing_walls()
         if missing:
             log.warning("sandbox: this kernel lacks %d wall(s); jobs and services run without "

@@ -2,7 +2,7 @@
 
 The order is what ``procs.spawn``'s direct path gives a child (``/bin/sh`` joining the cgroup,
 ``Popen``'s session, descriptors, working folder, the sandbox launcher, ``execve``), so a
-command cannot tell the two paths apart (``tests/test_factory_equivalence.py``):
+command cannot tell the two paths apart (``tests/test_factory.py``):
 
 1. signal handling back to a fresh process's (the factory's SIGCHLD wakeup is dropped),
 2. the cgroup (before any code of the command runs), then a new session,
@@ -34,7 +34,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, NoReturn
 
-from oarbank_sdk.sandbox import _policy
+from oarbank_sdk import sandbox
+from oarbank_sdk.sandbox import launch as launcher
 
 from . import plan
 
@@ -60,19 +61,8 @@ class Startup:
     stdio: list[tuple[str, str]] = field(default_factory=list)  # (encoding, errors) per fd
 
 
-def _received_environ() -> dict[str, str]:
-    with open("/proc/self/environ", "rb") as f:
-        raw = f.read()
-    env = {}
-    for item in raw.split(b"\0"):
-        key, sep, value = item.partition(b"=")
-        if sep and key:
-            env[os.fsdecode(key)] = os.fsdecode(value)
-    return env
-
-
 def capture(boot: str, launcher_sys_path: list[str]) -> Startup:
-    received = _received_environ()
+    received = launcher.received_environ()  # as the launcher reads it: the same start-up
     added = {k: v for k, v in os.environ.items() if k not in received}
     python_ignores = {signal.SIGPIPE, getattr(signal, "SIGXFSZ", signal.SIGPIPE)}
     ignored = frozenset(s for s in signal.valid_signals()
@@ -174,27 +164,16 @@ def _new_stdio(startup: Startup) -> None:
 def _confine(startup: Startup, launch: plan.LaunchPlan) -> None:
     """The launcher's confinement, with the launcher's own code, from its point of view
     (its sys.path decides the Python folders Landlock lets it read)."""
-    import oarbank_sdk.sandbox.launch as launcher
-
     assert launch.request is not None
-    argv0 = launch.command[0]
     saved = sys.path
     if launch.boot_dirs is not None:
         sys.path = [launch.boot_dirs[0], *startup.launcher_sys_path, launch.boot_dirs[1]]
     try:
-        from oarbank_sdk.sandbox._linux import SetupError, confine
-
-        try:
-            confine(launch.request.net, launch.fault, launch.request.notify_fd, launch.request)
-        except SetupError as exc:
-            os._exit(launcher._fail(_policy.EXIT_SETUP_FAILED,
-                                    f"setup failed: {exc}; refusing to run {argv0!r} unconfined"))
-        except Exception as exc:  # fail closed, as the launcher does
-            os._exit(launcher._fail(_policy.EXIT_SETUP_FAILED,
-                                    f"setup failed: unexpected {type(exc).__name__}: {exc}; "
-                                    f"refusing to run {argv0!r} unconfined"))
+        code = launcher.confine_or_refuse(launch.request, launch.fault)
     finally:
         sys.path = saved
+    if code is not None:
+        os._exit(code)
 
 
 def run(req: dict[str, Any], received: list[int], startup: Startup, err_fd: int) -> NoReturn:
@@ -236,7 +215,7 @@ def _run(req: dict[str, Any], received: list[int], startup: Startup, err: list[i
     _set_limits(req.get("rlimits") or [])
     try:
         launch = plan.split_launch(argv, startup.python, startup.boot)
-    except _policy.UsageError as exc:
+    except sandbox.UsageError as exc:
         launch = None
         usage = str(exc)
     _new_stdio(startup)
@@ -267,7 +246,7 @@ def _run(req: dict[str, Any], received: list[int], startup: Startup, err: list[i
     except OSError as exc:
         if sandboxed:
             os._exit(_fail_launch(f"exec failed: {command[0]!r}: {exc.strerror or exc}",
-                                  _policy.EXIT_EXEC_FAILED))
+                                  sandbox.EXIT_EXEC_FAILED))
         raise _Refused(exc, f"cannot run {command[0]}", command[0]) from None
 
 
@@ -312,10 +291,8 @@ def _show_as(argv: list[str], env: Mapping[str, str]) -> bool:
     return True
 
 
-def _fail_launch(message: str, code: int = _policy.EXIT_SETUP_FAILED) -> int:
-    import oarbank_sdk.sandbox.launch as launcher
-
-    return launcher._fail(code, message)
+def _fail_launch(message: str, code: int = sandbox.EXIT_SETUP_FAILED) -> int:
+    return launcher.refuse(code, message)
 
 
 def _run_in_place(script: str, argv: list[str], command: list[str], env: Mapping[str, str],

@@ -4,7 +4,7 @@ Two questions, answered from the argv alone:
 
 - ``split_launch``: is the argv the sandbox launcher's (``procs.launch_argv`` put it there)?
   Then the factory confines the child itself, with the launcher's own parsed request and code
-  (``oarbank_sdk.sandbox._linux.confine``), and goes on with the command after ``--``: the
+  (``oarbank_sdk.sandbox.launch.confine_or_refuse``), and goes on with the command after ``--``: the
   same walls, without a second interpreter start.
 - ``in_place``: is the command ``python -I script.py ...`` with the factory's own interpreter,
   and a locale that gives the same start-up as the factory's? Then the script can run in the
@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from oarbank_sdk.sandbox import _policy
+from oarbank_sdk import sandbox
 
 __all__ = ["LaunchPlan", "split_launch", "in_place", "LOCALE_VARS"]
 
@@ -35,7 +35,7 @@ class LaunchPlan:
     (what its Landlock read grants are computed from); None for the ``-m`` form."""
 
     command: tuple[str, ...]
-    request: _policy.LaunchRequest | None = None
+    request: sandbox.LaunchRequest | None = None
     fault: str | None = None
     boot_dirs: tuple[str, str] | None = None
 
@@ -43,12 +43,12 @@ class LaunchPlan:
 def split_launch(argv: Sequence[str], python: str, boot: str) -> LaunchPlan:
     """``[env FAULT=v] <python> -I (-m launcher | -S -c <boot> d1 d2) OPTIONS -- CMD...``
     -> the parsed launch; any other argv -> run as is. ``boot``: the launcher's ``-c`` code.
-    Raises ``_policy.UsageError`` for a launcher argv whose options do not parse (the launcher
+    Raises ``sandbox.UsageError`` for a launcher argv whose options do not parse (the launcher
     would exit 70 on them)."""
     args = list(argv)
     fault = None
     if (len(args) > 2 and args[0].rsplit("/", 1)[-1] == "env"
-            and args[1].startswith(_policy.FAULT_ENV + "=")):
+            and args[1].startswith(sandbox.FAULT_ENV + "=")):
         fault = args[1].partition("=")[2] or None
         args = args[2:]
     if not args or args[0] != python:
@@ -62,7 +62,7 @@ def split_launch(argv: Sequence[str], python: str, boot: str) -> LaunchPlan:
         opts = rest[6:]
     else:
         return LaunchPlan(tuple(argv))
-    request = _policy.parse_launch_args(opts)
+    request = sandbox.parse_launch_args(opts)
     return LaunchPlan(tuple(request.argv), request, fault, dirs)
 
 

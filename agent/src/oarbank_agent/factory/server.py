@@ -24,9 +24,10 @@ import subprocess
 import sys
 from typing import Any
 
+from oarbank_sdk import sandbox
 from oarbank_sdk.protocol import current_transport
 
-from . import child, filters, selfconfine, wire
+from . import child, selfconfine, wire
 
 __all__ = ["main"]
 
@@ -44,19 +45,7 @@ def _preload(guard_pid: int) -> None:
     import pkgutil  # noqa: F401  (runpy.run_path imports it on each call otherwise)
     import runpy  # noqa: F401
 
-    if sys.platform.startswith("linux"):
-        import oarbank_sdk.sandbox.launch  # noqa: F401
-        from oarbank_sdk.sandbox import _landlock, _linux, _notify  # noqa: F401
-
-        with contextlib.suppress(ImportError, OSError):
-            _linux._import_pyseccomp()
-        filters.prebuild(_linux, (guard_pid,))
-
-
-def _boot() -> str:
-    from oarbank_sdk import sandbox
-
-    return str(getattr(sandbox, "_BOOT", ""))
+    sandbox.preload((guard_pid,))
 
 
 class Factory:
@@ -159,8 +148,7 @@ def main(argv: list[str]) -> int:
     transport = current_transport()
     sock = transport.open_stream(transport.parse(argv[0]))
     sock.setblocking(True)
-    boot = _boot()
-    startup = child.capture(boot, _launcher_sys_path() if boot else [])
+    startup = child.capture(sandbox.LAUNCHER_BOOT, _launcher_sys_path())
     startup.sys_path = startup_path
     _preload(os.getppid())  # the agent: every launch guards it (sandboxing.SandboxPolicy)
     if "--confine" in argv[1:]:

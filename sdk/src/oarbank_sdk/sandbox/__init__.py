@@ -7,6 +7,15 @@ Public API::
     available() -> bool                         # the launcher can confine a child here
     EXIT_SETUP_FAILED = 70, EXIT_EXEC_FAILED = 71
 
+For whoever starts and watches confined children (the agent, its process factory)::
+
+    parse_launch_args(args) -> LaunchRequest    # the launcher's options (UsageError if bad)
+    LAUNCHER_BOOT                               # the launcher's ``-c`` code in ``wrap``'s argv
+    preload(guard_pids)                         # a forking parent: imports and filters, once
+    landlock_abi() -> int                       # the kernel's Landlock ABI (0: none)
+    notify_probe() -> str | None                # None: network attempts can be watched here
+    notify_session(sock, record) -> NotifySession   # one launch's watch, driven by its owner
+
 The launcher is ``python -I -m oarbank_sdk.sandbox.launch [--net none] -- ARGV...`` (``wrap``
 uses an equivalent site-less ``-I -S -c`` form that starts faster); see
 ``launch`` for its behaviour and exit codes, ``_policy`` for exactly what is refused and why,
@@ -34,12 +43,19 @@ from ._policy import (
     SIGNAL_MODES,
     UNAVAILABLE,
     WALL_GAPS,
+    LaunchRequest,
+    UsageError,
     derive_capabilities,
+    parse_launch_args,
 )
 
 TYPE_CHECKING = False  # not `typing`: the launcher imports this package on every start
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    import socket
+    from collections.abc import Callable, Iterable
+
+    from ._notify import Attempt
+    from ._notify import Session as NotifySession
 
 __all__ = [
     "wrap",
@@ -54,6 +70,14 @@ __all__ = [
     "FAULT_ENV",
     "WALL_GAPS",
     "gpu_devices",
+    "LaunchRequest",
+    "UsageError",
+    "parse_launch_args",
+    "LAUNCHER_BOOT",
+    "preload",
+    "landlock_abi",
+    "notify_probe",
+    "notify_session",
 ]
 
 _PROBE_TIMEOUT_S = 30.0
@@ -62,8 +86,9 @@ _cached: dict[str, str] | None = None
 
 
 # The launcher runs with -S (no site: it is the bulk of an interpreter start, ~100 ms on a
-# loaded machine) and gets the two folders it imports from as its first two arguments.
-_BOOT = (
+# loaded machine) and gets the two folders it imports from as its first two arguments. Public:
+# the agent's process factory recognises a launcher argv by it.
+LAUNCHER_BOOT = (
     "import sys;sys.path.insert(0,sys.argv.pop(1));sys.path.append(sys.argv.pop(1));"
     "from oarbank_sdk.sandbox.launch import main;sys.exit(main())"
 )
@@ -127,7 +152,7 @@ def launcher_argv(*, net: str = "none", python: str | None = None,
     dirs = _import_dirs()
     if dirs is None:
         return [exe, "-I", "-m", "oarbank_sdk.sandbox.launch", *opts, "--"]
-    return [exe, "-I", "-S", "-c", _BOOT, *dirs, *opts, "--"]
+    return [exe, "-I", "-S", "-c", LAUNCHER_BOOT, *dirs, *opts, "--"]
 
 
 def wrap(argv: list[str], *, net: str = "none", notify_fd: int | None = None,
@@ -206,3 +231,37 @@ def available() -> bool:
     if sys.platform == "darwin":
         return caps["macos_seatbelt"] == ENFORCED
     return all(caps[name] == ENFORCED for name in ("no_new_privs", "seccomp_listen", "seccomp_socket"))
+
+
+def preload(guard_pids: Iterable[int] = ()) -> None:
+    """For a process that forks children which then confine themselves (the agent's process
+    factory): import what a launch imports and build its seccomp filters for ``guard_pids`` now,
+    once; each child uses its inherited copy instead of doing both again."""
+    if sys.platform.startswith("linux"):
+        from . import _landlock, _linux, _notify, launch  # noqa: F401  (imported: that is the point)
+
+        _linux.prebuild(tuple(int(p) for p in guard_pids))
+
+
+def landlock_abi() -> int:
+    """The Landlock ABI version of this kernel (0: no Landlock)."""
+    from ._landlock import abi
+
+    return abi()
+
+
+def notify_probe() -> str | None:
+    """None when network attempts of a confined child can be watched here (one real launch with
+    a watch), else why not: the filter still refuses them, nobody counts them."""
+    from ._notify import probe
+
+    return probe()
+
+
+def notify_session(sock: socket.socket, record: Callable[[Attempt], None]) -> NotifySession:
+    """The supervision of one launch with ``--notify-fd``, driven by its owner's event loop:
+    ``sock`` is the supervisor's end of the pair, ``record`` gets each attempt (see
+    ``_notify.Session`` for the calls the owner makes)."""
+    from ._notify import Session
+
+    return Session(sock, record)

@@ -18,7 +18,7 @@ import sys
 import tempfile
 import time
 
-from . import _BOOT, _import_dirs, wrap
+from . import LAUNCHER_BOOT, _import_dirs, wrap
 
 __all__ = ["measure"]
 
@@ -31,7 +31,7 @@ def measure(n: int = 10, old_src: str | None = None) -> dict[str, float]:
                 "sandboxed": wrap(child, read=[read], write=[write], guard_pids=[os.getpid()])}
         dirs = _import_dirs()
         if old_src and dirs:
-            runs["old"] = [sys.executable, "-I", "-S", "-c", _BOOT, old_src, dirs[1],
+            runs["old"] = [sys.executable, "-I", "-S", "-c", LAUNCHER_BOOT, old_src, dirs[1],
                            "--net", "none", "--", *child]
         times: dict[str, list[float]] = {k: [] for k in runs}
         for _ in range(n):

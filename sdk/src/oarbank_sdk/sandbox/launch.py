@@ -28,19 +28,39 @@ import sys
 
 from . import _policy
 
-__all__ = ["main"]
+__all__ = ["main", "refuse", "confine_or_refuse", "received_environ"]
 
 _NAME = "oarbank-sandbox"
 
 
-def _fail(code: int, message: str) -> int:
+def refuse(code: int, message: str) -> int:
+    """Say why on stderr as the launcher does and return ``code`` (the exit status to use)."""
     # One line, whatever the message holds, so the agent can show it as a reason.
     sys.stderr.write(f"{_NAME}: {' '.join(message.split())}\n")
     sys.stderr.flush()
     return code
 
 
-def _received_environ() -> dict[str, str]:
+def confine_or_refuse(request: _policy.LaunchRequest, fault: str | None) -> int | None:
+    """Confine this process (Linux) as ``request`` says. None: confined; else the exit status
+    (70) after the one-line refusal: ``request.argv`` must not run. The agent's process factory
+    confines its forked children with this too, so both paths refuse alike."""
+    from ._linux import SetupError, confine
+
+    argv0 = request.argv[0]
+    try:
+        confine(request.net, fault, request.notify_fd, request)
+    except SetupError as exc:
+        return refuse(_policy.EXIT_SETUP_FAILED,
+                      f"setup failed: {exc}; refusing to run {argv0!r} unconfined")
+    except Exception as exc:  # a bug or a broken binding is a setup failure too: fail closed
+        return refuse(_policy.EXIT_SETUP_FAILED,
+                      f"setup failed: unexpected {type(exc).__name__}: {exc}; "
+                      f"refusing to run {argv0!r} unconfined")
+    return None
+
+
+def received_environ() -> dict[str, str]:
     """The environment exactly as the launcher was given it, for the child.
 
     Not ``os.environ``: the interpreter adds to it at startup (PEP 538 locale coercion sets
@@ -65,47 +85,36 @@ def main(args: list[str] | None = None) -> int:
     try:
         request = _policy.parse_launch_args(sys.argv[1:] if args is None else args)
     except _policy.UsageError as exc:
-        return _fail(_policy.EXIT_SETUP_FAILED, f"setup failed: {exc}")
+        return refuse(_policy.EXIT_SETUP_FAILED, f"setup failed: {exc}")
     argv = list(request.argv)
     fault = os.environ.get(_policy.FAULT_ENV) or None
 
     if sys.platform.startswith("linux"):
-        from ._linux import SetupError, confine
-
-        try:
-            confine(request.net, fault, request.notify_fd, request)
-        except SetupError as exc:
-            return _fail(
-                _policy.EXIT_SETUP_FAILED, f"setup failed: {exc}; refusing to run {argv[0]!r} unconfined"
-            )
-        except Exception as exc:  # a bug or a broken binding is a setup failure too: fail closed
-            return _fail(
-                _policy.EXIT_SETUP_FAILED,
-                f"setup failed: unexpected {type(exc).__name__}: {exc}; "
-                f"refusing to run {argv[0]!r} unconfined",
-            )
+        code = confine_or_refuse(request, fault)
+        if code is not None:
+            return code
     elif sys.platform == "darwin":
         from . import _seatbelt
 
         if fault is not None or not os.access(_seatbelt.SANDBOX_EXEC, os.X_OK):
             why = f"forced by {_policy.FAULT_ENV}" if fault else f"{_seatbelt.SANDBOX_EXEC} not found"
-            return _fail(
+            return refuse(
                 _policy.EXIT_SETUP_FAILED, f"setup failed: {why}; refusing to run {argv[0]!r} unconfined"
             )
         writable = [os.getcwd()] + ([os.environ["TMPDIR"]] if os.environ.get("TMPDIR") else [])
         # sandbox-exec itself refuses to run ARGV when the profile does not compile.
         argv = _seatbelt.command(argv, writable=[os.path.realpath(p) for p in writable])
     else:
-        return _fail(
+        return refuse(
             _policy.EXIT_SETUP_FAILED,
             f"setup failed: no sandbox on platform {sys.platform}; refusing to run {argv[0]!r} unconfined",
         )
 
     sys.stdout.flush()
     try:
-        os.execvpe(argv[0], argv, _received_environ())
+        os.execvpe(argv[0], argv, received_environ())
     except OSError as exc:
-        return _fail(_policy.EXIT_EXEC_FAILED, f"exec failed: {argv[0]!r}: {exc.strerror or exc}")
+        return refuse(_policy.EXIT_EXEC_FAILED, f"exec failed: {argv[0]!r}: {exc.strerror or exc}")
     return _policy.EXIT_EXEC_FAILED  # not reached: execvp returns only by raising
 
 
