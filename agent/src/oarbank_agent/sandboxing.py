@@ -49,14 +49,13 @@ from typing import Any
 from oarbank_sdk import sandbox
 
 __all__ = ["MODES", "SandboxPolicy", "SandboxUnavailable", "resolve", "install", "current",
-           "launcher_failure", "LAUNCHER_PREFIX", "Walls", "runner_walls", "service_walls",
+           "launcher_failure", "Walls", "runner_walls", "service_walls",
            "set_undumpable", "REQUIRED_LINUX", "SANDBOX_ESCAPE"]
 
 log = logging.getLogger("oarbank_agent.sandbox")
 SANDBOX_ESCAPE = "sandbox_escape"  # the failure reason of a group with an unconfined process
 
 MODES = ("auto", "required", "off")
-LAUNCHER_PREFIX = "oarbank-sandbox: "  # the launcher's one stderr line when it refuses
 
 # What must hold for a child's only connections to be those the agent hands it.
 _ENDPOINT_CAPS_LINUX = ("no_new_privs", "seccomp_listen", "seccomp_socket", "seccomp_bind_connect")
@@ -234,8 +233,8 @@ def launcher_failure(rc: int | None, output: str) -> str | None:
     if rc not in (sandbox.EXIT_SETUP_FAILED, sandbox.EXIT_EXEC_FAILED) or not _current.enforce:
         return None
     for line in reversed(output.splitlines()):
-        if line.startswith(LAUNCHER_PREFIX):
-            what = line[len(LAUNCHER_PREFIX):].strip()
+        if line.startswith(sandbox.LAUNCHER_PREFIX):
+            what = line[len(sandbox.LAUNCHER_PREFIX):].strip()
             kind, _, detail = what.partition(": ")
             if kind not in ("setup failed", "exec failed"):
                 continue

@@ -11,6 +11,7 @@ For whoever starts and watches confined children (the agent, its process factory
 
     parse_launch_args(args) -> LaunchRequest    # the launcher's options (UsageError if bad)
     LAUNCHER_BOOT                               # the launcher's ``-c`` code in ``wrap``'s argv
+    LAUNCHER_PREFIX                             # starts the launcher's one refusal line
     preload(guard_pids)                         # a forking parent: imports and filters, once
     landlock_abi() -> int                       # the kernel's Landlock ABI (0: none)
     notify_probe() -> str | None                # None: network attempts can be watched here
@@ -39,6 +40,7 @@ from ._policy import (
     EXIT_SETUP_FAILED,
     FAULT_ENV,
     GPU_DEVICES_GLOBS,
+    LAUNCHER_PREFIX,
     NET_MODES,
     SIGNAL_MODES,
     UNAVAILABLE,
@@ -74,6 +76,7 @@ __all__ = [
     "UsageError",
     "parse_launch_args",
     "LAUNCHER_BOOT",
+    "LAUNCHER_PREFIX",
     "preload",
     "landlock_abi",
     "notify_probe",

@@ -31,6 +31,8 @@ __all__ = [
 # status is the child's: the launcher execs it, so it has the launcher's pid.
 EXIT_SETUP_FAILED = 70
 EXIT_EXEC_FAILED = 71
+# What starts the launcher's one stderr line when it refuses (exit 70 or 71).
+LAUNCHER_PREFIX = "oarbank-sandbox: "
 
 # Test hook, read ONLY by the launcher. Every accepted value makes setup fail (exit 70), so the
 # hook can never weaken confinement, only prove that the refusal path is real:

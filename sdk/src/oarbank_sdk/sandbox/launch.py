@@ -30,13 +30,11 @@ from . import _policy
 
 __all__ = ["main", "refuse", "confine_or_refuse", "received_environ"]
 
-_NAME = "oarbank-sandbox"
-
 
 def refuse(code: int, message: str) -> int:
     """Say why on stderr as the launcher does and return ``code`` (the exit status to use)."""
     # One line, whatever the message holds, so the agent can show it as a reason.
-    sys.stderr.write(f"{_NAME}: {' '.join(message.split())}\n")
+    sys.stderr.write(f"{_policy.LAUNCHER_PREFIX}{' '.join(message.split())}\n")
     sys.stderr.flush()
     return code
 
