@@ -96,7 +96,11 @@ def test_the_agent_says_which_limits_it_enforces_and_enforces_them(start_agent,
         assert f"{name} (" in lines[0]
         if state == "unavailable":  # said, with why: never a silent no-op
             assert report[name]["why"] and report[name]["why"] in lines[0]
-            assert "WARNING" in lines[0]
+            # ... and a WARNING for the stage that asks for it (none for a limit nobody asks)
+            key = {"memory.max": "mem_gb = 0.125", "cpu.max": "cpu = 0.5"}[name]
+            warned = [ln for ln in agent.log().splitlines() if "WARNING" in ln
+                      and f"stage small: requires.resources.{key} is not enforced" in ln]
+            assert len(warned) == 1 and report[name]["why"] in warned[0], agent.log()
     assert agent.run_job("small", {"alloc_mb": 16})["state"] == "succeeded"
     if report["memory.max"]["state"] != "enforced":
         pytest.skip(f"this kernel gives the agent no memory controller "

@@ -117,6 +117,7 @@ class Agent:
         self.broker = Broker(self.supervisor, channels=channels)
         self.admission = Admission()
         self.modules: dict[str, ModuleCtx] = {}
+        self._limits_known = False  # resource limits are set up at run(): warned from then
         self.refused: dict[str, str] = {}  # a refused module's names -> why (load_modules)
         # each refused module once (its id, or its folder when the manifest is invalid) -> why:
         # `status` lists them, so nobody has to find the line the agent printed at start
@@ -170,6 +171,10 @@ class Agent:
 
     # --- modules --------------------------------------------------------------------------
 
+    def _warn_unmet_limits(self, ctx: ModuleCtx) -> None:
+        for line in resourcelimits.unmet(resourcelimits.current(), ctx.manifest):
+            log.warning("%s", line)
+
     def load_modules(self, specs: list[ModuleSpec], *, adding: bool = False) -> list[str]:
         """Load every module it can; an invalid one is refused with the checker's messages.
         A module removed here (module remove) is not loaded unless ``adding`` (module add).
@@ -207,6 +212,8 @@ class Agent:
                                f"{self.modules[ctx.id].manifest.bundle}")
                 continue
             self.modules[ctx.id] = ctx
+            if self._limits_known:  # (at start: once run() knows what is enforced)
+                self._warn_unmet_limits(ctx)
             if ctx.manifest.runner is not None:  # its jobs run until a doctor says otherwise
                 self.admission.set_capacity(runnerhealth.pool_key(ctx.id), 1)
             for rt in self.supervisor.add_module(ctx):
@@ -325,6 +332,9 @@ class Agent:
         box = containment.current()  # one line: which resource limits are enforced here
         resourcelimits.install(resourcelimits.setup(box.base if box.enabled else None,
                                                     box.note))
+        self._limits_known = True
+        for ctx in self.modules.values():
+            self._warn_unmet_limits(ctx)
         if self.fault == faults.KEEP_PREDECESSOR_GROUPS:
             kept: dict[str, procs.GroupRecord] = {}  # fault injection: nothing is ended
         else:

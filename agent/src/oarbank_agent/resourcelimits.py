@@ -14,8 +14,9 @@ done (the controller is not offered to the agent's cgroup v2 tree, as on hybrid 
 or the agent's own cgroup holds processes that are not the agent's: run it in a cgroup of its
 own; the agent and its children are moved into ``<own>/agent`` first, as systemd asks of a
 delegated service, since a cgroup that gives controllers to its children holds no process),
-reports the wall as ``unavailable`` with why, once at start (a WARNING) and in ``status``
-(``resource_limits``): ``mem_gb`` and ``cpu`` are then admission figures only, never silently.
+reports the wall as ``unavailable`` with why, once at start and in ``status``
+(``resource_limits``): ``mem_gb`` and ``cpu`` are then admission figures only, never silently:
+each loaded stage that asks for one gets a WARNING naming it (``unmet``).
 
 Pure: ``stage_limits`` (the files and values for a stage), ``oom_kills`` (a ``memory.events``
 file's ``oom_kill`` count), ``oom_reason``. Thin I/O: ``setup``, ``write``, ``oom_fault``.
@@ -32,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["CONTROLLERS", "CPU_PERIOD_US", "Limits", "current", "install", "oom_fault",
-           "oom_kills", "oom_reason", "setup", "stage_limits", "write"]
+           "oom_kills", "oom_reason", "setup", "stage_limits", "unmet", "write"]
 
 log = logging.getLogger("oarbank_agent.resourcelimits")
 
@@ -185,8 +186,23 @@ def setup(base: Path | None, why_no_cgroups: str) -> Limits:
         room = _make_room(chain[0]) if _offered_not_enabled(chain[0]) else None
         limits = Limits({c: why for c in CONTROLLERS
                          if (why := room or _enable(c, chain)) is not None})
-    log.log(logging.WARNING if limits.missing else logging.INFO, "%s", limits.line())
+    # INFO: a limit nobody asks for is no problem; ``unmet`` warns for each stage that asks.
+    log.info("%s", limits.line())
     return limits
+
+
+def unmet(limits: Limits, manifest: Any) -> list[str]:
+    """One line per stage of ``manifest`` that asks for a limit not enforced here (its
+    ``mem_gb``/``cpu`` then count for admission only)."""
+    out = []
+    for st in manifest.stages:
+        asked = {"memory": st.mem_gb, "cpu": st.cpu}
+        for c, value in asked.items():
+            if value is not None and c in limits.missing:
+                out.append(f"{manifest.id} stage {st.name}: {CONTROLLERS[c][1]} = {value:g} "
+                           f"is not enforced here ({CONTROLLERS[c][0]} unavailable: "
+                           f"{limits.missing[c]}); it counts for admission only")
+    return out
 
 
 def write(cg: Path, files: dict[str, str]) -> None:

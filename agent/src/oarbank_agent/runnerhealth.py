@@ -7,9 +7,10 @@ What a doctor said (``judge``, pure):
 - a JSON object with ``"ok"`` anything else, or exit non-zero with such an object, or no
   answer within ``DOCTOR_TIMEOUT_S``: **unhealthy**, with the runner's own reason (its
   ``reason``, ``detail``, ``problems`` or ``error``, as written);
-- no JSON object with an ``ok`` at all (a runner that does not speak ``doctor --json``):
-  **undetected**, as a fingerprint's ``undetected`` health: its jobs run, and ``status`` says
-  its health is not known and why.
+- no JSON object with an ``ok`` at all (a runner that does not speak ``doctor --json``), or a
+  doctor the sandbox could not start (the node's fault, not the runner's): **undetected**,
+  as a fingerprint's ``undetected`` health: its jobs run, and ``status`` says its health is
+  not known and why.
 
 An unhealthy runner's module gets no new admissions: every job of it needs the pseudo pool
 ``pool_key`` (capacity 1, 0 while unhealthy), and a job that waits for it says the runner's
@@ -143,7 +144,9 @@ async def doctor(ctx: ModuleCtx, node: NodeInfo, registry: procs.ProcessRegistry
     refused = sandboxing.launcher_failure(rc, logtail.read_tail(work / "doctor.err")) \
         if rc is not None else None
     if refused is not None:
-        return RunnerHealth("unhealthy", f"doctor --json: {refused}", now)
+        # The node's sandbox failed, not the runner: no verdict on the runner. Its jobs are
+        # not held back; each fails with this same sandbox reason, as without a doctor.
+        return RunnerHealth("undetected", f"doctor --json could not start: {refused}", now)
     health, why = judge(rc, last_json_object(raw.decode("utf-8", errors="replace")),
                         logtail.read_tail(work / "doctor.err"), timeout_s)
     return RunnerHealth(health, why, now)
