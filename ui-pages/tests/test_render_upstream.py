@@ -10,8 +10,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from oarbank_sdk.page_forms import Target
 from oarbank_sdk.manifest import load
+from oarbank_sdk.page_forms import Target
 from oarbank_ui.app import link_resolver
 from oarbank_ui.html import Templates
 from oarbank_ui.modules import PortalModule

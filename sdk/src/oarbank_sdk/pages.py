@@ -20,10 +20,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .page_forms import kv_item, link_target
 from ._page_refs import reference_problems
 from .manifest.model import Manifest, Problem
 from .manifest.reader import MISSING, Reader, describe, join
+from .page_forms import kv_item, link_target
 
 __all__ = [
     "COLUMN_TYPES",

@@ -35,8 +35,8 @@ from importlib import resources
 from typing import Any
 from urllib.parse import quote, unquote, urlencode
 
-from oarbank_sdk.page_forms import Target
 from oarbank_sdk.manifest import UiEntry
+from oarbank_sdk.page_forms import Target
 
 from . import uicontract
 from .heartbeat import HeartbeatError, parse_heartbeat

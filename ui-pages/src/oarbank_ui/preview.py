@@ -20,8 +20,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from oarbank_sdk.page_forms import Target
 from oarbank_sdk.manifest import load
+from oarbank_sdk.page_forms import Target
 
 from .fixture_times import resolve_rows
 from .html import Templates, clock_text
