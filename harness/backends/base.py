@@ -14,7 +14,7 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from harness.procs import ProcInfo
 
@@ -48,6 +48,9 @@ class Node(ABC):
     # without one); written to root/portal.token (0600) for --portal-token-file
     jobs: list[str] = field(default_factory=list)  # every job id submitted through the node
     agent_starts: int = 0
+    # What runs the agent, when something does (VM: "systemd", whose unit ends a crashed
+    # agent's cgroup and restarts it); None: the harness alone.
+    supervisor: ClassVar[str | None] = None
 
     @property
     def state_dir(self) -> Path:

@@ -18,10 +18,11 @@ systemd end what is left of the unit's cgroup (KillMode=mixed) and restart it af
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from harness.backends.base import Backend, CliResult, Node, NodeError, copy_modules
 from harness.procs import ProcInfo
@@ -46,6 +47,10 @@ VM_RELEASES = ("bookworm",)
 DROP_IN = f"/etc/systemd/system/{AGENT_UNIT}.d/harness.conf"
 CGROUP = f"/system.slice/{AGENT_UNIT}"
 START_WAIT_S = 300.0  # the agent's start under TCG (its sandbox probe, Python's imports)
+# Between two `status` calls: each is an interpreter start and the agent's imports, seconds of
+# emulated CPU; polled back to back they would starve the agent's own ops, whose timeouts are
+# the contract's (fingerprint 5 s).
+STATUS_GAP_S = 2.0
 
 
 def exec_start(argv: list[str]) -> str:
@@ -95,8 +100,11 @@ def _show(text: str) -> dict[str, str]:
 
 @dataclass
 class VmNode(Node):
+    supervisor: ClassVar[str | None] = "systemd"
     machine: Machine | None = field(default=None, repr=False)
     main_pid: int = 0  # the agent this node started (systemd's MainPID then)
+    _status_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _status_end: float = 0.0
 
     # --- the guest ----------------------------------------------------------------------
 
@@ -145,9 +153,12 @@ class VmNode(Node):
         if token.is_file():
             self.push(token, mode=0o600, owner=AGENT_USER)  # the unit's user's, 0600
         self._control().write(DROP_IN, drop_in(argv).encode())
-        r = self._systemctl("daemon-reload")
-        if r.rc != 0:
-            raise NodeError(f"{self.node_id}: systemctl daemon-reload: {r}")
+        # Enabled as the agent README does: multi-user.target then wants it, so systemd keeps
+        # the unit loaded after it stops, with its main process's exit status.
+        for args in (("enable", "--no-reload", AGENT_UNIT), ("daemon-reload",)):
+            r = self._systemctl(*args)
+            if r.rc != 0:
+                raise NodeError(f"{self.node_id}: systemctl {' '.join(args)}: {r}")
         r = self._systemctl("start", AGENT_UNIT)
         if r.rc != 0:
             raise NodeError(f"{self.node_id}: systemctl start {AGENT_UNIT}: {r}; "
@@ -185,9 +196,19 @@ class VmNode(Node):
     def cli(self, *args: str, timeout_s: float = 120.0) -> CliResult:
         """`oarbank-agent <args>` as the agent's user (the control socket admits no other)."""
         try:
-            return self._run(["runuser", "-u", AGENT_USER, "--", AGENT_EXE, *args], timeout_s)
+            return self._run(["setpriv", f"--reuid={AGENT_USER}", f"--regid={AGENT_USER}",
+                              "--init-groups", "--", AGENT_EXE, *args], timeout_s)
         except NodeError as exc:
             return CliResult(125, "", str(exc))
+
+    def status(self) -> dict[str, Any]:
+        """`status --json`, one call at a time and STATUS_GAP_S apart (see there)."""
+        with self._status_lock:
+            time.sleep(max(0.0, self._status_end + STATUS_GAP_S - time.monotonic()))
+            try:
+                return super().status()
+            finally:
+                self._status_end = time.monotonic()
 
     def processes(self) -> list[ProcInfo]:
         """Every process of the agent's user or in the unit's cgroup (the harness's own
@@ -234,7 +255,7 @@ class VmNode(Node):
         for name in ("agent.guest.log", "journal.log"):
             with contextlib.suppress(OSError):
                 parts.append(f"[{name}] " + (self.root / name).read_text(errors="replace")
-                             [-n // 2:])
+                             [-n:])
         return " ".join(parts) or "(no agent.log)"
 
     def started_note(self) -> str | None:

@@ -43,7 +43,9 @@ def agent_restart(ctx: Ctx) -> None:
     ctx.note("agent killed with SIGKILL while jobs used the service")
     survivors = [p for p in node.processes() if p.pid in old_pids]
     ctx.note(f"after the kill, {len(survivors)} old service process(es) still run"
-             + (" (orphans)" if survivors else " (the daemon exits on its channel's EOF)"))
+             + (" (orphans)" if survivors else
+                f" ({node.supervisor} ended the crashed agent's unit: its cgroup)"
+                if node.supervisor else " (the daemon exits on its channel's EOF)"))
 
     ctx.start(node)
     # The new agent ends the old group: none of its processes may remain.
@@ -51,7 +53,8 @@ def agent_restart(ctx: Ctx) -> None:
                  lambda: not [p for p in node.processes()
                               if p.pid in old_pids or (p.pgid in old_groups and p.pgid)],
                  30)
-    ctx.note("old service process group ended by the new agent")
+    ctx.note("old service process group ended" + (
+        f" (by {node.supervisor} or the new agent)" if node.supervisor else " by the new agent"))
 
     new_recs = submit_all(node, FAST, "generate", [{"prompts": [f"n{i}"]} for i in range(2)])
     ctx.check(all(r["state"] == "succeeded" for r in new_recs),

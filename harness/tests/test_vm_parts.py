@@ -34,7 +34,7 @@ def test_qemu_argv_has_no_network_and_serves_both_ports_on_unix_sockets(tmp_path
     assert "virtserialport,chardev=portal,name=oarbank.portal" in argv
     assert f"file={tmp_path}/p.img,format=raw,if=virtio,readonly=on" in argv
     assert argv[argv.index("-machine") + 1] == "pc,accel=tcg"
-    assert argv[argv.index("-cpu") + 1] == "max"
+    assert argv[argv.index("-cpu") + 1] == "qemu64"
     assert "systemd.hostname=node-1" in argv[argv.index("-append") + 1]
     kvm = qemu_argv(_spec(tmp_path, "kvm"))
     assert kvm[kvm.index("-machine") + 1] == "pc,accel=kvm"
