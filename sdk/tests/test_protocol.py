@@ -18,7 +18,8 @@ def test_the_public_names_are_the_private_modules_parts() -> None:
     assert wire is _wire
     assert protocol.Transport is _transport.Transport
     assert last_json_object is _opdoc.last_json_object
-    assert set(protocol.__all__) == {"wire", "Transport", "UnsupportedHandle",
+    assert protocol.MAX_HANDLES == _transport.MAX_HANDLES
+    assert set(protocol.__all__) == {"wire", "MAX_HANDLES", "Transport", "UnsupportedHandle",
                                      "current_transport", "last_json_object"}
 
 
