@@ -27,7 +27,7 @@ from pathlib import Path
 
 from harness.cache import cache_dir
 from harness.image import REPO, _wheels, source_hash
-from harness.rootfs import ensure_rootfs
+from harness.rootfs import BaseRootfs, ensure_rootfs
 
 __all__ = ["VM_PACKAGES", "AGENT_USER", "AGENT_UNIT", "AGENT_EXE", "STATE_DIR", "LOG_FILE",
            "NODE_DIR", "NodeDisks", "guest_files", "system_key", "project_key", "ensure_disks",
@@ -157,12 +157,26 @@ def _set_up_system(work: Path, files: dict[str, bytes]) -> None:
         (work / d).chmod(0o755)
 
 
-def _install_project(work: Path, deps: Path, ours: Path) -> None:
-    """/opt/oarbank/venv in a chroot of the node's root, offline, from the host's wheels."""
+def _stage_wheels(python: str, srchash: str, stage: Path) -> str:
+    """Copy the project's wheels (harness.image's, made on the host) into `stage`; the name
+    of the dependencies' set. Under the container images' lock: a build of theirs may
+    replace the wheels of older sources meanwhile."""
+    import fcntl
+
+    with open(cache_dir() / "image.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        deps, ours = _wheels(python, srchash)
+        shutil.rmtree(stage, ignore_errors=True)
+        shutil.copytree(deps, stage / "deps")
+        shutil.copytree(ours, stage / "ours")
+    return deps.name
+
+
+def _install_project(work: Path, staged: Path) -> None:
+    """/opt/oarbank/venv in a chroot of the node's root, offline, from the staged wheels."""
     stage = work / "tmp" / "oarbank-wheels"
     shutil.rmtree(stage, ignore_errors=True)
-    shutil.copytree(deps, stage / "deps")
-    shutil.copytree(ours, stage / "ours")
+    shutil.copytree(staged, stage)
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", "LANG": "C.UTF-8",
            "PIP_CONFIG_FILE": "/dev/null", "PIP_DISABLE_PIP_VERSION_CHECK": "1",
            "PIP_NO_INDEX": "1"}
@@ -194,10 +208,24 @@ def _ensure_disks(release: str) -> NodeDisks:
     files = guest_files()
     skey = system_key(rootfs.key, files)
     srchash = source_hash()
-    deps, ours = _wheels(rootfs.python, srchash)
-    pkey = project_key(rootfs.key, deps.name, srchash)
     out = cache_dir() / "vm"
     out.mkdir(exist_ok=True)
+    work = out / f"build-{os.getpid()}"
+    staged = out / f"build-{os.getpid()}-wheels"
+    for d in (work, staged):
+        shutil.rmtree(d, ignore_errors=True)
+    try:
+        deps_name = _stage_wheels(rootfs.python, srchash, staged)
+        return _build(release, rootfs, files, skey, project_key(rootfs.key, deps_name, srchash),
+                      work, staged)
+    finally:
+        for d in (work, staged):
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def _build(release: str, rootfs: BaseRootfs, files: dict[str, bytes], skey: str, pkey: str,
+           work: Path, staged: Path) -> NodeDisks:
+    out = work.parent
     system = out / f"system-{release}-{skey}.img"
     kernel = out / f"vmlinuz-{release}-{skey}"
     initrd = out / f"initrd-{release}-{skey}.img"
@@ -205,33 +233,28 @@ def _ensure_disks(release: str) -> NodeDisks:
     built: dict[str, float | None] = {"system": None, "project": None}
     need_system = not (system.is_file() and kernel.is_file() and initrd.is_file())
     if need_system or not project.is_file():
-        work = out / f"build-{os.getpid()}"
-        shutil.rmtree(work, ignore_errors=True)
         work.mkdir()
-        try:
-            t0 = time.monotonic()
-            _run(["tar", "-xpf", str(rootfs.tarball), "--numeric-owner", "-C", str(work)],
-                 "extracting the rootfs")
-            if need_system:
-                _set_up_system(work, files)
-                kernels = sorted((work / "boot").glob("vmlinuz-*"))
-                initrds = sorted((work / "boot").glob("initrd.img-*"))
-                if not kernels or not initrds:
-                    raise RuntimeError(f"no kernel or initrd in the rootfs's /boot: "
-                                       f"{sorted(p.name for p in (work / 'boot').iterdir())}")
-                shutil.copyfile(kernels[-1], kernel)
-                shutil.copyfile(initrds[-1], initrd)
-                _mkfs(work, system, "oarbank-system", 1536)
-                built["system"] = time.monotonic() - t0
-                _log(f"system image {system.name} in {built['system']:.0f}s")
-            if not project.is_file():
-                t1 = time.monotonic()
-                _install_project(work, deps, ours)
-                _mkfs(work / "opt" / "oarbank", project, "oarbank-proj", 64)
-                built["project"] = time.monotonic() - t1
-                _log(f"project image {project.name} in {built['project']:.0f}s")
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
+        t0 = time.monotonic()
+        _run(["tar", "-xpf", str(rootfs.tarball), "--numeric-owner", "-C", str(work)],
+             "extracting the rootfs")
+        if need_system:
+            _set_up_system(work, files)
+            kernels = sorted((work / "boot").glob("vmlinuz-*"))
+            initrds = sorted((work / "boot").glob("initrd.img-*"))
+            if not kernels or not initrds:
+                raise RuntimeError(f"no kernel or initrd in the rootfs's /boot: "
+                                   f"{sorted(p.name for p in (work / 'boot').iterdir())}")
+            shutil.copyfile(kernels[-1], kernel)
+            shutil.copyfile(initrds[-1], initrd)
+            _mkfs(work, system, "oarbank-system", 1536)
+            built["system"] = time.monotonic() - t0
+            _log(f"system image {system.name} in {built['system']:.0f}s")
+        if not project.is_file():
+            t1 = time.monotonic()
+            _install_project(work, staged)
+            _mkfs(work / "opt" / "oarbank", project, "oarbank-proj", 64)
+            built["project"] = time.monotonic() - t1
+            _log(f"project image {project.name} in {built['project']:.0f}s")
     keep = {system.name, kernel.name, initrd.name, project.name}
     for old in out.glob(f"*-{release}-*"):  # superseded disks are never used again
         if old.name not in keep and not old.name.startswith("build-"):

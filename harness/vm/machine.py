@@ -8,6 +8,8 @@ has not gone, and removes the overlay and the sockets: nothing of the VM stays b
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -21,7 +23,15 @@ from harness.vm.qemu import VmSpec, qemu_argv
 
 __all__ = ["Machine", "BOOT_WAIT_S"]
 
+_PR_SET_PDEATHSIG = 1
 BOOT_WAIT_S = 600.0  # TCG on a loaded machine: far more than the ~30 s it takes alone
+
+
+def _die_with_parent() -> None:
+    """In QEMU's child before exec: SIGKILL when the harness dies, even by SIGKILL (its
+    own session keeps Ctrl-C for the harness, which stops every VM on its way out)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 @dataclass
@@ -48,7 +58,8 @@ class Machine:
         make_overlay(disks.system, spec.system_disk)
         with open(folder / "qemu.log", "ab") as log:
             m.proc = subprocess.Popen(qemu_argv(spec), stdin=subprocess.DEVNULL, stdout=log,
-                                      stderr=subprocess.STDOUT, start_new_session=True)
+                                      stderr=subprocess.STDOUT, start_new_session=True,
+                                      preexec_fn=_die_with_parent)
         procs.OWNED.add(m.proc.pid)
         try:
             m.control = Control(connect_unix(spec.control_socket, 60))
