@@ -29,6 +29,10 @@ from harness.cache import cache_dir
 __all__ = ["Engine", "EngineUnavailable", "engine_available", "start_engine"]
 
 
+# dockerd processes we started that other runs still use (Engine.close)
+_LEFT_RUNNING: list[subprocess.Popen[bytes]] = []
+
+
 class EngineUnavailable(RuntimeError):
     """No engine is running and none can be started here (not root, no dockerd...)."""
 
@@ -65,7 +69,11 @@ class Engine:
                 try:
                     fcntl.flock(users, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
-                    return  # another run still uses it: the last one stops it
+                    # Another run still uses it: the last one stops it. Our dockerd child is
+                    # kept referenced, so that no Popen.__del__ warns it is still running.
+                    if self.proc is not None:
+                        _LEFT_RUNNING.append(self.proc)
+                    return
                 self._stop_dockerd(d)
 
     def _stop_dockerd(self, d: Path) -> None:
