@@ -109,8 +109,8 @@ class Node(ABC):
             if self.portal_token:
                 token_file = self.root / "portal.token"
                 fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-                with os.fdopen(fd, "w") as f:
-                    f.write(self.portal_token + "\n")
+                with os.fdopen(fd, "w") as token_out:
+                    token_out.write(self.portal_token + "\n")
                 argv += ["--portal-token-file", self.host_to_node(token_file)]
         argv += list(flags)
         self.state_dir.mkdir(parents=True, exist_ok=True)
