@@ -111,8 +111,8 @@ def test_service_dying_under_jobs_releases_them_and_connects_wait_for_the_new_ru
     ), history[0]
     assert "the runner then said: " in history[0]["reason"]
     # Connects made while it restarted waited for the new run: none refused.
-    outcomes = fresh_rec["result"]["payload"]["outcomes"]
     assert fresh_rec["state"] == "succeeded", fresh_rec
+    outcomes = fresh_rec["result"]["payload"]["outcomes"]
     assert not [o for o in outcomes if "error" in o], outcomes
     pids = [o["pid"] for o in outcomes if "pid" in o]
     assert pids[-1] != pids[0] and len(set(pids)) == 2, outcomes
