@@ -39,6 +39,11 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def default_scenarios() -> list[str]:
+    """What a run that names no scenario runs: every one but the opt-in ones."""
+    return [n for n, sc in SCENARIOS.items() if sc.opt_in is None]
+
+
 def main(argv: list[str] | None = None) -> int:
     import harness.scenarios  # noqa: F401  (registers the scenarios)
 
@@ -48,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
             stream.reconfigure(errors="replace")
     if args.list:
         for sc in SCENARIOS.values():
-            print(f"{sc.name:20} {sc.summary}")
+            print(f"{sc.name:20} {sc.summary}"
+                  + (f" [opt-in: {sc.opt_in}]" if sc.opt_in else ""))
         print("backends: " + ", ".join(BACKEND_NAMES))
         return 0
     if args.modules_dir is not None:
@@ -62,7 +68,12 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"python -m harness: {exc}", file=sys.stderr)
         return 2
-    names = args.scenario or list(SCENARIOS)
+    names = args.scenario or default_scenarios()
+    if not args.scenario:
+        for sc in SCENARIOS.values():
+            if sc.opt_in is not None:
+                print(f"[opt-in] {sc.name} not run (name it with --scenario {sc.name}): "
+                      f"{sc.opt_in}")
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:
         print(f"python -m harness: unknown scenario(s) {', '.join(unknown)}; known: "

@@ -62,18 +62,21 @@ class Scenario:
     # node's kernel lacks one, the cell fails saying so instead of passing on what it could
     # not show (harness.runner.missing_walls).
     walls: tuple[str, ...] = ()
+    # Run only when named (`--scenario NAME`), with why: a scenario that needs what only some
+    # backends' kernels give (and fails, saying so, on the others). The default run lists it.
+    opt_in: str | None = None
 
 
 SCENARIOS: dict[str, Scenario] = {}
 
 
 def scenario(name: str, summary: str, *, needs_portal: bool = False,
-             walls: tuple[str, ...] = ()
+             walls: tuple[str, ...] = (), opt_in: str | None = None
              ) -> Callable[[Callable[[Ctx], None]], Callable[[Ctx], None]]:
     def register(fn: Callable[[Ctx], None]) -> Callable[[Ctx], None]:
         if name in SCENARIOS:
             raise ValueError(f"scenario {name!r} registered twice")
-        SCENARIOS[name] = Scenario(name, summary, fn, needs_portal, walls)
+        SCENARIOS[name] = Scenario(name, summary, fn, needs_portal, walls, opt_in)
         return fn
 
     return register

@@ -30,3 +30,13 @@ def test_unknown_backend_and_scenario_exit_2_naming_what_is_known() -> None:
     r = _harness("--scenario", "nope")
     assert r.returncode == 2
     assert "unknown scenario(s) nope; known:" in r.stderr and "idle-stop" in r.stderr
+
+
+def test_opt_in_scenarios_run_only_when_named() -> None:
+    import harness.scenarios  # noqa: F401  (registers the scenarios)
+    from harness.cli import default_scenarios
+    from harness.scenario import SCENARIOS
+
+    assert SCENARIOS["oom-limit"].opt_in  # needs the memory controller: not on every kernel
+    assert "oom-limit" not in default_scenarios()
+    assert {"agent-restart", "idle-stop", "listener-refused", "yield"} <= set(default_scenarios())
