@@ -399,3 +399,46 @@ def test_a_drain_starts_no_new_attempt(start_agent, echo_module: Path) -> None:
     assert [h["outcome"] for h in rec["history"]] == ["retry"], rec["history"]
     assert not (a.state_dir / "jobs" / job / "a2").exists()
     a.stop()
+
+
+def test_an_agent_whose_starter_is_killed_stops_too(tmp_path: Path, echo_module: Path) -> None:
+    """A demo or test run killed from outside (a timeout's SIGKILL) leaves no agent running:
+    AgentProcess's agent gets SIGTERM when its starter dies, drains and ends what it started.
+    (One was found still running two hours after a demo test's timeout.)"""
+    starter = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\n"
+         "from pathlib import Path\n"
+         "from oarbank_agent.demo import AgentProcess\n"
+         "a = AgentProcess(Path(sys.argv[1]), [Path(sys.argv[2])], node_id='orphan-test',\n"
+         "                 extra_args=['--drain-s', '2'])\n"
+         "print(a.pid, flush=True)\n"
+         "time.sleep(600)\n", str(tmp_path / "state"), str(echo_module)],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert starter.stdout is not None
+        pid = int(starter.stdout.readline())
+        os.kill(pid, 0)  # running
+        starter.kill()
+        starter.wait(10)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            # a zombie until its parent (init, or a subreaper) reaps it also counts as gone
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+            time.sleep(0.2)
+        else:
+            os.killpg(pid, signal.SIGKILL)
+            raise AssertionError("the agent outlived its starter by 60 s")
+        assert "stopped: every service and job process ended" in \
+            (tmp_path / "agent.log").read_text()
+    finally:
+        if starter.poll() is None:
+            starter.kill()
+            starter.wait(10)
+        if starter.stdout is not None:
+            starter.stdout.close()

@@ -47,8 +47,18 @@ def find_example(name: str = "modelserver") -> Path:
                             "set OARBANK_EXAMPLES_DIR")
 
 
+def _stop_with_parent() -> None:
+    """In the agent's child, before exec (Linux): SIGTERM it when the process that started it
+    dies, so a demo or a test killed from outside (a timeout) leaves no agent behind."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None).prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
+
+
 class AgentProcess:
-    """A real ``oarbank-agent run`` in its own session; ``stop`` ends it and its group."""
+    """A real ``oarbank-agent run`` in its own session; ``stop`` ends it and its group. It
+    also stops (drains, then ends what it started) when the thread that started it dies."""
 
     def __init__(self, state_dir: Path, modules: list[Path],
                  settings: dict[str, Path] | None = None, node_id: str = "demo-node",
@@ -65,9 +75,10 @@ class AgentProcess:
         self.log_path = log_path or state_dir.parent / "agent.log"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")  # noqa: SIM115 (closed in stop())
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=self._log,
-                                     stdin=subprocess.DEVNULL, start_new_session=True,
-                                     env=env)
+        self.proc = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=self._log, stdin=subprocess.DEVNULL,
+            start_new_session=True, env=env,
+            preexec_fn=_stop_with_parent if sys.platform == "linux" else None)
         assert self.proc.stdout is not None
         # The agent prints one line once its control socket listens.
         import selectors
