@@ -20,6 +20,8 @@ import ctypes
 import os
 import sys
 
+from oarbank_sdk import sandbox
+
 __all__ = ["undumpable", "confine", "KEPT_CAPS"]
 
 _PR_SET_DUMPABLE = 4
@@ -53,12 +55,7 @@ def confine() -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
     if os.getuid() != 0:
         return  # nothing held to drop
-    try:
-        with open("/proc/sys/kernel/cap_last_cap") as f:
-            last = int(f.read())
-    except (OSError, ValueError):
-        last = 63
-    for cap in range(last + 1):
+    for cap in range(sandbox.last_capability() + 1):
         if cap not in KEPT_CAPS:
             libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0)  # EPERM without CAP_SETPCAP: harmless
     mask = sum(1 << c for c in KEPT_CAPS) & _held()  # never ask for one not held

@@ -79,6 +79,7 @@ __all__ = [
     "LAUNCHER_PREFIX",
     "preload",
     "landlock_abi",
+    "last_capability",
     "notify_probe",
     "notify_session",
 ]
@@ -244,6 +245,13 @@ def preload(guard_pids: Iterable[int] = ()) -> None:
         from . import _landlock, _linux, _notify, launch  # noqa: F401  (imported: that is the point)
 
         _linux.prebuild(tuple(int(p) for p in guard_pids))
+
+
+def last_capability() -> int:
+    """The highest capability number this kernel knows (63 when it does not say)."""
+    from ._linux import last_capability as last
+
+    return last()
 
 
 def landlock_abi() -> int:

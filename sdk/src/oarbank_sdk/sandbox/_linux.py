@@ -165,16 +165,20 @@ def _landlock(request: _policy.LaunchRequest) -> str:
     return _policy.ENFORCED
 
 
+def last_capability() -> int:
+    """The highest capability number this kernel knows (63 when it does not say)."""
+    try:
+        with open("/proc/sys/kernel/cap_last_cap") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 63
+
+
 def _drop_capabilities(libc: ctypes.CDLL) -> None:
     """No capability survives into the child: bounding set, ambient, permitted, effective,
     inheritable. Without CAP_SETPCAP (a non-root agent) the bounding set cannot shrink; nothing
     can raise it either (no_new_privs), and the verification accepts it only for non-root."""
-    try:
-        with open("/proc/sys/kernel/cap_last_cap") as f:
-            last = int(f.read())
-    except (OSError, ValueError):
-        last = 63
-    for cap in range(last + 1):
+    for cap in range(last_capability() + 1):
         libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0)  # EPERM without CAP_SETPCAP: checked later
     libc.prctl(_PR_SET_SECUREBITS, _SECUREBITS, 0, 0, 0)  # same
     libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
