@@ -3,21 +3,32 @@
 On Python < 3.12, ``asyncio.wait_for(event.wait(), t)`` swallows a ``cancel()`` that arrives
 in the same loop turn as ``event.set()`` (CPython gh-86296): a watcher loop woken and cancelled
 together (an attempt ends while the agent shuts down) then runs on, and the ``await`` on its
-task never returns. ``asyncio.wait`` reports the cancellation every time.
+task never returns. ``asyncio.wait`` reports the cancellation every time. ``result_within``
+is the same wait for any awaitable (a process's exit).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
+from typing import TypeVar
 
-__all__ = ["wait_event"]
+__all__ = ["result_within", "wait_event"]
+
+T = TypeVar("T")
 
 
-async def wait_event(event: asyncio.Event, timeout: float) -> bool:
-    """Wait up to ``timeout`` seconds for ``event``; True if it is set."""
-    waiter = asyncio.ensure_future(event.wait())
+async def result_within(aw: Awaitable[T], timeout: float) -> tuple[bool, T | None]:
+    """Await ``aw`` for up to ``timeout`` seconds: (True, its result), or (False, None) with
+    ``aw`` cancelled. A cancel of the caller is never lost."""
+    waiter = asyncio.ensure_future(aw)
     try:
         done, _ = await asyncio.wait({waiter}, timeout=timeout)
     finally:
         waiter.cancel()
-    return bool(done)
+    return (True, waiter.result()) if done else (False, None)
+
+
+async def wait_event(event: asyncio.Event, timeout: float) -> bool:
+    """Wait up to ``timeout`` seconds for ``event``; True if it is set."""
+    return (await result_within(event.wait(), timeout))[0]

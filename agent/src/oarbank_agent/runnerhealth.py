@@ -21,7 +21,6 @@ go on. The doctor runs like a runner (the runner's sandbox, a scratch workdir of
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
@@ -34,6 +33,7 @@ from oarbank_sdk import advice
 from oarbank_sdk.protocol import last_json_object
 
 from . import logtail, procs, sandboxing, waiting
+from .eventwait import result_within
 
 if TYPE_CHECKING:
     from .modules import ModuleCtx, NodeInfo
@@ -124,16 +124,11 @@ async def doctor(ctx: ModuleCtx, node: NodeInfo, registry: procs.ProcessRegistry
                                      refusal_key=f"{ctx.id} runner doctor")
         except OSError as exc:
             return RunnerHealth("unhealthy", f"doctor --json: cannot run {argv[0]}: {exc}", now)
-    rc: int | None = None
-    # asyncio.wait, not wait_for: on Python < 3.12 wait_for may swallow a cancel that comes
-    # in the turn the doctor exits (eventwait.py), and the refresh task would never end.
-    waiter = asyncio.ensure_future(proc.wait())
+    # Not wait_for: on Python < 3.12 it may swallow a cancel that comes in the turn the
+    # doctor exits (eventwait.py), and the refresh task would never end.
     try:
-        done, _ = await asyncio.wait({waiter}, timeout=timeout_s)
-        if done:
-            rc = waiter.result()
+        _, rc = await result_within(proc.wait(), timeout_s)
     finally:
-        waiter.cancel()
         await procs.end_group(proc.pid, 1.0)  # what it left goes too (also when cancelled)
         registry.remove(proc.pid)
     if rc is None:
