@@ -51,11 +51,14 @@ def test_a_service_that_never_says_it_is_polled(start_agent, echo_module: Path) 
     assert agent.run_job("echo", {"requests": 1})["state"] == "succeeded"
     assert not _events(agent, "said_ready")
     hello, ready = _events(agent, "hello")[0], _events(agent, "ready")[0]
-    polls = [e["t"] for e in read_jsonl(agent.module_data() / "events.jsonl")
-             if e["event"] == "op" and e["op"] == "ready"]
-    # Polled after the hello, and at least once after the daemon marked itself ready (the
-    # poll that answered true).
-    assert polls and min(polls) > hello and max(polls) > ready
+    log = read_jsonl(agent.module_data() / "events.jsonl")
+    polls = [e["t"] for e in log if e["event"] == "op" and e["op"] == "ready"]
+    said_ready = [e["t"] for e in log if e["event"] == "answer" and e["op"] == "ready"
+                  and e["ready"]]
+    # Polled after the hello, and answered true after the daemon marked itself ready (an
+    # op's "op" event is written as it starts, before it reads the marker: its answer's is
+    # the one to compare).
+    assert polls and min(polls) > hello and said_ready and max(said_ready) > ready
     assert "said on the channel" not in agent.log()
 
 

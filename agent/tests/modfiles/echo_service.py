@@ -150,6 +150,7 @@ def op(name: str) -> int:
         running = alive(pid)
         ready = running and read_pid("daemon.ready") == pid and not conf.get("never_ready")
         out = {"running": running, "ready": ready}
+        record("answer", op=name, ready=ready)  # (its time: after the marker was read)
     else:
         print(f"unknown op {name}", file=sys.stderr)
         return 2
@@ -199,8 +200,8 @@ def serve() -> int:
     time.sleep(float(conf.get("load_s", 0)))
     with open(data() / "loads", "a") as f:
         f.write(f"{os.getpid()}\n")
+    record("ready")  # before the marker: an op that reads the marker answers after this
     (data() / "daemon.ready").write_text(str(os.getpid()))
-    record("ready")
     for _ in range(int(conf.get("say_ready", 0)) if offered else 0):
         record("said_ready")
         ch.sendall(wire.encode(wire.Ready().to_wire()))
