@@ -31,6 +31,7 @@ from oarbank_sdk import advice
 from oarbank_sdk.protocol import last_json_object
 
 from . import logtail, procs, sandboxing, servicelog
+from .eventwait import result_within
 from .modules import ModuleCtx, NodeInfo
 
 __all__ = ["OP_TIMEOUTS", "OpResult", "run_op"]
@@ -104,9 +105,9 @@ async def run_op(ctx: ModuleCtx, node: NodeInfo, service: str, op: str, *,
     pgid = proc.pid
     rc: int | None
     try:
-        rc = await asyncio.wait_for(proc.wait(), timeout_s)
-    except asyncio.TimeoutError:
-        rc = None
+        # Not wait_for: on Python < 3.12 it may swallow a cancel that comes in the turn the op
+        # exits (eventwait.py), and a cancelled `ready` poll would go on polling for ever.
+        _, rc = await result_within(proc.wait(), timeout_s)
     except asyncio.CancelledError:
         await _end(registry, pgid)
         with contextlib.suppress(ProcessLookupError):
@@ -175,5 +176,4 @@ def _file_err(err_path: Path, log_path: Path, start: int = 0) -> str:
 
 
 async def _end(registry: procs.ProcessRegistry, pgid: int) -> None:
-    await procs.end_group(pgid, 1.0)
-    registry.remove(pgid)
+    await procs.retire_group(registry, pgid, 1.0)

@@ -29,7 +29,7 @@ from .factory.client import FactoryLost
 from .host import cgroups, proctable
 
 __all__ = ["ChildProcess", "GroupRecord", "ProcessRegistry", "spawn", "group_alive", "end_group",
-           "signal_group", "launch_argv"]
+           "retire_group", "signal_group", "launch_argv"]
 
 
 def launch_argv(argv: list[str], walls: sandboxing.Walls | None = None,
@@ -249,3 +249,21 @@ async def end_group(pgid: int, grace_s: float, *, min_ticks: int | None = None,
             break
         await asyncio.sleep(0.02)
     return True
+
+
+async def retire_group(registry: ProcessRegistry | None, pgid: int, grace_s: float) -> bool:
+    """``end_group``, then forget the group's record: how every op, runner and service group
+    the agent started is finished. Cancelled during the grace period (the agent is shutting
+    down), the group is SIGKILLed at once: a record is never removed while its group may still
+    run, and never left behind for a group that is gone. Returns ``end_group``'s answer."""
+    cg = containment.current().cgroup_of(pgid)  # end_group forgets it
+    try:
+        return await end_group(pgid, grace_s)
+    except asyncio.CancelledError:
+        signal_group(pgid, signal.SIGKILL)
+        if cg is not None:
+            cgroups.kill(cg)
+        raise
+    finally:
+        if registry is not None:
+            registry.remove(pgid)

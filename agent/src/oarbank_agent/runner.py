@@ -33,6 +33,7 @@ from . import (
     runnerevents,
     sandboxing,
 )
+from .eventwait import result_within
 from .modules import ModuleCtx, NodeInfo
 from .supervisor import service_key
 
@@ -175,12 +176,14 @@ async def run_attempt(ctx: ModuleCtx, node: NodeInfo, stage: mf.Stage, *, job_id
                 broker.close_child_ends(attempt_id)  # only the runner holds them now
         (workdir / "started_at").write_text(f"{time.time():.6f}\n")
         timed_out = False
-        try:
-            rc = await asyncio.wait_for(proc.wait(), stage.timeout_s)
-        except asyncio.TimeoutError:
+        # Not wait_for: on Python < 3.12 it may swallow a cancel (agent shutdown) that comes
+        # in the turn the runner exits (eventwait.py).
+        exited, rc = await result_within(proc.wait(), stage.timeout_s)
+        if not exited:
             # running -> stopping (timeout_s): SIGTERM the group, SIGKILL after stop_grace_s
             timed_out = True
             rc = await _terminate(proc, runner.stop_grace_s)
+        assert rc is not None
         # Exit 70/71 with the launcher's line: the sandbox refused and the runner never ran
         # (not the runner's own failure, and never retried: the node cannot confine it).
         refused = None if timed_out else sandboxing.launcher_failure(
@@ -208,17 +211,16 @@ async def run_attempt(ctx: ModuleCtx, node: NodeInfo, stage: mf.Stage, *, job_id
             broker.close_child_ends(attempt_id)  # a connector opened, the runner never ran
         else:
             # Attempt over: whatever the runner left in its group goes too, then `ended`.
-            await procs.end_group(proc.pid, runner.stop_grace_s)
-            registry.remove(proc.pid)
+            await procs.retire_group(registry, proc.pid, runner.stop_grace_s)
         broker.end_attempt(attempt_id)
 
 
 async def _terminate(proc: procs.ChildProcess, grace_s: float) -> int:
     procs.signal_group(proc.pid, signal.SIGTERM)
-    try:
-        return await asyncio.wait_for(proc.wait(), grace_s)
-    except asyncio.TimeoutError:
-        procs.signal_group(proc.pid, signal.SIGKILL)
-        with contextlib.suppress(ProcessLookupError):
-            return await proc.wait()
-        return -signal.SIGKILL
+    exited, rc = await result_within(proc.wait(), grace_s)
+    if exited and rc is not None:
+        return rc
+    procs.signal_group(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        return await proc.wait()
+    return -signal.SIGKILL

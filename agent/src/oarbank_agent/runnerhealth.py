@@ -129,8 +129,7 @@ async def doctor(ctx: ModuleCtx, node: NodeInfo, registry: procs.ProcessRegistry
     try:
         _, rc = await result_within(proc.wait(), timeout_s)
     finally:
-        await procs.end_group(proc.pid, 1.0)  # what it left goes too (also when cancelled)
-        registry.remove(proc.pid)
+        await procs.retire_group(registry, proc.pid, 1.0)  # what it left goes too
     if rc is None:
         with contextlib.suppress(ProcessLookupError):
             await proc.wait()  # (reaped: its group was ended)

@@ -743,8 +743,7 @@ class Supervisor:
         if pgid is not None:
             # A stop that overran has had its chance: a short grace, then SIGKILL.
             grace = ESCALATE_GRACE_S if overran else GROUP_GRACE_S
-            killed = await procs.end_group(pgid, grace)
-            self.registry.remove(pgid)
+            killed = await procs.retire_group(self.registry, pgid, grace)
             rt.pgid = None
         if run_stop and (overran or killed):
             what = (f"the stop op did not finish within stop_timeout_s="
