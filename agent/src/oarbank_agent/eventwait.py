@@ -20,12 +20,15 @@ T = TypeVar("T")
 
 async def result_within(aw: Awaitable[T], timeout: float) -> tuple[bool, T | None]:
     """Await ``aw`` for up to ``timeout`` seconds: (True, its result), or (False, None) with
-    ``aw`` cancelled. A cancel of the caller is never lost."""
+    ``aw`` cancelled. A cancel of the caller is never lost. As ``wait_for``, ``aw`` has
+    finished (its own cleanup run) when this returns or raises."""
     waiter = asyncio.ensure_future(aw)
     try:
         done, _ = await asyncio.wait({waiter}, timeout=timeout)
     finally:
-        waiter.cancel()
+        if not waiter.done():
+            waiter.cancel()
+            await asyncio.wait({waiter})
     return (True, waiter.result()) if done else (False, None)
 
 

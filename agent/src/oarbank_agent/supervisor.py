@@ -50,6 +50,7 @@ from . import (
 )
 from . import fingerprint as fingerprints
 from . import lifecycle as lc
+from .eventwait import result_within
 from .host import pidfd, proctable
 from .modules import ModuleCtx, NodeInfo
 
@@ -446,9 +447,8 @@ class Supervisor:
         fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         rt.waiters.append(fut)
         try:
-            return await asyncio.wait_for(fut, rt.svc.start_timeout_s)
-        except asyncio.TimeoutError:
-            return False
+            came, ready = await result_within(fut, rt.svc.start_timeout_s)
+            return came and bool(ready)
         finally:
             with contextlib.suppress(ValueError):
                 rt.waiters.remove(fut)
@@ -508,8 +508,12 @@ class Supervisor:
             if not res.ok:
                 raise StartFailed("start failed" if self.bare_start_errors
                                   else res.error or "start failed")
-            await asyncio.wait_for(self._until_ready(rt, ch, log_from),
-                                   max(0.0, deadline - loop.time()))
+            # Not wait_for: on Python < 3.12 it may swallow a shutdown's or a hold's cancel
+            # that comes in the turn the service gets ready (eventwait.py).
+            ready, _ = await result_within(self._until_ready(rt, ch, log_from),
+                                           max(0.0, deadline - loop.time()))
+            if not ready:
+                raise asyncio.TimeoutError
         except (StartFailed, asyncio.TimeoutError) as exc:
             if rt.st.state is lc.State.READY and rt.channel is ch:
                 # Said ready on the channel just as the deadline passed: it made it.
