@@ -92,6 +92,27 @@ def test_the_same_runner_cannot_tell_the_factory_from_a_direct_start(
         assert rep["status"]["NoNewPrivs"] == "1" and rep["status"]["Seccomp"] == "2"
 
 
+def test_an_agent_started_under_nohup_gives_both_the_same_signals(
+        tmp_path: Path, start_agent: Callable[..., RunningAgent]) -> None:
+    """``nohup oarbank-agent run`` (SIGHUP ignored when the agent starts): the agent then
+    handles SIGHUP itself (reload), so a direct child gets it at its default; the factory,
+    started before that handler was set, must not pass its inherited ignore on (CI, run under
+    nohup, found exactly that)."""
+    old = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        agents = _both(start_agent, _probe_module(tmp_path / "mod"))
+    finally:
+        signal.signal(signal.SIGHUP, old)
+    seen = {}
+    for mode, agent in agents.items():
+        job = agent.run_job("plain", {}, module=MODULE)
+        assert job["state"] == "succeeded", job
+        rep = _report(agent, job)
+        seen[mode] = (rep["signals"], rep["status"]["SigIgn"])
+    assert seen["on"] == seen["off"], seen
+    assert seen["on"][0][str(int(signal.SIGHUP))] == "0", "SIGHUP must be at its default"
+
+
 def test_an_execd_runner_cannot_tell_either(
         tmp_path: Path, start_agent: Callable[..., RunningAgent]) -> None:
     """A shell runner: exec'd both ways (not run in place), with the same sandbox, signal

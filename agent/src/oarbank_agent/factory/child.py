@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import fcntl
 import io
 import json
@@ -55,7 +56,8 @@ class Startup:
     sys_path: list[str]
     locale: dict[str, str]  # plan.LOCALE_VARS as the factory received them
     env_added: dict[str, str]  # what the interpreter added to its environment (PEP 538)
-    ignored: frozenset[int]  # signals ignored when the factory started (inherited)
+    ignored: frozenset[int]  # signals ignored when the factory started (inherited); a spawn
+    # request's own "ignored" (the agent's at that moment) comes first
     launcher_sys_path: list[str]  # sys.path of the launcher's -I -S start-up, minus its dirs
     boot: str  # the launcher's -c code (plan.split_launch)
     stdio: list[tuple[str, str]] = field(default_factory=list)  # (encoding, errors) per fd
@@ -64,21 +66,12 @@ class Startup:
 def capture(boot: str, launcher_sys_path: list[str]) -> Startup:
     received = launcher.received_environ()  # as the launcher reads it: the same start-up
     added = {k: v for k, v in os.environ.items() if k not in received}
-    python_ignores = {signal.SIGPIPE, getattr(signal, "SIGXFSZ", signal.SIGPIPE)}
-    ignored = frozenset(s for s in signal.valid_signals()
-                        if s not in python_ignores and _disposition(s) == signal.SIG_IGN)
+    ignored = frozenset(plan.inherited_ignores())
     stdio = [(s.encoding, s.errors or "strict") for s in (sys.__stdin__, sys.__stdout__,
                                                          sys.__stderr__) if s is not None]
     return Startup(sys.executable, list(sys.path),
                    {k: received[k] for k in plan.LOCALE_VARS if k in received},
                    added, ignored, launcher_sys_path, boot, stdio)
-
-
-def _disposition(sig: int) -> Any:
-    try:
-        return signal.getsignal(sig)
-    except (OSError, ValueError):
-        return None
 
 
 class _Refused(Exception):
@@ -194,6 +187,8 @@ def _run(req: dict[str, Any], received: list[int], startup: Startup, err: list[i
     err_fd = err[0]
     argv: list[str] = req["argv"]
     env: dict[str, str] = req["env"]
+    if "ignored" in req:  # the agent's dispositions now: what a direct child would inherit
+        startup = dataclasses.replace(startup, ignored=frozenset(int(s) for s in req["ignored"]))
     _set_signals(startup.ignored, (), python=False)  # the factory's own handlers go first
     cgroup = req.get("cgroup")
     if cgroup:

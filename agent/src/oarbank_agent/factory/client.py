@@ -27,7 +27,7 @@ from typing import Any
 
 from oarbank_sdk.protocol import current_transport
 
-from . import wire
+from . import plan, wire
 
 __all__ = ["FactoryClient", "FactoryProcess", "FactoryLost", "RLIMITS"]
 
@@ -196,7 +196,8 @@ class FactoryClient:
         rid = next(self._ids)
         msg = {"op": "spawn", "id": rid, "argv": argv, "env": env, "cwd": cwd,
                "umask": _umask(), "cgroup": cgroup, "fds": [n for _fd, n in fds],
-               "rlimits": [[r, *resource.getrlimit(r)] for r in RLIMITS]}
+               "rlimits": [[r, *resource.getrlimit(r)] for r in RLIMITS],
+               "ignored": plan.inherited_ignores()}
         fut: asyncio.Future[FactoryProcess] = asyncio.get_running_loop().create_future()
         self._pending[rid] = (fut, kind, label)
         try:

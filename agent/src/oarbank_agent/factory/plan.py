@@ -15,12 +15,13 @@ Two questions, answered from the argv alone:
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from oarbank_sdk import sandbox
 
-__all__ = ["LaunchPlan", "split_launch", "in_place", "LOCALE_VARS"]
+__all__ = ["LaunchPlan", "split_launch", "in_place", "inherited_ignores", "LOCALE_VARS"]
 
 # What decides a Python start-up's locale (utf8_mode, stdio encodings and the LC_CTYPE the
 # interpreter adds to its environment: PEP 538/540). With -I every PYTHON* variable is ignored.
@@ -81,3 +82,21 @@ def in_place(command: Sequence[str], python: str, env: Mapping[str, str],
     if any(env.get(k) != factory_locale.get(k) for k in LOCALE_VARS):
         return None
     return script, [script, *command[3:]]
+
+
+def inherited_ignores() -> list[int]:
+    """The signals this process ignores that an exec'd child keeps ignored, as the direct
+    path's children get them: asked by the agent at each spawn, because its dispositions change
+    after the factory starts (under ``nohup`` SIGHUP is ignored until the agent's reload handler
+    is set). SIGPIPE/SIGXFSZ are left out: Python ignores them itself, and Popen restores them."""
+    python_ignores = {signal.SIGPIPE, getattr(signal, "SIGXFSZ", signal.SIGPIPE)}
+    out = []
+    for sig in signal.valid_signals():
+        if sig in python_ignores:
+            continue
+        try:
+            if signal.getsignal(sig) == signal.SIG_IGN:
+                out.append(int(sig))
+        except (OSError, ValueError):
+            continue
+    return out
