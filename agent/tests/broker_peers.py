@@ -7,8 +7,9 @@ service_endpoint is another engineer's part). Usage:
                                             "ended <attempt>" per ended; exit 0 on channel EOF
     python broker_peers.py job fd:N COUNT   COUNT connects; on each, send "ping <i>" and print
                                             the reply; exit 0
-    python broker_peers.py flood fd:N COUNT COUNT connect lines as fast as possible, replies read
-                                            by a second thread; print "ok=<n> refused=<m>"
+    python broker_peers.py flood fd:N COUNT COUNT connect lines as fast as the answers come
+                                            (at most FLOOD_WINDOW unanswered), replies read by
+                                            a second thread; print "ok=<n> refused=<m>"
 """
 
 from __future__ import annotations
@@ -92,25 +93,47 @@ def job(handle: str, count: int) -> int:
     return 0
 
 
+# Lines in flight, unanswered: enough to keep the broker's rate limit busy, never so many
+# that the answers waiting for a slow reader pass the connector's send cap (connector.py,
+# CONNECTOR_MAX_OUT 256 KiB; an answer is under 200 bytes), which would cut it off as a peer
+# that is "not reading" (on a loaded machine the reader thread falls that far behind).
+FLOOD_WINDOW = 1000
+FLOOD_BATCH = 100
+
+
 def flood(handle: str, count: int) -> int:
     sock = T.open_stream(T.parse(handle))
     counts = {"ok": 0, "refused": 0}
+    answered = threading.Condition()
 
     def read_all() -> None:
         reader = Lines(sock)
         while counts["ok"] + counts["refused"] < count:
             msg, fds = reader.read()
             if msg is None:
-                return
+                break
             for fd in fds:
                 os.close(fd)
-            counts["ok" if msg.get("ok") else "refused"] += 1
+            with answered:
+                counts["ok" if msg.get("ok") else "refused"] += 1
+                answered.notify()
+        with answered:
+            counts["eof"] = 1  # nothing more will come: the writer must not wait for it
+            answered.notify()
 
     t = threading.Thread(target=read_all)
     t.start()
     line = wire.encode({"op": "connect", "pid": os.getpid()})
-    for _ in range(count):
-        sock.sendall(line)
+    sent = 0
+    while sent < count:
+        with answered:
+            answered.wait_for(lambda: "eof" in counts or
+                              sent - counts["ok"] - counts["refused"] <= FLOOD_WINDOW, 60)
+            if "eof" in counts:
+                break
+        n = min(FLOOD_BATCH, count - sent)
+        sock.sendall(line * n)
+        sent += n
     t.join(60)
     print(f"ok={counts['ok']} refused={counts['refused']}", flush=True)
     return 0
