@@ -127,8 +127,8 @@ def flood(handle: str, count: int) -> int:
     sent = 0
     while sent < count:
         with answered:
-            answered.wait_for(lambda: "eof" in counts or
-                              sent - counts["ok"] - counts["refused"] <= FLOOD_WINDOW, 60)
+            answered.wait_for(lambda n=sent: "eof" in counts or
+                              n - counts["ok"] - counts["refused"] <= FLOOD_WINDOW, 60)
             if "eof" in counts:
                 break
         n = min(FLOOD_BATCH, count - sent)

@@ -55,7 +55,8 @@ def test_a_start_that_does_not_pass_the_channel_quotes_the_daemons_last_line(sta
 
 def test_no_hello_names_the_acceptor_and_the_job_says_it_waits_on_a_start(start_agent,
                                                                           tmp_path):
-    module = write_module(tmp_path / "mod", service={"start_timeout_s": 8})
+    module = write_module(tmp_path / "mod", service={
+        "start_timeout_s": 8, "restart": {"backoff_initial_s": 30, "backoff_max_s": 30}})
     agent = start_agent([module], {"echo": {"no_hello": True}})
     job = agent.submit("echo", {"x": 1})
 
@@ -66,14 +67,20 @@ def test_no_hello_names_the_acceptor_and_the_job_says_it_waits_on_a_start(start_
                                                "starting: "), timeout=30, what="the wait")
     assert re.fullmatch(r"waiting: service test\.agent\.echo/echo is starting: \d+ s of its "
                         r"start_timeout_s 8 s \(no hello yet\)", reason()), reason()
-    # `submit --wait --timeout` says the same when it gives up
+    # `submit --wait --timeout` says the same when it gives up (on a loaded machine the 8 s
+    # may have run out by then: the reason is then the failed start's, below)
     r = cli("submit", "--state-dir", str(agent.state_dir), "--module", "echo", "--stage",
             "echo", "--payload", "{}", "--wait", "--timeout", "1")
     assert r.returncode == 1
-    assert re.search(r"state: admitted; waiting: service test\.agent\.echo/echo is starting: "
-                     r"\d+ s of its start_timeout_s 8 s", r.stderr), r.stderr
+    assert re.search(r"state: admitted; waiting: service test\.agent\.echo/echo (is starting: "
+                     r"\d+ s of its start_timeout_s 8 s|failed \(1 of max_failures)", r.stderr), \
+        r.stderr
     agent.wait_for(lambda: agent.service_row().get("error") == advice.no_hello(8), timeout=40,
                    what="the start to time out")
+    # Backing off: the job says what failed and when the next start is.
+    assert re.fullmatch(r"waiting: service test\.agent\.echo/echo failed \(1 of max_failures "
+                        r"\d+\): " + re.escape(advice.no_hello(8)) + r"; next start in \d+ s",
+                        reason()), reason()
 
 
 def test_fingerprint_pools_other_than_provides_name_the_mismatch_in_the_wait(start_agent,

@@ -263,12 +263,13 @@ class Agent:
 
     def _with_wait(self, rec: JobRecord, view: dict[str, Any]) -> dict[str, Any]:
         """A job's view; an admitted job waiting for a starting service says so, with the
-        seconds spent and allowed (computed now: it is never stored)."""
+        seconds spent and allowed, or for a restart after a failed start, with the failure and
+        the seconds to the next start (computed now: it is never stored)."""
         ctx = self.modules.get(rec.module)
         stage = ctx.manifest.stage(rec.stage) if ctx else None
         if rec.state == jobs.State.ADMITTED.value and not view.get("reason") and ctx and stage:
             view["reason"] = waiting.starting_wait_reason(self.supervisor, ctx, stage,
-                                                          time.monotonic())
+                                                          time.monotonic(), time.time())
         return view
 
     def status(self, jobs_limit: int | None = None, jobs_page: int = 1) -> dict[str, Any]:

@@ -4,7 +4,8 @@ Admission itself only sees token counts; a pool that counts 0 because its servic
 withdrawn, held, or missing from its fingerprint looks the same there. This names the cause,
 so that ``status`` and the job record say what the job waits for instead of waiting silently.
 An admitted job waiting for its service to finish starting says so too, with the time spent
-and the time allowed (``starting_wait_reason``, computed when read: it changes every second).
+and the time allowed, or, once a start failed, the failure and when the next start is
+(``starting_wait_reason``, computed when read: it changes every second).
 """
 
 from __future__ import annotations
@@ -55,15 +56,23 @@ def service_wait_reason(sup: Supervisor, ctx: ModuleCtx, stage: mf.Stage) -> str
 
 
 def starting_wait_reason(sup: Supervisor, ctx: ModuleCtx, stage: mf.Stage,
-                         now: float) -> str | None:
-    """For an admitted job: the first of its endpoint services still starting, with the
-    seconds since its start (``now``: monotonic) and its start_timeout_s; None if none is."""
+                         now: float, wall_now: float) -> str | None:
+    """For an admitted job: the first of its services still starting (the seconds since its
+    start, from ``now``: monotonic, and its start_timeout_s; endpoint services) or backing off
+    after a failure (its error and when the next start is, from ``wall_now``: unix time, as
+    the lifecycle's ``retry_at``); None if none is."""
     for pool in stage.pools:
         svc = ctx.manifest.service_for_pool(pool)
-        if svc is None or not svc.endpoint:
+        if svc is None:
             continue
         rt = sup.services.get(service_key(ctx.id, svc.name))
-        if rt is None or rt.st.state is not lc.State.STARTING or rt.start_began is None:
+        if rt is None:
+            continue
+        st = rt.st
+        if st.state is lc.State.BACKOFF and st.retry_at is not None:
+            return WAITING + advice.restart_wait(rt.key, st.retry_at - wall_now, st.failures,
+                                                 st.max_failures, st.error)
+        if not svc.endpoint or st.state is not lc.State.STARTING or rt.start_began is None:
             continue
         hello = rt.channel is not None and rt.channel.hello.done()
         return WAITING + advice.starting_wait(rt.key, now - rt.start_began,

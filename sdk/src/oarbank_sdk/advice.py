@@ -39,6 +39,7 @@ __all__ = [
     "fingerprint_problems",
     "envelope_problem",
     "starting_wait",
+    "restart_wait",
     "OP_STDOUT_MAX",
     "RESULT_INLINE_KB",
     "op_stdout_too_big",
@@ -158,6 +159,14 @@ def starting_wait(service: str, elapsed_s: float, start_timeout_s: float,
     stage = "ready not true yet" if hello else "no hello yet"
     return (f"service {service} is starting: {elapsed_s:.0f} s of its start_timeout_s "
             f"{start_timeout_s:g} s ({stage})")
+
+
+def restart_wait(service: str, next_in_s: float, failures: int, max_failures: int,
+                 error: str | None) -> str:
+    """A job waiting on ``service`` while it backs off after a failure."""
+    why = f": {error}" if error else ""
+    return (f"service {service} failed ({failures} of max_failures {max_failures}){why}; "
+            f"next start in {max(0.0, next_in_s):.0f} s")
 
 
 def _found(value: Any) -> str:
