@@ -206,6 +206,42 @@ class RunningAgent:
     def fd_count(self) -> int:
         return len(os.listdir(f"/proc/{self.pid}/fd"))
 
+    def fd_names(self) -> list[str]:
+        """``fd=what it names`` for each of the agent's descriptors."""
+        out = []
+        for fd in sorted(os.listdir(f"/proc/{self.pid}/fd"), key=int):
+            try:
+                out.append(f"{fd}={os.readlink(f'/proc/{self.pid}/fd/{fd}')}")
+            except OSError:
+                pass
+        return out
+
+    def settled_fds(self) -> int:
+        """The agent's descriptor count once it holds still (an op of its start, or a control
+        connection that just answered, may still be closing); remembered for
+        ``wait_fds_back``'s message."""
+        last = -1
+        for _ in range(50):
+            n = self.fd_count()
+            if n == last:
+                break
+            last = n
+            time.sleep(0.2)
+        self._settled_names = self.fd_names()
+        return last
+
+    def wait_fds_back(self, baseline: int, timeout: float = 10) -> None:
+        """Wait until the agent holds no more descriptors than ``baseline``; the error names
+        the ones it holds that it did not hold when ``settled_fds`` counted."""
+        deadline = time.monotonic() + timeout
+        while self.fd_count() > baseline:
+            if time.monotonic() > deadline:
+                before = set(getattr(self, "_settled_names", []))
+                extra = [n for n in self.fd_names() if n not in before]
+                raise AssertionError(f"agent descriptors not back to {baseline} after "
+                                     f"{timeout:g}s: {self.fd_count()}, new: {extra}")
+            time.sleep(0.05)
+
     def kill(self) -> None:
         """SIGKILL the agent alone (what a crash looks like): its children stay behind."""
         self.stopped = True

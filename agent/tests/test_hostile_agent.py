@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import shutil
-import time
 from pathlib import Path
 from typing import Any
 
@@ -24,29 +22,6 @@ def hostile_module(root: Path, **kw: Any) -> Path:
     mod = write_module(root, runner={"exec": ["python", "-I", "{bundle}/fault_runner.py"]}, **kw)
     shutil.copy(MODFILES / "fault_runner.py", mod / "fault_runner.py")
     return mod
-
-
-def fd_names(pid: int) -> list[str]:
-    out = []
-    for fd in sorted(os.listdir(f"/proc/{pid}/fd"), key=int):
-        try:
-            out.append(f"{fd}={os.readlink(f'/proc/{pid}/fd/{fd}')}")
-        except OSError:
-            pass
-    return out
-
-
-def settled_fds(agent: Any) -> int:
-    """The agent's descriptor count once it holds still (a control connection that just
-    answered may still be closing)."""
-    last = -1
-    for _ in range(50):
-        n = agent.fd_count()
-        if n == last:
-            return n
-        last = n
-        time.sleep(0.2)
-    return last
 
 
 def b64(chunks: list[bytes]) -> list[str]:
@@ -95,13 +70,12 @@ def test_random_lines_on_connectors_get_answers_and_others_keep_working(
 
     # A well-behaved job first: the service is up and the descriptor baseline includes it.
     assert agent.run_job("echo", {"mode": "fresh", "max_s": 0.3})["state"] == "succeeded"
-    baseline = settled_fds(agent)
+    baseline = agent.settled_fds()
     one_job()
     good = agent.run_job("echo", {"mode": "persistent", "max_s": 0.2})
     assert good["state"] == "succeeded" and good["result"]["payload"]["pids"], good
     # Attached descriptors were closed, never kept; every connector is gone.
-    agent.wait_for(lambda: agent.fd_count() <= baseline, timeout=10,
-                   what=f"agent descriptors back to {baseline}")
+    agent.wait_fds_back(baseline, timeout=10)
     assert "attached descriptors closed" in agent.log()
 
 
@@ -109,7 +83,7 @@ def test_floods_and_half_closes_hurt_only_their_own_connector(start_agent,
                                                              tmp_path: Path) -> None:
     agent = start_agent([hostile_module(tmp_path / "m")], {"echo": {"slots": 8}})
     assert agent.run_job("echo", {"mode": "fresh", "max_s": 0.3})["state"] == "succeeded"
-    baseline = settled_fds(agent)
+    baseline = agent.settled_fds()
     floods = {
         "bad lines": [b"garbage\n" * 10_000],
         "stray receipts": [b'{"op": "received", "conn": 1}\n' * 10_000],
@@ -140,8 +114,7 @@ def test_floods_and_half_closes_hurt_only_their_own_connector(start_agent,
         if name == "half-close mid-message":
             assert replies == []
     assert "peer closed its end mid-message" in agent.log()
-    agent.wait_for(lambda: agent.fd_count() <= baseline, timeout=10,
-                   what=f"agent descriptors back to {baseline}: {fd_names(agent.pid)}")
+    agent.wait_fds_back(baseline, timeout=10)
 
 
 def test_a_service_speaking_garbage_fails_alone(start_agent, tmp_path: Path) -> None:

@@ -162,10 +162,9 @@ def test_service_closing_its_channel_is_restarted(start_agent, tmp_path: Path) -
 def test_descriptor_count_returns_to_baseline(start_agent, tmp_path: Path) -> None:
     mod = write_module(tmp_path / "m", service={"idle_timeout_s": 0.3})
     agent = start_agent([mod])
-    before = agent.fd_count()
+    before = agent.settled_fds()
     ids = [agent.submit("echo", {"requests": 4, "keep_open": i % 2 == 0}) for i in range(6)]
     ids += [agent.submit("plain", {}) for _ in range(2)]
     assert all(agent.wait(j)["state"] == "succeeded" for j in ids)
     agent.wait_for(lambda: not agent.service_row()["running"], what="idle stop")
-    agent.wait_for(lambda: agent.fd_count() == before, timeout=5,
-                   what=f"fd count back to {before}")
+    agent.wait_fds_back(before, timeout=10)
