@@ -27,6 +27,7 @@ from typing import Any
 
 from oarbank_sdk.protocol import current_transport
 
+from ..eventwait import wait_event
 from . import plan, wire
 
 __all__ = ["FactoryClient", "FactoryProcess", "FactoryLost", "RLIMITS"]
@@ -187,12 +188,9 @@ class FactoryClient:
         while not self._ready.is_set():
             if self.broken or self._closing:
                 raise FactoryLost(f"no process factory: {self.broken or 'closing'}")
-            waiter = asyncio.ensure_future(self._ready.wait())
-            try:
-                await asyncio.wait_for(waiter, _START_TIMEOUT_S)
-            except asyncio.TimeoutError:
-                raise FactoryLost("no process factory within "
-                                  f"{_START_TIMEOUT_S:g}s") from None
+            # Not wait_for: on Python < 3.12 it may lose a shutdown's cancel (eventwait.py).
+            if not await wait_event(self._ready, _START_TIMEOUT_S):
+                raise FactoryLost(f"no process factory within {_START_TIMEOUT_S:g}s")
         rid = next(self._ids)
         msg = {"op": "spawn", "id": rid, "argv": argv, "env": env, "cwd": cwd,
                "umask": _umask(), "cgroup": cgroup, "fds": [n for _fd, n in fds],
