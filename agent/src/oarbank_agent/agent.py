@@ -268,7 +268,7 @@ class Agent:
         ctx = self.modules.get(rec.module)
         stage = ctx.manifest.stage(rec.stage) if ctx else None
         if rec.state == jobs.State.ADMITTED.value and not view.get("reason") and ctx and stage:
-            view["reason"] = waiting.starting_wait_reason(self.supervisor, ctx, stage,
+            view["reason"] = waiting.admitted_wait_reason(self.supervisor, ctx, stage,
                                                           time.monotonic(), time.time())
         return view
 

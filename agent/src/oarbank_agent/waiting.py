@@ -5,7 +5,7 @@ withdrawn, held, or missing from its fingerprint looks the same there. This name
 so that ``status`` and the job record say what the job waits for instead of waiting silently.
 An admitted job waiting for its service to finish starting says so too, with the time spent
 and the time allowed, or, once a start failed, the failure and when the next start is
-(``starting_wait_reason``, computed when read: it changes every second).
+(``admitted_wait_reason``, computed when read: it changes every second).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from .modules import ModuleCtx
     from .supervisor import Supervisor
 
-__all__ = ["WAITING", "service_wait_reason", "starting_wait_reason"]
+__all__ = ["WAITING", "service_wait_reason", "admitted_wait_reason"]
 
 WAITING = "waiting: "  # the prefix of every reason written here (cleared once admitted)
 
@@ -55,7 +55,7 @@ def service_wait_reason(sup: Supervisor, ctx: ModuleCtx, stage: mf.Stage) -> str
     return None
 
 
-def starting_wait_reason(sup: Supervisor, ctx: ModuleCtx, stage: mf.Stage,
+def admitted_wait_reason(sup: Supervisor, ctx: ModuleCtx, stage: mf.Stage,
                          now: float, wall_now: float) -> str | None:
     """For an admitted job: the first of its services still starting (the seconds since its
     start, from ``now``: monotonic, and its start_timeout_s; endpoint services) or backing off
