@@ -153,6 +153,7 @@ class RunningAgent:
                                  log_path=root / "agent.log", ready_timeout=60,
                                  extra_args=["--drain-s", "2", *(extra_args or [])], env=env)
         self.stopped = False
+        self._settled_names: list[str] | None = None  # settled_fds: for wait_fds_back's error
 
     @property
     def pid(self) -> int:
@@ -232,14 +233,18 @@ class RunningAgent:
 
     def wait_fds_back(self, baseline: int, timeout: float = 10) -> None:
         """Wait until the agent holds no more descriptors than ``baseline``; the error names
-        the ones it holds that it did not hold when ``settled_fds`` counted."""
+        the ones it holds that it did not hold when ``settled_fds`` counted (all of them when
+        the baseline was counted otherwise)."""
         deadline = time.monotonic() + timeout
         while self.fd_count() > baseline:
             if time.monotonic() > deadline:
-                before = set(getattr(self, "_settled_names", []))
-                extra = [n for n in self.fd_names() if n not in before]
+                now = self.fd_names()
+                if self._settled_names is None:
+                    held = f"holding: {now}"
+                else:
+                    held = f"new: {[n for n in now if n not in set(self._settled_names)]}"
                 raise AssertionError(f"agent descriptors not back to {baseline} after "
-                                     f"{timeout:g}s: {self.fd_count()}, new: {extra}")
+                                     f"{timeout:g}s: {len(now)}, {held}")
             time.sleep(0.05)
 
     def kill(self) -> None:

@@ -230,8 +230,7 @@ def test_a_factory_killed_under_a_job_releases_it_and_the_job_runs_again(
     now = agent.status()["process_factory"]
     assert now["pid"] != first["pid"] and now["restarts"] == first["restarts"] + 1
     assert not alive(first["pid"])
-    agent.wait_for(lambda: agent.fd_count() <= baseline_fds, timeout=30,
-                   what=f"the agent's descriptors back to {baseline_fds}")
+    agent.wait_fds_back(baseline_fds, timeout=30)
     assert agent.run_job("plain", {}, module=MODULE)["state"] == "succeeded"
 
 

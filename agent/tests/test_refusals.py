@@ -64,7 +64,7 @@ def test_attempts_of_a_quiet_service_and_runner_are_counted(start_agent, tmp_pat
     fds = agent.fd_count()
     for _ in range(3):
         assert agent.run_job("echo", {}, module=MOD)["state"] == "succeeded"
-    agent.wait_for(lambda: agent.fd_count() <= fds, 10, f"the agent back to {fds} descriptors")
+    agent.wait_fds_back(fds, timeout=10)
     assert len(agent.status()["sandbox_refusals"]) == 1 + 4  # the service, four attempts
 
 

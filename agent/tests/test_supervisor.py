@@ -47,8 +47,7 @@ def test_a_hold_cancels_a_start_in_flight(start_agent, tmp_path: Path) -> None:
     assert "start cancelled by the hold preempt_protection" in agent.log()
     assert "(failed)" not in agent.log()
     # The agent's channel end is closed: its descriptors are back to where they were.
-    agent.wait_for(lambda: agent.fd_count() <= fds_before, timeout=10,
-                   what="the agent's descriptors back to baseline")
+    agent.wait_fds_back(fds_before, timeout=10)
     rec = next(j for j in agent.status()["jobs"] if j["job_id"] == job_id)
     assert rec["state"] == "queued", rec  # released: waits for the hold to lift
     print(f"start cancelled {took:.2f}s after the hold")
