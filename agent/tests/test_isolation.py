@@ -71,7 +71,7 @@ def test_connect_after_the_attempt_ended_fails(start_agent, tmp_path: Path) -> N
     agent = start_agent([fault_module(tmp_path / "m")],
                         extra_args=["--containment", "process-group"])
     rec = agent.run_job("echo", {"mode": "escape"})
-    assert rec["state"] == "succeeded", rec
+    assert rec["state"] == "succeeded" and rec["result"]["payload"]["escaped"], rec
     out = runner_file(agent, f"{rec['job_id']}.1", f"escape-{rec['job_id']}.1.json")
     agent.wait_for(out.exists, timeout=20, what="the escaped child's report")
     report = json.loads(out.read_text())

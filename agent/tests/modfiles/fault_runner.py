@@ -152,9 +152,16 @@ def open_fds() -> dict[str, str]:
 def escape(attempt_id: str) -> dict:
     result_path = Path(os.environ["OARBANK_WORKDIR"]) / f"escape-{attempt_id}.json"  # writable
     parent = os.getpid()
+    # The runner returns only once the child has its own session: an exit before that would
+    # let the agent's end of the runner's group take the child with it (a test race, not the
+    # behaviour under test).
+    left_r, left_w = os.pipe()
     if os.fork() == 0:
         try:
+            os.close(left_r)
             os.setsid()
+            os.write(left_w, b"1")
+            os.close(left_w)
             while os.getppid() == parent:
                 time.sleep(0.02)
             time.sleep(1.0)  # the agent ends the attempt right after the runner's group
@@ -168,7 +175,10 @@ def escape(attempt_id: str) -> dict:
             write_json(str(result_path), outcome)
         finally:
             os._exit(0)
-    return {"escaped": True}
+    os.close(left_w)
+    left = os.read(left_r, 1)
+    os.close(left_r)
+    return {"escaped": left == b"1"}
 
 
 def main() -> int:
