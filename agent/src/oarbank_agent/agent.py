@@ -28,6 +28,7 @@ from . import (
     detachedwatch,
     drain,
     escapewatch,
+    eventwait,
     factory,
     faults,
     hostrules,
@@ -534,9 +535,8 @@ class Agent:
                                             or isinstance(timeout, bool) or timeout < 0):
                     raise control.ControlError("bad_request", "'timeout' must be seconds >= 0")
                 fut = self.queue.runs.when_final(rec.job_id)
-                try:
-                    await asyncio.wait_for(fut, timeout)
-                except asyncio.TimeoutError:
+                finished, _ = await eventwait.result_within(fut, timeout)
+                if not finished:
                     view = _with_events(rec, self._with_wait(rec, rec.public()))
                     why = f"; {view['reason']}" if view.get("reason") else ""
                     return {"ok": False, "code": "timeout", "job": view,

@@ -18,10 +18,10 @@ __all__ = ["result_within", "wait_event"]
 T = TypeVar("T")
 
 
-async def result_within(aw: Awaitable[T], timeout: float) -> tuple[bool, T | None]:
-    """Await ``aw`` for up to ``timeout`` seconds: (True, its result), or (False, None) with
-    ``aw`` cancelled. A cancel of the caller is never lost. As ``wait_for``, ``aw`` has
-    finished (its own cleanup run) when this returns or raises."""
+async def result_within(aw: Awaitable[T], timeout: float | None) -> tuple[bool, T | None]:
+    """Await ``aw`` for up to ``timeout`` seconds (None: no limit): (True, its result), or
+    (False, None) with ``aw`` cancelled. A cancel of the caller is never lost. As
+    ``wait_for``, ``aw`` has finished (its own cleanup run) when this returns or raises."""
     waiter = asyncio.ensure_future(aw)
     try:
         done, _ = await asyncio.wait({waiter}, timeout=timeout)

@@ -27,7 +27,7 @@ from typing import Any
 
 from oarbank_sdk.protocol import current_transport
 
-from ..eventwait import wait_event
+from ..eventwait import result_within, wait_event
 from . import plan, wire
 
 __all__ = ["FactoryClient", "FactoryProcess", "FactoryLost", "RLIMITS"]
@@ -128,10 +128,13 @@ class FactoryClient:
         self._dead = False
         loop.add_reader(ours.fileno(), self._readable)
         try:
-            await asyncio.wait_for(asyncio.shield(self._hello), _START_TIMEOUT_S)
-        except (asyncio.TimeoutError, FactoryLost) as exc:
+            said_hello, _ = await result_within(asyncio.shield(self._hello), _START_TIMEOUT_S)
+            why = "" if said_hello else "no hello"
+        except FactoryLost as exc:
+            why = str(exc) or "no hello"
+        if why:
             await self._drop_process()
-            raise OSError(f"the process factory did not start: {exc or 'no hello'}") from None
+            raise OSError(f"the process factory did not start: {why}")
         self._ready.set()
         log.info("process factory: pid %d%s", self._proc.pid,
                  " (confined)" if self.confine else "")
@@ -159,9 +162,8 @@ class FactoryClient:
         if proc is not None and proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 proc.terminate()  # its socket is closed: it is on its way out anyway
-            try:
-                await asyncio.wait_for(proc.wait(), 10)
-            except asyncio.TimeoutError:
+            exited, _ = await result_within(proc.wait(), 10)
+            if not exited:
                 with contextlib.suppress(ProcessLookupError):
                     proc.kill()
                 await proc.wait()
