@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -49,3 +51,38 @@ def test_a_factory_without_a_hello_is_refused_with_the_reason_and_ended(
     pid = int((tmp_path / "pid").read_text())
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     assert set(os.listdir("/proc/self/fd")) <= fds_before
+
+
+def test_a_factory_that_cannot_be_restarted_leaves_spawns_the_direct_way(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A real factory is killed; every restart then fails (three in a row): the client is
+    ``broken`` with the reason, says so in the footprint, and ``procs.spawn`` still starts
+    children, directly."""
+    from oarbank_agent import factory, procs
+
+    async def go() -> None:
+        fc = factory_client.FactoryClient(confine=False)
+        await fc.start()
+        factory.install(fc)
+        try:
+            first = fc.pid
+            assert first is not None and fc.broken is None
+            monkeypatch.setattr(sys, "executable", _fake_interpreter(tmp_path, "exit 3"))
+            os.kill(first, signal.SIGKILL)
+            deadline = time.monotonic() + 30
+            while fc.broken is None:
+                assert time.monotonic() < deadline, "the client never gave up on its factory"
+                await asyncio.sleep(0.05)
+            assert "could not be restarted" in fc.broken and "started directly" in fc.broken
+            assert fc.footprint()["note"] == fc.broken and fc.pid is None
+            out = tmp_path / "out"
+            with open(out, "wb") as f:
+                proc = await procs.spawn(["/bin/sh", "-c", "echo $$"], env={}, cwd=tmp_path,
+                                         stdout=f, stderr=f)
+            assert not isinstance(proc, factory_client.FactoryProcess)  # started directly
+            assert await proc.wait() == 0 and int(out.read_text()) == proc.pid
+        finally:
+            factory.install(None)
+            await fc.close()
+
+    asyncio.run(go())
