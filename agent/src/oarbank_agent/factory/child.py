@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import dataclasses
 import fcntl
 import io
 import json
@@ -56,8 +55,6 @@ class Startup:
     sys_path: list[str]
     locale: dict[str, str]  # plan.LOCALE_VARS as the factory received them
     env_added: dict[str, str]  # what the interpreter added to its environment (PEP 538)
-    ignored: frozenset[int]  # signals ignored when the factory started (inherited); a spawn
-    # request's own "ignored" (the agent's at that moment) comes first
     launcher_sys_path: list[str]  # sys.path of the launcher's -I -S start-up, minus its dirs
     boot: str  # the launcher's -c code (plan.split_launch)
     stdio: list[tuple[str, str]] = field(default_factory=list)  # (encoding, errors) per fd
@@ -66,12 +63,11 @@ class Startup:
 def capture(boot: str, launcher_sys_path: list[str]) -> Startup:
     received = launcher.received_environ()  # as the launcher reads it: the same start-up
     added = {k: v for k, v in os.environ.items() if k not in received}
-    ignored = frozenset(plan.inherited_ignores())
     stdio = [(s.encoding, s.errors or "strict") for s in (sys.__stdin__, sys.__stdout__,
                                                          sys.__stderr__) if s is not None]
     return Startup(sys.executable, list(sys.path),
                    {k: received[k] for k in plan.LOCALE_VARS if k in received},
-                   added, ignored, launcher_sys_path, boot, stdio)
+                   added, launcher_sys_path, boot, stdio)
 
 
 class _Refused(Exception):
@@ -187,9 +183,10 @@ def _run(req: dict[str, Any], received: list[int], startup: Startup, err: list[i
     err_fd = err[0]
     argv: list[str] = req["argv"]
     env: dict[str, str] = req["env"]
-    if "ignored" in req:  # the agent's dispositions now: what a direct child would inherit
-        startup = dataclasses.replace(startup, ignored=frozenset(int(s) for s in req["ignored"]))
-    _set_signals(startup.ignored, (), python=False)  # the factory's own handlers go first
+    # The agent's ignored signals at this spawn (plan.inherited_ignores): what a direct
+    # child would inherit. Asked per spawn: they change after the factory starts.
+    ignored = frozenset(int(s) for s in req["ignored"])
+    _set_signals(ignored, (), python=False)  # the factory's own handlers go first
     cgroup = req.get("cgroup")
     if cgroup:
         try:
@@ -222,7 +219,7 @@ def _run(req: dict[str, Any], received: list[int], startup: Startup, err: list[i
         # The direct path has exec'd the launcher by now: what fails from here is the
         # launcher's to say (exit 70/71), and the factory need not wait for it.
         os.close(err_fd)
-        _set_signals(startup.ignored, (), python=True)  # the launcher is a Python process
+        _set_signals(ignored, (), python=True)  # the launcher is a Python process
     command = list(launch.command)
     if sandboxed:  # until this is done it shows the factory's command line (escapewatch)
         _confine(startup, launch)
@@ -231,10 +228,10 @@ def _run(req: dict[str, Any], received: list[int], startup: Startup, err: list[i
                                    and _show_as(command, env)):
         script = None  # exec, below: /proc/<pid>/cmdline and environ could not be exact
     if script is not None:
-        _run_in_place(script[0], script[1], command, env, startup,
+        _run_in_place(script[0], script[1], command, env, startup, ignored,
                       None if sandboxed else err_fd)
     # exec: a Python launcher leaves SIGPIPE/SIGXFSZ ignored, Popen restores them.
-    _set_signals(startup.ignored, (signal.SIGPIPE, getattr(signal, "SIGXFSZ", signal.SIGPIPE))
+    _set_signals(ignored, (signal.SIGPIPE, getattr(signal, "SIGXFSZ", signal.SIGPIPE))
                  if sandboxed else (), python=False)
     try:
         os.execvpe(command[0], command, env)
@@ -291,10 +288,10 @@ def _fail_launch(message: str, code: int = sandbox.EXIT_SETUP_FAILED) -> int:
 
 
 def _run_in_place(script: str, argv: list[str], command: list[str], env: Mapping[str, str],
-                  startup: Startup, err_fd: int | None) -> NoReturn:
+                  startup: Startup, ignored: frozenset[int], err_fd: int | None) -> NoReturn:
     import runpy
 
-    _set_signals(startup.ignored, (), python=True)
+    _set_signals(ignored, (), python=True)
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(_PR_GET_DUMPABLE, 0, 0, 0, 0) == 0:
         libc.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)  # an exec'd child is dumpable again too
