@@ -5,6 +5,7 @@ from __future__ import annotations
 from harness.scenarios import (
     agent_restart,
     crash_loop,
+    gpu_real,
     gpu_shared_start,
     idle_stop,
     listener_refused,
@@ -12,5 +13,5 @@ from harness.scenarios import (
     yield_,
 )
 
-__all__ = ["agent_restart", "crash_loop", "gpu_shared_start", "idle_stop", "listener_refused",
+__all__ = ["agent_restart", "crash_loop", "gpu_real", "gpu_shared_start", "idle_stop", "listener_refused",
            "oom_limit", "yield_"]
