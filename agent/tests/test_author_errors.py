@@ -143,3 +143,19 @@ def test_the_agent_exits_2_when_no_module_loads_unless_allowed(tmp_path):
         proc.terminate()
         proc.communicate(timeout=30)
     assert proc.returncode == 0, json.dumps(proc.returncode)
+
+
+def test_a_daemon_that_dies_loading_after_its_hello_is_quoted(start_agent, tmp_path):
+    # The first GPU run on a real H200 failed this way: the daemon said hello, then its model
+    # load raised (cuInit under the sandbox), and the agent said only "closed its channel".
+    module = example_copy(tmp_path, ("    time.sleep(load_s)  # a real module loads weights here\n",
+                                     "    raise RuntimeError('cuInit failed: CUresult 304')\n"))
+    agent = start_agent([module], {"modelserver": {"load_s": 0}})
+    agent.submit("generate", {"prompts": ["hi"]}, module="modelserver")
+    agent.wait_for(lambda: (agent.service_row("model").get("error") or "").startswith(
+        advice.CHANNEL_CLOSED), timeout=60, what="the start to fail")
+    error = agent.service_row("model")["error"]
+    assert error.startswith(advice.closed_before_ready(advice.channel_closed("end of file"),
+                                                       "x").split(";")[0]), error
+    assert error.endswith("; the service's last log line: RuntimeError: cuInit failed: "
+                          "CUresult 304"), error

@@ -565,6 +565,16 @@ class Supervisor:
         await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
         if not ch.hello.done():
             raise StartFailed(await self._closed_before_hello(rt, ch, log_from))
+        try:
+            await self._ready_after_hello(rt, ch)
+        except StartFailed as exc:
+            if ch.closed.done() and str(exc) == ch.closed.result():
+                # It died while loading: say so, with its last words
+                raise StartFailed(await self._closed_before_ready(rt, ch, log_from)) from None
+            raise
+
+    async def _ready_after_hello(self, rt: ServiceRuntime, ch: Channel) -> None:
+        """After the hello: `ready` said on the channel, or the op polled until true."""
         if ch.ready_said.done():
             rt.says_ready = True
         else:
@@ -628,6 +638,20 @@ class Supervisor:
         reason = ch.closed.result()
         if not reason.startswith(advice.CHANNEL_CLOSED):
             return reason  # a protocol violation says what it is
+        left, last_line = await self._last_words(rt, log_from)
+        return advice.closed_before_hello(reason, left, last_line)
+
+    async def _closed_before_ready(self, rt: ServiceRuntime, ch: Channel, log_from: int) -> str:
+        """The channel closed after the hello, before `ready`: the daemon died loading."""
+        reason = ch.closed.result()
+        if not reason.startswith(advice.CHANNEL_CLOSED):
+            return reason
+        _, last_line = await self._last_words(rt, log_from)
+        return advice.closed_before_ready(reason, last_line)
+
+    async def _last_words(self, rt: ServiceRuntime, log_from: int) -> tuple[bool, str | None]:
+        """(whether a process of its start group still runs, a moment given to it to exit;
+        the last line the service wrote to its log since ``log_from``)."""
         left = proctable.members(rt.pgid) if rt.pgid is not None else []
         waited = 0.0
         while left and waited < EXIT_WAIT_S:
@@ -635,7 +659,7 @@ class Supervisor:
             waited += 0.05
             left = proctable.members(rt.pgid) if rt.pgid is not None else []
         text = servicelog.get(rt.ctx.log_dir / f"{rt.svc.name}.log").since(log_from)
-        return advice.closed_before_hello(reason, bool(left), logtail.summary(text))
+        return bool(left), logtail.summary(text)
 
     async def _watch(self, rt: ServiceRuntime, ch: Channel | None) -> None:
         """A ready service failing on its own: an endpoint service closing its channel, or

@@ -34,6 +34,7 @@ __all__ = [
     "ready_before_hello",
     "channel_closed",
     "closed_before_hello",
+    "closed_before_ready",
     "protocol_problem",
     "pools_mismatch",
     "fingerprint_problems",
@@ -85,6 +86,16 @@ def closed_before_hello(closed: str, daemon_left: bool, last_log_line: str | Non
     if last_log_line:
         text += f"; the service's last log line: {last_log_line}"
     return text
+
+
+def closed_before_ready(closed: str, last_log_line: str | None) -> str:
+    """The channel closed after the hello, before the service was ready: the daemon exited
+    while loading. ``closed``: ``channel_closed``'s text; ``last_log_line``: the end of the
+    service's log, if any."""
+    text = f"{closed} after its hello, before it was ready: the daemon exited while loading"
+    if last_log_line:
+        return f"{text}; the service's last log line: {last_log_line}"
+    return f"{text} (its log is empty: see why it exited)"
 
 
 def protocol_problem(service_protocol: Any) -> str | None:
