@@ -421,3 +421,12 @@ def test_walls_per_child_follow_the_manifest(tmp_path: Path) -> None:
     assert [argv[i + 1] for i, a in enumerate(argv) if a == "--dev"] == sandbox.gpu_devices()
     assert argv[argv.index("--guard-pid") + 1] == str(os.getpid())
     assert "--dev" not in policy.wrap(["true"], sandboxing.service_walls(plain, node))
+    # --gpu: the driver's own needs besides the nodes (its abstract socket; /proc when not root)
+    assert "--gpu" in argv
+    assert "--gpu" not in policy.wrap(["true"], sandboxing.service_walls(plain, node))
+    # A root agent says at load that CUDA cannot start inside the sandbox, and why
+    note = sandboxing.gpu_driver_note(gpu, True, 0)
+    assert note is not None and "run the agent as a non-root user" in note
+    assert sandboxing.gpu_driver_note(gpu, True, 1000) is None
+    assert sandboxing.gpu_driver_note(gpu, False, 0) is None  # unconfined: nothing to say
+    assert sandboxing.gpu_driver_note(plain, True, 0) is None

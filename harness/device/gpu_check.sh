@@ -5,8 +5,8 @@
 # It installs the SDK and the agent into the interpreter that has psutil and requests (no
 # index: pyseccomp and, where the system lacks it, libseccomp come from .whl/), prints what the
 # agent's own GPU detection and the sandbox's walls find on this kernel, then runs the
-# `gpu-real` scenario (harness/scenarios/gpu_real.py) on the local backend. Exit 0 only if the
-# scenario passed.
+# `gpu-real` scenario (harness/scenarios/gpu_real.py) on the local backend, as an ordinary user
+# when started as root (user oarbank-gpu, made if missing). Exit 0 only if the scenario passed.
 set -u
 out=${1:-${OUT:-/tmp/gpu-check}}
 mkdir -p "$out"
@@ -27,9 +27,25 @@ echo "== the sandbox's walls on this kernel"
 "$py" -c 'import json; from oarbank_sdk import sandbox; print(json.dumps(sandbox.capabilities(), indent=1))' \
     | tee "$out/sandbox-walls.json"
 echo "== gpu-real"
-PATH="$bin:$PATH" PYTHONUNBUFFERED=1 "$py" -m harness --backend local --scenario gpu-real \
-    --out "$out/e2e"
-rc=$?
+if [ "$(id -u)" = 0 ]; then
+    # A root agent's children may not write /proc, which CUDA's driver needs (the agent says so
+    # at load): run the node as an ordinary user, from a copy of the tree that user can read.
+    user=oarbank-gpu
+    id -u "$user" >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin "$user"
+    tree=$(mktemp -d /tmp/oarbank-gpu-tree.XXXXXX)
+    cp -a harness examples "$tree/" && chmod -R a+rX "$tree"
+    runs=$(mktemp -d /tmp/oarbank-gpu-out.XXXXXX) && chown "$user" "$runs"
+    (cd "$tree" && setpriv --reuid="$user" --regid="$(id -g "$user")" --init-groups \
+        env HOME=/tmp PATH="$bin:$PATH" PYTHONUNBUFFERED=1 \
+        "$py" -m harness --backend local --scenario gpu-real --out "$runs")
+    rc=$?
+    mkdir -p "$out/e2e" && cp -a "$runs/." "$out/e2e/"  # $out may be in root's home
+    rm -rf "$tree" "$runs"
+else
+    PATH="$bin:$PATH" PYTHONUNBUFFERED=1 "$py" -m harness --backend local --scenario gpu-real \
+        --out "$out/e2e"
+    rc=$?
+fi
 # Every log of the run in one file (the node folders are deep, the daemon's log is its service's).
 find "$out/e2e/runs" -name '*.log' -size +0 2>/dev/null | sort | while read -r f; do
     echo "=== $f"; tail -c 20000 "$f"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import sys
 import time
@@ -213,6 +214,10 @@ class Agent:
                                f"{self.modules[ctx.id].manifest.bundle}")
                 continue
             self.modules[ctx.id] = ctx
+            gpu_note = sandboxing.gpu_driver_note(ctx, sandboxing.current().enforce,
+                                                  os.geteuid())
+            if gpu_note is not None:
+                log.warning("%s: %s", ctx.id, gpu_note)
             if self._limits_known:  # (at start: once run() knows what is enforced)
                 self._warn_unmet_limits(ctx)
             if ctx.manifest.runner is not None:  # its jobs run until a doctor says otherwise

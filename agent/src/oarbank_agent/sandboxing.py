@@ -50,7 +50,7 @@ from oarbank_sdk import sandbox
 
 __all__ = ["MODES", "SandboxPolicy", "SandboxUnavailable", "resolve", "install", "current",
            "launcher_failure", "Walls", "runner_walls", "service_walls",
-           "set_undumpable", "REQUIRED_LINUX", "SANDBOX_ESCAPE"]
+           "set_undumpable", "REQUIRED_LINUX", "SANDBOX_ESCAPE", "gpu_driver_note"]
 
 log = logging.getLogger("oarbank_agent.sandbox")
 SANDBOX_ESCAPE = "sandbox_escape"  # the failure reason of a group with an unconfined process
@@ -80,6 +80,20 @@ class Walls:
 def _gpu_compute(ctx: Any) -> bool:
     devices = (ctx.manifest.sandbox or {}).get("devices") or {}
     return isinstance(devices, dict) and devices.get("gpu") == "compute"
+
+
+def gpu_driver_note(ctx: Any, enforce: bool, euid: int) -> str | None:
+    """Why a GPU-compute module's CUDA cannot start here, or None. Its children get the GPU
+    nodes and the driver's abstract socket, and /proc writes only when not root (the SDK's
+    ``_policy.GPU_PROC_WRITE``: a root child writing /proc would reach root-owned sysctls and
+    /proc/sysrq-trigger), which NVIDIA's driver needs (docs/contract-map.md G15)."""
+    if not (enforce and euid == 0 and _gpu_compute(ctx)):
+        return None
+    return ('[sandbox].devices.gpu = "compute" under an agent running as root: its children '
+            "may not write /proc (root-owned sysctls and /proc/sysrq-trigger are there), and "
+            "NVIDIA's CUDA driver writes its own /proc/self/task, so cuInit fails inside the "
+            "sandbox (CUDA_ERROR_OPERATING_SYSTEM, 304); run the agent as a non-root user "
+            "(agent/systemd/oarbank-agent.service)")
 
 
 def runner_walls(ctx: Any, workdir: os.PathLike[str] | str) -> Walls:

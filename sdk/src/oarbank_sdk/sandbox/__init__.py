@@ -149,6 +149,8 @@ def launcher_argv(*, net: str = "none", python: str | None = None,
                           ("--dev", gpu_devices() if gpu else ())):
         for path in paths:
             opts += [option, os.path.abspath(os.fspath(path))]
+    if gpu:
+        opts.append("--gpu")  # the driver's own needs besides the nodes (_policy.GPU_*)
     if signals != "scoped":
         opts += ["--signals", signals]
     for pid in guard_pids:

@@ -105,7 +105,7 @@ def _fail(what: str) -> LandlockError:
 def restrict(version: int, read: list[str], write: list[str], devices: list[str],
              scope: int) -> int:
     """Restrict this thread (and what it execs) to ``read`` (read + execute), ``write`` (every
-    right), ``devices`` (read, write, ioctl) and the ``scope`` flags (ABI >= 6). Paths that do
+    right but MAKE_SOCK), ``devices`` (read, write, ioctl) and the ``scope`` flags (ABI >= 6). Paths that do
     not exist are skipped (nothing is granted for them). Needs no_new_privs already set.
     Returns the scope flags applied. Raises ``LandlockError``."""
     handled = fs_rights(version)
@@ -120,7 +120,11 @@ def restrict(version: int, read: list[str], write: list[str], devices: list[str]
     try:
         read_rights = EXECUTE | READ_FILE | READ_DIR
         dev_rights = (READ_FILE | WRITE_FILE | READ_DIR | TRUNCATE | IOCTL_DEV) & handled
-        for paths, rights in ((read, read_rights), (write, handled), (devices, dev_rights)):
+        # No folder grants MAKE_SOCK: no process of a sandbox ever names a socket in the
+        # filesystem (a GPU child's driver may listen, on an abstract name only: _policy).
+        write_rights = handled & ~MAKE_SOCK
+        for paths, rights in ((read, read_rights), (write, write_rights),
+                              (devices, dev_rights)):
             for path in paths:
                 _add(call, fd, path, rights)
         if call(ctypes.c_long(_SYS_RESTRICT_SELF), ctypes.c_int(fd), ctypes.c_uint32(0)) != 0:

@@ -148,7 +148,8 @@ def _system_read(extra: tuple[str, ...]) -> list[str]:
 
 
 def _landlock(request: _policy.LaunchRequest) -> str:
-    """Apply the Landlock ruleset; "enforced"/"unavailable" (no Landlock in this kernel)."""
+    """Apply the Landlock ruleset; "enforced"/"unavailable" (no Landlock in this kernel). A
+    non-root ``--gpu`` child may also write /proc (``_policy.GPU_PROC_WRITE``)."""
     from . import _landlock
 
     version = _landlock.abi()
@@ -158,11 +159,20 @@ def _landlock(request: _policy.LaunchRequest) -> str:
     if request.signals == "scoped":
         scope |= _landlock.SCOPE_SIGNAL
     try:
-        _landlock.restrict(version, _system_read(request.read), list(request.write),
+        write = list(request.write)
+        if request.gpu and os.geteuid() != 0:
+            write.append(_policy.GPU_PROC_WRITE)
+        _landlock.restrict(version, _system_read(request.read), write,
                            [*_policy.SYSTEM_DEVICES, *request.devices], scope)
     except OSError as exc:
         raise SetupError(f"Landlock ruleset refused: {exc.strerror or exc}") from None
     return _policy.ENFORCED
+
+
+def _landlock_abi() -> int:
+    from . import _landlock
+
+    return _landlock.abi()
 
 
 def last_capability() -> int:
@@ -195,8 +205,10 @@ def _pgid(pid: int) -> int | None:
         return None
 
 
-def _build_filter(pyseccomp, notified: tuple[str, ...] = (), guard_pids: tuple[int, ...] = ()):
-    """``notified``: syscalls answered by a supervisor (``_notify``) instead of EPERM here."""
+def _build_filter(pyseccomp, notified: tuple[str, ...] = (), guard_pids: tuple[int, ...] = (),
+                  gpu: bool = False):
+    """``notified``: syscalls answered by a supervisor (``_notify``) instead of EPERM here.
+    ``gpu``: the GPU driver's sockets are let through (``_policy.GPU_SOCKET_*``)."""
     filt = pyseccomp.SyscallFilter(pyseccomp.ALLOW)
     # Cover the 32-bit ABIs a 64-bit kernel also accepts: otherwise an i386 binary inside the
     # sandbox would meet no rules (and the default for an unlisted arch is to kill it).
@@ -215,7 +227,18 @@ def _build_filter(pyseccomp, notified: tuple[str, ...] = (), guard_pids: tuple[i
             raise SetupError(f"seccomp rule for {name}() could not be added: {exc}") from None
 
     for name in _policy.REFUSED_SYSCALLS:
-        add(pyseccomp.NOTIFY if name in notified else action, name)
+        act = pyseccomp.NOTIFY if name in notified else action
+        if gpu and name in _policy.GPU_ALLOWED_SYSCALLS:
+            continue
+        if gpu and name == "socket":
+            # Refused unless AF_UNIX and connection-oriented: each rule refuses one way out.
+            add(act, name, pyseccomp.Arg(0, pyseccomp.NE, _policy.GPU_SOCKET_FAMILY))
+            for kind in range(_policy.SOCK_TYPE_MASK + 1):
+                if kind not in _policy.GPU_SOCKET_TYPES:
+                    add(act, name, pyseccomp.Arg(1, pyseccomp.MASKED_EQ,
+                                                 _policy.SOCK_TYPE_MASK, kind))
+            continue
+        add(act, name)
     for name in (*_policy.PROCESS_SYSCALLS, *_policy.PRIVILEGED_SYSCALLS):
         add(action, name)
     masked = pyseccomp.MASKED_EQ
@@ -239,9 +262,9 @@ def _build_filter(pyseccomp, notified: tuple[str, ...] = (), guard_pids: tuple[i
     return filt
 
 
-# Filters a forking parent built ahead (``prebuild``), by (notified syscalls, guarded pids):
-# a filter depends on nothing else, and building one is ~1.7 ms of libseccomp calls.
-_prebuilt: dict[tuple[tuple[str, ...], tuple[int, ...]], Any] = {}
+# Filters a forking parent built ahead (``prebuild``), by (notified syscalls, guarded pids,
+# gpu): a filter depends on nothing else, and building one is ~1.7 ms of libseccomp calls.
+_prebuilt: dict[tuple[tuple[str, ...], tuple[int, ...], bool], Any] = {}
 
 
 def prebuild(guard_pids: tuple[int, ...]) -> None:
@@ -255,7 +278,7 @@ def prebuild(guard_pids: tuple[int, ...]) -> None:
     except (ImportError, OSError):
         return
     for notified in ((), tuple(NOTIFIED_SYSCALLS)):
-        key = (notified, tuple(guard_pids))
+        key = (notified, tuple(guard_pids), False)
         if key not in _prebuilt:
             try:
                 _prebuilt[key] = _build_filter(pyseccomp, *key)
@@ -264,7 +287,7 @@ def prebuild(guard_pids: tuple[int, ...]) -> None:
 
 
 def _load_filter(fault: str | None, notify_fd: int | None = None,
-                 guard_pids: tuple[int, ...] = ()) -> None:
+                 guard_pids: tuple[int, ...] = (), gpu: bool = False) -> None:
     if fault == "seccomp":
         raise SetupError(f"seccomp filter not loaded: forced by {_policy.FAULT_ENV}=seccomp")
     try:
@@ -274,9 +297,9 @@ def _load_filter(fault: str | None, notify_fd: int | None = None,
     notified: tuple[str, ...] = ()
     if notify_fd is not None:  # imported only then: it costs every other launch nothing
         from ._notify import NOTIFIED_SYSCALLS as notified
-    filt = _prebuilt.get((tuple(notified), tuple(guard_pids)))
+    filt = _prebuilt.get((tuple(notified), tuple(guard_pids), gpu))
     if filt is None:
-        filt = _build_filter(pyseccomp, notified, guard_pids)
+        filt = _build_filter(pyseccomp, notified, guard_pids, gpu)
     if fault == "verify":
         return  # pretend the load went fine: verification below must notice
     try:
@@ -294,7 +317,7 @@ def _load_filter(fault: str | None, notify_fd: int | None = None,
 
 
 def _verify(libc: ctypes.CDLL, landlock: str = _policy.UNAVAILABLE,
-            granted: tuple[str, ...] = ()) -> None:
+            granted: tuple[str, ...] = (), gpu_sockets: bool = False) -> None:
     try:
         with open("/proc/self/status") as f:
             status = _policy.parse_proc_status(f.read())
@@ -315,9 +338,14 @@ def _verify(libc: ctypes.CDLL, landlock: str = _policy.UNAVAILABLE,
             pass
         else:
             raise SetupError("self-test: Landlock lets / be opened")
-    # The mode says "a filter"; these say "our filter". listen on fd -1 is EBADF unfiltered.
-    if libc.listen(-1, 0) == 0 or ctypes.get_errno() != _policy.REFUSAL_ERRNO:
-        raise SetupError("self-test: listen() is not refused by the filter")
+    # The mode says "a filter"; these say "our filter". listen/connect on fd -1 are EBADF
+    # unfiltered (a GPU child may listen: its driver does).
+    if gpu_sockets:
+        name, answer = "connect", libc.connect(-1, None, 0)
+    else:
+        name, answer = "listen", libc.listen(-1, 0)
+    if answer == 0 or ctypes.get_errno() != _policy.REFUSAL_ERRNO:
+        raise SetupError(f"self-test: {name}() is not refused by the filter")
     fd = libc.socket(_AF_INET, _SOCK_STREAM, 0)
     if fd >= 0:
         os.close(fd)
@@ -343,8 +371,12 @@ def confine(net: str, fault: str | None, notify_fd: int | None = None,
     netns = _enter_netns(libc)  # best effort, see the module docstring
     landlock = _landlock(request)
     _drop_capabilities(libc)
-    _load_filter(fault, notify_fd, request.guard_pids)
-    _verify(libc, landlock, request.read + request.write)
+    # The GPU driver's abstract socket is let through only where it stays private: its own
+    # network namespace, or Landlock's abstract-socket scope (ABI 6).
+    gpu_sockets = request.gpu and (netns == _policy.ENFORCED or (
+        landlock == _policy.ENFORCED and _landlock_abi() >= 6))
+    _load_filter(fault, notify_fd, request.guard_pids, gpu_sockets)
+    _verify(libc, landlock, request.read + request.write, gpu_sockets)
     if notify_fd is not None:
         from ._notify import verified
 

@@ -151,6 +151,26 @@ SYSTEM_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/ur
 GPU_DEVICES_GLOBS = ("/dev/nvidia*", "/dev/nvidia-caps", "/dev/dri", "/dev/kfd")
 SIGNAL_MODES = ("scoped", "open")
 
+# What a GPU driver needs besides its device nodes, granted only with `--gpu` (a module with
+# [sandbox].devices.gpu = "compute"). Measured on an NVIDIA H200, driver 580 (docs/contract-map.md
+# G15): cuInit opens an AF_UNIX SOCK_SEQPACKET socket, binds it to the abstract name
+# "@cuda-uvmfd-<netns>-<pid>@" and listens on it, and writes under its own /proc/self/task/<tid>/;
+# refusing either makes it fail (CUDA_ERROR_OPERATING_SYSTEM).
+# - Sockets: socket() of family AF_UNIX and a connection-oriented type, bind() and listen() are
+#   allowed. connect() and accept() stay refused, no folder ever grants Landlock's MAKE_SOCK (so
+#   no path socket can be made), and the name lives in the child's own network namespace under
+#   Landlock's abstract-socket scope: nothing outside its sandbox can reach it. Granted only
+#   where one of those two keeps the name private.
+# - /proc writable, only for a non-root child: file modes then keep it off root-owned sysctls,
+#   /proc/sysrq-trigger and the (undumpable, so root-owned) agent's files; it can still write
+#   the /proc files of same-user processes that have no ptrace check (oom_score_adj upwards,
+#   coredump_filter, clear_refs). A root child gets no /proc writes, and CUDA fails there.
+GPU_SOCKET_FAMILY = 1  # AF_UNIX
+GPU_SOCKET_TYPES = (1, 5)  # SOCK_STREAM, SOCK_SEQPACKET (type & SOCK_TYPE_MASK)
+SOCK_TYPE_MASK = 0xF
+GPU_ALLOWED_SYSCALLS = ("bind", "listen")
+GPU_PROC_WRITE = "/proc"
+
 ENFORCED = "enforced"
 UNAVAILABLE = "unavailable"
 
@@ -204,12 +224,14 @@ class LaunchRequest:
     """What the launcher was asked to do. (A plain class: dataclasses would import inspect,
     ~15 ms more on every sandboxed process start.)"""
 
-    __slots__ = ("net", "argv", "read", "write", "devices", "signals", "guard_pids", "notify_fd")
+    __slots__ = ("net", "argv", "read", "write", "devices", "signals", "guard_pids", "notify_fd",
+                 "gpu")
 
     def __init__(self, net: str, argv: tuple[str, ...], read: tuple[str, ...] = (),
                  write: tuple[str, ...] = (), devices: tuple[str, ...] = (),
                  signals: str = "scoped", guard_pids: tuple[int, ...] = (),
-                 notify_fd: int | None = None) -> None:
+                 notify_fd: int | None = None, gpu: bool = False) -> None:
+        self.gpu = gpu  # the GPU driver's needs (GPU_SOCKET_*, GPU_PROC_WRITE)
         self.net = net
         self.argv = argv
         self.read = read
@@ -235,7 +257,7 @@ class LaunchRequest:
 
 
 _USAGE = ("usage: launch [--net none] [--read PATH]... [--write PATH]... [--dev PATH]... "
-          "[--signals scoped|open] [--guard-pid PID]... [--notify-fd FD] -- ARGV...")
+          "[--gpu] [--signals scoped|open] [--guard-pid PID]... [--notify-fd FD] -- ARGV...")
 _PATH_OPTIONS = {"--read": "read", "--write": "write", "--dev": "devices"}
 
 
@@ -247,6 +269,7 @@ def parse_launch_args(args: list[str]) -> LaunchRequest:
     lists: dict[str, list[str]] = {"read": [], "write": [], "devices": []}
     guards: list[int] = []
     notify_fd: int | None = None
+    gpu = False
     i = 0
     while i < len(args):
         arg = args[i]
@@ -255,7 +278,12 @@ def parse_launch_args(args: list[str]) -> LaunchRequest:
             if not argv:
                 raise UsageError("no command given after '--'")
             return LaunchRequest(net, argv, tuple(lists["read"]), tuple(lists["write"]),
-                                 tuple(lists["devices"]), signals, tuple(guards), notify_fd)
+                                 tuple(lists["devices"]), signals, tuple(guards), notify_fd,
+                                 gpu)
+        if arg == "--gpu":  # a flag: no value
+            gpu = True
+            i += 1
+            continue
         name, eq, value = arg.partition("=")
         if name not in ("--net", "--signals", "--guard-pid", "--notify-fd", *_PATH_OPTIONS):
             if not arg.startswith("-"):
