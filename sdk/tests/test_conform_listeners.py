@@ -7,7 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from oarbank_sdk.conform.listeners import listeners, related_pids
+from oarbank_sdk.conform.listeners import listeners, related_pids, split_gpu_driver
 
 _HOLDER = r"""
 import socket, sys, os, time
@@ -36,7 +36,28 @@ def test_listeners_sees_udp_abstract_unix_and_tcp6_in_another_process():
             f"pid {proc.pid}: unix listening on @oarbank-conform-test-{proc.pid}",
             f"pid {proc.pid}: TCP listening on [::1]:{tcp6_port}",
         ])
+        # A GPU module's driver may hold the abstract listener (CUDA's cuda-uvmfd), nothing else
+        held = listeners({proc.pid})
+        failing, driver = split_gpu_driver(held, gpu=True)
+        assert [str(x) for x in driver] == [
+            f"pid {proc.pid}: unix listening on @oarbank-conform-test-{proc.pid}"]
+        assert sorted(x.kind for x in failing) == ["tcp6", "udp"]
+        assert split_gpu_driver(held, gpu=False) == (held, [])
     finally:
         proc.kill()
         proc.wait()
         proc.stdout.close()
+
+
+def test_a_gpu_modules_refused_connect_is_its_drivers_and_nothing_else():
+    from oarbank_sdk.conform.attempts import split_gpu_driver as split_attempts
+    from oarbank_sdk.conform.attempts import summary
+    from oarbank_sdk.sandbox._notify import Attempt
+
+    tried = [Attempt(7, 7, "connect", "python3", "python3 -I svc.py serve"),
+             Attempt(7, 7, "socket", "python3", "python3 -I svc.py serve", "AF_INET"),
+             Attempt(7, 8, "connect", "python3", "python3 -I svc.py serve")]
+    failing, driver = split_attempts(tried, gpu=True)
+    assert [(a.syscall, a.family) for a in failing] == [("socket", "AF_INET")]
+    assert summary(driver).startswith("2 attempt(s) refused by the sandbox: connect() x2 by pid 7")
+    assert split_attempts(tried, gpu=False) == (tried, [])

@@ -81,6 +81,18 @@ class Attempts:
         self._watches = []
 
 
+def split_gpu_driver(attempts: list, gpu: bool) -> tuple[list, list]:
+    """(the attempts that fail the check, those a GPU child's driver makes). A module with
+    ``[sandbox].devices.gpu = "compute"`` may make AF_UNIX stream/seqpacket sockets and nothing
+    else (the launcher's ``--gpu``), so its refused ``connect()`` is on such a socket: CUDA's
+    driver tries one at ``cuInit`` (seen on an H200, driver 580) and works on without it. Every
+    other refused call, and any call of another module, fails."""
+    if not gpu:
+        return list(attempts), []
+    driver = [a for a in attempts if a.syscall == "connect"]
+    return [a for a in attempts if a.syscall != "connect"], driver
+
+
 def summary(attempts: list, limit: int = 5) -> str:
     """``4 attempt(s) refused by the sandbox: socket(AF_INET), bind() x2 by pid 12 (python:
     python -I svc.py serve); ...``: the calls of each process, in order, then the process."""

@@ -50,7 +50,7 @@ from oarbank_sdk import pages as _pages
 from oarbank_sdk.conform import attempts as attempts_watch
 from oarbank_sdk.conform import expect, host, inputs
 from oarbank_sdk.conform import start as starting
-from oarbank_sdk.conform.listeners import listeners, related_pids
+from oarbank_sdk.conform.listeners import listeners, related_pids, split_gpu_driver
 from oarbank_sdk.conform.report import FAIL, OK, SKIP, WARN, Report
 from oarbank_sdk.endpoint.service import FEATURES_ENV
 
@@ -253,11 +253,16 @@ class ServiceUnderTest:
         if self.attempts is None:
             return
         name = f"{self.label}: no network attempts ({when})"
-        new = self.attempts.take()
+        new, driver = attempts_watch.split_gpu_driver(self.attempts.take(),
+                                                      _gpu_compute(self.m))
         if new:
             self.report.add(FAIL, name, attempts_watch.summary(new))
         elif self.attempts.errors():
             self.report.add(FAIL, name, f"the watch stopped: {'; '.join(self.attempts.errors())}")
+        elif driver:
+            self.report.add(WARN, name, attempts_watch.summary(driver) + ": connect() from a "
+                            "GPU child (devices.gpu = \"compute\"), on the only sockets it can "
+                            "make (AF_UNIX stream/seqpacket): its driver's, refused")
         else:
             self.report.add(OK, name, f"none ({self.attempts.launches} launch(es) watched)")
 
@@ -266,9 +271,14 @@ class ServiceUnderTest:
         name = f"{self.label}: never listens ({when})"
         extra = (self.channel.hello_pid,) if self.channel and self.channel.hello_pid else ()
         pids = related_pids(self.pgid, extra)
-        found = listeners(pids)
+        found, driver = split_gpu_driver(listeners(pids), _gpu_compute(self.m))
         if found:
             self.report.add(FAIL, name, "; ".join(str(x) for x in found))
+            return
+        if driver:
+            self.report.add(WARN, name, "; ".join(str(x) for x in driver) + ": a GPU driver's "
+                            "abstract socket (devices.gpu = \"compute\"), reachable only inside "
+                            "its sandbox")
             return
         if failed_start and not pids:
             self.report.add(SKIP, name, "no process of the service is left to inspect")

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import psutil
 
-__all__ = ["Listener", "listeners", "related_pids"]
+__all__ = ["Listener", "listeners", "related_pids", "split_gpu_driver"]
 
 _TCP_LISTEN = "0A"
 _TCP_CLOSE = "07"  # an unconnected UDP socket shows this state
@@ -40,6 +40,18 @@ class Listener:
         what = {"tcp": "TCP", "tcp6": "TCP", "udp": "UDP", "udp6": "UDP", "unix": "unix"}[self.kind]
         verb = "bound" if self.kind.startswith("udp") else "listening on"
         return f"pid {self.pid}: {what} {verb} {self.address}"
+
+
+def split_gpu_driver(found: list[Listener], gpu: bool) -> tuple[list[Listener], list[Listener]]:
+    """(the listeners that fail the check, those a GPU child's driver may hold). A module with
+    ``[sandbox].devices.gpu = "compute"`` runs with the launcher's ``--gpu``: its driver may
+    listen on an abstract unix name (CUDA's ``@cuda-uvmfd-...``), which lives in the child's
+    own network namespace under Landlock's abstract-socket scope, so nothing outside its
+    sandbox can reach it. Any other listener, or any listener of another module, fails."""
+    if not gpu:
+        return list(found), []
+    driver = [x for x in found if x.kind == "unix" and x.address.startswith("@")]
+    return [x for x in found if x not in driver], driver
 
 
 def related_pids(pgid: int | None, extra: tuple[int, ...] = ()) -> set[int]:
