@@ -105,9 +105,9 @@ def _fail(what: str) -> LandlockError:
 def restrict(version: int, read: list[str], write: list[str], devices: list[str],
              scope: int) -> int:
     """Restrict this thread (and what it execs) to ``read`` (read + execute), ``write`` (every
-    right but MAKE_SOCK), ``devices`` (read, write, ioctl) and the ``scope`` flags (ABI >= 6). Paths that do
-    not exist are skipped (nothing is granted for them). Needs no_new_privs already set.
-    Returns the scope flags applied. Raises ``LandlockError``."""
+    right but MAKE_SOCK), ``devices`` (read, write, ioctl) and the ``scope`` flags (ABI >= 6).
+    Paths that do not exist are skipped (nothing is granted for them). Needs no_new_privs
+    already set. Returns the scope flags applied. Raises ``LandlockError``."""
     handled = fs_rights(version)
     attr = _RulesetAttr(handled, (NET_BIND_TCP | NET_CONNECT_TCP) if version >= 4 else 0,
                         scope if version >= 6 else 0)
