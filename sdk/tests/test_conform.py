@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from oarbank_sdk import conform
+from oarbank_sdk import advice, conform
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "modelserver"
@@ -276,3 +276,23 @@ def test_invalid_manifest_stops_at_the_manifest_check(tmp_path):
     assert list(failures(report)) == ["manifest"]
     assert "colour" in failures(report)["manifest"]
     assert len(report["checks"]) == 1
+
+
+def test_a_gpu_module_passes_here_and_a_root_run_says_cuda_would_not_start(tmp_path):
+    # The reference module declared a shared GPU service: this machine has no GPU, and the
+    # example's code never opens one, so everything passes; run by root, the kit says (as the
+    # agent does at load) that CUDA's driver could not start inside the sandbox.
+    module = tmp_path / "gpu"
+    shutil.copytree(EXAMPLE, module, ignore=shutil.ignore_patterns("__pycache__"))
+    toml = module / "oarbank-module.toml"
+    text = toml.read_text().replace(
+        "# gpu = { use = \"shared\", apis_any = [\"metal\", \"cuda\"] }",
+        "gpu = { use = \"shared\", apis_any = [\"metal\", \"cuda\"] }")
+    toml.write_text(text + '\n[sandbox]\ndevices.gpu = "compute"\n')
+    rc, report = in_process(module, None)
+    assert rc == 0, failures(report)
+    said = [c["detail"] for c in report["checks"]
+            if c["name"] == "sandbox" and c["status"] == "warn"]
+    root_and_confined = os.geteuid() == 0 and sandbox_available()
+    assert said == ([f"{advice.GPU_UNDER_ROOT}: run conform as an ordinary user"]
+                    if root_and_confined else []), report["checks"]

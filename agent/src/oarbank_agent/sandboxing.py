@@ -46,7 +46,7 @@ from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from oarbank_sdk import sandbox
+from oarbank_sdk import advice, sandbox
 
 __all__ = ["MODES", "SandboxPolicy", "SandboxUnavailable", "resolve", "install", "current",
            "launcher_failure", "Walls", "runner_walls", "service_walls",
@@ -89,10 +89,7 @@ def gpu_driver_note(ctx: Any, enforce: bool, euid: int) -> str | None:
     /proc/sysrq-trigger), which NVIDIA's driver needs (docs/contract-map.md G15)."""
     if not (enforce and euid == 0 and _gpu_compute(ctx)):
         return None
-    return ('[sandbox].devices.gpu = "compute" under an agent running as root: its children '
-            "may not write /proc (root-owned sysctls and /proc/sysrq-trigger are there), and "
-            "NVIDIA's CUDA driver writes its own /proc/self/task, so cuInit fails inside the "
-            "sandbox (CUDA_ERROR_OPERATING_SYSTEM, 304); run the agent as a non-root user "
+    return (f"{advice.GPU_UNDER_ROOT}: run the agent as a non-root user "
             "(agent/systemd/oarbank-agent.service)")
 
 

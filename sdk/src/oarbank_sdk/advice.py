@@ -29,6 +29,7 @@ __all__ = [
     "ACCEPTOR_FIX",
     "INHERIT_FIX",
     "CHANNEL_CLOSED",
+    "GPU_UNDER_ROOT",
     "SERVICE_PROTOCOL",
     "no_hello",
     "ready_before_hello",
@@ -96,6 +97,14 @@ def closed_before_ready(closed: str, last_log_line: str | None) -> str:
     if last_log_line:
         return f"{text}; the service's last log line: {last_log_line}"
     return f"{text} (its log is empty: see why it exited)"
+
+
+# A module with [sandbox].devices.gpu = "compute" run confined by root: its children may not
+# write /proc (sandbox._policy.GPU_PROC_WRITE), which NVIDIA's CUDA driver needs.
+GPU_UNDER_ROOT = ('[sandbox].devices.gpu = "compute" confined by root: its children may not '
+                  "write /proc (root-owned sysctls and /proc/sysrq-trigger are there), and "
+                  "NVIDIA's CUDA driver writes its own /proc/self/task, so cuInit fails inside "
+                  "the sandbox (CUDA_ERROR_OPERATING_SYSTEM, 304)")
 
 
 def protocol_problem(service_protocol: Any) -> str | None:

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import socket
 import sys
 import time
@@ -613,6 +614,8 @@ def _conform(module_dir: Path, report: Report, sandbox: bool | None, keep: bool)
     else:
         report.add(OK, "manifest", f"{m.id} {m.version}")
     wrap, confined = sandbox_wrapper(sandbox, report)
+    if confined and _gpu_compute(m) and os.geteuid() == 0:
+        report.add(WARN, "sandbox", f"{advice.GPU_UNDER_ROOT}: run conform as an ordinary user")
     watch = attempts_watch.start(confined, report)
 
     conf, conf_problem = inputs.settings(m.bundle)
