@@ -1,4 +1,5 @@
-"""The SDK tests' shared helpers (endpoint_helpers.py) import by name from the tests."""
+"""The SDK tests' shared helpers (endpoint_helpers.py, sandbox_helpers.py) import by name from
+the tests."""
 
 from __future__ import annotations
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -18,6 +17,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from sandbox_helpers import TIMEOUT_S
+from sandbox_helpers import run_in_own_group as _run
 
 from oarbank_sdk import sandbox
 from oarbank_sdk.sandbox import _policy
@@ -25,7 +26,6 @@ from oarbank_sdk.sandbox import _policy
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux sandbox")
 
 REFUSED = (errno.EPERM, errno.EACCES)
-TIMEOUT_S = 60
 
 # Runs inside the sandbox (and, as a control, outside it). Prints one JSON object: for each
 # scenario the operation that failed and its errno ({"op": null} = everything succeeded), plus
@@ -168,22 +168,6 @@ EXPECTED_REFUSAL = {
     "socketpair_listen": "listen",
     "io_uring": "io_uring_setup",
 }
-
-
-def _run(argv: list[str], **kwargs) -> subprocess.CompletedProcess:
-    """Run in its own process group and make sure nothing of it outlives the call."""
-    proc = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, **kwargs
-    )
-    try:
-        out, err = proc.communicate(timeout=TIMEOUT_S)
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
-    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
 @pytest.fixture

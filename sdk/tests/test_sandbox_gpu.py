@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import textwrap
@@ -18,10 +16,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sandbox_helpers import run_in_own_group
 
 from oarbank_sdk import sandbox
-
-TIMEOUT_S = 60
 
 # The driver's own calls (an abstract SOCK_SEQPACKET listener, a write under
 # /proc/self/task/<tid>), then every way out a GPU child must still not have.
@@ -89,18 +86,9 @@ def _launch(shared: Path, gpu: bool, python: str, as_user: int | None = None) ->
                                  gpu=gpu) + [python, "-I", str(shared / "driver.py"), str(shared)]
     if as_user is not None:
         argv = ["setpriv", f"--reuid={as_user}", f"--regid={as_user}", "--clear-groups", *argv]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=TIMEOUT_S)
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
-    assert proc.returncode == 0, err
-    return json.loads(out)
+    done = run_in_own_group(argv)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
 
 
 def test_a_gpu_child_listens_on_an_abstract_name_and_still_reaches_nothing(shared_dir) -> None:
