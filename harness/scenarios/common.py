@@ -8,7 +8,7 @@ from harness.backends.base import Node
 from harness.scenario import Ctx
 
 __all__ = ["FAST", "row", "portal_row", "loads", "service_pids", "wait_row", "wait_portal",
-           "submit_all"]
+           "submit_all", "submit_all_watching"]
 
 FAST = "dev.oarbank.e2e.fastmodel"
 
@@ -72,3 +72,26 @@ def submit_all(node: Node, module: str, stage: str, payloads: list[Any],
         futs = [pool.submit(node.submit, module, stage, p, wait=True, timeout_s=timeout_s)
                 for p in payloads]
         return [f.result() for f in futs]
+
+
+def submit_all_watching(node: Node, module: str, stage: str, payloads: list[Any],
+                        look: Any, every_s: float, timeout_s: float = 120.0
+                        ) -> list[dict[str, Any]]:
+    """``submit_all`` while ``look()`` is called every ``every_s`` seconds in a thread, from
+    before the first submit until the last job is final (what it sees is its own to keep)."""
+    import threading
+
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            look()
+            stop.wait(every_s)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        return submit_all(node, module, stage, payloads, timeout_s)
+    finally:
+        stop.set()
+        watcher.join(10)

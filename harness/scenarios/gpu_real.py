@@ -12,11 +12,10 @@ import json
 import shutil
 import subprocess
 import sys
-import threading
 from typing import Any
 
 from harness.scenario import Ctx, scenario
-from harness.scenarios.common import loads, row, service_pids, submit_all, wait_row
+from harness.scenarios.common import loads, row, service_pids, submit_all_watching, wait_row
 
 CUDA = "dev.oarbank.e2e.cudamodel"
 IDLE_S = 4.0  # harness/modules/cudamodel: idle_timeout_s
@@ -78,21 +77,10 @@ def gpu_real(ctx: Ctx) -> None:
 
     # Three jobs at once, each holding the service 2 s, while nvidia-smi is read.
     seen_on_gpu: set[int] = set()
-    stop = threading.Event()
-
-    def watch() -> None:
-        while not stop.is_set():
-            seen_on_gpu.update(gpu_processes() or {})
-            stop.wait(0.3)
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    try:
-        recs = submit_all(node, CUDA, "generate",
-                          [{"prompts": [f"g{i}"], "hold_s": 2} for i in range(3)], timeout_s=60)
-    finally:
-        stop.set()
-        watcher.join(10)
+    recs = submit_all_watching(node, CUDA, "generate",
+                               [{"prompts": [f"g{i}"], "hold_s": 2} for i in range(3)],
+                               lambda: seen_on_gpu.update(gpu_processes() or {}), 0.3,
+                               timeout_s=60)
     ctx.check(all(r["state"] == "succeeded" for r in recs),
               f"GPU jobs: {[(r['state'], r.get('reason')) for r in recs]}")
     pids = sorted({p for r in recs for p in service_pids(r)})

@@ -4,11 +4,10 @@ a job is refused GPU_API_MISSING and the row says `gpu api missing`."""
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 from harness.scenario import Ctx, scenario
-from harness.scenarios.common import loads, row, service_pids, submit_all, wait_portal
+from harness.scenarios.common import loads, row, service_pids, submit_all_watching, wait_portal
 
 GPU = "dev.oarbank.e2e.gpumodel"
 MISSING = "GPU_API_MISSING: needs cuda, vulkan; this node provides opencl"
@@ -24,24 +23,16 @@ def gpu_shared_start(ctx: Ctx) -> None:
 
     # Node with the API: three jobs at once, each holding the service 2 s; watch the row.
     most_users = 0
-    stop = threading.Event()
 
-    def watch() -> None:
+    def look() -> None:
         nonlocal most_users
-        while not stop.is_set():
-            r: dict[str, Any] | None = with_api.service_row(GPU, "model")
-            if r:
-                most_users = max(most_users, int(r.get("users") or 0))
-            stop.wait(0.2)
+        r: dict[str, Any] | None = with_api.service_row(GPU, "model")
+        if r:
+            most_users = max(most_users, int(r.get("users") or 0))
 
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    try:
-        recs = submit_all(with_api, GPU, "generate",
-                          [{"prompts": [f"g{i}"], "hold_s": 2} for i in range(3)])
-    finally:
-        stop.set()
-        watcher.join(5)
+    recs = submit_all_watching(with_api, GPU, "generate",
+                               [{"prompts": [f"g{i}"], "hold_s": 2} for i in range(3)],
+                               look, 0.2)
     ctx.check(all(r["state"] == "succeeded" for r in recs),
               f"GPU jobs: {[(r['state'], r.get('reason')) for r in recs]}")
     pids = sorted({p for r in recs for p in service_pids(r)})
