@@ -17,11 +17,16 @@ from __future__ import annotations
 import glob
 import os
 import shutil
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # testsupport, for every test tree
+
+from testsupport.privilege import ROOT_SKIP_PREFIX, require_root  # noqa: E402
 
 REQUIRE_ENV = "OARBANK_REQUIRE_SYSTEM_PACKAGES"
 SKIP_PREFIX = "needs the system package"
@@ -77,6 +82,12 @@ def system_package() -> Callable[[str], None]:
     return require_system_package
 
 
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    marker = item.get_closest_marker("needs_root")  # testsupport.privilege
+    if marker is not None:
+        require_root(marker.args[0])
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     missing: dict[str, int] = {}
     for report in terminalreporter.stats.get("skipped", []):
@@ -90,6 +101,13 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.write_line(
             f"{total} tests skipped for missing system packages ({each}); install them with "
             f"`apt-get install {' '.join(sorted(missing))}` to run them", yellow=True, bold=True)
+    rootless = sum(1 for report in terminalreporter.stats.get("skipped", [])
+                   if isinstance(report.longrepr, tuple)
+                   and f"{ROOT_SKIP_PREFIX}: " in report.longrepr[2])
+    if rootless:
+        terminalreporter.write_line(
+            f"{rootless} tests skipped because they need root (uid {os.geteuid()} ran them); run "
+            f"the suite as root to run them too", yellow=True, bold=True)
 
 
 # Tests that make real memory pressure: two at once would each see the other's allocation as

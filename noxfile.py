@@ -10,6 +10,7 @@
 - e2e        the harness scenarios (`nox -s e2e -- --backend local`; the VM backend is
              opt-in: `nox -s e2e -- --backend vm:bookworm`)
 - bench      the benchmarks (`nox -s bench -- --quick`)
+- flakes     the suite several rounds under load, with a socket tracer: tests that fail sometimes
 """
 
 from __future__ import annotations
@@ -43,6 +44,15 @@ def _parallel() -> list[str]:
 def tests(session: nox.Session) -> None:
     _install(session, *TEST_DEPS)
     session.run("pytest", *_parallel(), *(session.posargs or TEST_PATHS))
+
+
+@nox.session
+def flakes(session: nox.Session) -> None:
+    """The suite (or the tests named after --) several rounds under CPU and disk load, with the
+    socket tracer: every test that failed in any round, with its output (testsupport/flakes.py;
+    `nox -s flakes -- --help`)."""
+    _install(session, *TEST_DEPS, "pytest-reportlog")
+    session.run("python", "-m", "testsupport.flakes", *session.posargs)
 
 
 @nox.session

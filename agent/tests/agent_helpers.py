@@ -15,6 +15,8 @@ from typing import Any
 
 from oarbank_agent import control
 from oarbank_agent.demo import AgentProcess
+from testsupport.livefiles import read_jsonl as finished_records
+from testsupport.privilege import AGENT_UNDUMPABLE, require_root
 
 MODFILES = Path(__file__).parent / "modfiles"
 REPO = Path(__file__).resolve().parents[2]
@@ -98,21 +100,15 @@ def write_module(root: Path, *, module_id: str = "test.agent.echo",
     return root
 
 
-def _jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """The records in ``path``. ``<state>/modules/<id>/data/runs.jsonl`` reads as every
-    attempt's runner records: a runner may write only its workdir (the sandbox), so the test
-    runners record in ``<state>/jobs/<job>/a<n>/runs.jsonl``; merged in time order."""
-    rows = _jsonl(path)
+    """The records in ``path`` its writers have finished. ``<state>/modules/<id>/data/runs.jsonl``
+    reads as every attempt's runner records: a runner may write only its workdir (the sandbox),
+    so the test runners record in ``<state>/jobs/<job>/a<n>/runs.jsonl``; merged in time order."""
+    rows = finished_records(path)
     if path.name == "runs.jsonl" and path.parent.name == "data" and len(path.parents) > 3 \
             and path.parents[2].name == "modules":
         for p in sorted((path.parents[3] / "jobs").glob("*/a*/runs.jsonl")):
-            rows += _jsonl(p)
+            rows += finished_records(p)
         rows.sort(key=lambda r: r.get("t", 0))
     return rows
 
@@ -205,10 +201,12 @@ class RunningAgent:
             time.sleep(0.05)
 
     def fd_count(self) -> int:
+        require_root(AGENT_UNDUMPABLE)
         return len(os.listdir(f"/proc/{self.pid}/fd"))
 
     def fd_names(self) -> list[str]:
         """``fd=what it names`` for each of the agent's descriptors."""
+        require_root(AGENT_UNDUMPABLE)
         out = []
         for fd in sorted(os.listdir(f"/proc/{self.pid}/fd"), key=int):
             try:

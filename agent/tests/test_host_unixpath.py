@@ -42,9 +42,7 @@ def test_agent_with_a_state_dir_deeper_than_a_socket_address_just_works(
     # gone (nothing under /proc/<agent>/fd names the state dir itself).
     assert stat.S_ISSOCK(os.stat(sock).st_mode)
     assert stat.S_IMODE(os.stat(sock).st_mode) == 0o600
-    fds = os.listdir(f"/proc/{agent.pid}/fd")
-    held = [os.readlink(f"/proc/{agent.pid}/fd/{n}") for n in fds
-            if os.path.exists(f"/proc/{agent.pid}/fd/{n}")]
+    held = [name.split("=", 1)[1] for name in agent.fd_names()]
     assert str(state) not in held, held
 
     # The command line a user runs, on the long path: a job through the endpoint service.

@@ -11,6 +11,8 @@ from typing import Any
 
 from agent_helpers import processes_referencing, read_jsonl, write_module
 
+from testsupport.privilege import AGENT_UNDUMPABLE, require_root
+
 JOBS = 200
 CONNECTS_PER_JOB = 50
 
@@ -21,6 +23,7 @@ def proc_status(pid: int) -> dict[str, int]:
         key, _, value = line.partition(":")
         if key in ("VmRSS", "Threads"):
             out[key] = int(value.split()[0])
+    require_root(AGENT_UNDUMPABLE)
     out["fds"] = len(os.listdir(f"/proc/{pid}/fd"))
     return out
 

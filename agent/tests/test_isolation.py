@@ -13,6 +13,8 @@ from typing import Any
 
 from agent_helpers import MODFILES, read_jsonl, runner_file, write_module
 
+from testsupport.privilege import AGENT_UNDUMPABLE, require_root
+
 O_CLOEXEC = 0o2000000
 
 
@@ -104,6 +106,7 @@ def test_no_descriptor_leaks_into_children_and_the_agent_sets_cloexec(start_agen
             extra = {fd: w for fd, w in e["fds"].items() if fd not in ("0", "1", "2")}
             assert len(extra) == 1, e  # the channel `start` passed on, nothing of the agent's
     # The agent's own descriptors (beyond stdio) are all close-on-exec.
+    require_root(AGENT_UNDUMPABLE)
     not_cloexec = []
     for fd in os.listdir(f"/proc/{agent.pid}/fdinfo"):
         if int(fd) <= 2:

@@ -15,6 +15,7 @@ from typing import Any
 from agent_helpers import RunningAgent, write_module
 
 from oarbank_agent.demo import AgentProcess
+from testsupport.livefiles import read_jsonl
 
 MOD = "test.agent.echo"
 KEYS = {"time", "level", "event", "module", "service", "job", "attempt"}
@@ -23,7 +24,7 @@ KEYS = {"time", "level", "event", "module", "service", "job", "attempt"}
 def _lines(path: Path) -> list[dict[str, Any]]:
     out = []
     for p in sorted(path.parent.glob(path.name + "*")):
-        out += [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+        out += read_jsonl(p)  # the agent may be writing the last line
     return out
 
 
@@ -77,14 +78,25 @@ def test_bad_log_options_name_what_is_wrong(tmp_path: Path, echo_module: Path) -
 
 def _as_nobody(argv: list[str]) -> tuple[int, str]:
     """``oarbank-agent ARGV`` in a forked child that became uid/gid 65534 (no exec: that user
-    may not read this interpreter's files); its exit code and stderr."""
-    # Loaded here, before the child loses the right to read this interpreter's files: what
-    # the commands import lazily (pwd; importlib.metadata, with email, for versions).
+    may not read this interpreter's files, nor the checkout where it is private); its exit code
+    and stderr."""
+    # Loaded here, before the child loses the right to read this interpreter's files and the
+    # checkout's: every module of the agent and SDK (the commands import theirs lazily) and what they
+    # import lazily from the standard library (pwd; importlib.metadata, with email, for versions).
     import email.parser  # noqa: F401
+    import importlib
     import importlib.metadata  # noqa: F401
+    import pkgutil
     import pwd  # noqa: F401
 
+    import oarbank_agent
+    import oarbank_sdk
     from oarbank_agent import cli
+
+    for package in (oarbank_agent, oarbank_sdk):
+        for found in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
+            if not found.name.endswith(".__main__"):  # a __main__ runs its command if imported
+                importlib.import_module(found.name)
 
     r, w = os.pipe()
     pid = os.fork()

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from harness.procs import ProcInfo
+from testsupport.livefiles import complete_lines
 
 __all__ = ["CliResult", "Node", "Backend", "NodeError", "FINAL_STATES"]
 
@@ -225,10 +226,11 @@ class Node(ABC):
         return sorted(self.state_dir.rglob(name))
 
     def read_lines(self, name: str) -> list[str]:
-        """Non-empty lines of the node's file `name` (e.g. the example's model.loads)."""
+        """Non-empty lines of the node's file `name` (e.g. the example's model.loads) that its
+        writer has finished (a live service may be writing the last one)."""
         out: list[str] = []
         for f in self.find_files(name):
-            out += [ln for ln in f.read_text(errors="replace").splitlines() if ln.strip()]
+            out += [ln for ln in complete_lines(f.read_text(errors="replace")) if ln.strip()]
         return out
 
 

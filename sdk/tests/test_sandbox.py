@@ -259,8 +259,12 @@ def test_same_script_gets_through_without_the_sandbox(targets) -> None:
     cfg, script, servers = targets
     report = _attempt(dict(cfg, grandchild=False), script, confined=False)
     assert report["Seccomp"] == "0"
-    for scenario, got in report["results"].items():
-        assert got["errno"] not in REFUSED, f"unconfined {scenario} was refused: {got}"
+    refused = {scenario: got for scenario, got in report["results"].items()
+               if got["errno"] in REFUSED}
+    # An ordinary user's AF_PACKET socket needs CAP_NET_RAW: the kernel refuses it unconfined
+    # too, so for that user it shows nothing about the sandbox.
+    kernel_refuses = set() if os.geteuid() == 0 else {"socket_packet"}
+    assert set(refused) <= kernel_refuses, f"unconfined, refused: {refused}"
     assert report["results"]["tcp_listen_127"]["op"] is None
     assert report["results"]["connect_unix_outside"]["op"] is None
     for server in servers.values():  # drain what the control connected
@@ -386,7 +390,10 @@ def test_probe_run_unconfined_reports_nothing_enforced() -> None:
     done = _run([sys.executable, "-I", "-m", "oarbank_sdk.sandbox._probe", os.readlink("/proc/self/ns/net")])
     assert done.returncode == 0, done.stderr
     caps = _policy.derive_capabilities(json.loads(done.stdout), "linux")
-    assert caps == dict.fromkeys(sandbox.CAPABILITY_NAMES, "unavailable")
+    expected = dict.fromkeys(sandbox.CAPABILITY_NAMES, "unavailable")
+    if os.geteuid() != 0:
+        expected["caps_dropped"] = "enforced"  # an ordinary user holds no capabilities to drop
+    assert caps == expected
 
 
 def test_module_form_of_the_launcher_runs_a_confined_child() -> None:
@@ -549,8 +556,9 @@ def test_every_wall_holds_in_child_and_grandchild(walls_setup) -> None:
 
 
 def test_the_same_attempts_get_through_without_the_sandbox(walls_setup) -> None:
-    """Control: unconfined (as root here) the attempts are not refused with those errnos, so
-    the refusals above are the sandbox's doing. Only the harmless ones are compared."""
+    """Control: unconfined the attempts are not refused with those errnos (but what the kernel
+    keeps from an ordinary user), so the refusals above are the sandbox's doing. Only the
+    harmless ones are compared."""
     cfg, read, write, outside = walls_setup
     report = _walls(dict(cfg, grandchild=False, control=True), [])
     r = report["results"]
@@ -558,9 +566,13 @@ def test_the_same_attempts_get_through_without_the_sandbox(walls_setup) -> None:
               "list_outside", "list_root", "dev_ptmx", "list_dev", "kill_parent",
               "kill_guarded", "environ_parent"):
         assert r[k] == "ok", f"unconfined {k}: {r[k]}"
-    for k in ("process_vm_readv", "kcmp", "clone3", "bpf", "keyctl", "perf_event_open",
-              "userfaultfd"):
-        assert r[k] not in ("EPERM", "EACCES"), f"unconfined {k} refused: {r[k]}"
+    refused = {k: r[k] for k in ("process_vm_readv", "kcmp", "clone3", "bpf", "keyctl",
+                                 "perf_event_open", "userfaultfd") if r[k] in ("EPERM", "EACCES")}
+    # vm.unprivileged_userfaultfd = 0 leaves userfaultfd to privileged users, unconfined too.
+    kernel_refuses = set()
+    if os.geteuid() != 0 and Path("/proc/sys/vm/unprivileged_userfaultfd").read_text().strip() == "0":
+        kernel_refuses.add("userfaultfd")
+    assert set(refused) <= kernel_refuses, f"unconfined, refused: {refused}"
 
 
 def test_dev_option_grants_a_device_node_and_signals_open_drops_the_scope(walls_setup) -> None:

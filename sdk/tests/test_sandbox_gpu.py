@@ -81,11 +81,27 @@ def shared_dir() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
+def _readable_import_dirs(argv: list[str], shared: Path) -> list[str]:
+    """``argv`` with the launcher importing from copies in ``shared``: the checkout and this
+    interpreter's site-packages may be private to their owner (a clone under /root)."""
+    at = argv.index(sandbox.LAUNCHER_BOOT) + 1  # the two folders it imports from follow
+    sdk_dir, seccomp_dir = argv[at:at + 2]
+    lib = shared / "lib"
+    shutil.copytree(Path(sdk_dir) / "oarbank_sdk", lib / "sdk" / "oarbank_sdk", dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    (lib / "seccomp").mkdir(exist_ok=True)
+    shutil.copy(Path(seccomp_dir) / "pyseccomp.py", lib / "seccomp")
+    for path in [lib, *lib.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return [*argv[:at], str(lib / "sdk"), str(lib / "seccomp"), *argv[at + 2:]]
+
+
 def _launch(shared: Path, gpu: bool, python: str, as_user: int | None = None) -> dict:
     argv = sandbox.launcher_argv(python=python, read=[shared / "driver.py"], write=[shared],
                                  gpu=gpu) + [python, "-I", str(shared / "driver.py"), str(shared)]
     if as_user is not None:
-        argv = ["setpriv", f"--reuid={as_user}", f"--regid={as_user}", "--clear-groups", *argv]
+        argv = ["setpriv", f"--reuid={as_user}", f"--regid={as_user}", "--clear-groups",
+                *_readable_import_dirs(argv, shared)]
     done = run_in_own_group(argv)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)

@@ -1,8 +1,8 @@
 """The factory's own confinement: as tight as its children's start-up allows.
 
-Always: not dumpable (``PR_SET_DUMPABLE`` 0: its /proc files are root's alone, nobody can
-ptrace it without capabilities), like the agent. When the sandbox confines every child
-(``--confine``): no_new_privs, and of root's capabilities only those a child needs before it
+When the sandbox confines every child (``--confine``): not dumpable (``PR_SET_DUMPABLE`` 0:
+its /proc files are root's alone, nobody can ptrace it without capabilities), like the agent
+then; no_new_privs, and of root's capabilities only those a child needs before it
 confines itself (a new network namespace: CAP_SYS_ADMIN; emptying its bounding set:
 CAP_SETPCAP; its folders and the cgroup file whatever their modes: the DAC ones). Everything
 else (raw sockets, module loading, mounts through another path, ...) is gone from the factory

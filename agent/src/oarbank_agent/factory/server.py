@@ -153,8 +153,8 @@ def main(argv: list[str]) -> int:
     _preload(os.getppid())  # the agent: every launch guards it (sandboxing.SandboxPolicy)
     if "--confine" in argv[1:]:
         selfconfine.confine()
-    else:
-        selfconfine.undumpable()
+    # else dumpable, as the agent is without the sandbox: a child whose parent is the factory
+    # reads its /proc as it reads the agent's when started directly
     with contextlib.suppress(BrokenPipeError, ConnectionResetError):
         Factory(sock, startup).serve()
     return 0
