@@ -26,7 +26,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # testsupport, for every test tree
 
-from testsupport.privilege import ROOT_SKIP_PREFIX, require_root  # noqa: E402
+from testsupport.privilege import ROOT_SKIP_PREFIX  # noqa: E402
 
 REQUIRE_ENV = "OARBANK_REQUIRE_SYSTEM_PACKAGES"
 SKIP_PREFIX = "needs the system package"
@@ -80,12 +80,6 @@ def require_system_package(name: str) -> None:
 @pytest.fixture(scope="session")
 def system_package() -> Callable[[str], None]:
     return require_system_package
-
-
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    marker = item.get_closest_marker("needs_root")  # testsupport.privilege
-    if marker is not None:
-        require_root(marker.args[0])
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
                 logs.append(log)
         finally:
             stop_load(load)
-        drops = [d for n in range(1, args.rounds + 1)
+        drops = [{**d, "test": f"round {n}: {d['test']}"} for n in range(1, args.rounds + 1)
                  for d in read_drops(Path(scratch) / f"sockets-{n}")]
     outcomes = read_outcomes(logs)
     text = report(outcomes, drops, args.rounds, load_text, time.monotonic() - t0)

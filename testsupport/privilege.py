@@ -1,7 +1,7 @@
 """Tests that need root, run by an ordinary user: skipped with one line saying why (the
 README's commands do not say to be root), counted at the end of the run by the root
-conftest. A whole test says so with ``@pytest.mark.needs_root("why")``; a check deep in a
-helper calls ``require_root("why")`` where it needs the privilege."""
+conftest. A test, or a helper it calls, calls ``require_root("why")`` where it needs the
+privilege, so that what an ordinary user can check is checked first."""
 
 from __future__ import annotations
 
