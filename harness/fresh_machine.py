@@ -8,7 +8,8 @@ debootstrap, PostgreSQL, git or compiler) and runs, in a venv (Debian's own pyth
     python3 -m pip install nox && nox -s demo
     python3 -m pip install nox && nox -s tests
 
-Both must pass; the tests that need a missing system package are skipped and counted (the
+The clone is in root's home, which only root can read. Both must pass; the tests that need
+a missing system package are skipped and counted (the
 run's last lines are printed). The container has no network (`--network none`): pip reads
 a wheelhouse downloaded on the host beforehand (from the index this machine's pip is set up
 for), through PIP_NO_INDEX/PIP_FIND_LINKS. It runs as root with the capabilities a root
@@ -38,6 +39,7 @@ README_COMMANDS = ("python3 -m pip install nox && nox -s demo",
 # own seccomp profile. Not `privileged`: that asks for every capability, and a machine whose
 # own bounding set lacks one (CAP_SYS_RESOURCE on some hosts) cannot start such a container.
 ROOT_CAPS = ["SYS_ADMIN", "NET_ADMIN", "SYS_PTRACE"]
+CHECKOUT = "/root/oarbank"  # where the clone is in the container
 # What `nox -s tests` and `nox -s demo` install, and what builds our editable packages.
 WANTED = ("nox", "setuptools>=61", "wheel")
 
@@ -109,16 +111,18 @@ def main(argv: list[str] | None = None) -> int:
             src = Path(tmp) / "oarbank"
             head = _clone(src)
             _log(f"clean clone of {head} in a {args.release} container ({tag})")
-            script = "set -e; python3 -m venv /opt/py; . /opt/py/bin/activate; cd /src; " + \
-                "; ".join(f"echo '$ {c}'; {c}" for c in README_COMMANDS)
+            # The clone sits in root's home, which only root may read (as on Debian): the
+            # tests must not assume that another user can read the checkout.
+            script = f"set -e; chmod 700 /root; python3 -m venv /opt/py; . /opt/py/bin/activate; " \
+                f"cd {CHECKOUT}; " + "; ".join(f"echo '$ {c}'; {c}" for c in README_COMMANDS)
             ctr = engine.client.containers.run(
                 tag, ["/bin/sh", "-c", script], detach=True, network_mode="none",
                 cap_add=ROOT_CAPS, security_opt=["seccomp=unconfined", "apparmor=unconfined"],
                 # A machine's loopback has ::1; Docker turns IPv6 off in a network-less one.
                 sysctls={"net.ipv6.conf.all.disable_ipv6": "0",
                          "net.ipv6.conf.lo.disable_ipv6": "0"},
-                working_dir="/src",
-                volumes={str(src): {"bind": "/src", "mode": "rw"},
+                working_dir=CHECKOUT,
+                volumes={str(src): {"bind": CHECKOUT, "mode": "rw"},
                          str(wheels): {"bind": "/wheels", "mode": "ro"}},
                 environment={"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": "/wheels",
                              "PIP_CONFIG_FILE": "/dev/null", "LANG": "C.UTF-8",
