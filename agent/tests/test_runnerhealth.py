@@ -18,6 +18,33 @@ from oarbank_agent.runnerhealth import judge
 MOD = "test.agent.echo"
 
 
+def _contract(health: str, checks: list | None = None, supported: list | None = None) -> dict:
+    doc = {"runner_protocol": {"supported": supported or [1]}, "health": health,
+           "capabilities": []}
+    if checks is not None:
+        doc["checks"] = checks
+    return doc
+
+
+def test_what_a_doctor_said_in_the_contracts_form() -> None:
+    assert judge(0, _contract("healthy", [{"name": "python", "ok": True}]), "") == (
+        "healthy", None)
+    assert judge(0, _contract("unhealthy", [
+        {"name": "python", "ok": True}, {"name": "weights", "ok": False, "detail": "/m gone"},
+        {"name": "disk", "ok": False}]), "") == ("unhealthy", "weights: /m gone; disk")
+    assert judge(0, _contract("undetected", [
+        {"name": "gpu", "ok": False, "detail": "no NVIDIA driver"}]), "") == (
+        "undetected", "gpu: no NVIDIA driver")
+    assert judge(0, _contract("unhealthy"), "") == (
+        "unhealthy", "its doctor --json says unhealthy and names no failed check")
+    # the contract says exit 0 even when unhealthy: a non-zero exit is a broken doctor
+    assert judge(1, _contract("healthy"), "") == (
+        "unhealthy", "doctor --json said healthy (exit 1)")
+    # a runner protocol this agent does not speak: this node cannot run it
+    assert judge(0, _contract("healthy", supported=[2]), "") == (
+        "undetected", "its doctor supports runner protocol [2]; this agent speaks 1")
+
+
 def test_what_a_doctor_said() -> None:
     assert judge(0, {"ok": True, "python": "3.11"}, "") == ("healthy", None)
     assert judge(0, {"ok": False, "reason": "no_weights", "detail": "/m missing"}, "") == (
@@ -30,9 +57,11 @@ def test_what_a_doctor_said() -> None:
     assert "slow disk" in why
     # a runner that does not speak doctor --json: not checked, and said so
     health, why = judge(2, None, "usage: runner.py {run}\nrunner.py: error: invalid choice\n")
-    assert health == "undetected"
-    assert why.startswith("doctor --json answered no JSON object with 'ok' (exit 2)")
+    assert health == "unknown"
+    assert why.startswith("doctor --json answered no JSON object with a 'health' of "
+                          "healthy/unhealthy/undetected (nor the older 'ok') (exit 2)")
     assert "invalid choice" in why
+    assert judge(0, {"health": "fine"}, "")[0] == "unknown"  # not one of the contract's
 
 
 def test_events_are_bounded_whole_lines_and_never_followed(tmp_path: Path) -> None:
@@ -77,6 +106,8 @@ def test_an_unhealthy_runner_holds_its_jobs_with_its_reason_until_healthy(
     job = next(j for j in agent.status()["jobs"])
     assert (job["state"], job["reason"]) == ("queued", reason)
     assert "test.agent.echo: runner unhealthy: weights_missing" in agent.log()
+    text = agent.cli("status", "--state-dir", sd).stdout
+    assert "RUNNER UNHEALTHY test.agent.echo: weights_missing: /models/x.bin not found" in text
     doctor.unlink()  # healthy again: the job runs at the next refresh
     done = agent.wait(job["job_id"], 90)
     assert (done["state"], done["reason"]) == ("succeeded", None), done
@@ -105,3 +136,35 @@ def test_events_go_to_runners_that_declare_them_and_stay_with_the_attempt(
     assert "--events" not in next(r["argv"] for r in read_jsonl(wd / "runs.jsonl"))
     reply = control.request(agent.state_dir, {"op": "job", "job_id": job["job_id"]})
     assert reply["job"]["events"]["events_count"] == 25
+
+
+def test_an_undetected_runner_refuses_new_jobs_with_its_reason(
+        start_agent, tmp_path: Path) -> None:
+    agent = start_agent([write_module(tmp_path / "m")], extra_args=["--refresh-s", "0.5"])
+    sd = str(agent.state_dir)
+    assert agent.status()["runners"][MOD] == {
+        "health": "healthy", "reason": None,
+        "checked_at": agent.status()["runners"][MOD]["checked_at"]}
+    # The runner's doctor says this node cannot run it (its jobs already queued wait, held by
+    # the same pseudo pool as an unhealthy runner's, above).
+    doctor = agent.module_data() / "doctor.json"
+    doctor.write_text(json.dumps({"answer": {
+        "runner_protocol": {"supported": [1]}, "health": "undetected", "capabilities": [],
+        "checks": [{"name": "gpu", "ok": False, "detail": "no NVIDIA driver on this node"}]}}))
+    agent.wait_for(lambda: agent.status()["runners"][MOD]["health"] == "undetected",
+                   timeout=60, what="the next refresh's doctor")
+    r = agent.cli("submit", "--state-dir", sd, "--module", "echo", "--stage", "plain",
+                  "--payload", "{}")
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert ("RUNNER_UNDETECTED: the runner of module test.agent.echo says this node cannot "
+            "run it: gpu: no NVIDIA driver on this node (its `doctor --json`)") in r.stderr
+    assert agent.status()["jobs_total"] == 0  # nothing queued
+    # no alarm: the runner's own "not here" is an info line, not a warning
+    line = next(ln for ln in agent.log().splitlines() if "runner undetected" in ln)
+    assert "WARNING" not in line, line
+    assert "RUNNER UNDETECTED test.agent.echo: gpu: no NVIDIA driver" in agent.cli(
+        "status", "--state-dir", sd).stdout
+    doctor.unlink()  # detected again: jobs are taken
+    agent.wait_for(lambda: agent.status()["runners"][MOD]["health"] == "healthy", timeout=60,
+                   what="the doctor healthy again")
+    assert agent.run_job("plain", {})["state"] == "succeeded"

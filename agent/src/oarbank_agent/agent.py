@@ -229,7 +229,8 @@ class Agent:
 
     async def check_runners(self, ctxs: list[ModuleCtx] | None = None) -> None:
         """Each runner's ``doctor --json`` (runnerhealth.py): at load and every refresh. An
-        unhealthy one's jobs are not admitted (its pseudo pool counts 0) and say why."""
+        unhealthy or undetected one's jobs are not admitted (its pseudo pool counts 0) and say
+        why."""
         for ctx in list(self.modules.values()) if ctxs is None else ctxs:
             if ctx.manifest.runner is None or ctx.id in self.removing:
                 continue
@@ -239,9 +240,11 @@ class Agent:
             before = self.runner_health.get(ctx.id)
             self.runner_health[ctx.id] = h
             self.admission.set_capacity(runnerhealth.pool_key(ctx.id),
-                                        0 if h.health == "unhealthy" else 1)
+                                        0 if h.health in runnerhealth.HOLDS_JOBS else 1)
             if before is None or (before.health, before.reason) != (h.health, h.reason):
-                log.log(logging.INFO if h.health == "healthy" else logging.WARNING,
+                # undetected: the runner's own "not on this node", no alarm (contract 4)
+                quiet = h.health in ("healthy", "undetected")
+                log.log(logging.INFO if quiet else logging.WARNING,
                         "%s: runner %s%s", ctx.id, h.health, f": {h.reason}" if h.reason else "")
         self.queue.admit()
 
@@ -265,7 +268,10 @@ class Agent:
                 # network attempts the sandbox refused, per service / attempt (refusals.py);
                 # "counted" false: refused all the same, but this machine cannot count them
                 "sandbox_refusals": refusals.current().report(),
-                "sandbox_refusals_counted": refusals.current().enabled}
+                "sandbox_refusals_counted": refusals.current().enabled,
+                # each runner's `doctor --json` verdict (runnerhealth.py): in every heartbeat,
+                # so that a fleet sees an unhealthy runner, not only this node's `status`
+                "runners": {m: h.report() for m, h in self.runner_health.items()}}
 
     def _with_wait(self, rec: JobRecord, view: dict[str, Any]) -> dict[str, Any]:
         """A job's view; an admitted job waiting for a starting service says so, with the
@@ -295,7 +301,6 @@ class Agent:
         rep["jobs"] = [self._with_wait(r, r.summary()) for r in ordered]
         rep["state_dir"] = str(self.state_dir)
         rep["modules_refused"] = dict(self.refused_modules)  # module -> why it is not running
-        rep["runners"] = {m: h.report() for m, h in self.runner_health.items()}  # doctor --json
         rep["gpu"] = self.gpu.as_dict() if self.gpu is not None else None
         rep["protection"] = self.guard.report(self.admission.budget_gb,
                                               self.admission.charged_gb())

@@ -589,6 +589,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
                                                   "bad_request", "gpu_api_missing",
                                                   "exceeds_memory_budget",
                                                   "unsupported_platform",
+                                                  "runner_undetected",
                                                   "module_disabled", "module_removed") else 1
             job_id = reply["job_id"]
             if not args.wait:
@@ -653,6 +654,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     _table(cols, rows)
     for module, why in (st.get("modules_refused") or {}).items():  # loaded nothing of these
         print(f"REFUSED {module}: {why}")
+    for module, h in (st.get("runners") or {}).items():  # what a runner's doctor said, if not healthy
+        if h.get("health") != "healthy":
+            print(f"RUNNER {str(h.get('health')).upper()} {module}: {h.get('reason')}")
     print()
     page = st.get("jobs_page")
     if page is not None:

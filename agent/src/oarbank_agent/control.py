@@ -18,7 +18,8 @@ Codes: ``bad_request`` (not JSON, unknown op, wrong field, unknown rule), ``unkn
 (submit: ``GPU_API_MISSING: needs <apis>; this node provides <have>``, nothing queued),
 ``exceeds_memory_budget`` (submit: the job could never fit this node's memory budget).
 ``unsupported_platform`` (submit: the stage, or a service it uses, does not run on this
-node's platform; compat.py).
+node's platform; compat.py), ``runner_undetected`` (submit: the module's runner says, in its
+``doctor --json``, that this node cannot run it; runnerhealth.py).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ import dataclasses
 import logging
 from typing import TYPE_CHECKING, Any
 
-from . import jobs, placement, recovery, runnerhealth, waiting
+from . import control, jobs, placement, recovery, runnerhealth, waiting
 from .jobrun import JobRuns, move
 
 if TYPE_CHECKING:
@@ -100,6 +100,9 @@ class JobQueue:
         """A new job of ``ctx``'s stage ``st``. Raises ``control.ControlError`` for a job
         that can never run here (nothing is queued then)."""
         placement.check(ctx, st, self.supervisor, self.admission.budget_gb)
+        refused = runnerhealth.refusal(ctx.id, self.runner_health.get(ctx.id))
+        if refused is not None:
+            raise control.ControlError("runner_undetected", refused)
         # (new) -> queued: on disk before anyone hears of it
         rec = self.store.create(ctx.id, st.name, payload)
         self.jobs[rec.job_id] = rec

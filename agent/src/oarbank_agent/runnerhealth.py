@@ -3,20 +3,28 @@ loaded and at every refresh (``runningwatch``, ``--refresh-s``).
 
 What a doctor said (``judge``, pure):
 
-- a JSON object with ``"ok": true`` and exit 0: **healthy**;
-- a JSON object with ``"ok"`` anything else, or exit non-zero with such an object, or no
-  answer within ``DOCTOR_TIMEOUT_S``: **unhealthy**, with the runner's own reason (its
-  ``reason``, ``detail``, ``problems`` or ``error``, as written);
-- no JSON object with an ``ok`` at all (a runner that does not speak ``doctor --json``), or a
-  doctor the sandbox could not start (the node's fault, not the runner's): **undetected**,
-  as a fingerprint's ``undetected`` health: its jobs run, and ``status`` says its health is
-  not known and why.
+- the contract's form, ``{"runner_protocol": {"supported": [1]}, "health": ..., "checks"?:
+  [{"name", "ok", "detail"?}]}``, exit 0: its ``health`` as it says. **healthy**;
+  **unhealthy** (it should work here, something is broken: alert), with the failed checks as
+  the reason; **undetected** (this node cannot run it: no alert, its jobs are not taken here),
+  likewise. A doctor whose ``runner_protocol.supported`` lacks 1 is **undetected** on this
+  agent, which speaks 1; the contract's form with a non-zero exit is **unhealthy**;
+- the older form, a JSON object with ``"ok"``: ``true`` and exit 0 is **healthy**, anything
+  else **unhealthy**, with the runner's own reason (its ``reason``, ``detail``, ``problems``
+  or ``error``, as written);
+- no answer within ``DOCTOR_TIMEOUT_S``: **unhealthy**;
+- neither form (a runner that does not speak ``doctor --json``), or a doctor the sandbox could
+  not start (the node's fault, not the runner's): **unknown**, the agent's own verdict: its
+  jobs run, and ``status`` says its health is not known and why.
 
-An unhealthy runner's module gets no new admissions: every job of it needs the pseudo pool
-``pool_key`` (capacity 1, 0 while unhealthy), and a job that waits for it says the runner's
-reason (``wait_reason``; ``status`` and ``submit --wait`` show it). Attempts already running
-go on. The doctor runs like a runner (the runner's sandbox, a scratch workdir of its own under
-``<state>/run/doctor/``, cwd the bundle), in its own process group, ended when it is over.
+An unhealthy or undetected runner's module gets no new admissions: every job of it needs the
+pseudo pool ``pool_key`` (capacity 1, 0 while unhealthy or undetected), and a job that waits
+for it says the runner's reason (``wait_reason``; ``status`` and ``submit --wait`` show it).
+A job submitted while the runner says undetected is refused at once (``refusal``: nothing is
+queued), as a job needing a GPU API the node lacks is. Attempts already running go on. The
+doctor runs like a runner (the runner's sandbox, a scratch workdir of its own under
+``<state>/run/doctor/``, cwd the module's data directory, within 60 s: contract section 4), in
+its own process group, ended when it is over.
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from oarbank_sdk import advice
+from oarbank_sdk import advice, doctorform
 from oarbank_sdk.protocol import last_json_object
 
 from . import logtail, procs, sandboxing, waiting
@@ -38,18 +46,23 @@ from .eventwait import result_within
 if TYPE_CHECKING:
     from .modules import ModuleCtx, NodeInfo
 
-__all__ = ["DOCTOR_TIMEOUT_S", "RunnerHealth", "doctor", "judge", "pool_key", "wait_reason"]
+__all__ = ["DOCTOR_TIMEOUT_S", "HEALTHS", "HOLDS_JOBS", "RunnerHealth", "doctor", "judge",
+           "pool_key", "refusal", "wait_reason"]
 
 log = logging.getLogger("oarbank_agent.runnerhealth")
 
-DOCTOR_TIMEOUT_S = 10.0  # the contract gives none; an interpreter start under load fits
+DOCTOR_TIMEOUT_S = doctorform.TIMEOUT_S
 REASON_CHARS = 300
+CONTRACT_HEALTHS = doctorform.HEALTHS  # what a doctor may say
+HEALTHS = (*CONTRACT_HEALTHS, "unknown")  # and the agent's own: the doctor said neither form
+HOLDS_JOBS = ("unhealthy", "undetected")  # no admissions while the runner is so
+RUNNER_PROTOCOL = 1  # the one this agent speaks
 
 
 @dataclass(frozen=True)
 class RunnerHealth:
-    health: str  # healthy | unhealthy | undetected
-    reason: str | None  # why unhealthy or undetected
+    health: str  # one of HEALTHS
+    reason: str | None  # why not healthy
     checked_at: float  # unix time of the doctor run
 
     def report(self) -> dict[str, Any]:
@@ -73,6 +86,33 @@ def _own_reason(doc: dict[str, Any]) -> str | None:
     return text[:REASON_CHARS] if text else None
 
 
+def _failed_checks(doc: dict[str, Any]) -> str | None:
+    """``name: detail`` of each check the doctor says failed."""
+    checks = doc.get("checks")
+    if not isinstance(checks, list):
+        return None
+    failed = [c for c in checks if isinstance(c, dict) and c.get("ok") is not True]
+    text = "; ".join(f"{c.get('name', '?')}: {c['detail']}" if c.get("detail") else
+                     str(c.get("name", "?")) for c in failed)
+    return text[:REASON_CHARS] or None
+
+
+def _contract_form(rc: int, doc: dict[str, Any]) -> tuple[str, str | None]:
+    """The contract's ``{"runner_protocol", "health", "checks"?}`` answer."""
+    supported = doc.get("runner_protocol", {})
+    supported = supported.get("supported") if isinstance(supported, dict) else None
+    if isinstance(supported, list) and RUNNER_PROTOCOL not in supported:
+        return "undetected", (f"its doctor supports runner protocol {supported}; this agent "
+                              f"speaks {RUNNER_PROTOCOL}")
+    health = doc["health"]
+    why = _failed_checks(doc) or _own_reason(doc)
+    if rc != 0:
+        return "unhealthy", f"{why or f'doctor --json said {health}'} (exit {rc})"
+    if health == "healthy":
+        return "healthy", None
+    return health, why or f"its doctor --json says {health} and names no failed check"
+
+
 def judge(rc: int | None, doc: dict[str, Any] | None, err_tail: str,
           timeout_s: float = DOCTOR_TIMEOUT_S) -> tuple[str, str | None]:
     """(health, reason) from how ``doctor --json`` ended: ``rc`` None when it timed out,
@@ -80,22 +120,38 @@ def judge(rc: int | None, doc: dict[str, Any] | None, err_tail: str,
     if rc is None:
         return "unhealthy", logtail.with_summary(
             f"doctor --json did not answer within {timeout_s:g}s", err_tail)
-    if doc is not None and "ok" in doc:
+    if doc is not None and doc.get("health") in CONTRACT_HEALTHS:
+        return _contract_form(rc, doc)
+    if doc is not None and doctorform.is_older_form(doc):  # still accepted
         if doc["ok"] is True and rc == 0:
             return "healthy", None
         why = _own_reason(doc) or f"doctor --json answered {json.dumps(doc)[:200]}"
         return "unhealthy", why if rc == 0 else f"{why} (exit {rc})"
-    return "undetected", logtail.with_summary(
-        f"doctor --json answered no JSON object with 'ok' (exit {rc}): its health is not "
+    return "unknown", logtail.with_summary(
+        f"doctor --json answered no JSON object with a 'health' of "
+        f"{'/'.join(CONTRACT_HEALTHS)} (nor the older 'ok') (exit {rc}): its health is not "
         "checked", err_tail)
 
 
+def _verdict(module_id: str, h: RunnerHealth) -> str:
+    if h.health == "undetected":
+        return f"the runner of module {module_id} says this node cannot run it: {h.reason}"
+    return f"the runner of module {module_id} is unhealthy: {h.reason}"
+
+
 def wait_reason(module_id: str, h: RunnerHealth) -> str | None:
-    """Why a job of the module waits, while its runner is unhealthy; else None."""
-    if h.health != "unhealthy":
+    """Why a job of the module waits, while its runner is unhealthy or undetected; else None."""
+    if h.health not in HOLDS_JOBS:
         return None
-    return (f"{waiting.WAITING}the runner of module {module_id} is unhealthy: {h.reason} (its "
-            "`doctor --json`, asked again every --refresh-s)")
+    return (f"{waiting.WAITING}{_verdict(module_id, h)} (its `doctor --json`, asked again "
+            "every --refresh-s)")
+
+
+def refusal(module_id: str, h: RunnerHealth | None) -> str | None:
+    """Why a new job of the module is refused at submit (its runner says undetected)."""
+    if h is None or h.health != "undetected":
+        return None
+    return f"RUNNER_UNDETECTED: {_verdict(module_id, h)} (its `doctor --json`)"
 
 
 async def doctor(ctx: ModuleCtx, node: NodeInfo, registry: procs.ProcessRegistry,
@@ -117,7 +173,7 @@ async def doctor(ctx: ModuleCtx, node: NodeInfo, registry: procs.ProcessRegistry
     now = time.time()
     with open(work / "doctor.out", "wb") as out, open(work / "doctor.err", "wb") as err:
         try:
-            proc = await procs.spawn(argv, env=env, cwd=ctx.manifest.bundle, stdout=out,
+            proc = await procs.spawn(argv, env=env, cwd=ctx.data_dir, stdout=out,
                                      stderr=err, registry=registry, kind="op",
                                      label=f"{ctx.id} runner doctor",
                                      walls=sandboxing.runner_walls(ctx, work),
@@ -140,7 +196,7 @@ async def doctor(ctx: ModuleCtx, node: NodeInfo, registry: procs.ProcessRegistry
     if refused is not None:
         # The node's sandbox failed, not the runner: no verdict on the runner. Its jobs are
         # not held back; each fails with this same sandbox reason, as without a doctor.
-        return RunnerHealth("undetected", f"doctor --json could not start: {refused}", now)
+        return RunnerHealth("unknown", f"doctor --json could not start: {refused}", now)
     health, why = judge(rc, last_json_object(raw.decode("utf-8", errors="replace")),
                         logtail.read_tail(work / "doctor.err"), timeout_s)
     return RunnerHealth(health, why, now)

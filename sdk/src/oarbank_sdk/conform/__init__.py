@@ -5,6 +5,7 @@ failure). The steps it takes are listed in ``kit``'s banner; the other modules a
 
 - ``kit``: the run, step by step (manifest, sandbox, services, goldens, specs, stop).
 - ``host``: what the kit does as an agent would (op environment, ops, channel, connector, runner).
+- ``doctor``: the runner's ``doctor --json`` answer, held to the contract's form.
 - ``start``: a service's fingerprint, its hello and the logs shown when a check fails.
 - ``attempts``: the sandbox's watch of network attempts (``socket``, ``bind``, ...).
 - ``listeners``: the listening sockets held by a set of processes.

@@ -17,15 +17,17 @@ What it does, in order, each step one or more checks (``ok``, ``FAIL``, ``skip``
    ``listen``, ``connect`` or ``accept`` (seen by the sandbox's seccomp user notification, never in the
    service's output: ``conform.attempts``), and **never listens**: no process of the service
    holds a listening TCP/UDP/unix socket.
-4. ``golden <name>``: each ``goldens/*.json`` through the module's runner, with a connector
+4. ``runner doctor``: ``doctor --json`` prints the contract's answer and exits 0
+   (``conform.doctor``; the older ``{"ok": ...}`` form is a ``warn``).
+5. ``golden <name>``: each ``goldens/*.json`` through the module's runner, with a connector
    this kit brokers itself; every key of ``expected.payload`` must equal the result's.
-5. ``spec <name>``: each ``service_specs`` entry of ``conformance.json``, as HTTP/1.1 with
+6. ``spec <name>``: each ``service_specs`` entry of ``conformance.json``, as HTTP/1.1 with
    ``Connection: close`` over a connection handed to the service; the status must match
    ``expect.status`` (default 200) and the JSON answer contain ``expect.body`` if given.
-6. no network attempts and never listens again (after the requests); ``ended`` for the
+7. no network attempts and never listens again (after the requests); ``ended`` for the
    kit's attempt must close the connection it left open; every handed connection was
    ``accepted``.
-7. ``stop`` exits 0, then (channel closed) the process group is gone.
+8. ``stop`` exits 0, then (channel closed) the process group is gone.
 
 Everything it starts is ended and every descriptor and temporary folder is released, whatever
 fails (the node folder is kept, and named, with ``keep``). The texts that name a fix are
@@ -49,7 +51,7 @@ from oarbank_sdk import _transport, advice
 from oarbank_sdk import manifest as _manifest
 from oarbank_sdk import pages as _pages
 from oarbank_sdk.conform import attempts as attempts_watch
-from oarbank_sdk.conform import expect, host, inputs
+from oarbank_sdk.conform import doctor, expect, host, inputs
 from oarbank_sdk.conform import start as starting
 from oarbank_sdk.conform.listeners import listeners, related_pids, split_gpu_driver
 from oarbank_sdk.conform.report import FAIL, OK, SKIP, WARN, Report
@@ -643,6 +645,7 @@ def _conform(module_dir: Path, report: Report, sandbox: bool | None, keep: bool)
         if not services:
             report.add(SKIP, "services", "no endpoint service to start")
 
+        doctor.check_doctor(m, node, wrap, _gpu_compute(m), report)
         _run_goldens(m, node, services, wrap, report)
 
         # One connection per ready service stays open through the specs: `ended` must close it.
