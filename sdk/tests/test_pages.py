@@ -43,7 +43,9 @@ def test_unknown_component_type_is_accepted(tmp_path: Path) -> None:
 def test_keys_name_the_file_and_json_path(tmp_path: Path) -> None:
     doc = page({"type": "section", "children": [dict(SERVICES_TABLE, source={"params": {}})]})
     found = page_problems(tmp_path, doc)
-    assert found == {"ui/pages/p.json: body[0].children[0].source.query": "required key is missing"}
+    assert found == {"ui/pages/p.json: body[0].children[0].source.query":
+                     'required key is missing: a source names a host query ("query") or a module '
+                     'view ("view")'}
 
 
 CASES = [

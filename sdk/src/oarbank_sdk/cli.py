@@ -1,9 +1,11 @@
 """The ``oarbank-sdk`` command line.
 
 - ``oarbank-sdk check PATH...``: check manifests (module folder or its toml) and the pages and
-  panels they list. Valid: ``<path>: ok <module id> <version>``; invalid: ``<path>: INVALID``
-  then one ``<key path>: <message>`` line per problem. Exit 0 all valid, 1 any invalid,
-  2 bad command line.
+  panels they list. Valid: ``<path>: ok <module id> <version>``, then one
+  ``note <key path>: <message>`` line per key or source of upstream's that is accepted without
+  being acted on (``pages.module_notes``); invalid: ``<path>: INVALID`` then one
+  ``<key path>: <message>`` line per problem. Exit 0 all valid, 1 any invalid, 2 bad command
+  line.
 - ``oarbank-sdk conform MODULE_DIR [--json] [--keep]``: the conformance kit
   (``oarbank_sdk.conform``).
 - ``oarbank-sdk new DIR --id ID --service NAME --stage NAME [--from PATH]``: a module made
@@ -44,6 +46,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
         else:
             assert found is not None
             print(f"{path}: ok {found.id} {found.version}")
+            for note in _pages.module_notes(found):
+                print(f"note {note.key}: {note.message}")
     return status
 
 

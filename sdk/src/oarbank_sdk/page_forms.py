@@ -5,10 +5,17 @@ disagree on what a page means.
 - ``link.to``: a string path (this project's form), or a typed target object naming exactly one
   of ``job``, ``node``, ``dataset``, ``campaign``, ``page``, ``tab``, ``url`` (upstream's form;
   ``url`` must be https). What the target points at is the portal's business: one it cannot
-  resolve is shown as text.
+  resolve is shown as text. ``upload`` (upstream's upload dialog, ``{"upload": {"kind", "then"?}}``)
+  is read too: this portal has no uploads, so it is always text (``UPSTREAM_ONLY_TARGETS``).
 - ``kv`` items: a field name (string), ``{key, label?, type?}`` (this project's form), or
   ``{label, field?, value?, type?, format?}`` (upstream's: ``field`` reads the source's first
   row, ``value`` is a literal). ``key`` is kept as an alias of ``field``.
+
+What upstream's pages use and this portal does not serve is named here too, for the checker's
+notes and the renderer's placeholders alike: ``UPSTREAM_QUERIES`` (upstream's host-query
+catalogue), module views (``{"view": <id>}`` sources, computed by upstream's coordinator) and
+``UPSTREAM_COMPONENTS`` (component types upstream's console draws, each with why it is not
+drawn here); ``not_served(source, host_queries)`` says why a source has no data here.
 
 Each reader returns the normalised value and the problems as ``(sub-key, message)`` pairs, the
 sub-key relative to the value read ("" for the value itself).
@@ -21,10 +28,43 @@ from typing import Any
 
 from .jsonkind import kind_of as _kind
 
-__all__ = ["TARGET_KINDS", "Target", "KvItem", "link_target", "kv_item"]
+__all__ = ["NOT_SERVED", "TARGET_KINDS", "UPSTREAM_COMPONENTS", "UPSTREAM_ONLY_TARGETS",
+           "UPSTREAM_QUERIES", "KvItem", "Target", "kv_item", "link_target", "not_served"]
 
 TARGET_KINDS = ("job", "node", "dataset", "campaign", "page", "tab", "url")
+# Targets only upstream's console opens: read and shown as text, never as a link.
+UPSTREAM_ONLY_TARGETS = ("upload",)
 Problems = list[tuple[str, str]]
+
+NOT_SERVED = "served by upstream's coordinator, not by this portal"
+# Upstream's closed catalogue of host queries (its UI contract 1.0 to 1.2).
+UPSTREAM_QUERIES = ("results", "jobs", "attempts", "campaigns", "datasets", "module_settings",
+                    "module_events", "nodes", "node_metrics", "store", "services", "secrets",
+                    "images", "platforms", "checkpoints")
+_OPERATION = "it runs a module operation, which upstream's coordinator runs, not this portal"
+_ARTIFACT = "it shows job artifacts, which upstream's coordinator serves, not this portal"
+_CONSOLE = "upstream's console draws it; this portal does not"
+# Component types upstream's console draws and this portal does not -> why.
+UPSTREAM_COMPONENTS = {
+    "form": _OPERATION, "action": _OPERATION,
+    "iframe": "frames are served from upstream's module origin, not by this portal",
+    "media": _ARTIFACT, "gallery": _ARTIFACT, "compare": _ARTIFACT,
+    **{t: _CONSOLE for t in ("tabs", "markdown", "stat", "progress", "callout", "empty",
+                             "chart", "logs", "json", "filter_bar")},
+}
+
+
+def not_served(source: Any, host_queries: tuple[str, ...]) -> str | None:
+    """Why ``source`` has no data on this portal although upstream's console serves it (a
+    module view, or an upstream host query this portal does not answer), else None."""
+    if not isinstance(source, dict):
+        return None
+    query, view = source.get("query"), source.get("view")
+    if query is None and isinstance(view, str):
+        return f'module view "{view}" (computed by ui.view.compute)'
+    if isinstance(query, str) and query not in host_queries and query in UPSTREAM_QUERIES:
+        return f'query "{query}"'
+    return None
 
 
 @dataclass(frozen=True)
@@ -60,8 +100,10 @@ def link_target(to: Any) -> tuple[Target | None, Problems]:
         return None, [("", "expected a string path or a target object with one of "
                            f"{', '.join(TARGET_KINDS)}, got {_kind(to)}")]
     # Other keys are accepted unread, as unknown props are everywhere in a page.
-    kinds = [k for k in to if k in TARGET_KINDS]
+    kinds = [k for k in to if k in TARGET_KINDS or k in UPSTREAM_ONLY_TARGETS]
     problems: Problems = []
+    if kinds == ["upload"]:
+        return _upload(to["upload"])
     if not kinds:
         return None, [("", f"a target object names exactly one of {', '.join(TARGET_KINDS)}; "
                            f"this one has {', '.join(map(repr, to)) or 'no key'}")]
@@ -81,6 +123,21 @@ def link_target(to: Any) -> tuple[Target | None, Problems]:
         problems.append((kind, f"a url target must be https://, got {value[:80]!r}"))
         return None, problems
     return Target(kind, value), problems
+
+
+def _upload(value: Any) -> tuple[Target | None, Problems]:
+    """``{"upload": {"kind": <dataset kind>, "then"?: <operation>}}``: upstream's upload dialog."""
+    if not isinstance(value, dict):
+        return None, [("upload", f"expected an object with the dataset kind to upload, got "
+                                 f"{_kind(value)}")]
+    kind = value.get("kind")
+    if not isinstance(kind, str) or not kind:
+        return None, [("upload.kind", "required: the dataset kind an upload registers, a "
+                                      f"non-empty string (got {_kind(kind)})")]
+    then = value.get("then")
+    if then is not None and (not isinstance(then, str) or not then):
+        return None, [("upload.then", f"expected an operation name, got {_kind(then)}")]
+    return Target("upload", kind), []
 
 
 def kv_item(item: Any) -> tuple[KvItem | None, Problems]:

@@ -11,6 +11,12 @@ a placeholder); what a known component needs, the common props, sources, columns
 ``services`` host query) must say so with ``requires`` >= "1.2", so older consoles show a
 placeholder instead of a broken table. Link targets and kv items are read in this project's
 and upstream's forms (``page_forms``: the renderer reads them with the same code).
+
+Upstream's pages are checked by upstream's rules where this project does not act on them: a
+source is a host query (``query``) or a module view (``view``), never both; ``limit`` is at most
+200; the media components (``media``, ``gallery``, ``compare``) carry ``requires`` >= "1.1" and
+a ``fallback``. ``module_notes(manifest)`` lists, once each, what a module uses that this
+project accepts without acting on it (the manifest's notes, then its pages').
 """
 
 from __future__ import annotations
@@ -20,8 +26,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ._page_refs import reference_problems
-from .manifest.model import Manifest, Problem
+from ._page_refs import reference_notes, reference_problems
+from .manifest.model import Manifest, Note, Problem
 from .manifest.reader import MISSING, Reader, describe, join
 from .page_forms import kv_item, link_target
 
@@ -32,6 +38,7 @@ __all__ = [
     "check_module_pages",
     "check_page",
     "check_page_data",
+    "module_notes",
 ]
 
 MAX_PER_CONTAINER = 40
@@ -42,6 +49,9 @@ COLUMN_TYPES = ("text", "integer", "number", "status", "code", "relative_time", 
                 "bool")
 # Host queries that appeared in a later minor of the contract: query -> minor needed.
 QUERY_MINOR = {"services": 2}
+# Upstream's media components: each needs "requires" >= 1.<minor> and a fallback (its rule).
+MEDIA_MINOR = {"media": 1, "gallery": 1, "compare": 1}
+MAX_LIMIT = 200  # upstream's most rows a source asks for
 _CONTRACT = re.compile(r"^1\.(\d+)$")
 
 # Known components: prop -> (kind, required). Props not listed are accepted unread.
@@ -123,6 +133,14 @@ def check_module_pages(manifest: Manifest) -> list[Problem]:
     return problems
 
 
+def module_notes(manifest: Manifest) -> list[Note]:
+    """What the module uses that this project accepts without acting on: one note each, the
+    manifest's first, then its pages' and panels' (``_page_refs.reference_notes``)."""
+    files = [(manifest.bundle / e.file, e.file) for e in (*manifest.pages, *manifest.panels)
+             if (manifest.bundle / e.file).is_file()]
+    return [*manifest.notes, *reference_notes(manifest, files)]
+
+
 # -- components -----------------------------------------------------------------------------
 
 
@@ -159,6 +177,12 @@ def _component(r: Reader, comp: Any, path: str, ids: dict[str, str]) -> None:
     minor = _requires(r, comp.get("requires", MISSING), join(path, "requires"))
     r.one_of(comp.get("fallback", MISSING), join(path, "fallback"), FALLBACKS)
 
+    needs = MEDIA_MINOR.get(ctype) if isinstance(ctype, str) else None
+    if needs is not None and (minor is None or minor < needs or "fallback" not in comp):
+        r.add(path, f'a "{ctype}" component needs "requires": "1.{needs}" (or later) and a '
+              '"fallback" ("placeholder" or "drop"), so older consoles draw the fallback')
+    if isinstance(comp.get("source"), dict) and ctype not in _COMPONENTS:
+        _source(r, comp["source"], join(path, "source"), minor, path)
     props = _COMPONENTS.get(ctype) if isinstance(ctype, str) else None
     if props is None:
         return  # unknown type: consoles show a placeholder; nothing more to check
@@ -199,10 +223,22 @@ def _source(r: Reader, value: Any, path: str, minor: int | None, comp_path: str)
     src = r.table(value, path)
     if src is None:
         return
-    query = r.string(r.get(src, "query", path, required=True), join(path, "query"),
-                     nonempty=True)
+    if "view" in src and "query" in src:
+        r.add(path, "a source names a host query (query) or a module view (view), not both")
+    if "view" in src:  # upstream's module view: [ui.views.<id>] (checked with the manifest)
+        r.string(src["view"], join(path, "view"), nonempty=True)
+        query = None
+    elif "query" not in src:
+        r.add(join(path, "query"), "required key is missing: a source names a host query "
+              '("query") or a module view ("view")')
+        query = None
+    else:
+        query = r.string(src["query"], join(path, "query"), nonempty=True)
     r.table(src.get("params", MISSING), join(path, "params"))
     r.string_list(src.get("fields", MISSING), join(path, "fields"))
+    limit = r.positive_int(src.get("limit", MISSING), join(path, "limit"))
+    if limit is not None and limit > MAX_LIMIT:
+        r.add(join(path, "limit"), f"at most {MAX_LIMIT} rows, got {limit}")
     needed = QUERY_MINOR.get(query) if query else None
     if needed is not None and (minor is None or minor < needed):
         got = "it has none" if minor is None else f'it has "1.{minor}"'

@@ -5,7 +5,9 @@ Rules:
 - The sections this project acts on are checked strictly: every key must be in the section's
   list (else "unknown key") and have the right type.
 - The platform's other top-level sections (``[coordinator]``, ``[results]``, ``[goldens]``,
-  ``[[operations]]``, ``[[probes]]``, ``[datasets]``, ``[cli]``, ...) are accepted unread.
+  ``[[operations]]``, ``[[probes]]``, ``[datasets]``, ``[cli]``, ...) are accepted unread, and
+  upstream's keys this project does not act on (``upstream.py``) are checked by upstream's
+  rules: each gets one ``Note`` (on ``Manifest.notes``), never a problem.
 - Keys the contract lists without saying what they hold (``module.compat``,
   ``stages[].checkpoint``, ...) are accepted with any value: the wider platform defines them.
 - Checking never stops at the first problem; a Manifest is returned only when there are none.
@@ -19,6 +21,7 @@ from typing import Any
 
 from ..gpu import GPU_APIS
 from ..versions import RangeError, at_least, parse_range
+from . import upstream
 from .model import (
     BACKOFF_INITIAL_S,
     BACKOFF_MAX_S,
@@ -66,7 +69,7 @@ REQUIRES_KEYS = ("core", "agent", "os", "platforms", "module_protocol", "runner_
                  "service_protocol", "experimental", "ui_contract", "coordinator_platforms",
                  "unsupported", "features")
 RUNNER_KEYS = ("exec", "runtime", "capabilities", "stop_grace_s", "gpu", "env", "variants",
-               "bandwidth_class")
+               "bandwidth_class", "checkpoint_grace_s")
 STAGE_KEYS = ("name", "after", "determinism", "default", "bootstrap", "requires", "timeout_s",
               "retry", "variants", "secrets", "checkpoint", "placement")
 STAGE_REQUIRES_KEYS = ("capabilities", "pools", "needs_pools", "platforms", "resources")
@@ -80,7 +83,7 @@ PROVIDES_KEYS = ("pools", "capabilities")
 GPU_KEYS = ("use", "apis_any")
 DEVICES_KEYS = ("gpu",)
 UI_KEYS = ("pages", "panels")
-UI_ENTRY_KEYS = ("id", "title", "slot", "file")
+UI_ENTRY_KEYS = ("id", "title", "slot", "file", "when")
 
 
 def build(doc: dict[str, Any], path: Path, bundle: Path) -> tuple[Manifest | None, list[Problem]]:
@@ -127,6 +130,7 @@ def build(doc: dict[str, Any], path: Path, bundle: Path) -> tuple[Manifest | Non
         panels=panels,
         sandbox=sandbox,
         raw=doc,
+        notes=tuple(r.notes),
     )
     return manifest, []
 
@@ -149,6 +153,7 @@ def _check_top_level(r: Reader, doc: dict[str, Any]) -> None:
         if isinstance(value, dict) or (
             isinstance(value, list) and all(isinstance(v, dict) for v in value)
         ):
+            upstream.note_section(r, key, value)
             continue
         r.add(join("", key), "unknown key; the only top-level value is manifest, "
               "everything else goes in a [section]")
@@ -221,6 +226,7 @@ def _runner(r: Reader, doc: dict[str, Any]) -> Runner | None:
     grace = r.positive_number(t.get("stop_grace_s", MISSING), "runner.stop_grace_s",
                               STOP_GRACE_S)
     r.string_list(t.get("capabilities", MISSING), "runner.capabilities")
+    upstream.runner_extras(r, t, grace)
     return Runner(exec=argv, env=env, stop_grace_s=grace)
 
 
@@ -229,6 +235,7 @@ def _sandbox(r: Reader, sandbox: dict[str, Any]) -> bool:
     devices = r.table(sandbox.get("devices", MISSING), "sandbox.devices", default={}) or {}
     r.known_keys(devices, "sandbox.devices", DEVICES_KEYS, "[sandbox.devices]")
     gpu = r.string(devices.get("gpu", MISSING), "sandbox.devices.gpu")
+    upstream.note_sandbox(r, sandbox)
     return gpu == "compute"
 
 
@@ -334,6 +341,7 @@ def _stages(r: Reader, doc: dict[str, Any]) -> list[tuple[Stage, str]]:
     for p, t in _array_of_tables(r, doc, "stages"):
         r.known_keys(t, p, STAGE_KEYS, "[[stages]]")
         name = r.string(r.get(t, "name", p, required=True), join(p, "name"), "", nonempty=True)
+        upstream.note_stage(r, t, p)
         timeout = r.positive_number(t.get("timeout_s", MISSING), join(p, "timeout_s"),
                                     STAGE_TIMEOUT_S)
         max_attempts = MAX_ATTEMPTS
@@ -377,7 +385,8 @@ def _stages(r: Reader, doc: dict[str, Any]) -> list[tuple[Stage, str]]:
 
 def _ui(r: Reader, doc: dict[str, Any]) -> tuple[tuple[UiEntry, ...], tuple[UiEntry, ...]]:
     ui = r.table(doc.get("ui", MISSING), "ui", default={}) or {}
-    r.known_keys(ui, "ui", UI_KEYS, "[ui]")
+    r.known_keys(ui, "ui", UI_KEYS + upstream.UI_UPSTREAM_KEYS, "[ui]")
+    upstream.ui_extras(r, ui)
     result = []
     for kind in UI_KEYS:
         entries = []
@@ -389,6 +398,8 @@ def _ui(r: Reader, doc: dict[str, Any]) -> tuple[tuple[UiEntry, ...], tuple[UiEn
                             nonempty=True)
             title = r.string(t.get("title", MISSING), join(p, "title"), eid)
             slot = r.string(t.get("slot", MISSING), join(p, "slot"), "")
+            if "when" in t:
+                upstream.note_when(r, t["when"], join(p, "when"))
             if eid and eid in seen:
                 r.add(join(p, "id"), f'duplicate id "{eid}" (also {seen[eid]})')
             seen.setdefault(eid, join(p, "id"))
@@ -459,14 +470,16 @@ def _cross_checks(
                 r.add(join(p, "name"),
                       f'duplicate stage name "{stage.name}" (also {stage_seen[stage.name]})')
             stage_seen.setdefault(stage.name, join(p, "name"))
-        for pool in stage.pools:
-            if pool not in provided:
-                r.add(join(join(p, "requires.pools"), pool),
-                      f'no service provides pool "{pool}"' + _known_pools(provided))
-        for i, pool in enumerate(stage.needs_pools):
-            if pool not in provided:
-                r.add(join(join(p, "requires.needs_pools"), i),
-                      f'no service provides pool "{pool}"' + _known_pools(provided))
+        wanted = [(join(join(p, "requires.pools"), pool), pool) for pool in stage.pools]
+        wanted += [(join(join(p, "requires.needs_pools"), i), pool)
+                   for i, pool in enumerate(stage.needs_pools)]
+        for key, pool in wanted:
+            if pool in provided:
+                continue
+            if pool == upstream.CONTAINERS_POOL:  # upstream's agent's own pool, no service's
+                upstream.note_containers_pool(r, key, stage.name)
+            else:
+                r.add(key, f'no service provides pool "{pool}"' + _known_pools(provided))
 
     if has_ui and "ui_contract" not in raw_req:
         r.add("requires.ui_contract", "required when [ui] pages or panels are declared "

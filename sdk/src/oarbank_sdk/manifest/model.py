@@ -17,6 +17,7 @@ __all__ = [
     "Gpu",
     "Manifest",
     "ManifestError",
+    "Note",
     "Problem",
     "Restart",
     "Runner",
@@ -54,6 +55,18 @@ STOP_GRACE_S = 20.0
 @dataclass(frozen=True)
 class Problem:
     """One thing wrong, at a key path such as ``services[0].endpoint``."""
+
+    key: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.key}: {self.message}"
+
+
+@dataclass(frozen=True)
+class Note:
+    """A key or source accepted without being acted on (upstream's platform defines it): the
+    ``message`` says whose it is and what this project does instead. Never an error."""
 
     key: str
     message: str
@@ -157,6 +170,8 @@ class Manifest:
     panels: tuple[UiEntry, ...]
     sandbox: dict[str, Any]  # raw [sandbox] table
     raw: dict[str, Any]  # the whole parsed document
+    # Keys accepted but not acted on, one note each (``Note``), in the order checked.
+    notes: tuple[Note, ...] = ()
 
     @property
     def short_name(self) -> str:

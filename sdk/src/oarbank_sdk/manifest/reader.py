@@ -14,7 +14,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from .model import Problem
+from .model import Note, Problem
 
 __all__ = ["MISSING", "Reader", "describe", "join"]
 
@@ -75,11 +75,16 @@ class Reader:
 
     def __init__(self, table_word: str = "a table") -> None:
         self.problems: list[Problem] = []
+        self.notes: list[Note] = []
         # "a table" for TOML, "an object" for JSON: the word people see in messages.
         self.table_word = table_word
 
     def add(self, key: str, message: str) -> None:
         self.problems.append(Problem(key, message))
+
+    def note(self, key: str, message: str) -> None:
+        """A key accepted without being acted on: said once, never an error."""
+        self.notes.append(Note(key, message))
 
     # -- structure ---------------------------------------------------------------------------
 
