@@ -315,6 +315,7 @@ class EchoHandler(BaseHTTPRequestHandler):
         if self._special():
             return
         self._reply(200, {"pid": os.getpid(), "client": list(self.client_address),
+                          "attempt": self.connection.attempt,
                           "path": self.path, "host": self.headers.get("Host")})
 
     def do_POST(self) -> None:  # noqa: N802

@@ -97,25 +97,29 @@ def test_refusal_raises_code_and_detail_then_next_connect_works(job_env):
     assert job_env.wait(lambda: job_env.received == [1])
 
 
-@pytest.mark.parametrize("value", [None, "", "fd:abc", "pipe:3", "fd:987654"])
-def test_missing_or_bad_connector_is_no_connector(fd_check, monkeypatch, value):
+@pytest.mark.parametrize(("value", "code"), [
+    (None, "no_endpoint"), ("", "no_endpoint"),  # unset: upstream's code
+    ("fd:abc", "bad_endpoint"), ("pipe:3", "bad_endpoint"), ("fd:987654", "bad_endpoint"),
+])
+def test_missing_connector_is_no_endpoint_and_a_bad_one_bad_endpoint(fd_check, monkeypatch,
+                                                                      value, code):
     if value is None:
         monkeypatch.delenv("OARBANK_SERVICE_MODEL", raising=False)
     else:
         monkeypatch.setenv("OARBANK_SERVICE_MODEL", value)
     with pytest.raises(ep.EndpointError) as info:
         ep.connect("model")
-    assert info.value.code == "no_connector"
+    assert info.value.code == code
     assert "OARBANK_SERVICE_MODEL" in info.value.detail
 
 
-def test_connector_that_is_not_a_socket_is_no_connector(fd_check, monkeypatch):
+def test_connector_that_is_not_a_socket_is_bad_endpoint(fd_check, monkeypatch):
     r, w = os.pipe()
     try:
         monkeypatch.setenv("OARBANK_SERVICE_MODEL", f"fd:{r}")
         with pytest.raises(ep.EndpointError) as info:
             ep.connect("model")
-        assert info.value.code == "no_connector"
+        assert info.value.code == "bad_endpoint"
     finally:
         os.close(r)
         os.close(w)
@@ -170,16 +174,16 @@ def test_many_threads_connect_at_once(job_env):
             s.close()
 
 
-def test_ok_reply_without_descriptor_is_protocol_error(raw):
+def test_ok_reply_without_descriptor_is_bad_message(raw):
     raw.send({"ok": True, "conn": 7})
     with pytest.raises(ep.EndpointError) as info:
         ep.connect("model", timeout=5)
-    assert info.value.code == "protocol_error"
+    assert info.value.code == "bad_message"
     assert "descriptor" in info.value.detail
     assert raw.read() == {"op": "connect", "pid": os.getpid()}
 
 
-def test_malformed_and_overlong_replies_are_protocol_errors_and_stream_stays_in_step(raw):
+def test_malformed_and_overlong_replies_are_bad_messages_and_stream_stays_in_step(raw):
     a, b = socket.socketpair()
     try:
         raw.send(b"this is not json\n")
@@ -189,7 +193,7 @@ def test_malformed_and_overlong_replies_are_protocol_errors_and_stream_stays_in_
         for _ in range(3):
             with pytest.raises(ep.EndpointError) as info:
                 ep.connect("model", timeout=5)
-            assert info.value.code == "protocol_error"
+            assert info.value.code == "bad_message"
         conn = ep.connect("model", timeout=5)
         a.close()
         conn.sendall(b"hi")
@@ -347,8 +351,11 @@ def test_acceptor_reads_channel_from_env(fd_check, monkeypatch):
         agent.close()
 
 
-@pytest.mark.parametrize("value", [None, "fd:x", "fd:987654"])
-def test_missing_channel_is_no_channel(fd_check, monkeypatch, value):
+@pytest.mark.parametrize(("value", "code"), [
+    (None, "no_channel"), ("fd:x", "bad_endpoint"), ("fd:987654", "bad_endpoint"),
+])
+def test_missing_channel_is_no_channel_and_a_bad_one_bad_endpoint(fd_check, monkeypatch, value,
+                                                                  code):
     if value is None:
         monkeypatch.delenv("OARBANK_ENDPOINT_CHANNEL", raising=False)
     else:
@@ -356,7 +363,7 @@ def test_missing_channel_is_no_channel(fd_check, monkeypatch, value):
     for call in (ep.Acceptor, ep.inherit_channel):
         with pytest.raises(ep.EndpointError) as info:
             call()
-        assert info.value.code == "no_channel"
+        assert info.value.code == code
         assert "OARBANK_ENDPOINT_CHANNEL" in info.value.detail
 
 
@@ -522,7 +529,7 @@ def test_serve_http_returns_on_channel_eof(chan):
     while chunk := job_end.recv(65536):
         reply += chunk
     assert reply.startswith(b"HTTP/1.1 200")
-    assert b'"client": ["endpoint", "A"]' in reply
+    assert b'"client": ["attempt-A", 0], "attempt": "A"' in reply
     job_end.close()
     assert not done.is_set()
     agent.close_channel()

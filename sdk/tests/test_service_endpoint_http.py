@@ -91,8 +91,9 @@ def test_request_round_trip_with_receipts(service):
     assert r.status == 200
     assert r.headers["content-type"] == "application/json"
     info = r.json()
-    assert info == {"pid": daemon_pid, "client": ["endpoint", "att-1"], "path": "/v1/info",
-                    "host": "model"}
+    # upstream's client_address; the id itself, typed as it came, on the connection (ours)
+    assert info == {"pid": daemon_pid, "client": ["attempt-att-1", 0], "attempt": "att-1",
+                    "path": "/v1/info", "host": "model"}
     r = ep.request("model", "POST", "/v1/generate", {"prompt": "héllo"})
     assert r.status == 201
     echoed = r.json()

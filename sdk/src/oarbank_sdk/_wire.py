@@ -333,7 +333,11 @@ def parse_reply_to_job(msg: dict[str, Any]) -> Ok | Refusal:
     if ok is True:
         return Ok(_int_field(msg, "conn", "ok reply"))
     if ok is False:
-        error = _str_field(msg, "error", "refusal")
+        # A refusal that names no code (the field missing, null or empty) is `refused`, as
+        # upstream's SDK reads it; a code of another type is a broken reply.
+        error = msg.get("error") or "refused"
+        if not isinstance(error, str):
+            raise WireError(f"refusal: field 'error' must be a string, got {_json_type(error)}")
         detail = msg.get("detail", "")
         return Refusal(error, detail if isinstance(detail, str) else str(detail))
     raise WireError("reply has no boolean 'ok' field")

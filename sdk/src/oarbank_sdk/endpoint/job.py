@@ -26,6 +26,8 @@ import socket
 import stat
 import threading
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from email.message import Message
 from typing import Any, cast
 
@@ -37,10 +39,12 @@ from oarbank_sdk.endpoint.stream import MessageStream
 from oarbank_sdk.environments import service_env_name as env_name
 
 __all__ = [
+    "PREFIX",
     "available",
     "connect",
     "request",
     "Response",
+    "Headers",
     "HTTPConnection",
     "inherit_connector",
     "env_name",
@@ -50,6 +54,8 @@ __all__ = [
 # The upstream SDK's default for request(): a model call may take minutes, and a module
 # moving between the two SDKs must not start timing out where it did not before.
 REQUEST_TIMEOUT_S = 600.0
+# What env_name() puts before the upper-cased service name (upstream's name for it).
+PREFIX = "OARBANK_SERVICE_"
 
 
 def _carries_fd(msg: Any) -> bool:
@@ -112,14 +118,14 @@ class _Connector:
             ) from None
         if isinstance(msg, WireError):
             raise EndpointError(
-                "protocol_error", f"the agent's reply on {env_name(self.service)}: {msg.detail}"
+                "bad_message", f"the agent's reply on {env_name(self.service)}: {msg.detail}"
             )
         if isinstance(msg, Refusal):
             raise EndpointError(msg.error, msg.detail)
         assert isinstance(msg, Ok)
         if fd is None:
             raise EndpointError(
-                "protocol_error", f"the agent's ok reply (conn {msg.conn}) carried no descriptor"
+                "bad_message", f"the agent's ok reply (conn {msg.conn}) carried no descriptor"
             )
         # We hold our end now: the receipt lets the agent drop its copy.
         try:
@@ -131,7 +137,7 @@ class _Connector:
             return current().open_stream(fd)
         except UnsupportedHandle as exc:
             os.close(fd)
-            raise EndpointError("protocol_error", f"the agent sent an unusable descriptor: {exc}")
+            raise EndpointError("bad_message", f"the agent sent an unusable descriptor: {exc}")
 
 
 _lock = threading.Lock()
@@ -152,7 +158,7 @@ def _connector(service: str) -> _Connector:
     value = os.environ.get(name)
     if not value:
         raise EndpointError(
-            "no_connector",
+            "no_endpoint",
             f"{name} is not set: this job's stage reserves no pool of the endpoint service "
             f"{service!r}, or the process that started this one did not pass the connector on",
         )
@@ -167,7 +173,7 @@ def _connector(service: str) -> _Connector:
             fd = transport.parse(value)
             sock = transport.open_stream(fd)
         except UnsupportedHandle as exc:
-            raise EndpointError("no_connector", f"{name}={value!r} is not usable: {exc}") from None
+            raise EndpointError("bad_endpoint", f"{name}={value!r} is not usable: {exc}") from None
         conn = _connectors[(service, value)] = _Connector(service, MessageStream(sock, transport))
         return conn
 
@@ -205,10 +211,12 @@ def connect(service: str, timeout: float | None = None) -> socket.socket:
     The caller owns the returned socket (blocking mode) and must close it.
 
     Raises ``EndpointError`` with ``code``: an agent refusal (``service_unavailable``,
-    ``rate_limited``, ``bad_pid``, ``bad_request``; retry later or give up), ``no_connector``
-    (``OARBANK_SERVICE_<NAME>`` unset or invalid: fix the stage's pools or pass the connector
-    on), ``protocol_error`` (a bad reply), ``timeout``; ``ChannelClosed`` once the agent has
-    closed the connector (the attempt is ending).
+    ``rate_limited``, ``bad_pid``, ``bad_request``; retry later or give up; ``refused`` when
+    the agent named no code), ``no_endpoint`` (``OARBANK_SERVICE_<NAME>`` unset: fix the
+    stage's pools or pass the connector on), ``bad_endpoint`` (set, but no open stream under
+    it), ``bad_message`` (a bad reply), ``timeout``; ``ChannelClosed`` once the agent has
+    closed the connector (the attempt is ending). The codes are upstream's SDK's, ``timeout``
+    aside (upstream's ``connect`` takes no timeout).
     """
     return _connector(service).connect(timeout)
 
@@ -219,7 +227,7 @@ def inherit_connector(service: str) -> dict[str, Any]:
 
     Merge them with your own ``pass_fds``/``env`` when passing several. Parent and child then
     share one stream: do not ``connect`` in both at the same moment. Raises ``EndpointError``
-    (``no_connector``).
+    (``no_endpoint``, ``bad_endpoint``).
     """
     conn = _connector(service)
     transport = current()
@@ -253,23 +261,54 @@ class HTTPConnection(http.client.HTTPConnection):
         raise EndpointError("bad_request", "endpoint connections cannot be tunnelled")
 
 
+class Headers(http.client.HTTPMessage):
+    """Response headers under lower-cased names: lookups work in any case, iterating yields
+    lower-case names (as upstream's dict of headers does), repeated headers stay repeated.
+    Equal to another ``Headers`` or a mapping with the same names (any case) and values."""
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Message):
+            theirs = list(other.items())
+        elif isinstance(other, Mapping):
+            theirs = [(str(k), v) for k, v in other.items()]
+        else:
+            return NotImplemented
+        return sorted((k.lower(), v) for k, v in self.items()) == sorted(
+            (k.lower(), v) for k, v in theirs)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, like the dict it stands for
+
+
+def _lower_cased(headers: Message | Mapping[str, str] | None) -> Headers:
+    out = Headers()
+    for name, value in (headers or {}).items():
+        out[name.lower()] = value  # HTTPMessage appends: repeated headers stay repeated
+    return out
+
+
+@dataclass(repr=False)
 class Response:
-    """A complete HTTP response: ``status``, ``reason``, ``headers``, ``body`` (bytes);
-    ``text`` and ``json()`` decode it.
+    """A complete HTTP response: ``Response(status, headers={}, body=b"", reason="")``.
 
-    ``headers`` is an ``http.client.HTTPMessage`` whose names are lower-cased: lookups work in
-    any case, and iterating yields lower-case names, as upstream's dict of headers does."""
+    The first three fields, in that order and with those defaults, are upstream's (a
+    dataclass there too: equal when status, headers and body are); ``reason`` (the status
+    line's text, not compared) and ``text`` are ours. ``headers`` (a mapping or a message)
+    becomes a ``Headers``: names lower-cased, lookups in any case. ``json()`` parses the body.
+    """
 
-    def __init__(self, status: int, reason: str, headers: Message, body: bytes) -> None:
-        self.status = status
-        self.reason = reason
-        self.headers = _lower_cased(headers)
-        self.body = body
+    status: int
+    headers: Message | Mapping[str, str] = field(default_factory=Headers)
+    body: bytes = b""
+    reason: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        self.headers = _lower_cased(self.headers)
 
     @property
     def text(self) -> str:
         """The body decoded with the Content-Type charset (UTF-8 when none is given)."""
-        charset = self.headers.get_content_charset() if self.headers else None
+        # always a Headers after __post_init__
+        charset = self.headers.get_content_charset() if isinstance(self.headers, Message) else None
         return self.body.decode(charset or "utf-8", errors="replace")
 
     def json(self) -> Any:
@@ -278,13 +317,6 @@ class Response:
 
     def __repr__(self) -> str:
         return f"<Response {self.status} {self.reason} ({len(self.body)} bytes)>"
-
-
-def _lower_cased(headers: Message) -> http.client.HTTPMessage:
-    out = http.client.HTTPMessage()
-    for name, value in headers.items():
-        out[name.lower()] = value  # HTTPMessage appends: repeated headers stay repeated
-    return out
 
 
 def request(
@@ -304,16 +336,21 @@ def request(
     while idle) is retried once on a fresh one. ``headers`` with ``Connection: close`` gets
     a connection of its own, closed after the response.
 
-    ``body``: bytes sent as-is; str sent UTF-8 encoded; dict or list sent as JSON with
-    ``Content-Type: application/json`` (unless ``headers`` sets one); None for no body.
+    ``body``: dict or list sent as JSON with ``Content-Type: application/json`` (unless
+    ``headers`` sets one); str sent UTF-8 encoded; None for no body; anything else as
+    ``http.client`` sends it: bytes-like as-is, a file object (``read()``) or an iterable of
+    bytes streamed (chunked unless ``headers`` gives a Content-Length). A streamed body is
+    read once, so it goes on a fresh connection, never retried.
     ``timeout`` (seconds) bounds the connect exchange and each socket operation.
     Any status is returned, not raised. Raises ``EndpointError`` (see ``connect``),
-    ``TypeError`` for another body type, ``OSError``/``http.client.HTTPException`` when the
-    service breaks the connection or the protocol.
+    ``TypeError`` for a body ``http.client`` cannot send (neither bytes-like, readable nor
+    iterable), ``OSError``/``http.client.HTTPException`` when the service breaks the
+    connection or the protocol.
     """
     hdrs = dict(headers or {})
     names = {k.lower() for k in hdrs}
-    data: bytes | None
+    data: Any
+    streamed = False
     if body is None:
         data = None
     elif isinstance(body, (bytes, bytearray, memoryview)):
@@ -325,14 +362,16 @@ def request(
         if "content-type" not in names:
             hdrs["Content-Type"] = "application/json"
     else:
-        raise TypeError(f"body must be bytes, str, dict, list or None, not {type(body).__name__}")
+        data, streamed = _other_body(body), True
     closing = any(k.lower() == "connection" and "close" in v.lower() for k, v in hdrs.items())
     pool = None
     if not closing:
-        _connector(service)  # no_connector here, before anything is pooled under its name
+        _connector(service)  # no_endpoint here, before anything is pooled under its name
         pool = pools.pool_for(service, os.environ[env_name(service)])
-    # The pool holds only what this function gave it: HTTPConnections.
-    reused = cast("HTTPConnection | None", pool.take() if pool is not None else None)
+    # The pool holds only what this function gave it: HTTPConnections. A streamed body cannot
+    # be sent twice: it takes a fresh connection (which is never retried).
+    reused = cast("HTTPConnection | None",
+                  pool.take() if pool is not None and not streamed else None)
     while True:
         conn = reused if reused is not None else HTTPConnection(service, timeout=timeout)
         try:
@@ -349,14 +388,32 @@ def request(
             pool.give(conn)
         else:
             conn.close()
-        return Response(resp.status, resp.reason, resp.headers, payload)
+        return Response(resp.status, resp.headers, payload, resp.reason)
+
+
+def _other_body(body: Any) -> Any:
+    """``body`` as ``http.client`` takes it (bytes-like, readable or iterable), or
+    ``TypeError`` before anything is connected."""
+    try:
+        return bytes(memoryview(body))  # any other buffer (array.array, mmap...): its bytes
+    except TypeError:
+        pass
+    if hasattr(body, "read"):
+        return body
+    try:
+        iter(body)
+    except TypeError:
+        raise TypeError(
+            f"body must be bytes-like, str, dict, list, a file object, an iterable of bytes "
+            f"or None, not {type(body).__name__}") from None
+    return body
 
 
 class _ClosedUnanswered(Exception):
     """The connection turned out closed before any byte of the response arrived."""
 
 
-def _exchange(conn: HTTPConnection, method: str, path: str, data: bytes | None,
+def _exchange(conn: HTTPConnection, method: str, path: str, data: Any,
               hdrs: dict[str, str], timeout: float | None, *,
               reused: bool) -> http.client.HTTPResponse:
     """Send the request on ``conn`` and read the response head. Raises ``_ClosedUnanswered``

@@ -54,6 +54,7 @@ __all__ = [
     "CHANNEL_ENV",
     "FEATURES_ENV",
     "CONNECTIONS_PER_ATTEMPT",
+    "MAX_PER_ATTEMPT",
     "Acceptor",
     "EndpointSocket",
     "inherit_channel",
@@ -65,6 +66,7 @@ CHANNEL_ENV = "OARBANK_ENDPOINT_CHANNEL"
 # channel instead of being polled with its `ready` op.
 FEATURES_ENV = "OARBANK_ENDPOINT_FEATURES"
 CONNECTIONS_PER_ATTEMPT = 64
+MAX_PER_ATTEMPT = CONNECTIONS_PER_ATTEMPT  # upstream's name for the same cap
 
 log = logging.getLogger("oarbank_sdk.service_endpoint")
 
@@ -81,7 +83,7 @@ def _channel_fd(channel: str | None) -> int:
         fd = current().parse(value)
         os.fstat(fd)
     except (UnsupportedHandle, OSError) as exc:
-        raise EndpointError("no_channel", f"{CHANNEL_ENV}={value!r} is not usable: {exc}") from None
+        raise EndpointError("bad_endpoint", f"{CHANNEL_ENV}={value!r} is not usable: {exc}") from None
     return fd
 
 
@@ -90,16 +92,19 @@ def inherit_channel() -> dict[str, Any]:
     ``start`` leaves running: ``pass_fds=(n,)`` and ``close_fds=True``. The environment
     variable is inherited as is (if you pass ``env=``, keep ``OARBANK_ENDPOINT_CHANNEL`` in it).
 
-    Raises ``EndpointError`` (``no_channel``) when the variable is unset or not an open
-    descriptor.
+    Raises ``EndpointError``: ``no_channel`` when the variable is unset, ``bad_endpoint`` when
+    it names no open descriptor.
     """
     return current().inheritable_kwargs(_channel_fd(None))
 
 
 class EndpointSocket(socket.socket):
-    """A connection the agent handed over. ``close()`` also makes the acceptor forget it."""
+    """A connection the agent handed over. ``close()`` also makes the acceptor forget it.
+    ``attempt``: the id of the attempt it belongs to, as the agent sent it (a handler of
+    ``serve_http`` reads it as ``self.connection.attempt``)."""
 
     _forget: Callable[[], None] | None = None
+    attempt: int | str | None = None
 
     def close(self) -> None:
         forget, self._forget = self._forget, None
@@ -118,8 +123,8 @@ class Acceptor:
     ``Acceptor(max_per_attempt=64, *, channel=None)`` opens ``channel`` (``"fd:<n>"``;
     default: the value of ``OARBANK_ENDPOINT_CHANNEL``, which is then removed from
     ``os.environ`` so the service's children do not inherit a name for a descriptor they do
-    not hold) and says hello. Raises ``EndpointError`` (``no_channel``) if it is missing or
-    unusable, ``ChannelClosed`` if the agent already closed it, ``ValueError`` for a
+    not hold) and says hello. Raises ``EndpointError``: ``no_channel`` if it is missing,
+    ``bad_endpoint`` if it is unusable; ``ChannelClosed`` if the agent already closed it; ``ValueError`` for a
     ``max_per_attempt`` that is not a positive integer. The first parameter is upstream's, so
     ``Acceptor(32)`` means the same on both SDKs.
 
@@ -146,7 +151,7 @@ class Acceptor:
         try:
             sock = transport.open_stream(fd)
         except UnsupportedHandle as exc:
-            raise EndpointError("no_channel", f"endpoint channel fd:{fd}: {exc}") from None
+            raise EndpointError("bad_endpoint", f"endpoint channel fd:{fd}: {exc}") from None
         self._stream = MessageStream(sock, transport)
         offered = os.environ.get(FEATURES_ENV, "") if features is None else features
         self.features = frozenset(f.strip() for f in offered.split(",") if f.strip())
@@ -236,6 +241,7 @@ class Acceptor:
             self._malformed(f"ignoring connection {msg.conn}: {exc}")
             return None
         conn = EndpointSocket(plain.family, plain.type, plain.proto, fileno=plain.detach())
+        conn.attempt = msg.attempt
         self._track(conn, msg.attempt)
         return conn
 
@@ -285,6 +291,17 @@ class Acceptor:
     def fileno(self) -> int:
         return self._stream.fileno()
 
+    # --- what serve_http's handlers see as self.server -----------------------------------------
+
+    server_name = "endpoint"
+    server_port = 0
+
+    @property
+    def acceptor(self) -> Acceptor:
+        """This acceptor: handlers written for our SDK's earlier server object read
+        ``self.server.acceptor``; upstream's read ``self.server`` (also this acceptor)."""
+        return self
+
     def close(self) -> None:
         """Close the channel and cut every tracked connection. The agent treats a service that
         closes its channel as failed (it ends the process group), so call this only on the
@@ -319,19 +336,17 @@ def _cut(ref: weakref.ref[EndpointSocket]) -> None:
     conn.close()
 
 
-class _EndpointServer:
-    """What ``serve_http`` handlers see as ``self.server``."""
-
-    def __init__(self, acceptor: Acceptor) -> None:
-        self.acceptor = acceptor
-        self.server_name = "endpoint"
-        self.server_port = 0
+def _client_address(attempt: int | str) -> tuple[str, int]:
+    """What a ``serve_http`` handler sees as ``client_address`` for a connection of
+    ``attempt``: ``("attempt-<id>", 0)``, upstream's form (so its log lines name the attempt).
+    The id itself, typed as it came, is ``self.connection.attempt``."""
+    return (f"attempt-{attempt}", 0)
 
 
 def _handle(handler: type[BaseHTTPRequestHandler], conn: EndpointSocket, attempt: int | str,
-            server: _EndpointServer) -> None:
+            server: Acceptor) -> None:
     try:
-        handler(conn, ("endpoint", attempt), server)  # type: ignore[arg-type]
+        handler(conn, _client_address(attempt), server)  # type: ignore[arg-type]
     except Exception:
         log.exception("endpoint handler failed on a connection of attempt %s", attempt)
     finally:
@@ -392,13 +407,14 @@ def serve_http(handler: type[BaseHTTPRequestHandler], acceptor: Acceptor | None 
     agent hands over, a daemon thread each (reused from a small pool of idle ones); return
     when the agent closes the channel.
 
-    Set ``protocol_version = "HTTP/1.1"`` on the handler for keep-alive. Handlers see
-    ``client_address == ("endpoint", attempt_id)`` and ``self.server.acceptor``. Creates an
+    Set ``protocol_version = "HTTP/1.1"`` on the handler for keep-alive. Handlers see, as on
+    upstream's SDK, ``client_address == ("attempt-<id>", 0)`` and the acceptor as
+    ``self.server`` (ours: ``self.server.acceptor`` is the same object, and
+    ``self.connection.attempt`` the attempt id as it came). Creates an
     ``Acceptor()`` (which says hello) when none is given; raises ``EndpointError``
     (``no_channel``) if that fails. After it returns the service should exit.
     """
     acc = acceptor if acceptor is not None else Acceptor()
-    server = _EndpointServer(acc)
     workers = _Workers("endpoint")
     for conn, attempt in acc:
-        workers.run(_handle, handler, conn, attempt, server)
+        workers.run(_handle, handler, conn, attempt, acc)
