@@ -23,11 +23,10 @@ from typing import Any
 
 from .manifest.model import Manifest, Note, Problem
 from .manifest.upstream import iframe_ids, view_ids
-from .page_forms import NOT_SERVED, UPSTREAM_COMPONENTS, UPSTREAM_QUERIES, not_served
+from .page_forms import HOST_QUERIES, NOT_SERVED, UPSTREAM_COMPONENTS, UPSTREAM_QUERIES, not_served
 
 __all__ = ["HOST_QUERIES", "reference_notes", "reference_problems"]
 
-HOST_QUERIES = ("services",)  # every query a portal answers (UI contract 1.2)
 _PLACEHOLDER = ": it previews as a placeholder saying so"
 
 

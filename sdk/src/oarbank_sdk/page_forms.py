@@ -28,7 +28,7 @@ from typing import Any
 
 from .jsonkind import kind_of as _kind
 
-__all__ = ["NOT_SERVED", "TARGET_KINDS", "UPSTREAM_COMPONENTS", "UPSTREAM_ONLY_TARGETS",
+__all__ = ["HOST_QUERIES", "NOT_SERVED", "TARGET_KINDS", "UPSTREAM_COMPONENTS", "UPSTREAM_ONLY_TARGETS",
            "UPSTREAM_QUERIES", "KvItem", "Target", "kv_item", "link_target", "not_served"]
 
 TARGET_KINDS = ("job", "node", "dataset", "campaign", "page", "tab", "url")
@@ -37,6 +37,7 @@ UPSTREAM_ONLY_TARGETS = ("upload",)
 Problems = list[tuple[str, str]]
 
 NOT_SERVED = "served by upstream's coordinator, not by this portal"
+HOST_QUERIES = ("services",)  # every query this project's portal answers (UI contract 1.2)
 # Upstream's closed catalogue of host queries (its UI contract 1.0 to 1.2).
 UPSTREAM_QUERIES = ("results", "jobs", "attempts", "campaigns", "datasets", "module_settings",
                     "module_events", "nodes", "node_metrics", "store", "services", "secrets",

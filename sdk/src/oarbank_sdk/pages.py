@@ -185,7 +185,11 @@ def _component(r: Reader, comp: Any, path: str, ids: dict[str, str]) -> None:
         _source(r, comp["source"], join(path, "source"), minor, path)
     props = _COMPONENTS.get(ctype) if isinstance(ctype, str) else None
     if props is None:
-        return  # unknown type: consoles show a placeholder; nothing more to check
+        # Unknown type: consoles show a placeholder. Upstream's layouts (columns, tabs) hold
+        # components too, and those are checked as everywhere else.
+        if isinstance(comp.get("children"), list):
+            _components(r, comp["children"], join(path, "children"), ids)
+        return
     if ctype == "kv" and _all_literal(comp.get("items")):
         # Upstream's literal-only kv reads no data: a source would be unused.
         props = props | {"source": ("source", False)}

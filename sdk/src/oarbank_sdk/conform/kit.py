@@ -2,7 +2,9 @@
 
 What it does, in order, each step one or more checks (``ok``, ``FAIL``, ``skip``, ``warn``):
 
-1. ``manifest``: ``oarbank_sdk.manifest.check``; nothing else runs on an invalid manifest.
+1. ``manifest``: ``oarbank_sdk.manifest.check`` and the page checks; nothing else runs on an
+   invalid manifest. What is accepted without being acted on (``pages.module_notes``) is listed
+   under the check, one note each, as ``oarbank-sdk check`` lists it.
 2. ``sandbox``: ops, daemons and runners run inside ``oarbank_sdk.sandbox`` when it can confine
    them here (``warn`` and unconfined otherwise: the listen check below still runs).
 3. Each endpoint service (of the others only the fingerprint), started as the agent starts
@@ -615,6 +617,8 @@ def _conform(module_dir: Path, report: Report, sandbox: bool | None, keep: bool)
         report.add(FAIL, "manifest", "; ".join(f"{p.key}: {p.message}" for p in page_problems))
     else:
         report.add(OK, "manifest", f"{m.id} {m.version}")
+        # What is accepted without being acted on, said once each, as `check` says it.
+        report.note([f"note {n.key}: {n.message}" for n in _pages.module_notes(m)])
     wrap, confined = sandbox_wrapper(sandbox, report)
     if confined and _gpu_compute(m) and os.geteuid() == 0:
         report.add(WARN, "sandbox", f"{advice.GPU_UNDER_ROOT}: run conform as an ordinary user")
