@@ -6,6 +6,10 @@ params filter rows by equality on the keys rows have. The result is static HTML 
 ``index.html``, ``page-<id>.html``, ``panel-<id>.html`` and ``static/``; open it in a browser.
 Panels show the node given with ``--node`` (default: the first ``node_id`` in the fixtures).
 A row value ``"-5m"`` (or ``"now"``) is a time relative to the preview (``fixture_times``).
+What the module uses that this project accepts without acting on (upstream's keys, sources and
+components: ``oarbank_sdk.pages.module_notes``) is said once each on stderr
+(``oarbank-portal: note: ...``); such components preview as placeholders that say why, even
+where a fixture exists for an upstream query (this portal would never serve it).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any
 
 from oarbank_sdk.manifest import load
 from oarbank_sdk.page_forms import Target
+from oarbank_sdk.pages import module_notes
 
 from .fixture_times import resolve_rows
 from .html import Templates, clock_text
@@ -89,6 +94,8 @@ def write_preview(module_dir: Path, out: Path, *, node: str | None = None) -> li
     """Write the preview; returns the files written. Raises ``ManifestError``."""
     mod = PortalModule(load(module_dir))
     bundle = mod.manifest.bundle
+    for n in module_notes(mod.manifest):
+        print(f"oarbank-portal: note: {n}", file=sys.stderr)
     node = node or _first_node(bundle) or "preview-node"
     templates = Templates(static="static", home="index.html")
     out.mkdir(parents=True, exist_ok=True)

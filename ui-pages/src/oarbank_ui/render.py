@@ -15,7 +15,13 @@ Rules (a renderer never breaks on what it does not know):
 - at most 40 components per container; the rest are not rendered and a notice says how many;
 - ``link.to`` and ``kv`` items are read in both forms (``oarbank_sdk.page_forms``, the
   checker's reader): a typed link target the portal cannot resolve (``RenderContext.resolve``
-  says where a target goes, or None) renders as plain text, never as a broken link.
+  says where a target goes, or None) renders as plain text, never as a broken link;
+- what upstream's console serves and this portal does not is a placeholder that says why
+  (``page_forms``, the checker's words): a component whose source is a module view or an
+  upstream host query this portal does not answer -> "served by upstream's coordinator, not
+  by this portal" naming the source; a component type upstream's console draws -> "not
+  supported by this console version" with the reason; ``columns`` lays its children out one
+  after another.
 """
 
 from __future__ import annotations
@@ -28,12 +34,22 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
-from oarbank_sdk.page_forms import KvItem, Target, kv_item, link_target
+from oarbank_sdk.page_forms import (
+    HOST_QUERIES,
+    NOT_SERVED,
+    UPSTREAM_COMPONENTS,
+    KvItem,
+    Target,
+    kv_item,
+    link_target,
+    not_served,
+)
 
 __all__ = [
     "HOST_CONTRACT",
     "MAX_PER_CONTAINER",
     "NEEDS_CONTRACT",
+    "NOT_SERVED",
     "NOT_SUPPORTED",
     "UNAVAILABLE",
     "WRONG",
@@ -199,8 +215,9 @@ def format_cell(value: Any, ctype: Any, *, now: float, tones: Any = None,
 # -- components -----------------------------------------------------------------------------
 
 
-def _placeholder(text: str, detail: str = "") -> dict[str, Any]:
-    return {"kind": "placeholder", "text": text, "detail": detail, "id": None}
+def _placeholder(text: str, detail: str = "", why: str = "") -> dict[str, Any]:
+    """``why`` is shown beside ``text``; ``detail`` only on hover."""
+    return {"kind": "placeholder", "text": text, "detail": detail, "why": why, "id": None}
 
 
 def _requires_gate(comp: dict[str, Any]) -> str | None:
@@ -383,7 +400,14 @@ def _component(comp: Any, ctx: RenderContext) -> dict[str, Any] | None:
         return None if drop else _placeholder(gate, f"requires {comp.get('requires')!s}")
     ctype = comp.get("type")
     view: dict[str, Any] | None
-    if ctype == "section":
+    elsewhere = not_served(comp.get("source"), HOST_QUERIES)
+    if ctype in UPSTREAM_COMPONENTS:
+        return None if drop else _placeholder(NOT_SUPPORTED, f"component type {ctype}",
+                                              f"{ctype}: {UPSTREAM_COMPONENTS[ctype]}")
+    if elsewhere is not None and ctype in ("table", "status", "kv"):
+        return None if drop else _placeholder(NOT_SERVED, f"{ctype} of {elsewhere}",
+                                              f"{ctype} of {elsewhere}")
+    if ctype == "section" or ctype == "columns":
         title = comp.get("title")
         view = {"kind": "section", "title": title if isinstance(title, str) else "",
                 "children": _container(comp.get("children"), ctx)}
