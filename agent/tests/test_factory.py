@@ -7,8 +7,9 @@ descriptors, rlimits, umask, signal dispositions and mask, session and group, cg
 status), and so must how jobs end (exit codes, signals, a command that cannot be exec'd). The
 only differences allowed are the paths and ids of the two agents' state dirs, and the probe's
 own ``in_factory`` (which must say the factory ran it in place, or the comparison proves
-nothing). Then: a factory killed under a running job: the job is released and run again, the
-agent carries on with a new factory, and nothing is left behind.
+nothing). A module that bundles its own libraries (our SDK's name among them) gets its copies
+both ways, never the factory's. Then: a factory killed under a running job: the job is released
+and run again, the agent carries on with a new factory, and nothing is left behind.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from agent_helpers import MODFILES, RunningAgent, alive, write_module  # noqa: E402
+from agent_helpers import MODFILES, RunningAgent, alive, read_jsonl, write_module  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="the process factory is Linux only (off elsewhere)")
@@ -245,3 +246,50 @@ def test_the_factory_ends_with_its_agent_stopped_or_killed(
     assert not alive(pids[stopped])  # reaped before the agent exited
     killed.kill()  # SIGKILL: nobody closes the factory, its socket's other end goes away
     killed.wait_for(lambda: not alive(pids[killed]), what="the factory of a killed agent ends")
+
+
+_BUNDLED = {"oarbank_sdk/__init__.py": 'MARK = "bundled"\n__version__ = "0.0.0+bundled"\n',
+            "oarbank_sdk/sandbox/__init__.py": 'MARK = "bundled"\n',
+            "pyseccomp.py": 'MARK = "bundled"\n'}
+
+
+@pytest.mark.parametrize("stdlib_name", [False, True], ids=["libraries", "and-a-stdlib-name"])
+def test_a_modules_own_libraries_win_over_what_the_factory_holds(
+        tmp_path: Path, start_agent: Callable[..., RunningAgent], stdlib_name: bool) -> None:
+    """A module that bundles its own ``oarbank_sdk`` (a nested package too) and ``pyseccomp``
+    next to its scripts (both of which the factory has imported for itself) gets its copies in
+    every op, its daemon, the runner's doctor and run: factory on or off, the same files.
+    ``and-a-stdlib-name``: it bundles a ``dataclasses`` too (a backport's name), which the
+    factory holds as the standard library's: that module's scripts are exec'd, not run in
+    place. Otherwise they run in place (the factory's speed is kept)."""
+    probe = ["python", "-I", "{bundle}/bundled_libs.py"]
+    mod = write_module(tmp_path / "mod", service={"exec": [*probe, "service"], "endpoint": False},
+                       runner={"exec": [*probe, "runner"]})
+    shutil.copy(MODFILES / "bundled_libs.py", mod / "bundled_libs.py")
+    files = dict(_BUNDLED, **({"dataclasses.py": 'MARK = "bundled"\n'} if stdlib_name else {}))
+    for name, text in files.items():
+        (mod / name).parent.mkdir(parents=True, exist_ok=True)
+        (mod / name).write_text(text)
+    seen: dict[str, dict[str, Any]] = {}
+    for mode, agent in _both(start_agent, mod).items():
+        job = agent.run_job("echo", {}, module=MODULE)
+        assert job["state"] == "succeeded", (job, agent.log()[-3000:])
+        agent.stop()  # its stop op too
+        rows = [r for where in (agent.module_data(MODULE), agent.state_dir / "jobs" /
+                                job["job_id"] / "a1", agent.state_dir / "run" / "doctor" / MODULE)
+                for r in read_jsonl(where / "libs.jsonl")]  # ops + daemon, the run, the doctor
+        seen[mode] = {r["what"]: r for r in rows}
+    for mode, rows in seen.items():
+        assert {"op fingerprint", "op start", "op ready", "op stop", "daemon", "runner doctor",
+                "runner run"} <= set(rows), (mode, sorted(rows))
+        for what, row in rows.items():
+            for name, (mark, path) in row["libs"].items():
+                bundled = name != "dataclasses" or stdlib_name
+                assert (mark == "bundled") == bundled and path.startswith(str(mod)) == bundled, (
+                    f"--process-factory {mode}: {what} imported {name} from {path}")
+    assert {w: r["libs"] for w, r in seen["on"].items()} == \
+        {w: r["libs"] for w, r in seen["off"].items()}
+    # Whether the factory ran them in place (the daemon: exec'd by its op, both ways).
+    assert not any(r["in_place"] for r in seen["off"].values())
+    assert {w for w, r in seen["on"].items() if r["in_place"]} == (
+        set() if stdlib_name else set(seen["on"]) - {"daemon"})

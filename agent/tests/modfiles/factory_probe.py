@@ -49,6 +49,13 @@ def landlock() -> str:
         return "/ refused"
 
 
+def outermost_file() -> str:
+    f = sys._getframe()
+    while f.f_back is not None:
+        f = f.f_back
+    return f.f_code.co_filename
+
+
 def report() -> dict:
     def disp(s: int) -> str:
         h = signal.getsignal(s)
@@ -77,8 +84,8 @@ def report() -> dict:
         if os.access(f"/proc/{os.getppid()}/ns/net", os.R_OK) else "unreadable",
         "dumpable": open(f"/proc/{os.getpid()}/stat").read() != "",
         "main": sys.modules["__main__"].__dict__.get("__file__"),
-        # not compared: whether it ran in the factory's child (its modules already loaded)
-        "in_factory": "oarbank_agent.factory.server" in sys.modules,
+        # not compared: whether the factory's child ran it in place (under runpy's frames)
+        "in_factory": outermost_file() != __file__,
     }
 
 

@@ -11,7 +11,9 @@ command cannot tell the two paths apart (``tests/test_factory.py``):
 4. working folder, umask, resource limits, the exact environment,
 5. the sandbox with the launcher's own request and code (``plan.split_launch``),
 6. ``execve``, or, for ``python -I script.py`` (``plan.in_place``), ``runpy`` in this process
-   with ``sys.argv``, ``sys.path``, ``os.environ`` and stdio as that start-up would set them.
+   with ``sys.argv``, ``sys.path``, ``os.environ`` and stdio as that start-up would set them,
+   and no module of the factory's that a fresh start would import otherwise (``_forget_held``;
+   a script whose folder would shadow a standard-library module the factory holds is exec'd).
 
 Failures before the point where the direct path would have exec'd (the launcher, or the
 command when unsandboxed) go back to the factory through ``err_fd`` and ``spawn`` raises
@@ -24,6 +26,8 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import fcntl
+import importlib
+import importlib.machinery
 import io
 import json
 import os
@@ -58,6 +62,11 @@ class Startup:
     launcher_sys_path: list[str]  # sys.path of the launcher's -I -S start-up, minus its dirs
     boot: str  # the launcher's -c code (plan.split_launch)
     stdio: list[tuple[str, str]] = field(default_factory=list)  # (encoding, errors) per fd
+    # What a fresh ``python -I script.py`` has in sys.modules when the script starts (measured
+    # by the factory), and the import machinery as the factory's own start-up left it.
+    fresh_modules: frozenset[str] = frozenset()
+    meta_path: list[Any] = field(default_factory=list)
+    path_hooks: list[Any] = field(default_factory=list)
 
 
 def capture(boot: str, launcher_sys_path: list[str]) -> Startup:
@@ -67,7 +76,8 @@ def capture(boot: str, launcher_sys_path: list[str]) -> Startup:
                                                          sys.__stderr__) if s is not None]
     return Startup(sys.executable, list(sys.path),
                    {k: received[k] for k in plan.LOCALE_VARS if k in received},
-                   added, launcher_sys_path, boot, stdio)
+                   added, launcher_sys_path, boot, stdio, meta_path=list(sys.meta_path),
+                   path_hooks=list(sys.path_hooks))
 
 
 class _Refused(Exception):
@@ -225,8 +235,9 @@ def _run(req: dict[str, Any], received: list[int], startup: Startup, err: list[i
         _confine(startup, launch)
     script = plan.in_place(command, startup.python, env, startup.locale)
     if script is not None and not (os.path.isabs(script[0]) and _readable(script[0])
+                                   and _shadowed(os.path.dirname(script[0]), startup) is None
                                    and _show_as(command, env)):
-        script = None  # exec, below: /proc/<pid>/cmdline and environ could not be exact
+        script = None  # exec, below: its imports or /proc/<pid>/cmdline could not be exact
     if script is not None:
         _run_in_place(script[0], script[1], command, env, startup, ignored,
                       None if sandboxed else err_fd)
@@ -240,6 +251,65 @@ def _run(req: dict[str, Any], received: list[int], startup: Startup, err: list[i
             os._exit(_fail_launch(f"exec failed: {command[0]!r}: {exc.strerror or exc}",
                                   sandbox.EXIT_EXEC_FAILED))
         raise _Refused(exc, f"cannot run {command[0]}", command[0]) from None
+
+
+# A module's process imports what a fresh interpreter would, never the factory's copy
+# (contract section 4: "nothing the agent has imported itself may shadow it"). Two rules,
+# chosen over the alternatives (exec whenever anything could shadow; re-import everything;
+# a finder that hands back held modules whose file matches, which cannot see what a held
+# module imported under it):
+# - A module the factory holds that a fresh start lacks, outside the standard library (our
+#   SDK, the agent's package, pyseccomp, ...), is dropped from sys.modules before the script
+#   runs (``_forget_held``): the script imports it afresh from wherever its own sys.path finds
+#   it (a bundled copy, a nested package, a newer version installed since the factory
+#   started). Exact wherever the copy lives. The cost: the few such modules a script imports
+#   are executed again (their standard-library imports stay loaded: that is the speed).
+# - The standard library stays loaded: it is the interpreter's own and cannot change under it.
+#   It could still be shadowed by a file of the same name that the script puts first on its
+#   path; a module keeps such files next to its scripts, so a script whose folder holds one
+#   for a module the factory holds (and a fresh start lacks) is exec'd (``_shadowed``). Only
+#   the script's folder is looked at: a standard-library name bundled elsewhere is not seen.
+
+
+def _shadowed(folder: str, startup: Startup) -> str | None:
+    """The standard-library module held here (not by a fresh start) that a module file in
+    ``folder`` would replace once the script puts ``folder`` first on ``sys.path``; None if
+    none (or ``folder`` cannot be listed: then no import finds anything in it either)."""
+    try:
+        entries = os.listdir(folder)
+    except OSError:
+        return None
+    held = {n.partition(".")[0] for n in sys.modules if n not in startup.fresh_modules}
+    std = sys.stdlib_module_names
+    for name in sorted({e.partition(".")[0] for e in entries} & held):
+        if name not in std:
+            continue  # dropped anyway (_forget_held)
+        spec = importlib.machinery.PathFinder.find_spec(name, [folder])
+        if spec is not None and spec.loader is not None:  # not a namespace portion
+            return name
+    return None
+
+
+_set_aside: list[Any] = []
+
+
+def _forget_held(startup: Startup) -> None:
+    """sys.modules and the import machinery as a fresh start has them, but for the standard
+    library (see above): every other module the factory imported for itself goes, and its
+    name with it from a package that stays."""
+    std = sys.stdlib_module_names
+    for name in [n for n in sys.modules
+                 if n not in startup.fresh_modules and n.partition(".")[0] not in std]:
+        mod = sys.modules.pop(name)
+        _set_aside.append(mod)  # kept alive: freeing it would only touch (copy) pages
+        parent, _, leaf = name.rpartition(".")
+        owner = sys.modules.get(parent) if parent else None
+        if owner is not None and getattr(owner, leaf, None) is mod:
+            with contextlib.suppress(AttributeError, TypeError):
+                delattr(owner, leaf)
+    sys.meta_path[:] = startup.meta_path
+    sys.path_hooks[:] = startup.path_hooks
+    importlib.invalidate_caches()  # folders' listings as they are now, not at the factory's start
 
 
 _PR_SET_MM, _PR_SET_MM_MAP = 35, 14
@@ -302,6 +372,7 @@ def _run_in_place(script: str, argv: list[str], command: list[str], env: Mapping
     sys.argv = argv
     sys.orig_argv = command
     sys.path[:] = startup.sys_path
+    _forget_held(startup)
     if err_fd is not None:
         os.close(err_fd)  # started: from here on it is the script's own doing
     code = 0

@@ -2,10 +2,12 @@
 
 One per agent, started by ``client.FactoryClient``. It imports, once, what every child would
 otherwise import again (the SDK's sandbox launcher and its seccomp binding, ``runpy``), then
-waits on its socket. Per ``spawn`` it forks a child (``child.run``), answers ``started`` (or
-``failed``) as soon as the child is past the point where the direct path's ``Popen`` returns,
-and ``exit`` when it reaps the child. Single-threaded on purpose: ``fork`` copies only the
-calling thread, and user namespaces and Landlock refuse multi-threaded callers.
+waits on its socket. A script run in place keeps only the standard library of that: the rest
+it imports afresh, as a fresh interpreter would (``child._forget_held``). Per ``spawn`` it
+forks a child (``child.run``), answers ``started`` (or ``failed``) as soon as the child is past
+the point where the direct path's ``Popen`` returns, and ``exit`` when it reaps the child.
+Single-threaded on purpose: ``fork`` copies only the calling thread, and user namespaces and
+Landlock refuse multi-threaded callers.
 
 It ends when the agent's end of the socket closes (the agent died or stopped): the children
 go on, as those of a direct spawn outlive the agent.
@@ -38,6 +40,14 @@ def _launcher_sys_path() -> list[str]:
                           "import sys,json;print(json.dumps(sys.path))"],
                          capture_output=True, text=True, timeout=60, check=True, env={})
     return [p for p in json.loads(out.stdout) if p]
+
+
+def _fresh_modules() -> frozenset[str]:
+    """sys.modules of a fresh ``python -I`` start (a script's sees the same): what a child run
+    in place keeps of the modules outside the standard library (``child._forget_held``)."""
+    out = subprocess.run([sys.executable, "-I", "-c", "import sys;print(*sys.modules)"],
+                         capture_output=True, text=True, timeout=60, check=True, env={})
+    return frozenset(out.stdout.split())
 
 
 def _preload(guard_pid: int) -> None:
@@ -150,6 +160,7 @@ def main(argv: list[str]) -> int:
     sock.setblocking(True)
     startup = child.capture(sandbox.LAUNCHER_BOOT, _launcher_sys_path())
     startup.sys_path = startup_path
+    startup.fresh_modules = _fresh_modules()
     _preload(os.getppid())  # the agent: every launch guards it (sandboxing.SandboxPolicy)
     if "--confine" in argv[1:]:
         selfconfine.confine()
