@@ -73,3 +73,27 @@ def test_unknown_mode_is_refused_by_name() -> None:
         factory.resolve_mode("maybe", "linux")
     assert factory.resolve_mode("on", "darwin")[0] is False
     assert factory.resolve_mode("on", "linux")[0] is True
+
+
+def test_a_scripts_folder_shadows_a_held_stdlib_module_only_with_a_module_file(
+        tmp_path: object) -> None:
+    """``child._shadowed``: what makes the factory exec a script instead of running it in
+    place. A folder of that name without ``__init__`` is a namespace portion (the standard
+    library's module is found first); a module outside the standard library never counts (it
+    is dropped before the script runs)."""
+    import dataclasses  # noqa: F401  (held here: what a fresh start lacks)
+    from pathlib import Path
+
+    import pytest as _pytest  # noqa: F401  (held, not standard library)
+
+    from oarbank_agent.factory import child
+
+    folder = Path(str(tmp_path))
+    startup = child.Startup(PY, [], {}, {}, [], BOOT, fresh_modules=frozenset({"sys", "os"}))
+    (folder / "dataclasses").mkdir()
+    (folder / "pytest.py").write_text("")
+    (folder / "os.py").write_text("")  # a fresh start has os already: both get the same
+    assert child._shadowed(str(folder), startup) is None
+    (folder / "dataclasses" / "__init__.py").write_text("")
+    assert child._shadowed(str(folder), startup) == "dataclasses"
+    assert child._shadowed(str(folder / "missing"), startup) is None

@@ -279,10 +279,11 @@ def _shadowed(folder: str, startup: Startup) -> str | None:
         entries = os.listdir(folder)
     except OSError:
         return None
-    held = {n.partition(".")[0] for n in sys.modules if n not in startup.fresh_modules}
-    std = sys.stdlib_module_names
+    # Top-level names only: a package a fresh start has already (os, encodings) is found in
+    # sys.modules by both, whatever the folder holds, and so are its submodules.
+    held = {n.partition(".")[0] for n in sys.modules} - startup.fresh_modules
     for name in sorted({e.partition(".")[0] for e in entries} & held):
-        if name not in std:
+        if name not in sys.stdlib_module_names:
             continue  # dropped anyway (_forget_held)
         spec = importlib.machinery.PathFinder.find_spec(name, [folder])
         if spec is not None and spec.loader is not None:  # not a namespace portion
