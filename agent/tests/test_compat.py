@@ -42,6 +42,12 @@ def test_version_ranges_allow_what_they_say(rng, version, ok):
 def test_a_module_for_this_node_has_no_refusal(tmp_path):
     assert _refusals(tmp_path, requires={"platforms": [HERE, OTHER]},
                      extra='\n[sandbox]\nnet = "none"\n') == []
+    # upstream's table form of the same
+    assert _refusals(tmp_path, requires={"platforms": [HERE]},
+                     extra='\n[sandbox]\nnet = { mode = "none" }\n') == []
+    assert _refusals(tmp_path, requires={"platforms": [HERE]},
+                     extra='\n[sandbox]\nnet = { mode = "egress-allowlist", allow = ["x.example"] }\n'
+                     )[0].startswith("[sandbox].net = ")
 
 
 def test_each_unmet_need_is_named(tmp_path):

@@ -132,6 +132,8 @@ def _inline_kb(m: mf.Manifest) -> float | str:
 def _sandbox_refusals(sandbox: dict[str, Any]) -> list[str]:
     why = []
     net = sandbox.get("net")
+    if isinstance(net, dict) and net.get("mode") == "none" and not net.get("allow"):
+        net = "none"  # upstream's table form of the same: no network
     if net is not None and net != "none":
         why.append(f"[sandbox].net = {_show(net)}: this agent's sandbox gives every child no "
                    'network (only net = "none" can be met)')
