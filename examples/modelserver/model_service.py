@@ -11,8 +11,14 @@ JSON document on stdout and exits 0 on success:
     destroy       remove such an object (nothing to do)
 
 The daemon never listens: it says hello on the channel the agent gave ``start``, loads the
-model, says ``ready`` on the channel (where the agent offers it), then serves HTTP on every
-connection the agent hands it (``serve_http``). It exits when the agent closes the channel.
+model, writes the ready marker (the ``ready`` op answers from it: the contract's way, which
+every agent polls), says ``ready`` on the channel too where the SDK and the agent offer it,
+then serves HTTP on every connection the agent hands it (``serve_http``). It exits when the
+agent closes the channel.
+
+Portable: this file and the runner use only what upstream's ``service_endpoint`` has too, so
+they run unchanged on upstream's SDK and on ours. What only ours offers (``Acceptor.ready``)
+is looked up first and used only where present.
 
 Files in the module data dir (OARBANK_MODULE_DATA):
     model.pid     the daemon's pid (written by ``start``)
@@ -235,7 +241,9 @@ def serve() -> int:
     try:
         load_model(d, float(conf["load_s"]))
         (d / READY_FILE).write_text(f"{os.getpid()}\n")  # `ready` answers true from now on
-        acc.ready()  # where the agent offers it: jobs start now, not at its next `ready` poll
+        say_ready = getattr(acc, "ready", None)  # our SDK's; upstream's has none: polled then
+        if callable(say_ready):
+            say_ready()  # where the agent offers it: jobs start now, not at its next `ready` poll
         Handler.data = d
         ep.serve_http(Handler, acc)  # returns when the agent closes the channel (EOF)
     finally:

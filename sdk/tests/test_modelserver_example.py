@@ -3,76 +3,28 @@
 The service's ops run as real subprocesses in their own process groups with the contract's op
 environment; the channel is a real socketpair whose child end `start` passes on; connections
 are real socketpairs handed over the channel with SCM_RIGHTS (``oarbank_sdk.conform.host``,
-built on ``_wire``/``_transport``). The full agent's tests live in agent/tests.
+built on ``_wire``/``_transport``; the test's helpers are ``modelserver_helpers.py``). The full
+agent's tests live in agent/tests.
 """
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
-import socket
 import time
-from pathlib import Path
 
 import pytest
+from modelserver_helpers import BUNDLE, EndpointHTTP, Service, argvs, post  # sdk/tests
+from modelserver_helpers import run_job as _run_job
 
 from oarbank_sdk.conform import host
-from oarbank_sdk.manifest import expand_exec, load
 
-BUNDLE = Path(__file__).resolve().parents[2] / "examples" / "modelserver"
-MANIFEST = load(BUNDLE)
-SERVICE_ARGV = expand_exec(list(MANIFEST.service("model").exec), BUNDLE)
-RUNNER_ARGV = expand_exec(list(MANIFEST.runner.exec), BUNDLE)
+SERVICE_ARGV, RUNNER_ARGV = argvs()
 LOAD_S = 0.6
 
 
 def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
-
-
-class Service:
-    """One started `model` service: its node dirs, channel and process group."""
-
-    def __init__(self, settings: dict) -> None:
-        self.node = host.NodeDirs(MANIFEST.id, settings)
-        self.channel = host.Channel()
-        self.pgid: int | None = None
-
-    def op(self, name: str, timeout_s: float = 10.0) -> host.OpResult:
-        return host.run_op(SERVICE_ARGV, name, host.op_env(self.node, "model"), BUNDLE, timeout_s)
-
-    def start(self) -> host.OpResult:
-        env = host.op_env(self.node, "model")
-        env["OARBANK_ENDPOINT_CHANNEL"] = self.channel.env_value
-        r = host.run_op(SERVICE_ARGV, "start", env, BUNDLE, 10, inherit=(self.channel.child_fd,))
-        self.channel.close_child_end()
-        self.pgid = r.pid
-        return r
-
-    def wait_ready(self, timeout_s: float = 10.0) -> dict:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            doc = self.op("ready").doc
-            if (doc and doc.get("ready")) or time.monotonic() > deadline:
-                return doc or {}
-            time.sleep(0.05)
-
-    def hand(self, attempt: str = "att-1") -> socket.socket:
-        ours, theirs = socket.socketpair()
-        self.channel.hand(attempt, theirs)
-        ours.settimeout(10)
-        return ours
-
-    def loads(self) -> list[str]:
-        path = self.node.data / "model.loads"
-        return path.read_text().split() if path.exists() else []
-
-    def cleanup(self) -> None:
-        self.channel.close()
-        if self.pgid is not None:
-            host.end_group(self.pgid, grace_s=1)
-        self.node.cleanup()
 
 
 @pytest.fixture
@@ -93,23 +45,6 @@ def ready_service(service):
     assert service.channel.wait_hello(10)
     assert service.wait_ready()["ready"] is True
     return service
-
-
-class EndpointHTTP(http.client.HTTPConnection):
-    """http.client over a connection the test handed the service."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        super().__init__("model", timeout=10)
-        self._handed = sock
-
-    def connect(self) -> None:
-        self.sock = self._handed
-
-
-def post(conn: http.client.HTTPConnection, path: str, body: bytes, method: str = "POST"):
-    conn.request(method, path, body=body, headers={"Content-Type": "application/json"})
-    resp = conn.getresponse()
-    return resp.status, json.loads(resp.read())
 
 
 # --- ops -------------------------------------------------------------------------------------
@@ -253,14 +188,7 @@ def test_channel_eof_makes_the_daemon_exit(ready_service):
 
 
 def run_job(svc: Service, payload: object, attempt: str = "att-job", connector: bool = True):
-    conns = {"model": host.Connector(attempt, svc.channel)} if connector else {}
-    try:
-        return host.run_runner(RUNNER_ARGV, svc.node, attempt, "generate", payload, {"model": 1},
-                               conns, BUNDLE, timeout_s=60)
-    finally:
-        for c in conns.values():
-            c.close()
-        svc.channel.ended(attempt)
+    return _run_job(svc, payload, attempt, connector)
 
 
 def test_runner_sends_prompts_through_a_real_connector(ready_service):

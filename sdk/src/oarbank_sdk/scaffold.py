@@ -147,8 +147,10 @@ def _readme(module_id: str, service: str, stage: str, svc_file: str, run_file: s
 Made by `oarbank-sdk new` from the reference module (examples/modelserver in the oarbank
 repository; its README explains every file, op and timing). The service `{service}` is still
 the stand-in model: replace `load_model` and `complete` in `{svc_file}` with the real thing,
-keeping the order hello (`Acceptor()`), load, ready marker, `acc.ready()` (jobs start
-at once where the agent offers it; elsewhere the agent polls `ready`), `serve_http`.
+keeping the order hello (`Acceptor()`), load, ready marker, `acc.ready()` where the SDK has
+it (jobs start at once where the agent offers it; elsewhere the agent polls `ready`),
+`serve_http`. Both scripts run on upstream's SDK too: use what only ours has (`ready`) only
+after looking it up, as `{svc_file}` does.
 
 Where the names live (change them together):
 
