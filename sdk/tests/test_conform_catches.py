@@ -74,8 +74,9 @@ def test_start_that_does_not_pass_the_channel_names_the_fix_and_the_daemons_last
     detail = failures(report)["service echo: hello"]
     assert detail.startswith("the service closed its channel (end of file) before its hello: "
                              "no process of the service is left: " + advice.INHERIT_FIX)
-    # the daemon's own words, from its log: Acceptor() had no channel
-    assert re.search(r"last log line: \S*EndpointError: no_channel: OARBANK_ENDPOINT_CHANNEL",
+    # the daemon's own words, from its log: Acceptor() found the channel's variable naming a
+    # descriptor it does not hold (upstream's code for a variable set but not usable)
+    assert re.search(r"last log line: \S*EndpointError: bad_endpoint: OARBANK_ENDPOINT_CHANNEL",
                      detail), detail
     # and the tail of its logs under the failing check
     notes = report["notes"]
