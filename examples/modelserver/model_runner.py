@@ -148,8 +148,16 @@ def run(spec_path: str, workdir: str, out: str, events_path: str | None) -> int:
 
 
 def doctor(as_json: bool) -> int:
-    report = {"ok": True, "python": sys.version.split()[0], "sdk": ep.__name__}
-    print(json.dumps(report) if as_json else f"ok: python {report['python']}")
+    """Health in the contract's form (section 4): exit 0 whatever it finds. `unhealthy` when
+    this node should run it but something is broken, `undetected` when it cannot run here.
+    A real model's runner checks what it needs here (its libraries, a device)."""
+    checks = [{"name": "python", "ok": sys.version_info >= (3, 10),
+               "detail": sys.version.split()[0]},
+              {"name": "service_endpoint", "ok": True, "detail": ep.__name__}]
+    health = "healthy" if all(c["ok"] for c in checks) else "unhealthy"
+    report = {"runner_protocol": {"supported": [1]}, "health": health, "capabilities": [],
+              "checks": checks}
+    print(json.dumps(report) if as_json else f"{health}: python {checks[0]['detail']}")
     return 0
 
 

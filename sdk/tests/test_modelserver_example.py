@@ -17,6 +17,7 @@ import pytest
 from modelserver_helpers import BUNDLE, EndpointHTTP, Service, argvs, post  # sdk/tests
 from modelserver_helpers import run_job as _run_job
 
+from oarbank_sdk import doctorform
 from oarbank_sdk.conform import host
 
 SERVICE_ARGV, RUNNER_ARGV = argvs()
@@ -251,4 +252,5 @@ def test_runner_doctor():
 
     out = subprocess.run([*RUNNER_ARGV, "doctor", "--json"], capture_output=True, text=True,
                          timeout=30, check=True)
-    assert json.loads(out.stdout)["ok"] is True
+    doc = json.loads(out.stdout)
+    assert doctorform.form_problems(doc) == [] and doc["health"] == "healthy", doc
