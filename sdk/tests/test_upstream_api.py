@@ -23,7 +23,6 @@ import json
 import os
 import re
 import select
-import signal
 import socket
 import subprocess
 import sys
@@ -34,6 +33,7 @@ import endpoint_helpers as H  # sdk/tests (conftest.py puts it on the path)
 import pytest
 
 from oarbank_sdk import service_endpoint as ep
+from oarbank_sdk.conform import host
 from oarbank_sdk.endpoint import errors as endpoint_errors
 from oarbank_sdk.endpoint import job as endpoint_job
 
@@ -136,10 +136,7 @@ def service(tmp_path, monkeypatch):
     finally:
         endpoint_job._forget_connectors()
         agent.close()
-        try:
-            os.killpg(start.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        host.end_group(start.pid, grace_s=0)  # the daemon too, and waits until it is gone
         start.stdout.close()
         extra = H.fds_settle(base)
         assert not extra, f"descriptors leaked: {sorted(extra)}"
