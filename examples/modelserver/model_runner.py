@@ -30,7 +30,11 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from oarbank_sdk import service_endpoint as ep
+# A library bundled beside this script wins over the node's, the SDK included (contract
+# section 4): `python -I` leaves the script's own folder off sys.path, so put it first.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from oarbank_sdk import service_endpoint as ep  # noqa: E402
 
 SERVICE = "model"  # the service (and pool) the stage reserves; `oarbank-sdk new` sets it
 PATH = "/v1/generate"  # the service's HTTP path
