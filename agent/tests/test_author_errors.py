@@ -45,8 +45,9 @@ def test_a_start_that_does_not_pass_the_channel_quotes_the_daemons_last_line(sta
     assert error.startswith(advice.closed_before_hello(
         advice.channel_closed("end of file"), False, None)), error
     assert advice.INHERIT_FIX in error
-    # the daemon's own last line (Acceptor() found no channel), captured by the agent
-    assert re.search(r"; the service's last log line: \S*EndpointError: no_channel: "
+    # the daemon's own last line (Acceptor() found its channel variable naming a descriptor it
+    # does not hold), captured by the agent
+    assert re.search(r"; the service's last log line: \S*EndpointError: bad_endpoint: "
                      r"OARBANK_ENDPOINT_CHANNEL=", error), error
     assert "closed its channel: the service closed" not in agent.log()  # never said twice
     reply = control.request(agent.state_dir, {"op": "job", "job_id": job})

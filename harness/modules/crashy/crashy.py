@@ -15,6 +15,10 @@ REASON = "model weights missing: /weights/model.bin not found"
 
 
 def main(argv: list[str]) -> int:
+    if argv[:2] == ["runner", "doctor"]:  # the runner is fine: the service is what crashes
+        print(json.dumps({"runner_protocol": {"supported": [1]}, "health": "healthy",
+                          "capabilities": []}))
+        return 0
     op = argv[-1] if argv else ""
     data = Path(os.environ.get("OARBANK_MODULE_DATA", "."))
     data.mkdir(parents=True, exist_ok=True)

@@ -32,7 +32,8 @@ def own_limits() -> dict[str, str]:
 
 def main(argv: list[str]) -> int:
     if argv[:2] == ["doctor", "--json"]:
-        print(json.dumps({"ok": True}))
+        print(json.dumps({"runner_protocol": {"supported": [1]}, "health": "healthy",
+                          "capabilities": []}))
         return 0
     if argv[:1] != ["run"]:
         print(f"usage: hog.py run --spec S --workdir W --out O (got {argv})", file=sys.stderr)
