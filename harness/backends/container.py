@@ -23,6 +23,8 @@ from harness.backends.base import Backend, CliResult, Node, NodeError, copy_modu
 from harness.engine import Engine, engine_available, start_engine
 from harness.procs import ProcInfo
 
+TOP_TRIES = 5  # docker top, before a failure is one
+
 __all__ = ["ContainerBackend", "ContainerNode", "LABEL"]
 
 LABEL = "dev.oarbank.harness.run"
@@ -125,10 +127,20 @@ class ContainerNode(Node):
                          (err or b"").decode(errors="replace"))
 
     def processes(self) -> list[ProcInfo]:
-        try:
-            top = self.container.top(ps_args="-eo pid,pgid,stat,args")
-        except Exception:
-            return []  # the container is gone: so are its processes
+        import docker.errors
+
+        for attempt in range(TOP_TRIES):
+            try:
+                top = self.container.top(ps_args="-eo pid,pgid,stat,args")
+                break
+            except docker.errors.NotFound:
+                return []  # the container is gone: so are its processes
+            except docker.errors.APIError:
+                # `docker top` runs ps against the container's pids and fails now and then
+                # when one exits meanwhile (jobs ending under load): not "no processes"
+                if attempt == TOP_TRIES - 1:
+                    raise
+                time.sleep(0.2)
         titles = [t.upper() for t in top.get("Titles", [])]
         out = []
         for row in top.get("Processes") or []:
