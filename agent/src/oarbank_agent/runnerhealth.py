@@ -86,26 +86,14 @@ def _own_reason(doc: dict[str, Any]) -> str | None:
     return text[:REASON_CHARS] if text else None
 
 
-def _failed_checks(doc: dict[str, Any]) -> str | None:
-    """``name: detail`` of each check the doctor says failed."""
-    checks = doc.get("checks")
-    if not isinstance(checks, list):
-        return None
-    failed = [c for c in checks if isinstance(c, dict) and c.get("ok") is not True]
-    text = "; ".join(f"{c.get('name', '?')}: {c['detail']}" if c.get("detail") else
-                     str(c.get("name", "?")) for c in failed)
-    return text[:REASON_CHARS] or None
-
-
 def _contract_form(rc: int, doc: dict[str, Any]) -> tuple[str, str | None]:
     """The contract's ``{"runner_protocol", "health", "checks"?}`` answer."""
-    supported = doc.get("runner_protocol", {})
-    supported = supported.get("supported") if isinstance(supported, dict) else None
-    if isinstance(supported, list) and RUNNER_PROTOCOL not in supported:
-        return "undetected", (f"its doctor supports runner protocol {supported}; this agent "
+    versions = doctorform.supported(doc)
+    if isinstance(versions, list) and RUNNER_PROTOCOL not in versions:
+        return "undetected", (f"its doctor supports runner protocol {versions}; this agent "
                               f"speaks {RUNNER_PROTOCOL}")
     health = doc["health"]
-    why = _failed_checks(doc) or _own_reason(doc)
+    why = "; ".join(doctorform.failed_checks(doc))[:REASON_CHARS] or _own_reason(doc)
     if rc != 0:
         return "unhealthy", f"{why or f'doctor --json said {health}'} (exit {rc})"
     if health == "healthy":

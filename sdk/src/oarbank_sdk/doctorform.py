@@ -13,15 +13,26 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["HEALTHS", "TIMEOUT_S", "form_problems", "is_older_form"]
+__all__ = ["HEALTHS", "TIMEOUT_S", "failed_checks", "form_problems", "is_older_form",
+           "supported"]
 
 HEALTHS = ("healthy", "unhealthy", "undetected")
 TIMEOUT_S = 60.0  # the doctor must finish within this (contract section 4)
 
 
-def _supported(doc: dict[str, Any]) -> Any:
+def supported(doc: dict[str, Any]) -> Any:
+    """``runner_protocol.supported`` as the doctor wrote it (None where there is none)."""
     proto = doc.get("runner_protocol")
     return proto.get("supported") if isinstance(proto, dict) else None
+
+
+def failed_checks(doc: dict[str, Any]) -> list[str]:
+    """``name: detail`` (or ``name``) of each check the doctor says did not pass."""
+    checks = doc.get("checks")
+    if not isinstance(checks, list):
+        return []
+    return [f"{c.get('name', '?')}: {c['detail']}" if c.get("detail") else str(c.get("name", "?"))
+            for c in checks if isinstance(c, dict) and c.get("ok") is not True]
 
 
 def form_problems(doc: Any) -> list[str]:
@@ -29,9 +40,9 @@ def form_problems(doc: Any) -> list[str]:
     if not isinstance(doc, dict):
         return ["not a JSON object"]
     problems = []
-    supported = _supported(doc)
-    if not (isinstance(supported, list) and supported
-            and all(isinstance(v, int) and not isinstance(v, bool) for v in supported)):
+    versions = supported(doc)
+    if not (isinstance(versions, list) and versions
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in versions)):
         problems.append('runner_protocol: must be {"supported": [<protocol integers>]}, '
                         f"got {doc.get('runner_protocol')!r}")
     if doc.get("health") not in HEALTHS:

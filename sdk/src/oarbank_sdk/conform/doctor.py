@@ -41,8 +41,7 @@ def judge_answer(rc: int | None, out: str, timeout_s: float) -> tuple[str, str]:
     problems = doctorform.form_problems(doc)
     if problems:
         return FAIL, "; ".join(problems)
-    failed = [f"{c['name']}: {c.get('detail', '')}".rstrip(": ")
-              for c in doc.get("checks", []) if not c["ok"]]
+    failed = doctorform.failed_checks(doc)
     return OK, f"{doc['health']}" + (f" ({'; '.join(failed)})" if failed else "")
 
 
