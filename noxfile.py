@@ -29,7 +29,6 @@ TEST_DEPS = ["pytest>=7", "pytest-timeout", "pytest-xdist", "hypothesis", "playw
 # Tests run in parallel (pytest-xdist): most of their time is spent waiting on real processes,
 # so more workers than cores pays. OARBANK_TEST_WORKERS overrides (1: in this process).
 WORKERS = os.environ.get("OARBANK_TEST_WORKERS", "4")
-TEST_PATHS = ["sdk/tests", "agent/tests", "ui-pages/tests", "harness/tests"]
 
 
 def _install(session: nox.Session, *extra: str) -> None:
@@ -43,7 +42,7 @@ def _parallel() -> list[str]:
 @nox.session
 def tests(session: nox.Session) -> None:
     _install(session, *TEST_DEPS)
-    session.run("pytest", *_parallel(), *(session.posargs or TEST_PATHS))
+    session.run("pytest", *_parallel(), *session.posargs)  # none: pyproject's testpaths
 
 
 @nox.session
@@ -66,7 +65,7 @@ def fresh(session: nox.Session) -> None:
 @nox.session
 def browser(session: nox.Session) -> None:
     _install(session, *TEST_DEPS)
-    session.run("pytest", "-m", "browser", *(session.posargs or TEST_PATHS))
+    session.run("pytest", "-m", "browser", *session.posargs)
 
 
 @nox.session

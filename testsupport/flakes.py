@@ -27,7 +27,6 @@ from typing import Any
 
 from testsupport.sockettrace import format_drops, read_drops
 
-DEFAULT_PATHS = ["sdk/tests", "agent/tests", "ui-pages/tests", "harness/tests"]
 OUTPUT_LINES = 60  # of each failure's output in the report
 
 
@@ -49,7 +48,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--workers", default=os.environ.get("OARBANK_TEST_WORKERS", "4"),
                    help="pytest-xdist workers (default: $OARBANK_TEST_WORKERS or 4)")
     p.add_argument("--out", type=Path, default=Path(".flakes"), help="reports (default .flakes)")
-    p.add_argument("paths", nargs="*", help="tests to run (default: the whole suite)")
+    p.add_argument("paths", nargs="*",
+                   help="tests to run (default: the whole suite, pyproject's testpaths)")
     args = p.parse_args(argv)
     if args.rounds < 1 or args.cpu < 0 or args.io < 0:
         p.error("--rounds must be >= 1, --cpu and --io >= 0")
@@ -134,7 +134,7 @@ def run_round(number: int, args: argparse.Namespace, report_log: Path, trace_dir
     parallel = [] if args.workers == "1" else ["-n", args.workers, "--dist", "loadgroup"]
     cmd = [sys.executable, "-m", "pytest", *parallel, "-p", "testsupport.sockettrace",
            "--socket-trace", str(trace_dir), "--report-log", str(report_log),
-           "-p", "no:cacheprovider", *(args.paths or DEFAULT_PATHS)]
+           "-p", "no:cacheprovider", *args.paths]  # none: pyproject's testpaths
     print(f"flakes: round {number} of {args.rounds}: {' '.join(cmd[2:])}", flush=True)
     return subprocess.call(cmd)
 
