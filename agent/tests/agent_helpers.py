@@ -13,8 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from oarbank_agent import control
-from oarbank_agent.demo import AgentProcess
+from oarbank_agent.operate import control
+from oarbank_agent.operate.demo import AgentProcess
 from testsupport.livefiles import read_jsonl as finished_records
 from testsupport.privilege import AGENT_UNDUMPABLE, require_root
 

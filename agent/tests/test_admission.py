@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from oarbank_agent.admission import Admission, Request
+from oarbank_agent.jobs.admission import Admission, Request
 
 
 def test_admission_is_fifo_per_pool_without_overtaking() -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from agent_helpers import EXAMPLE, write_module
 
-from oarbank_agent import control
+from oarbank_agent.operate import control
 from oarbank_sdk import advice
 
 

@@ -12,7 +12,7 @@ import time
 
 from agent_helpers import write_module
 
-from oarbank_agent import compat
+from oarbank_agent.modules import compat
 from oarbank_sdk import advice
 from oarbank_sdk import manifest as mf
 

@@ -21,7 +21,7 @@ import threading
 import time
 from pathlib import Path
 
-from oarbank_agent.broker import Broker
+from oarbank_agent.broker.handover import Broker
 from oarbank_sdk.protocol import current_transport, wire
 
 T = current_transport()
@@ -581,7 +581,7 @@ def test_ready_now_hands_over_without_waiting_and_keeps_order_and_errors_safe(ca
 
         # A ready_now that raises is logged and the waited path answers instead.
         gate.broken = True
-        with caplog.at_level(logging.ERROR, logger="oarbank_agent.broker"):
+        with caplog.at_level(logging.ERROR, logger="oarbank_agent.broker.handover"):
             msg, end = await asyncio.to_thread(job_connect, job)
         assert msg["ok"] is True
         end.close()
@@ -661,7 +661,7 @@ def test_attempt_wire_ids_are_integers_unique_for_the_agent_and_logged_with_thei
         broker = Broker(Gate(m__s=True))
         other = Broker(Gate(m__s=True))  # a second broker in the same agent process
         _ch, svc = await ready_service(broker, "m/s")
-        with caplog.at_level(logging.INFO, logger="oarbank_agent.broker"):
+        with caplog.at_level(logging.INFO, logger="oarbank_agent.broker.handover"):
             job = job_peer(broker, "j1.1", "m/s")
         first = broker.wire_attempt("j1.1")
         assert broker.wire_attempt("j1.1") == first  # stable while the attempt lives
@@ -881,7 +881,7 @@ def test_a_peer_that_never_reads_is_cut_off_not_buffered_without_bound(caplog):
         for p in (job, other, svc):
             p.close()
 
-    with caplog.at_level(logging.INFO, logger="oarbank_agent.broker"):
+    with caplog.at_level(logging.INFO, logger="oarbank_agent.broker.handover"):
         run(scenario)
     assert any("peer is not reading" in r.getMessage() for r in caplog.records)
 

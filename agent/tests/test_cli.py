@@ -11,7 +11,7 @@ from pathlib import Path
 
 from agent_helpers import processes_referencing, read_jsonl, write_module
 
-from oarbank_agent import control
+from oarbank_agent.operate import control
 
 
 def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from agent_helpers import write_module
 
-from oarbank_agent import compat, control
+from oarbank_agent.modules import compat
+from oarbank_agent.operate import control
 from oarbank_sdk import manifest as mf
 from oarbank_sdk.versions import allows
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from oarbank_agent.connector import CONNECTOR_MAX_UNRECEIVED, Verdict, decide
-from oarbank_agent.ratelimit import TokenBucket
+from oarbank_agent.broker.connector import CONNECTOR_MAX_UNRECEIVED, Verdict, decide
+from oarbank_agent.broker.ratelimit import TokenBucket
 
 
 def never_asked() -> bool:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from agent_helpers import MODFILES, alive, runner_file, write_module
 
-from oarbank_agent import containment
+from oarbank_agent.sandbox import containment
 
 
 def setsid_module(root: Path) -> Path:

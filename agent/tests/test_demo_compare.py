@@ -7,8 +7,8 @@ import json
 import subprocess
 import sys
 
-from oarbank_agent import demo
-from oarbank_agent.demo_cold import ColdRun, run_cold
+from oarbank_agent.operate import demo
+from oarbank_agent.operate.demo_cold import ColdRun, run_cold
 
 
 def _demo(*args: str) -> subprocess.CompletedProcess[str]:

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from agent_helpers import read_jsonl, write_module
 
-from oarbank_agent import detachedwatch
-from oarbank_agent.ops import OpResult
+from oarbank_agent.services import detachedwatch
+from oarbank_agent.services.ops import OpResult
 
 
 def events(agent, kind: str) -> list[dict]:  # type: ignore[no-untyped-def]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from oarbank_agent.fingerprint import parse
+from oarbank_agent.services.fingerprint import parse
 
 GOOD = {"service_protocol": {"supported": [1]}, "health": "healthy", "pools": {"model": 4},
         "reserve": {"mem_gb": 0.5}, "running": True}

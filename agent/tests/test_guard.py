@@ -8,8 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from oarbank_agent.channel import Channels
-from oarbank_agent.guard import (
+from oarbank_agent.broker.channel import Channels
+from oarbank_agent.modules.loaded import NodeInfo
+from oarbank_agent.procs import ProcessRegistry
+from oarbank_agent.protection.decisions import Floors
+from oarbank_agent.protection.guard import (
     Admit,
     AllowGpu,
     Guard,
@@ -17,10 +20,7 @@ from oarbank_agent.guard import (
     Pause,
     ReleaseGpuJobs,
 )
-from oarbank_agent.modules import NodeInfo
-from oarbank_agent.procs import ProcessRegistry
-from oarbank_agent.protection import Floors
-from oarbank_agent.supervisor import Supervisor
+from oarbank_agent.services.supervisor import Supervisor
 
 
 def guard(tmp_path: Path, floors: Floors, reported: list) -> Guard:

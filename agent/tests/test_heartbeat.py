@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from oarbank_agent.heartbeat import HeartbeatSender, PortalURL
+from oarbank_agent.reporting.heartbeat import HeartbeatSender, PortalURL
 
 
 class Recorder:
@@ -216,7 +216,7 @@ def test_unix_socket_portal(tmp_path: Path) -> None:
 def test_portal_down_then_back(caplog: pytest.LogCaptureFixture) -> None:
     """Nothing listens: the loop keeps running, one readable warning, delivery once it is back,
     and what is delivered then is the newest report."""
-    caplog.set_level(logging.INFO, logger="oarbank_agent.heartbeat")
+    caplog.set_level(logging.INFO, logger="oarbank_agent.reporting.heartbeat")
 
     async def main() -> None:
         report, _ = make_report()
@@ -274,7 +274,7 @@ def test_slow_portal_never_blocks_the_loop() -> None:
 
 
 def test_refused_report_is_not_retried(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, logger="oarbank_agent.heartbeat")
+    caplog.set_level(logging.WARNING, logger="oarbank_agent.reporting.heartbeat")
 
     async def main() -> None:
         report, _ = make_report()
@@ -308,7 +308,7 @@ def test_server_error_is_retried_with_the_newest_report() -> None:
 
 
 def test_a_failing_report_does_not_end_heartbeats(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.ERROR, logger="oarbank_agent.heartbeat")
+    caplog.set_level(logging.ERROR, logger="oarbank_agent.reporting.heartbeat")
     calls = {"n": 0}
 
     def report() -> dict[str, Any]:
@@ -363,7 +363,7 @@ def test_portal_url_forms() -> None:
 
 def test_refusals_are_logged_once_per_cause_and_kept_in_status(
         caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, logger="oarbank_agent.heartbeat")
+    caplog.set_level(logging.WARNING, logger="oarbank_agent.reporting.heartbeat")
 
     async def main() -> None:
         report, _ = make_report()
@@ -387,7 +387,7 @@ def test_refusals_are_logged_once_per_cause_and_kept_in_status(
 
 
 def test_token_file_must_be_private(tmp_path: Path) -> None:
-    from oarbank_agent.heartbeat import read_token_file
+    from oarbank_agent.reporting.heartbeat import read_token_file
 
     f = tmp_path / "token"
     f.write_text("oarbank_secret\n")

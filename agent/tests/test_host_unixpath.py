@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from oarbank_agent import cli, control
 from oarbank_agent.host import unixpath
+from oarbank_agent.operate import cli, control
 
 
 def _deep(root: Path, at_least: int = 160) -> Path:

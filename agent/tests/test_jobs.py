@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from oarbank_agent import jobs
-from oarbank_agent.jobs import Event, State
+from oarbank_agent.jobs import machine as jobs
+from oarbank_agent.jobs.machine import Event, State
 
 
 def run_through(*events: Event, start: State = State.QUEUED) -> State:

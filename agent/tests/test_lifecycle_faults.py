@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from oarbank_agent import lifecycle as lc
+from oarbank_agent.services import lifecycle as lc
 
 
 def svc(lifecycle: str = "on_demand", **kw: object) -> lc.ServiceState:

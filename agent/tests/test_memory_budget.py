@@ -10,9 +10,9 @@ from pathlib import Path
 from agent_helpers import read_jsonl, write_module
 from test_services import max_overlap
 
-from oarbank_agent import lifecycle as lc
-from oarbank_agent.admission import Admission, Request
-from oarbank_agent.protection import hold_override, parse_fraction
+from oarbank_agent.jobs.admission import Admission, Request
+from oarbank_agent.protection.decisions import hold_override, parse_fraction
+from oarbank_agent.services import lifecycle as lc
 
 
 def test_jobs_charge_the_budget_and_wait_in_order() -> None:

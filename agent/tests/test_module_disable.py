@@ -12,8 +12,8 @@ from pathlib import Path
 
 from agent_helpers import write_module
 
-from oarbank_agent import control
-from oarbank_agent import lifecycle as lc
+from oarbank_agent.operate import control
+from oarbank_agent.services import lifecycle as lc
 
 MOD = "test.agent.echo"
 

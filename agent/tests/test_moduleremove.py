@@ -11,7 +11,7 @@ from pathlib import Path
 
 from agent_helpers import read_jsonl, write_module
 
-from oarbank_agent import control
+from oarbank_agent.operate import control
 
 MOD = "test.agent.echo"
 FAILED = (f"module_removed: module {MOD} was removed from this node (oarbank-agent module "

@@ -14,7 +14,7 @@ from typing import Any
 
 from agent_helpers import RunningAgent, write_module
 
-from oarbank_agent.demo import AgentProcess
+from oarbank_agent.operate.demo import AgentProcess
 from testsupport.livefiles import read_jsonl
 
 MOD = "test.agent.echo"
@@ -91,7 +91,7 @@ def _as_nobody(argv: list[str]) -> tuple[int, str]:
 
     import oarbank_agent
     import oarbank_sdk
-    from oarbank_agent import cli
+    from oarbank_agent.operate import cli
 
     for package in (oarbank_agent, oarbank_sdk):
         for found in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
@@ -381,9 +381,9 @@ def test_a_second_sigterm_ends_the_drain_at_once(start_agent, echo_module: Path)
 
 
 def test_heartbeat_rows_stay_the_contracts_status_adds_details(tmp_path: Path) -> None:
-    from oarbank_agent import lifecycle as lc
-    from oarbank_agent.modules import ModuleCtx
-    from oarbank_agent.supervisor import ServiceRuntime, details, row
+    from oarbank_agent.modules.loaded import ModuleCtx
+    from oarbank_agent.services import lifecycle as lc
+    from oarbank_agent.services.supervisor import ServiceRuntime, details, row
     from oarbank_sdk import manifest as mf
 
     m = mf.load(write_module(tmp_path / "mod"))
@@ -420,7 +420,7 @@ def test_an_agent_whose_starter_is_killed_stops_too(tmp_path: Path, echo_module:
     starter = subprocess.Popen(
         [sys.executable, "-c", "import sys, time\n"
          "from pathlib import Path\n"
-         "from oarbank_agent.demo import AgentProcess\n"
+         "from oarbank_agent.operate.demo import AgentProcess\n"
          "a = AgentProcess(Path(sys.argv[1]), [Path(sys.argv[2])], node_id='orphan-test',\n"
          "                 extra_args=['--drain-s', '2'])\n"
          "print(a.pid, flush=True)\n"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from agent_helpers import read_jsonl, write_module
 
-from oarbank_agent.ownedwatch import to_destroy
+from oarbank_agent.services.ownedwatch import to_destroy
 
 
 def test_only_objects_of_attempts_that_are_over_are_destroyed() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from oarbank_agent.protection import (
+from oarbank_agent.protection.decisions import (
     Candidate,
     Floors,
     Pressure,

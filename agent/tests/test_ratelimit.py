@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from oarbank_agent.ratelimit import TokenBucket
+from oarbank_agent.broker.ratelimit import TokenBucket
 
 
 def test_burst_then_steady_rate():

@@ -1,5 +1,5 @@
 """The README's table of `run` options is the parser's (optiontable.py): an option added,
-removed or reworded in cli.py fails here until `python -m oarbank_agent.optiontable --write
+removed or reworded in cli.py fails here until `python -m oarbank_agent.operate.optiontable --write
 agent/README.md` is run."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import argparse
 
 from agent_helpers import REPO
 
-from oarbank_agent import cli, optiontable
+from oarbank_agent.operate import cli, optiontable
 
 
 def test_the_readme_table_is_the_parsers() -> None:
@@ -16,7 +16,7 @@ def test_the_readme_table_is_the_parsers() -> None:
     table = optiontable.markdown(cli.run_parser())
     assert optiontable.replace_in(readme, table) == readme, (
         "agent/README.md's run options differ from the parser: run "
-        "`python -m oarbank_agent.optiontable --write agent/README.md`")
+        "`python -m oarbank_agent.operate.optiontable --write agent/README.md`")
 
 
 def test_every_run_option_has_a_row_and_a_meaning() -> None:

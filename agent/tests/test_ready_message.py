@@ -9,7 +9,7 @@ from pathlib import Path
 
 from agent_helpers import read_jsonl
 
-from oarbank_agent import supervisor
+from oarbank_agent.services import supervisor
 
 
 def _events(agent, name: str) -> list[float]:

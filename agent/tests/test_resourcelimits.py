@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from agent_helpers import write_module
 
-from oarbank_agent import resourcelimits as rl
+from oarbank_agent.sandbox import resourcelimits as rl
 
 # A memory.events file as the kernel writes it (Linux 6.x), after one OOM kill.
 MEMORY_EVENTS = "low 0\nhigh 0\nmax 37\noom 1\noom_kill 1\noom_group_kill 0\n"

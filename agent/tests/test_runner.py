@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from oarbank_agent.runner import classify
+from oarbank_agent.jobs.runner import classify
 
 
 def _write(workdir: Path, name: str, doc: object) -> None:

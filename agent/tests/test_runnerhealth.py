@@ -12,8 +12,9 @@ from pathlib import Path
 
 from agent_helpers import read_jsonl, write_module
 
-from oarbank_agent import control, runnerevents
-from oarbank_agent.runnerhealth import judge
+from oarbank_agent.jobs import runnerevents
+from oarbank_agent.jobs.runnerhealth import judge
+from oarbank_agent.operate import control
 
 MOD = "test.agent.echo"
 

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from agent_helpers import read_jsonl, write_module
 
-from oarbank_agent import lifecycle as lc
-from oarbank_agent import runningwatch
+from oarbank_agent.services import lifecycle as lc
+from oarbank_agent.services import runningwatch
 
 MOD = "test.agent.echo"
 

@@ -362,7 +362,7 @@ def test_auto_warns_once_naming_each_missing_wall_and_required_lists_them(caplog
     measures it: see sdk/tests/test_sandbox.py)."""
     import logging
 
-    from oarbank_agent import sandboxing
+    from oarbank_agent.sandbox import policy as sandboxing
     from oarbank_sdk import sandbox
 
     caps = dict.fromkeys(sandbox.CAPABILITY_NAMES, "enforced")
@@ -388,7 +388,7 @@ def test_required_starts_where_every_wall_is_enforced(
     agent = _start(start_agent, probe_module, dict(targets, walls=False), "--sandbox", "required")
     sb = agent.status()["sandbox"]
     assert sb["mode"] == "required"
-    from oarbank_agent.sandboxing import REQUIRED_LINUX
+    from oarbank_agent.sandbox.policy import REQUIRED_LINUX
     assert {n: sb[n] for n in REQUIRED_LINUX} == dict.fromkeys(REQUIRED_LINUX, "enforced"), sb
     assert "lacks" not in agent.log()  # no missing-wall warning here
     assert "sandbox: Landlock ABI " in agent.log()  # checked at start
@@ -400,8 +400,8 @@ def test_walls_per_child_follow_the_manifest(tmp_path: Path) -> None:
     """What the agent hands each launcher: a runner writes only its workdir, a service only its
     module's data dir; the GPU nodes only for [sandbox].devices.gpu = "compute" (the harness's
     gpumodel), and the launcher argv carries them (none on a machine without a GPU)."""
-    from oarbank_agent import sandboxing
-    from oarbank_agent.modules import NodeInfo, load_module
+    from oarbank_agent.modules.loaded import NodeInfo, load_module
+    from oarbank_agent.sandbox import policy as sandboxing
     from oarbank_sdk import sandbox
 
     repo = Path(__file__).resolve().parents[2]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from oarbank_agent import control
+from oarbank_agent.operate import control
 
 
 def run_second(state_dir: Path, module: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from agent_helpers import alive, read_jsonl, write_module
 
-from oarbank_agent import control
+from oarbank_agent.operate import control
 
 MODULE = "test.agent.echo"
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from agent_helpers import EXAMPLE, REPO
 
-from oarbank_agent import cli, config
-from oarbank_agent.modules import read_settings_arg
+from oarbank_agent.modules.loaded import read_settings_arg
+from oarbank_agent.operate import cli, config
 
 UNIT = REPO / "agent" / "systemd" / "oarbank-agent.service"
 EXAMPLE_CONFIG = REPO / "agent" / "systemd" / "agent.toml"

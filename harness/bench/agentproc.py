@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from oarbank_agent import control
+from oarbank_agent.operate import control
 
 __all__ = ["Agent", "BENCH_MODULE", "JobFailed"]
 

@@ -1,6 +1,6 @@
 """Helpers for the service_endpoint tests.
 
-``FakeAgent`` is THE TEST'S STAND-IN FOR THE AGENT: the real broker (oarbank_agent.broker) is
+``FakeAgent`` is THE TEST'S STAND-IN FOR THE AGENT: the real broker (oarbank_agent.broker.handover) is
 written in parallel, and integration tests against it live in agent/tests. The stand-in plays
 the agent's role of contract section 3 over real ``socketpair(AF_UNIX, SOCK_STREAM)`` pairs
 and real SCM_RIGHTS descriptors, with threads. It is deliberately written without the SDK's

@@ -128,7 +128,7 @@ def test_token_cli_issue_list_revoke(start_portal, tmp_path: Path) -> None:  # t
 def test_the_agents_sender_against_the_portal(start_portal, caplog) -> None:  # type: ignore[no-untyped-def]
     """The agent's HeartbeatSender (in this process, in the node's place) and the real portal:
     its token is accepted; a revoked one is refused, logged once, counted in status."""
-    from oarbank_agent.heartbeat import HeartbeatSender
+    from oarbank_agent.reporting.heartbeat import HeartbeatSender
 
     p = start_portal()
     token = p.token("node-s")
@@ -160,7 +160,7 @@ def test_the_agents_sender_against_the_portal(start_portal, caplog) -> None:  # 
 def test_heartbeats_over_https(start_portal, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     import trustme
 
-    from oarbank_agent.heartbeat import HeartbeatSender
+    from oarbank_agent.reporting.heartbeat import HeartbeatSender
 
     ca = trustme.CA()
     cert = ca.issue_cert("127.0.0.1", "localhost")

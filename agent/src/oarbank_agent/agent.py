@@ -20,40 +20,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from oarbank_sdk import manifest as mf
-
-from . import (
-    compat,
-    containment,
-    control,
-    detachedwatch,
-    drain,
-    escapewatch,
-    eventwait,
-    factory,
-    faults,
-    hostrules,
-    jobs,
-    manualwatch,
-    moduleremove,
-    modulestate,
-    ownedwatch,
-    procs,
-    protection,
-    recovery,
-    refusals,
-    reload,
-    resourcelimits,
-    runnerhealth,
-    runningwatch,
-    sandboxing,
-    waiting,
-)
-from . import lifecycle as lc
-from .admission import Admission
-from .broker import Broker
-from .channel import Channels
-from .guard import (
+from oarbank_agent import eventwait, factory, faults, procs, recovery
+from oarbank_agent.broker.channel import Channels
+from oarbank_agent.broker.handover import Broker
+from oarbank_agent.host import gpuapis, memory
+from oarbank_agent.jobs import machine as jobs
+from oarbank_agent.jobs import runnerhealth, waiting
+from oarbank_agent.jobs.admission import Admission
+from oarbank_agent.jobs.queue import JobQueue
+from oarbank_agent.jobs.store import JobRecord, JobStore
+from oarbank_agent.modules import compat
+from oarbank_agent.modules import remove as moduleremove
+from oarbank_agent.modules import state as modulestate
+from oarbank_agent.modules.loaded import ModuleCtx, ModuleRefused, NodeInfo, load_module, module_names
+from oarbank_agent.operate import control, drain, reload
+from oarbank_agent.protection import decisions as protection
+from oarbank_agent.protection import hostrules
+from oarbank_agent.protection.guard import (
     DEFAULT_BUDGET_FRACTION,
     Action,
     Admit,
@@ -65,12 +48,13 @@ from .guard import (
     ReleaseGpuJobs,
     ReleaseJobs,
 )
-from .host import gpuapis, memory
-from .jobqueue import JobQueue
-from .modules import ModuleCtx, ModuleRefused, NodeInfo, load_module, module_names
-from .store import JobRecord, JobStore
-from .supervisor import Supervisor
-from .supervisor import details as supervisor_details
+from oarbank_agent.sandbox import containment, escapewatch, refusals, resourcelimits
+from oarbank_agent.sandbox import policy as sandboxing
+from oarbank_agent.services import detachedwatch, manualwatch, ownedwatch, runningwatch
+from oarbank_agent.services import lifecycle as lc
+from oarbank_agent.services.supervisor import Supervisor
+from oarbank_agent.services.supervisor import details as supervisor_details
+from oarbank_sdk import manifest as mf
 
 __all__ = ["Agent", "AgentConfig", "ModuleSpec"]
 

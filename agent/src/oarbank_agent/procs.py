@@ -22,11 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from oarbank_agent import factory
+from oarbank_agent.factory.client import FactoryLost
+from oarbank_agent.host import cgroups, proctable
+from oarbank_agent.sandbox import containment, refusals, resourcelimits
+from oarbank_agent.sandbox import policy as sandboxing
 from oarbank_sdk.protocol import MAX_HANDLES, current_transport
-
-from . import containment, factory, refusals, resourcelimits, sandboxing
-from .factory.client import FactoryLost
-from .host import cgroups, proctable
 
 __all__ = ["ChildProcess", "GroupRecord", "ProcessRegistry", "spawn", "group_alive", "end_group",
            "retire_group", "signal_group", "launch_argv"]

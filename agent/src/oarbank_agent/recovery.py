@@ -31,12 +31,14 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import containment, ops, procs
-from .host import cgroups, proctable
+from oarbank_agent import procs
+from oarbank_agent.host import cgroups, proctable
+from oarbank_agent.sandbox import containment
+from oarbank_agent.services import ops
 
 if TYPE_CHECKING:
-    from .store import JobRecord
-    from .supervisor import Supervisor
+    from oarbank_agent.jobs.store import JobRecord
+    from oarbank_agent.services.supervisor import Supervisor
 
 __all__ = ["end_leftovers", "adopt_running", "uncharge_interrupted", "INTERRUPTED"]
 

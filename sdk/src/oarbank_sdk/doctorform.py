@@ -3,7 +3,7 @@
     {"runner_protocol": {"supported": [1]}, "health": "healthy" | "unhealthy" | "undetected",
      "capabilities": [...], "attrs"?: {...}, "checks"?: [{"name", "ok", "detail"?}]}
 
-The agent reads the health from it (``oarbank_agent.runnerhealth``, lenient: whatever it can
+The agent reads the health from it (``oarbank_agent.jobs.runnerhealth``, lenient: whatever it can
 act on); the conformance kit holds a module's doctor to the whole form (``form_problems``,
 strict). An older ``{"ok": bool}`` answer is still taken by the agent, and the kit warns
 that it is not the contract's form. Standard library only.

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .client import FactoryClient
+    from oarbank_agent.factory.client import FactoryClient
 
 __all__ = ["MODES", "install", "current", "resolve_mode", "report"]
 

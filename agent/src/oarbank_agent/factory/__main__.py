@@ -2,6 +2,6 @@
 
 import sys
 
-from .server import main
+from oarbank_agent.factory.server import main
 
 sys.exit(main(sys.argv[1:]))

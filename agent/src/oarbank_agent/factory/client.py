@@ -25,10 +25,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from oarbank_agent.eventwait import result_within, wait_event
+from oarbank_agent.factory import plan, wire
 from oarbank_sdk.protocol import current_transport
-
-from ..eventwait import result_within, wait_event
-from . import plan, wire
 
 __all__ = ["FactoryClient", "FactoryProcess", "FactoryLost", "RLIMITS"]
 

@@ -26,10 +26,9 @@ import subprocess
 import sys
 from typing import Any
 
+from oarbank_agent.factory import child, selfconfine, wire
 from oarbank_sdk import sandbox
 from oarbank_sdk.protocol import current_transport
-
-from . import child, selfconfine, wire
 
 __all__ = ["main"]
 

@@ -24,7 +24,7 @@ from typing import Any
 __all__ = ["ENTER", "cgroup2_dir", "probe", "enter_argv", "populated", "pids", "signal_all",
            "kill", "remove", "end_cgroup"]
 
-log = logging.getLogger("oarbank_agent.containment")
+log = logging.getLogger("oarbank_agent.sandbox.containment")
 
 # The child moves itself, then becomes argv. `unset PWD`: the shell exports PWD on its own, and
 # a child's environment is exactly the contract's (nothing the wrapper adds survives the exec).

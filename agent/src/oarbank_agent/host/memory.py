@@ -11,7 +11,7 @@ import os
 
 import psutil
 
-from .proctable import proc_table
+from oarbank_agent.host.proctable import proc_table
 
 __all__ = ["available_fraction", "total_bytes", "group_rss"]
 

@@ -1,0 +1,149 @@
+"""Job records: one JSON file per job, written atomically, so no submitted job is ever lost.
+
+Layout: ``<state>/jobs/<job id>/job.json`` (the record) and ``<state>/jobs/<job id>/a<n>/``
+(attempt n's workdir). A record is written (temp file, fsync, rename, fsync of the folder)
+before ``submit`` is answered, and again at every state change, so a restarted agent finds
+every job in its last known state (``load_all``) and can requeue what was not finished.
+
+A record's ``state`` is the plain string of a ``jobs.State``; the states and their transitions
+are ``jobs.py``'s table.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import secrets
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from oarbank_agent.jobs.machine import TERMINAL
+
+__all__ = ["JobRecord", "JobStore", "TERMINAL", "new_job_id"]
+
+_seq = itertools.count()
+
+
+def new_job_id() -> str:
+    # Sortable by submission time, unique across agent restarts.
+    return f"j{time.strftime('%Y%m%d%H%M%S')}-{next(_seq):04d}-{secrets.token_hex(3)}"
+
+
+@dataclass
+class JobRecord:
+    job_id: str
+    module: str
+    stage: str
+    payload: dict[str, Any]
+    state: str = "queued"
+    attempts: int = 0
+    exit_code: int | None = None
+    reason: str | None = None
+    result: dict[str, Any] | None = None
+    submitted_at: float = field(default_factory=time.time)
+    seq: int = 0  # submission order, for FIFO across restarts
+    started_at: float | None = None  # first runner start
+    finished_at: float | None = None
+    history: list[dict[str, Any]] = field(default_factory=list)  # one entry per attempt
+    released: int = 0  # attempts ended by host protection: requeued, not charged
+    # The latest attempt's id on service channels (an integer, contract section 3): services
+    # log only this number, so status maps it back to the job.
+    wire_attempt: int | None = None
+
+    def public(self) -> dict[str, Any]:
+        """The shape ``submit --wait`` prints."""
+        return {"job_id": self.job_id, "module": self.module, "stage": self.stage,
+                "state": self.state, "attempts": self.attempts, "exit_code": self.exit_code,
+                "reason": self.reason, "result": self.result}
+
+    def summary(self) -> dict[str, Any]:
+        d = self.public()
+        d.pop("result")
+        d.update(released=self.released, wire_attempt=self.wire_attempt,
+                 submitted_at=self.submitted_at, started_at=self.started_at,
+                 finished_at=self.finished_at)
+        return d
+
+
+class JobStore:
+    def __init__(self, state_dir: Path) -> None:
+        self.dir = state_dir / "jobs"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._seq = 0
+
+    def job_dir(self, job_id: str) -> Path:
+        return self.dir / job_id
+
+    def save(self, rec: JobRecord) -> None:
+        """Write the record atomically (temp file + rename).
+
+        Only the states a restart acts on are fsynced: ``queued`` (a submitted job is never
+        lost) and the terminal ones (a finished job is never run again). ``admitted`` and
+        ``running`` are not worth two blocking fsyncs on the event loop per job: if a crash
+        loses one, the record reads ``queued`` and a restarted agent requeues it, which is what
+        it does for ``admitted``/``running`` anyway.
+        """
+        durable = rec.state == "queued" or rec.state in TERMINAL
+        d = self.job_dir(rec.job_id)
+        d.mkdir(parents=True, exist_ok=True)
+        path = d / "job.json"
+        tmp = d / "job.json.tmp"
+        data = json.dumps(asdict(rec), indent=1).encode("utf-8")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, data)
+            if durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        if not durable:
+            return
+        dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(dfd)  # the rename itself survives a crash
+        finally:
+            os.close(dfd)
+
+    def remove(self, job_id: str) -> None:
+        """A final job's folder (record and attempt workdirs) is removed: kept long enough
+        (``--keep-jobs-s``). Its wire attempt numbers stay used (``wire_floor``)."""
+        shutil.rmtree(self.job_dir(job_id), ignore_errors=True)
+
+    def keep_wire_floor(self, n: int) -> None:
+        """Attempt numbers on the channel up to ``n`` were used by records removed since: a
+        restarted agent continues after them, not after what is left."""
+        if n > self.wire_floor():
+            tmp = self.dir / "wire_floor.tmp"
+            tmp.write_text(f"{n}\n", encoding="utf-8")
+            os.replace(tmp, self.dir / "wire_floor")
+
+    def wire_floor(self) -> int:
+        try:
+            return int((self.dir / "wire_floor").read_text(encoding="utf-8").strip())
+        except (OSError, ValueError):
+            return 0
+
+    def create(self, module: str, stage: str, payload: dict[str, Any]) -> JobRecord:
+        self._seq += 1
+        rec = JobRecord(new_job_id(), module, stage, payload, seq=self._seq)
+        self.save(rec)
+        return rec
+
+    def load_all(self) -> list[JobRecord]:
+        """Every readable record, in submission order. Unreadable ones are skipped (and kept
+        on disk for a person to look at)."""
+        out = []
+        for p in self.dir.glob("*/job.json"):
+            try:
+                d = json.loads(p.read_text(encoding="utf-8"))
+                out.append(JobRecord(**d))
+            except (OSError, ValueError, TypeError):
+                continue
+        out.sort(key=lambda r: (r.submitted_at, r.seq))
+        self._seq = max([self._seq, *(r.seq for r in out)])
+        return out

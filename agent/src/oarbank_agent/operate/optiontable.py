@@ -1,0 +1,64 @@
+"""The README's table of ``run`` options, generated from the parser so the two never differ.
+
+``python -m oarbank_agent.operate.optiontable`` prints it; ``--write agent/README.md`` replaces the
+table between its markers. ``agent/tests/test_readme_options.py`` fails when the README's table
+is not what the parser says (each option's help is its README row).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+__all__ = ["BEGIN", "END", "markdown", "replace_in"]
+
+BEGIN = ("<!-- run options: generated from the parser by `python -m oarbank_agent.operate.optiontable "
+         "--write agent/README.md`; do not edit by hand -->")
+END = "<!-- end of run options -->"
+
+
+def _name(a: argparse.Action) -> str:
+    flag = max(a.option_strings, key=len)
+    if a.nargs == 0:
+        return f"`{flag}`"
+    if a.choices:  # `--sandbox auto\|required\|off` (a | escaped inside a table cell)
+        return f"`{flag} " + "\\|".join(str(c) for c in a.choices) + "`"
+    return f"`{flag} {a.metavar or a.dest.upper()}`"
+
+
+def markdown(parser: argparse.ArgumentParser) -> str:
+    fmt = parser._get_formatter()
+    rows = ["| option | meaning |", "|---|---|"]
+    for a in parser._actions:
+        if isinstance(a, argparse._HelpAction) or not a.option_strings:
+            continue
+        text = fmt._expand_help(a) if a.help else ""
+        rows.append(f"| {_name(a)} | {text.replace('|', chr(92) + '|')} |")
+    return "\n".join(rows)
+
+
+def replace_in(text: str, table: str) -> str:
+    """``text`` with the part between the markers replaced by ``table``. Raises ValueError."""
+    try:
+        head, rest = text.split(BEGIN, 1)
+        _old, tail = rest.split(END, 1)
+    except ValueError:
+        raise ValueError(f"the markers are missing: {BEGIN!r} ... {END!r}") from None
+    return f"{head}{BEGIN}\n{table}\n{END}{tail}"
+
+
+def main(argv: list[str]) -> int:
+    from oarbank_agent.operate.cli import run_parser
+
+    table = markdown(run_parser())
+    if argv[:1] == ["--write"] and len(argv) == 2:
+        path = Path(argv[1])
+        path.write_text(replace_in(path.read_text(encoding="utf-8"), table), encoding="utf-8")
+        return 0
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

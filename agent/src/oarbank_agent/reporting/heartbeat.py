@@ -1,0 +1,413 @@
+"""Heartbeats: the node's report posted to the portal (contract section 6).
+
+``HeartbeatSender(url, report, period_s)`` runs as one task on the agent's asyncio loop:
+
+    start() --> post at once --> wait (period_s, or a change + debounce) --> post --> ...
+
+- ``notify_change()`` wakes it; changes that arrive within ``debounce_s`` of each other are
+  one post (a service going starting -> ready -> users 3 is one heartbeat, not three).
+- Each attempt calls ``report()`` anew, so the newest report wins: a retry never resends a
+  state the node has already left.
+- A portal that is down, slow or refusing never blocks or crashes the agent: every post is
+  bounded by ``timeout_s``, a failed post is retried ``retries`` times with doubling backoff,
+  then the sender waits for the next period or change. The first failure of an outage is a
+  warning, its end an info line; failures in between are logged at most once a minute.
+- A 4xx answer is not retried (the same report would be refused again). Each cause of a
+  refusal (status and the portal's reason) is logged once, as a warning, when it first
+  happens; ``status()`` keeps every cause with its count and last time, so ``oarbank-agent
+  status`` says why the portal is not taking this node's reports. A report the portal took but
+  did not apply (``applied: false``) is logged and kept the same way.
+- Every report carries ``heartbeat_s`` (the portal judges staleness by it) and the node's
+  token (``Authorization: Bearer``, from ``--portal-token-file``) when there is one.
+- ``send_last()``: the agent is stopping; one last report says so (``agent_stopped``, every
+  service stopped), bounded by ``timeout_s``, so the portal shows "agent stopped" instead of
+  a node that went quiet.
+
+URL: ``http://HOST:PORT[/prefix]``, ``https://HOST[:PORT][/prefix]`` (verified against the
+system's CAs or ``ca_file``) or ``unix:/path/to/socket``; the post goes to
+``<prefix>/v1/heartbeat``. HTTP/1.1 over asyncio streams, ``Connection: close``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import ssl
+import stat
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+__all__ = ["HeartbeatSender", "PortalURL", "read_token_file"]
+
+log = logging.getLogger("oarbank_agent.reporting.heartbeat")
+
+_MAX_REPLY = 64 * 1024
+_REPEAT_WARNING_S = 60.0
+_T = TypeVar("_T")
+
+
+class _BadReply(Exception):
+    pass
+
+
+def read_token_file(path: str) -> str:
+    """The node's portal token from ``path``; ``ValueError`` naming what is wrong. A token
+    readable by the group or others is refused: whoever reads it can report as this node."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as e:
+        raise ValueError(f"{path}: cannot open: {e.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"{path}: not a regular file")
+        if st.st_mode & 0o077:
+            raise ValueError(f"{path}: mode {stat.S_IMODE(st.st_mode):04o} lets the group or "
+                             f"others read it; chmod 600 {path}")
+        raw = os.read(fd, 4096)
+    finally:
+        os.close(fd)
+    token = raw.decode("utf-8", "replace").strip()
+    if not token or any(c.isspace() or not c.isprintable() for c in token):
+        raise ValueError(f"{path}: expected one token (what `oarbank-portal token issue` "
+                         "printed), got " + ("nothing" if not token else "several words"))
+    return token
+
+
+class PortalURL:
+    """A parsed portal address; ``ValueError`` with a readable message when it is not one."""
+
+    def __init__(self, url: str) -> None:
+        self.text = url
+        self.unix_path: str | None = None
+        self.host = "localhost"
+        self.port = 80
+        self.prefix = ""
+        self.tls = False
+        if url.startswith("unix:"):
+            path = url[len("unix:"):]
+            if path.startswith("//"):
+                path = path[2:]
+            if not path.startswith("/"):
+                raise ValueError(f"portal URL {url!r}: unix: needs an absolute socket path "
+                                 "(unix:/path/to/socket)")
+            self.unix_path = path
+            return
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"portal URL {url!r}: expected http://HOST:PORT, "
+                             "https://HOST[:PORT] or unix:/path/to/socket")
+        try:
+            port = parts.port
+        except ValueError:
+            raise ValueError(f"portal URL {url!r}: bad port") from None
+        self.host = parts.hostname
+        self.tls = parts.scheme == "https"
+        self.port = port or (443 if self.tls else 80)
+        self.prefix = parts.path.rstrip("/")
+
+    @property
+    def host_header(self) -> str:
+        if self.unix_path:
+            return "localhost"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+    @property
+    def private(self) -> bool:
+        """Does a token sent here stay off the network (TLS, a unix socket or loopback)?"""
+        return self.tls or self.unix_path is not None or self.host in (
+            "localhost", "127.0.0.1", "::1")
+
+
+class HeartbeatSender:
+    def __init__(self, url: str, report: Callable[[], dict[str, Any]], period_s: float = 10.0,
+                 *, timeout_s: float = 5.0, debounce_s: float = 0.25, retries: int = 3,
+                 backoff_initial_s: float = 0.5, backoff_max_s: float = 8.0,
+                 token: str | None = None, ca_file: str | None = None) -> None:
+        if period_s <= 0:
+            raise ValueError(f"heartbeat period must be > 0 seconds, got {period_s}")
+        self.url = PortalURL(url)
+        self._token = token
+        self._ssl: ssl.SSLContext | None = None
+        if self.url.tls:
+            # The system's CAs, or only the given one (a private CA for the fleet's portal).
+            self._ssl = ssl.create_default_context(cafile=ca_file)
+        elif ca_file is not None:
+            raise ValueError("a CA file is for an https:// portal URL")
+        self._report = report
+        self.period_s = period_s
+        self.timeout_s = timeout_s
+        self.debounce_s = debounce_s
+        self.retries = retries
+        self.backoff_initial_s = backoff_initial_s
+        self.backoff_max_s = backoff_max_s
+        self._changed = asyncio.Event()
+        self._closing = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task[None] | None = None
+        # What a status line or a test may read:
+        self.posts_ok = 0
+        self.posts_failed = 0
+        self.last_error: str | None = None
+        self.down_since: float | None = None  # monotonic start of the current outage
+        self._last_warning = 0.0
+        # cause ("HTTP 401: <reason>" or "not applied: <reason>") -> count, last time
+        self.refusals: dict[str, dict[str, Any]] = {}
+        self.last_sent_ok = False  # did send_last() get its report through
+
+    def status(self) -> dict[str, Any]:
+        """For ``oarbank-agent status`` and the metrics textfile."""
+        return {"portal": self.url.text, "period_s": self.period_s,
+                "token": self._token is not None, "posts_ok": self.posts_ok,
+                "posts_failed": self.posts_failed, "last_error": self.last_error,
+                "down_for_s": (round(time.monotonic() - self.down_since, 1)
+                               if self.down_since is not None else None),
+                "refused": [{"cause": c} | v for c, v in self.refusals.items()]}
+
+    def _refused(self, cause: str) -> None:
+        """Count a refusal; the first of its cause is a warning, the rest stay in status."""
+        seen = self.refusals.get(cause)
+        if seen is None:
+            log.warning("heartbeat: portal %s refused this node's report: %s (logged once per "
+                        "cause; `oarbank-agent status` counts them)", self.url.text, cause)
+            seen = self.refusals[cause] = {"count": 0}
+        seen["count"] += 1
+        seen["last_at"] = time.time()
+
+    # -- control ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start posting; call on the agent's running loop."""
+        if self._task is not None:
+            raise RuntimeError("heartbeat sender already started")
+        self._loop = asyncio.get_running_loop()
+        self._task = self._loop.create_task(self._run(), name="heartbeat")
+
+    def notify_change(self) -> None:
+        """A service changed state: post soon (debounced). Safe from any thread."""
+        loop = self._loop
+        if loop is None:
+            self._changed.set()  # before start(): the first post happens at once anyway
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            self._changed.set()
+        elif not loop.is_closed():
+            loop.call_soon_threadsafe(self._changed.set)
+
+    async def aclose(self) -> None:
+        """Stop; a post in flight is abandoned (its connection closed)."""
+        task, self._task = self._task, None
+        if task is None:
+            return
+        # The flag ends the loop even if a cancel is lost in a race with a finishing post.
+        self._closing = True
+        self._changed.set()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    # -- the loop --------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        while not self._closing:
+            self._changed.clear()
+            await self._post_newest()
+            if self._closing:
+                break
+            if not await self._wait_change(self.period_s):
+                continue  # the period is up: post again
+            # A change: let the rest of its burst arrive, then post once for all of it.
+            await asyncio.sleep(self.debounce_s)
+
+    async def _wait_change(self, timeout: float) -> bool:
+        """True on a change, False when ``timeout`` passed first. (Not asyncio.wait_for: on
+        Python < 3.12 it can swallow a cancel that races with its result.)"""
+        waiter = asyncio.ensure_future(self._changed.wait())
+        try:
+            await asyncio.wait({waiter}, timeout=timeout)
+        finally:
+            waiter.cancel()
+        return self._changed.is_set()
+
+    def _body(self, last: bool = False) -> bytes:
+        doc = self._report()
+        doc["heartbeat_s"] = self.period_s
+        if last:
+            doc["agent_stopped"] = True
+            for row in doc.get("services", []):
+                row.update(running=False, ready=False, accepting=False, users=0)
+        return json.dumps(doc).encode()
+
+    async def send_last(self) -> bool:
+        """Stop the loop, then post one last report: the agent stopped, its services with it.
+        One try, bounded by ``timeout_s``; True when the portal took it."""
+        await self.aclose()
+        try:
+            body = self._body(last=True)
+            status, reply = await _bounded(self._post(body), self.timeout_s)
+        except Exception as e:  # a stopping agent logs and goes on stopping
+            log.warning("heartbeat: the last report (agent stopped) did not reach %s: %s",
+                        self.url.text, str(e) or type(e).__name__)
+            return False
+        if not 200 <= status < 300:
+            log.warning("heartbeat: the last report (agent stopped) was refused by %s: "
+                        "HTTP %d: %s", self.url.text, status, _reason(reply))
+            return False
+        self.last_sent_ok = True
+        return True
+
+    async def _post_newest(self) -> None:
+        backoff = self.backoff_initial_s
+        for attempt in range(self.retries + 1):
+            try:
+                body = self._body()
+            except Exception:  # the report is the agent's; a bug there must not end heartbeats
+                log.exception("heartbeat: building the node report failed; skipping this post")
+                return
+            try:
+                status, reply = await _bounded(self._post(body), self.timeout_s)
+            except asyncio.TimeoutError:
+                error = f"no answer within {self.timeout_s:g} s"
+            except (OSError, _BadReply) as e:
+                error = str(e) or type(e).__name__
+            else:
+                if 200 <= status < 300:
+                    self._delivered()
+                    applied, why = _applied(reply)
+                    if not applied:
+                        self._refused(f"not applied: {why}")
+                    return
+                reason = _reason(reply)
+                if 400 <= status < 500:
+                    # Sending the same report again would be refused again: count it, log its
+                    # cause once, wait for the next period or change.
+                    self.posts_failed += 1
+                    self.last_error = f"HTTP {status}: {reason}"
+                    self._refused(self.last_error)
+                    return
+                error = f"HTTP {status}: {reason}"
+            self._failed(error, retrying=attempt < self.retries)
+            if attempt < self.retries:
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, self.backoff_max_s)
+
+    def _delivered(self) -> None:
+        self.posts_ok += 1
+        if self.down_since is not None:
+            # outage over: say so once
+            log.info("heartbeat: portal %s reachable again after %.0f s", self.url.text,
+                     time.monotonic() - self.down_since)
+        self.down_since = None
+        self.last_error = None
+
+    def _failed(self, error: str, *, retrying: bool) -> None:
+        self.posts_failed += 1
+        self.last_error = error
+        now = time.monotonic()
+        then = ("retrying" if retrying
+                else f"next try in {self.period_s:g} s or on the next service change")
+        if self.down_since is None:
+            # outage begins
+            self.down_since = now
+            self._last_warning = now
+            log.warning("heartbeat: cannot reach portal %s: %s; the agent keeps running jobs, "
+                        "%s", self.url.text, error, then)
+        elif now - self._last_warning >= _REPEAT_WARNING_S:
+            self._last_warning = now
+            log.warning("heartbeat: portal %s unreachable for %.0f s: %s; %s", self.url.text,
+                        now - self.down_since, error, then)
+        else:
+            log.debug("heartbeat: post to %s failed: %s", self.url.text, error)
+
+    # -- one HTTP post ---------------------------------------------------------------------
+
+    async def _post(self, body: bytes) -> tuple[int, bytes]:
+        u = self.url
+        if u.unix_path is not None:
+            reader, writer = await asyncio.open_unix_connection(u.unix_path)
+        else:
+            reader, writer = await asyncio.open_connection(
+                u.host, u.port, ssl=self._ssl, server_hostname=u.host if self._ssl else None)
+        try:
+            auth = f"Authorization: Bearer {self._token}\r\n" if self._token else ""
+            head = (f"POST {u.prefix}/v1/heartbeat HTTP/1.1\r\n"
+                    f"Host: {u.host_header}\r\n"
+                    f"{auth}"
+                    "Content-Type: application/json\r\n"
+                    f"Content-Length: {len(body)}\r\n"
+                    "Connection: close\r\n"
+                    "User-Agent: oarbank-agent\r\n\r\n")
+            writer.write(head.encode("ascii") + body)
+            await writer.drain()
+            status_line = await reader.readline()
+            fields = status_line.split(None, 2)
+            if len(fields) < 2 or not fields[0].startswith(b"HTTP/") or not fields[1].isdigit():
+                raise _BadReply(f"not an HTTP reply: {status_line[:80]!r}")
+            length = None
+            while True:
+                line = await reader.readline()
+                if line in (b"\r\n", b"\n", b""):
+                    break
+                name, _, value = line.partition(b":")
+                if name.strip().lower() == b"content-length" and value.strip().isdigit():
+                    length = int(value.strip())
+            if length is not None:
+                reply = await reader.read(min(length, _MAX_REPLY))
+            else:
+                reply = await reader.read(_MAX_REPLY)
+        except BaseException:
+            # Timed out, cancelled or broken: drop the connection at once; a graceful close
+            # could wait on a portal that reads nothing.
+            writer.transport.abort()
+            raise
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+        return int(fields[1]), reply
+
+
+async def _bounded(coro: Coroutine[Any, Any, _T], timeout: float) -> _T:
+    """``coro``'s result, or ``asyncio.TimeoutError`` after ``timeout`` (the work is cancelled).
+    A cancel of the caller always propagates (asyncio.wait_for before 3.12 may drop it)."""
+    task = asyncio.ensure_future(coro)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=timeout)
+    except BaseException:
+        task.cancel()
+        raise
+    if not done:
+        task.cancel()  # its own cleanup (dropping the connection) runs on the next loop turn
+        raise asyncio.TimeoutError
+    return task.result()
+
+
+def _applied(reply: bytes) -> tuple[bool, str]:
+    """The portal's ``applied`` flag and reason (a reply without one counts as applied)."""
+    try:
+        doc = json.loads(reply)
+    except ValueError:
+        return True, ""
+    if isinstance(doc, dict) and doc.get("applied") is False:
+        return False, str(doc.get("reason") or "no reason given")
+    return True, ""
+
+
+def _reason(reply: bytes) -> str:
+    """The portal's ``{"error": ...}`` if it sent one, else the start of the body."""
+    try:
+        doc = json.loads(reply)
+        if isinstance(doc, dict) and isinstance(doc.get("error"), str):
+            return str(doc["error"])
+    except ValueError:
+        pass
+    return reply[:200].decode("utf-8", "replace").strip() or "(no body)"
