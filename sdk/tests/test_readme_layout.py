@@ -17,11 +17,24 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
+AGENT_FOLDERS = ("broker", "factory", "host", "jobs", "modules", "operate", "platform", "protection",
+                 "reporting", "sandbox", "services")
 # README -> (the folder its table describes, subfolders described elsewhere).
 LAYOUTS = {
     "sdk/README.md": ("sdk/src/oarbank_sdk", ("sandbox",)),
     "sdk/src/oarbank_sdk/sandbox/README.md": ("sdk/src/oarbank_sdk/sandbox", ()),
-    "agent/README.md": ("agent/src/oarbank_agent", ()),
+    "agent/README.md": ("agent/src/oarbank_agent", AGENT_FOLDERS),
+    "agent/src/oarbank_agent/broker/README.md": ("agent/src/oarbank_agent/broker", ()),
+    "agent/src/oarbank_agent/factory/README.md": ("agent/src/oarbank_agent/factory", ()),
+    "agent/src/oarbank_agent/host/README.md": ("agent/src/oarbank_agent/host", ()),
+    "agent/src/oarbank_agent/jobs/README.md": ("agent/src/oarbank_agent/jobs", ()),
+    "agent/src/oarbank_agent/modules/README.md": ("agent/src/oarbank_agent/modules", ()),
+    "agent/src/oarbank_agent/operate/README.md": ("agent/src/oarbank_agent/operate", ()),
+    "agent/src/oarbank_agent/platform/README.md": ("agent/src/oarbank_agent/platform", ()),
+    "agent/src/oarbank_agent/protection/README.md": ("agent/src/oarbank_agent/protection", ()),
+    "agent/src/oarbank_agent/reporting/README.md": ("agent/src/oarbank_agent/reporting", ()),
+    "agent/src/oarbank_agent/sandbox/README.md": ("agent/src/oarbank_agent/sandbox", ()),
+    "agent/src/oarbank_agent/services/README.md": ("agent/src/oarbank_agent/services", ()),
     "ui-pages/README.md": ("ui-pages/src/oarbank_ui", ()),
     "harness/README.md": ("harness", ("tests",)),
 }

@@ -5,19 +5,8 @@ Nothing outside this package names a process group id, a cgroup, ``/proc``, a pi
 (``agent/tests/test_platform_seam.py`` fails naming file and line when something does). The
 rest of the agent calls ``current()`` and uses what ``api.Backend`` offers.
 
-Files (one sentence each):
-
-- ``api.py``: the interface every backend provides, and nothing more.
-- ``choice.py``: which backend this process runs (pure), from the system and, for tests only,
-  ``OARBANK_PLATFORM``.
-- ``posix/``: what Linux and macOS share: process groups, the control socket, the state-dir
-  lock, stop and reload signals, descriptor streams.
-- ``linux/``: the Linux backend: cgroups, pidfds, ``/proc``, the Landlock/seccomp sandbox.
-- ``darwin/``: the macOS backend: polling, psutil, Seatbelt; also runnable on Linux as a
-  profile that makes every Linux-only call fail (tests only).
-- ``windows.py``: refuses to start, naming what is missing, until the Windows backend exists.
-
-The choice is made once per process (the first ``current()``) and never changes.
+Each file in one sentence: ``README.md`` here. The choice is made once per process (the first
+``current()``) and never changes.
 """
 
 from __future__ import annotations
