@@ -378,8 +378,8 @@ def test_auto_warns_once_naming_each_missing_wall_and_required_lists_them(caplog
     full = sandboxing.SandboxPolicy("auto", True, dict.fromkeys(sandbox.CAPABILITY_NAMES,
                                                                 "enforced"))
     assert full.missing_walls() == []
-    assert set(sandboxing.REQUIRED_LINUX) <= set(sandbox.CAPABILITY_NAMES)
-    assert set(sandboxing.REQUIRED_LINUX) <= set(sandbox.WALL_GAPS)
+    assert set(sandboxing.required_walls()) <= set(sandbox.CAPABILITY_NAMES)
+    assert set(sandboxing.required_walls()) <= set(sandbox.WALL_GAPS)
 
 
 def test_required_starts_where_every_wall_is_enforced(
@@ -388,8 +388,8 @@ def test_required_starts_where_every_wall_is_enforced(
     agent = _start(start_agent, probe_module, dict(targets, walls=False), "--sandbox", "required")
     sb = agent.status()["sandbox"]
     assert sb["mode"] == "required"
-    from oarbank_agent.sandbox.policy import REQUIRED_LINUX
-    assert {n: sb[n] for n in REQUIRED_LINUX} == dict.fromkeys(REQUIRED_LINUX, "enforced"), sb
+    from oarbank_agent.sandbox.policy import required_walls
+    assert {n: sb[n] for n in required_walls()} == dict.fromkeys(required_walls(), "enforced"), sb
     assert "lacks" not in agent.log()  # no missing-wall warning here
     assert "sandbox: Landlock ABI " in agent.log()  # checked at start
     job = agent.run_job("probe", {}, module=MODULE_ID)

@@ -19,8 +19,12 @@ device nodes only for a module with ``[sandbox].devices.gpu = "compute"``. Every
 launched with ``--guard-pid <agent pid>`` (no signal to the agent or its process group). A
 runner's signals are scoped to its own sandbox (Landlock); a service's are not (its ``stop``
 op signals the daemon its ``start`` op left, which is another launch, another domain): see the
-sandbox README for what that leaves open. The agent itself is not dumpable
-(``PR_SET_DUMPABLE`` 0, ``set_undumpable``), so its /proc files are root's alone.
+sandbox README for what that leaves open. The agent itself is made undumpable where the
+system allows (``set_undumpable``: the backend's), so its memory and environment are root's alone.
+
+What confining means per system (the walls the launcher measures, which of them ``--sandbox
+required`` needs, whether the launcher can confine here at all) is the platform backend's
+(``platform.current().sandbox``); this module holds the policy, the same everywhere.
 
 Capabilities are measured (the SDK runs its probe child once), never assumed. ``endpoints``
 is ``enforced`` only when a confined child can neither make a socket nor bind, connect,
@@ -37,35 +41,25 @@ Ignored (with a warning) when the policy does not enforce.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import shutil
-import sys
 from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from oarbank_agent import platform
 from oarbank_sdk import advice, sandbox
 
 __all__ = ["MODES", "SandboxPolicy", "SandboxUnavailable", "resolve", "install", "current",
            "launcher_failure", "Walls", "runner_walls", "service_walls",
-           "set_undumpable", "REQUIRED_LINUX", "SANDBOX_ESCAPE", "gpu_driver_note"]
+           "set_undumpable", "required_walls", "SANDBOX_ESCAPE", "gpu_driver_note"]
 
 log = logging.getLogger("oarbank_agent.sandbox")
 SANDBOX_ESCAPE = "sandbox_escape"  # the failure reason of a group with an unconfined process
 
 MODES = ("auto", "required", "off")
 
-# What must hold for a child's only connections to be those the agent hands it.
-_ENDPOINT_CAPS_LINUX = ("no_new_privs", "seccomp_listen", "seccomp_socket", "seccomp_bind_connect")
-# Every wall ``--sandbox required`` needs (netns is belt and braces over the socket refusal:
-# its absence is warned about, not refused).
-REQUIRED_LINUX = ("no_new_privs", "seccomp_listen", "seccomp_socket", "seccomp_bind_connect",
-                  "seccomp_io_uring", "landlock_fs", "landlock_signal", "landlock_abstract_unix",
-                  "caps_dropped", "seccomp_ptrace", "seccomp_privileged", "devices")
-_PR_SET_DUMPABLE = 4
-_PR_GET_DUMPABLE = 3
 
 
 @dataclass(frozen=True)
@@ -84,9 +78,9 @@ def _gpu_compute(ctx: Any) -> bool:
 
 def gpu_driver_note(ctx: Any, enforce: bool, euid: int) -> str | None:
     """Why a GPU-compute module's CUDA cannot start here, or None. Its children get the GPU
-    nodes and the driver's abstract socket, and /proc writes only when not root (the SDK's
-    ``_policy.GPU_PROC_WRITE``: a root child writing /proc would reach root-owned sysctls and
-    /proc/sysrq-trigger), which NVIDIA's driver needs (docs/contract-map.md G15)."""
+    nodes and the driver's abstract socket, and the kernel-table writes NVIDIA's driver needs
+    only when not root (the SDK's ``_policy.GPU_PROC_WRITE``: as root those would reach
+    root-owned sysctls; docs/contract-map.md G15)."""
     if not (enforce and euid == 0 and _gpu_compute(ctx)):
         return None
     return (f"{advice.GPU_UNDER_ROOT}: run the agent as a non-root user "
@@ -111,20 +105,18 @@ def service_walls(ctx: Any, node: Any) -> Walls:
 
 
 def set_undumpable() -> bool:
-    """``PR_SET_DUMPABLE`` 0 for the agent: /proc/<agent>/environ, mem, ... readable by root
-    with capabilities only (its children have none). True when it took effect."""
-    if not sys.platform.startswith("linux"):
-        return False
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
-    return bool(libc.prctl(_PR_GET_DUMPABLE, 0, 0, 0, 0) == 0)
+    """The agent's environment and memory readable by root with capabilities only (its
+    children have none), where the system allows. True when it took effect."""
+    return platform.current().sandbox.set_undumpable()
 
 
 def _undumpable() -> str:
-    if not sys.platform.startswith("linux"):
-        return sandbox.UNAVAILABLE
-    libc = ctypes.CDLL(None, use_errno=True)
-    return sandbox.ENFORCED if libc.prctl(_PR_GET_DUMPABLE, 0, 0, 0, 0) == 0 else sandbox.UNAVAILABLE
+    return sandbox.ENFORCED if platform.current().sandbox.undumpable() else sandbox.UNAVAILABLE
+
+
+def required_walls() -> tuple[str, ...]:
+    """Every wall ``--sandbox required`` refuses to start without, on this system."""
+    return platform.current().sandbox.required_walls
 
 
 class SandboxUnavailable(Exception):
@@ -138,6 +130,7 @@ class SandboxPolicy:
     capabilities: dict[str, str] = field(default_factory=dict)  # as probed (empty when off)
     fault: str | None = None  # test hook carried to every launcher (used only when enforcing)
     env_exe: str = "env"
+    unavailable: str | None = None  # why the launcher cannot confine here (auto, not enforcing)
 
     def wrap(self, argv: list[str], walls: Walls | None = None,
              notify_fd: int | None = None) -> list[str]:
@@ -161,11 +154,11 @@ class SandboxPolicy:
             rep["mode"] = self.mode
             rep["note"] = ("sandbox off (debugging only): jobs and services run unconfined"
                            if self.mode == "off" else
-                           "sandbox not available on this machine: jobs and services run "
-                           "unconfined")
+                           f"sandbox not available on this machine ({self.unavailable}): jobs "
+                           "and services run unconfined")
             return rep
         rep = {n: self.capabilities.get(n, sandbox.UNAVAILABLE) for n in names}
-        needed = ("macos_seatbelt",) if sys.platform == "darwin" else _ENDPOINT_CAPS_LINUX
+        needed = platform.current().sandbox.endpoint_walls
         rep["endpoints"] = (sandbox.ENFORCED if all(rep[n] == sandbox.ENFORCED for n in needed)
                             else sandbox.UNAVAILABLE)
         rep["agent_undumpable"] = _undumpable()
@@ -176,17 +169,20 @@ class SandboxPolicy:
         return rep
 
     def missing_walls(self) -> list[tuple[str, str]]:
-        """(wall, what its absence leaves open) for each wall this node lacks (Linux)."""
-        if not self.enforce or sys.platform != "linux":
+        """(wall, what its absence leaves open) for each wall this node lacks."""
+        if not self.enforce:
             return []
-        return [(n, sandbox.WALL_GAPS.get(n, "")) for n in (*REQUIRED_LINUX, "netns")
+        host = platform.current().sandbox
+        return [(n, sandbox.WALL_GAPS.get(n, "")) for n in (*host.required_walls, *host.extra_walls)
                 if self.capabilities.get(n) != sandbox.ENFORCED]
 
     def warn_missing(self) -> None:
         """``--sandbox auto`` on a kernel missing walls: one WARNING naming each. (Also logs
-        the kernel's Landlock ABI: 6 or more has the signal and abstract-unix scopes.)"""
-        if self.enforce and sys.platform == "linux":
-            log.info("sandbox: Landlock ABI %d on this kernel", sandbox.landlock_abi())
+        the kernel's sandbox features, e.g. Landlock ABI 6 or more has the signal and
+        abstract-unix scopes.)"""
+        note = platform.current().sandbox.kernel_note() if self.enforce else None
+        if note:
+            log.info("sandbox: %s", note)
         missing = self.missing_walls()
         if missing:
             log.warning("sandbox: this kernel lacks %d wall(s); jobs and services run without "
@@ -206,21 +202,20 @@ def resolve(mode: str, environ: MutableMapping[str, str] | None = None) -> Sandb
     if mode == "off":
         return SandboxPolicy(mode, False, fault=fault)
     caps = sandbox.capabilities(refresh=True)
-    if mode == "required" and sys.platform == "linux" and sandbox.available():
-        missing = [n for n in REQUIRED_LINUX if caps.get(n) != sandbox.ENFORCED]
+    host = platform.current().sandbox
+    cannot = host.unavailable_reason()
+    if mode == "required" and cannot is None:
+        missing = [n for n in host.required_walls if caps.get(n) != sandbox.ENFORCED]
         if missing:
             raise SandboxUnavailable(
                 "--sandbox required, but this kernel lacks walls: " + "; ".join(
                     f"{n} ({sandbox.WALL_GAPS.get(n, 'unavailable')})" for n in missing))
-    if not sandbox.available():
+    if cannot is not None:
         if mode == "required":
-            needed = (("macos_seatbelt",) if sys.platform == "darwin"
-                      else ("no_new_privs", "seccomp_listen", "seccomp_socket"))
-            missing = [n for n in needed if caps.get(n) != sandbox.ENFORCED]
             raise SandboxUnavailable(
-                "--sandbox required, but the sandbox cannot confine a child on this machine "
-                f"(unavailable: {', '.join(missing) or 'launcher'})")
-        return SandboxPolicy(mode, False, caps, fault)
+                f"--sandbox required, but the sandbox cannot confine a child on this machine "
+                f"({cannot})")
+        return SandboxPolicy(mode, False, caps, fault, unavailable=cannot)
     env_exe = shutil.which("env") or "/usr/bin/env"
     return SandboxPolicy(mode, True, caps, fault, env_exe)
 
