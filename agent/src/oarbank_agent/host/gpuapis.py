@@ -22,7 +22,6 @@ import ctypes.util
 import json
 import os
 import platform
-import signal
 import subprocess
 import sys
 import time
@@ -66,6 +65,9 @@ def _candidates() -> tuple[str, ...]:
 
 def detect(timeout_s: float = PROBE_TIMEOUT_S) -> Detection:
     """Probe every API this OS can have, each in a child with a watchdog, all at once."""
+    from oarbank_agent import platform as backends  # here: the probe child imports this module
+
+    sessions = backends.current().sessions
     children: dict[str, subprocess.Popen] = {}
     probes: dict[str, str] = {}
     for api in _candidates():
@@ -75,7 +77,7 @@ def detect(timeout_s: float = PROBE_TIMEOUT_S) -> Detection:
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL,
-                start_new_session=True,
+                **sessions.popen_options(),
             )
         except OSError as exc:
             probes[api] = f"absent: probe could not start ({exc})"
@@ -84,20 +86,13 @@ def detect(timeout_s: float = PROBE_TIMEOUT_S) -> Detection:
         try:
             out, _ = child.communicate(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            _kill_group(child)
+            sessions.kill_session(child.pid)
+            child.communicate()
             probes[api] = f"absent: probe did not answer within {timeout_s:g} s (driver hangs?)"
             continue
         probes[api] = _read_probe_output(out, child.returncode)
     apis = tuple(a for a in GPU_APIS if probes.get(a) == "present")
     return Detection(apis, "detected", probes)
-
-
-def _kill_group(child: subprocess.Popen) -> None:
-    try:
-        os.killpg(child.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    child.communicate()
 
 
 def _read_probe_output(out: bytes, returncode: int) -> str:

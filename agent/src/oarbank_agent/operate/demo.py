@@ -13,7 +13,6 @@ import concurrent.futures
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -21,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from oarbank_agent import platform
 from oarbank_agent.operate import control
 from oarbank_agent.operate.demo_cold import ColdRun, run_cold
 
@@ -47,15 +47,6 @@ def find_example(name: str = "modelserver") -> Path:
                             "set OARBANK_EXAMPLES_DIR")
 
 
-def _stop_with_parent() -> None:
-    """In the agent's child, before exec (Linux): SIGTERM it when the process that started it
-    dies, so a demo or a test killed from outside (a timeout) leaves no agent behind."""
-    import ctypes
-
-    pr_set_pdeathsig = 1
-    ctypes.CDLL(None).prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
-
-
 class AgentProcess:
     """A real ``oarbank-agent run`` in its own session; ``stop`` ends it and its group. It
     also stops (drains, then ends what it started) when the thread that started it dies."""
@@ -77,8 +68,7 @@ class AgentProcess:
         self._log = open(self.log_path, "ab")  # noqa: SIM115 (closed in stop())
         self.proc = subprocess.Popen(
             argv, stdout=subprocess.PIPE, stderr=self._log, stdin=subprocess.DEVNULL,
-            start_new_session=True, env=env,
-            preexec_fn=_stop_with_parent if sys.platform == "linux" else None)
+            env=env, **platform.current().sessions.popen_options(stop_with_parent=True))
         assert self.proc.stdout is not None
         # The agent prints one line once its control socket listens.
         import selectors
@@ -109,18 +99,15 @@ class AgentProcess:
         return self.proc.pid
 
     def stop(self, timeout: float = 60.0) -> int | None:
-        """SIGTERM, wait; then make sure nothing of its session is left."""
+        """Ask it to stop (it drains), wait; then make sure nothing of its session is left."""
         rc = None
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+            platform.current().sessions.ask_to_stop(self.proc)
             try:
                 rc = self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
                 pass
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        platform.current().sessions.kill_session(self.proc.pid)
         if rc is None:
             rc = self.proc.wait()
         if self.proc.stdout:
