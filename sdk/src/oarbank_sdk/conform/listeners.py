@@ -8,7 +8,11 @@ A socket counts as listening when it is:
 
 Linux: each process's socket inodes (``/proc/<pid>/fd``) are looked up in the socket tables of
 *that process's* network namespace (``/proc/<pid>/net/...``): a service in a private namespace
-is still seen. Elsewhere: psutil's per-process connections.
+is still seen. Elsewhere (macOS): psutil's per-process connections (``_psutil_listeners``,
+tested on Linux too against the ``/proc`` reading). psutil cannot tell a listening unix stream
+socket from one accepted on it (neither has a peer address, both show the bound name), so there
+every unix stream socket with a name counts: a service is handed its connections, never
+accepts them, and has no reason to hold either.
 """
 
 from __future__ import annotations
@@ -71,9 +75,12 @@ def related_pids(pgid: int | None, extra: tuple[int, ...] = ()) -> set[int]:
 
 def listeners(pids: set[int] | list[int]) -> list[Listener]:
     """Every listening socket held by any of ``pids``."""
-    if sys.platform.startswith("linux") and os.path.isdir("/proc/self/net"):
-        return _linux_listeners(pids)
-    return _psutil_listeners(pids)  # pragma: no cover - exercised on macOS/Windows runners
+    return _linux_listeners(pids) if _reads_proc() else _psutil_listeners(pids)
+
+
+def _reads_proc() -> bool:
+    """Linux with its ``/proc`` (each process's own network namespace); else psutil."""
+    return sys.platform.startswith("linux") and os.path.isdir("/proc/self/net")
 
 
 # --- Linux ---------------------------------------------------------------------------------
@@ -174,8 +181,11 @@ def _linux_listeners(pids: set[int] | list[int]) -> list[Listener]:
 # --- elsewhere -----------------------------------------------------------------------------
 
 
-def _psutil_listeners(pids: set[int] | list[int]) -> list[Listener]:  # pragma: no cover
+def _psutil_listeners(pids: set[int] | list[int]) -> list[Listener]:
+    """``listeners`` through psutil (macOS, Windows; callable on Linux, where the tests compare
+    it with the ``/proc`` reading)."""
     result = []
+    unix = getattr(socket, "AF_UNIX", None)
     for pid in sorted(pids):
         try:
             proc = psutil.Process(pid)
@@ -185,11 +195,14 @@ def _psutil_listeners(pids: set[int] | list[int]) -> list[Listener]:  # pragma: 
             continue
         for c in conns:
             family = {socket.AF_INET: "", socket.AF_INET6: "6"}.get(c.family)
-            if c.family == getattr(socket, "AF_UNIX", None):
-                if c.status == psutil.CONN_LISTEN or (c.type == socket.SOCK_DGRAM and c.laddr):
-                    result.append(Listener(pid, "unix", str(c.laddr) or "(unnamed)"))
-            elif family is not None and c.laddr:
-                addr = f"{c.laddr.ip}:{c.laddr.port}"
+            if unix is not None and c.family == unix:
+                named = bool(c.laddr) and not c.raddr
+                hit = Listener(pid, "unix", str(c.laddr) or "(unnamed)")
+                if (c.status == psutil.CONN_LISTEN or named) and hit not in result:
+                    result.append(hit)  # once: an accepted socket shows the same name
+            elif family is not None and c.laddr and c.laddr.port:
+                addr = (f"[{c.laddr.ip}]:{c.laddr.port}" if family
+                        else f"{c.laddr.ip}:{c.laddr.port}")
                 if c.type == socket.SOCK_STREAM and c.status == psutil.CONN_LISTEN:
                     result.append(Listener(pid, "tcp" + family, addr))
                 elif c.type == socket.SOCK_DGRAM and not c.raddr:
