@@ -4,7 +4,11 @@ Public API: ``run(module_dir, json_output=False, keep=False) -> int`` (0 all pas
 failure). The steps it takes are listed in ``kit``'s banner; the other modules are its parts:
 
 - ``kit``: the run, step by step (manifest, sandbox, services, goldens, specs, stop).
-- ``host``: what the kit does as an agent would (op environment, ops, channel, connector, runner).
+- ``service``: one endpoint service run as the agent runs it (start, checks, stop).
+- ``goldens``: the goldens through the module's runner.
+- ``specs``: the service specs over handed connections.
+- ``host``: what the kit does as an agent would (op environment, ops, groups, runner).
+- ``agentends``: the agent's ends of a channel and of a connector (re-exported by ``host``).
 - ``doctor``: the runner's ``doctor --json`` answer, held to the contract's form.
 - ``start``: a service's fingerprint, its hello and the logs shown when a check fails.
 - ``attempts``: the sandbox's watch of network attempts (``socket``, ``bind``, ...).
