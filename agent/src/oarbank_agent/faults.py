@@ -21,7 +21,7 @@ BARE_START_ERRORS = "bare_start_errors"
 CHARGE_RELEASED = "charge_released"
 FAULTS = {
     KEEP_PREDECESSOR_GROUPS: "restart recovery does not end the previous agent's process "
-                             "groups (nor its cgroups): they keep running",
+                             "groups: they keep running",
     NO_IDLE_STOP: "idle services are never stopped (the idle timeout never fires)",
     FLAT_BACKOFF: "a failed service waits backoff_initial_s before every restart (the delay "
                   "never grows)",
