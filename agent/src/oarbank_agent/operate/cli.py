@@ -19,6 +19,11 @@ from typing import Any
 
 from oarbank_agent import faults
 from oarbank_agent.operate import config, control, logsetup, protect_cli
+from oarbank_agent.operate.cli_common import EXIT_NOT_PERMITTED, EXIT_NOT_RUNNING
+from oarbank_agent.operate.cli_common import err as _err
+from oarbank_agent.operate.cli_common import not_permitted as _not_permitted
+from oarbank_agent.operate.cli_common import request as _request
+from oarbank_agent.operate.module_cli import add_module_parser, cmd_module
 
 __all__ = ["main", "build_parser"]
 
@@ -155,8 +160,6 @@ def _add_commands(p: argparse.ArgumentParser, sub: Any) -> None:
         c.add_argument("--state-dir", required=True, type=Path)
 
     protect_cli.add_protect_parser(sub)
-    from oarbank_agent.operate.module_cli import add_module_parser
-
     add_module_parser(sub)
 
     d = sub.add_parser("demo", help="twenty jobs through one warm model service")
@@ -190,56 +193,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "protect":
         return protect_cli.cmd_protect(args)
     if args.command == "module":
-        from oarbank_agent.operate.module_cli import cmd_module
-
         return cmd_module(args)
     from oarbank_agent.operate.demo import run_demo
 
     return run_demo(jobs=args.jobs, load_s=args.load_s, as_json=args.json,
                     sandbox=args.sandbox, compare=args.compare)
-
-
-def _err(msg: str) -> None:
-    print(f"oarbank-agent: {msg}", file=sys.stderr)
-
-
-# Exit codes of the commands that talk to a running agent: distinct, so a script can tell
-# "start it" from "run me as its user".
-EXIT_NOT_RUNNING = 1
-EXIT_NOT_PERMITTED = 3
-
-
-def _not_permitted(state_dir: Path) -> str:
-    try:
-        import pwd
-
-        uid = state_dir.stat().st_uid
-        try:
-            owner = pwd.getpwuid(uid).pw_name
-        except KeyError:
-            owner = str(uid)
-        who = f"user {owner}; e.g. `sudo -u {owner} oarbank-agent ...`"
-    except OSError:  # not even its path may be looked at: its parent is closed to us too
-        who = "the agent's user (the owner of the state dir)"
-    return (f"not permitted to reach the agent of {state_dir}: its control socket is open "
-            f"only to the agent's user (the state dir is 0700); run this command as {who}")
-
-
-def _request(state_dir: Path, req: dict[str, Any],
-             timeout: float | None = 30.0) -> dict[str, Any] | int:
-    """One control request; an int is the exit code, its reason already printed.
-    ``timeout``: seconds for the answer (None: as long as it takes)."""
-    try:
-        return control.request(state_dir, req, timeout)
-    except control.AgentNotRunning as exc:
-        _err(str(exc))
-        return EXIT_NOT_RUNNING
-    except PermissionError:
-        _err(_not_permitted(state_dir))
-        return EXIT_NOT_PERMITTED
-    except (OSError, ValueError) as exc:
-        _err(f"lost the agent: {exc}")
-        return 1
 
 
 def _run_args(run_argv: list[str]) -> config.RunArgs:

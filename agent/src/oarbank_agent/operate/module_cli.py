@@ -24,6 +24,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from oarbank_agent.operate.cli_common import err as _err
+from oarbank_agent.operate.cli_common import request as _request
+
 __all__ = ["add_module_parser", "cmd_module"]
 
 
@@ -56,8 +59,6 @@ def add_module_parser(sub: Any) -> None:
 
 
 def cmd_module(args: argparse.Namespace) -> int:
-    from oarbank_agent.operate.cli import _err, _request  # (cli imports this module)
-
     req: dict[str, Any] = {"op": "module", "action": args.action}
     if args.action == "add":
         req["path"] = str(args.path.resolve())
@@ -83,7 +84,6 @@ def cmd_module(args: argparse.Namespace) -> int:
     for module, why in (reply.get("refused") or {}).items():
         print(f"{module}  refused  {why}")
     return 0
-
 
 
 def _print_removal(reply: dict[str, Any]) -> None:

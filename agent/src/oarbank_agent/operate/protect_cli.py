@@ -24,6 +24,7 @@ from pathlib import Path
 
 from oarbank_agent.host import gpuapis
 from oarbank_agent.operate import control
+from oarbank_agent.operate.cli_common import EXIT_NOT_PERMITTED, not_permitted
 from oarbank_agent.protection.decisions import Floors, parse_fraction
 from oarbank_agent.protection.guard import DEFAULT_SAMPLE_S, GuardConfig
 
@@ -94,9 +95,7 @@ def cmd_protect(args: argparse.Namespace) -> int:
         print(f"oarbank-agent: {exc}", file=sys.stderr)
         return 1
     except PermissionError:
-        from oarbank_agent.operate.cli import EXIT_NOT_PERMITTED, _not_permitted  # (cli imports this module)
-
-        print(f"oarbank-agent: {_not_permitted(args.state_dir)}", file=sys.stderr)
+        print(f"oarbank-agent: {not_permitted(args.state_dir)}", file=sys.stderr)
         return EXIT_NOT_PERMITTED
     except (OSError, ValueError) as exc:
         print(f"oarbank-agent: lost the agent: {exc}", file=sys.stderr)
