@@ -16,7 +16,9 @@ unconfined:
 - anything else is ARGV's own exit status.
 
 Linux: see ``_linux``. macOS: execs ``sandbox-exec -p PROFILE ARGV...`` with the profile of
-``_seatbelt`` (writable: the working folder and $TMPDIR). Other platforms: exit 70.
+``_seatbelt`` for the same ``--read``/``--write``/``--dev`` grants (``--signals``, ``--guard-pid``
+and ``--gpu`` have no Seatbelt counterpart: signals stay inside the sandbox). Other platforms:
+exit 70.
 
 Test hook: ``OARBANK_SANDBOX_FAULT`` (see ``_policy.FAULT_ENV``) forces a setup failure.
 """
@@ -28,7 +30,8 @@ import sys
 
 from . import _policy
 
-__all__ = ["main", "refuse", "confine_or_refuse", "received_environ"]
+__all__ = ["main", "refuse", "confine_or_refuse", "received_environ", "seatbelt_read",
+           "seatbelt_argv"]
 
 
 def refuse(code: int, message: str) -> int:
@@ -56,6 +59,28 @@ def confine_or_refuse(request: _policy.LaunchRequest, fault: str | None) -> int 
                       f"setup failed: unexpected {type(exc).__name__}: {exc}; "
                       f"refusing to run {argv0!r} unconfined")
     return None
+
+
+def seatbelt_read(request: _policy.LaunchRequest) -> list[str]:
+    """What a macOS child reads besides the system's folders: this Python installation (its
+    prefixes and every folder on the launcher's path, as ``_linux`` grants) and ``--read``."""
+    exe = os.path.abspath(sys.executable)
+    paths = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+             os.path.dirname(os.path.dirname(exe)),
+             os.path.dirname(os.path.dirname(os.path.realpath(exe)))]
+    paths += [p for p in sys.path if p.startswith("/")]
+    return list(dict.fromkeys([*paths, *request.read]))
+
+
+def seatbelt_argv(request: _policy.LaunchRequest) -> list[str]:
+    """``sandbox-exec -p PROFILE ARGV...`` for ``request``: the Linux launcher's grants (resolved:
+    Seatbelt matches real paths, and /tmp is /private/tmp on macOS)."""
+    from . import _seatbelt
+
+    return _seatbelt.command(list(request.argv),
+                             writable=[os.path.realpath(p) for p in request.write],
+                             readable=[os.path.realpath(p) for p in seatbelt_read(request)],
+                             devices=request.devices)
 
 
 def received_environ() -> dict[str, str]:
@@ -99,9 +124,7 @@ def main(args: list[str] | None = None) -> int:
             return refuse(
                 _policy.EXIT_SETUP_FAILED, f"setup failed: {why}; refusing to run {argv[0]!r} unconfined"
             )
-        writable = [os.getcwd()] + ([os.environ["TMPDIR"]] if os.environ.get("TMPDIR") else [])
-        # sandbox-exec itself refuses to run ARGV when the profile does not compile.
-        argv = _seatbelt.command(argv, writable=[os.path.realpath(p) for p in writable])
+        argv = seatbelt_argv(request)  # sandbox-exec refuses ARGV if the profile does not compile
     else:
         return refuse(
             _policy.EXIT_SETUP_FAILED,
