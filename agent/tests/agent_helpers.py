@@ -13,6 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from oarbank_agent.operate import control
 from oarbank_agent.operate.demo import AgentProcess
 from testsupport.livefiles import read_jsonl as finished_records
@@ -27,24 +29,24 @@ EXAMPLE = REPO / "examples" / "modelserver"
 
 
 def processes_referencing(path: Path) -> list[str]:
-    """Live processes whose command line, cwd or environment mentions ``path``."""
+    """Live processes whose command line, cwd or environment mentions ``path`` (psutil: the
+    same on Linux, under the darwin profile, where ``/proc`` is off limits, and on a Mac)."""
     needle = str(path)
     found = []
     me = os.getpid()
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == me:
+    for p in psutil.process_iter():
+        if p.pid == me:
             continue
         try:
-            with open(f"/proc/{name}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                    continue
-            cmd = Path(f"/proc/{name}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-            env = Path(f"/proc/{name}/environ").read_bytes().decode(errors="replace")
-            cwd = os.readlink(f"/proc/{name}/cwd")
-        except OSError:
+            if p.status() == psutil.STATUS_ZOMBIE:
+                continue
+            cmd = " ".join(p.cmdline())
+            env = "\0".join(f"{k}={v}" for k, v in p.environ().items())
+            cwd = p.cwd()
+        except (psutil.Error, OSError):
             continue
         if needle in cmd or needle in env or cwd.startswith(needle):
-            found.append(f"{name}: {cmd.strip()[:200]}")
+            found.append(f"{p.pid}: {cmd.strip()[:200]}")
     return found
 
 
@@ -122,9 +124,8 @@ def runner_file(agent: Any, attempt: str, name: str) -> Path:
 def alive(pid: int) -> bool:
     """The process exists and is not a zombie."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
+    except (psutil.Error, OSError):
         return False
 
 

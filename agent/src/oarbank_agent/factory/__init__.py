@@ -26,7 +26,10 @@ _note = "off: not installed (children are started directly)"
 
 
 def resolve_mode(mode: str, platform: str) -> tuple[bool, str]:
-    """(use the factory, why): ``on`` works on Linux only (fork + the Linux sandbox)."""
+    """(use the factory, why): ``on`` works on Linux only (fork + the Linux sandbox).
+
+    ``platform``: the backend's name (``platform.current().name``), so the darwin profile on
+    Linux has no factory, as a Mac has none."""
     if mode not in MODES:
         raise ValueError(f"unknown --process-factory {mode!r} (one of: {', '.join(MODES)})")
     if mode == "off":

@@ -282,9 +282,9 @@ def _reread(run_argv: list[str], first: config.RunArgs) -> Any:
 async def _start_factory(mode: str, confine: bool) -> Any:
     """The process factory (``--process-factory``), installed for ``procs.spawn``; None when
     off or when it cannot start (children are then started directly: logged)."""
-    from oarbank_agent import factory
+    from oarbank_agent import factory, platform
 
-    use, why = factory.resolve_mode(mode, sys.platform)
+    use, why = factory.resolve_mode(mode, platform.current().name)  # the backend's, not the OS's
     log = logging.getLogger("oarbank_agent")
     if not use:
         log.info("process factory: %s", why)
