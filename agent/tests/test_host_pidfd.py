@@ -6,7 +6,7 @@ import asyncio
 import sys
 import threading
 
-from oarbank_agent.host.pidfd import use_child_watcher
+from oarbank_agent.platform.linux.pidfd import use_child_watcher
 
 
 def test_children_are_reaped_with_their_exit_codes_and_no_thread_each():

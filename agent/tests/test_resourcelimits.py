@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from agent_helpers import write_module
 
+from oarbank_agent.platform.linux import limits as cglimits
 from oarbank_agent.sandbox import resourcelimits as rl
 
 # A memory.events file as the kernel writes it (Linux 6.x), after one OOM kill.
@@ -35,20 +36,24 @@ def test_limit_values_from_the_manifest() -> None:
 
 
 def test_oom_is_read_from_memory_events() -> None:
-    assert rl.oom_kills(MEMORY_EVENTS) == 1
-    assert rl.oom_kills("low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\noom_group_kill 3\n") == 0
-    assert rl.oom_kills("") == 0
+    assert cglimits.oom_kills(MEMORY_EVENTS) == 1
+    assert cglimits.oom_kills("low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\noom_group_kill 3\n") == 0
+    assert cglimits.oom_kills("") == 0
     assert rl.oom_reason(0.125, 1) == (
         "oom: the OOM killer ended 1 process(es) of the attempt at its memory limit, "
         "requires.resources.mem_gb = 0.125 (memory.max = 134217728 bytes)")
 
 
 def test_oom_fault_reads_the_attempts_cgroup_file(tmp_path: Path) -> None:
+    from oarbank_agent.platform.linux.groups import LinuxGroup
+
+    group = LinuxGroup(os.getpid(), cgroup=tmp_path)
     (tmp_path / "memory.events").write_text(MEMORY_EVENTS)
-    assert rl.oom_fault(tmp_path, 0.125) == rl.oom_reason(0.125, 1)
+    assert rl.oom_fault(group, 0.125) == rl.oom_reason(0.125, 1)
     (tmp_path / "memory.events").write_text(MEMORY_EVENTS.replace("oom_kill 1", "oom_kill 0"))
-    assert rl.oom_fault(tmp_path, 0.125) is None
-    assert rl.oom_fault(tmp_path / "gone", 0.125) is None and rl.oom_fault(None, 1) is None
+    assert rl.oom_fault(group, 0.125) is None
+    assert rl.oom_fault(LinuxGroup(os.getpid(), cgroup=tmp_path / "gone"), 0.125) is None
+    assert rl.oom_fault(None, 1) is None and rl.oom_fault(LinuxGroup(os.getpid()), 1) is None
 
 
 def _tree(root: Path, offered: str, enabled: str = "") -> Path:
@@ -63,11 +68,11 @@ def _tree(root: Path, offered: str, enabled: str = "") -> Path:
 
 def test_controllers_enabled_down_the_chain_or_said_missing(tmp_path: Path) -> None:
     base = _tree(tmp_path / "full", "cpu memory pids")
-    limits = rl.setup(base, "")
+    limits = rl.Limits(cglimits.setup(base, ""))
     assert limits.missing == {}
     assert (base / "cgroup.subtree_control").read_text() == "+cpu"  # (the fake keeps the last)
     hybrid = _tree(tmp_path / "hybrid", "hugetlb")
-    limits = rl.setup(hybrid, "")
+    limits = rl.Limits(cglimits.setup(hybrid, ""))
     assert limits.missing["memory"] == (f"the memory controller is not offered to "
                                         f"{tmp_path / 'hybrid'} (its cgroup.controllers: "
                                         "hugetlb)")
@@ -75,7 +80,8 @@ def test_controllers_enabled_down_the_chain_or_said_missing(tmp_path: Path) -> N
                                              "why": limits.missing["memory"]}
     assert limits.line().startswith("resource limits: memory.max (requires.resources.mem_gb) "
                                     "unavailable: the memory controller is not offered")
-    none = rl.setup(None, "cgroups not usable here: no cgroup v2 file system is mounted")
+    none = rl.Limits(cglimits.setup(None, "cgroups not usable here: no cgroup v2 file system "
+                                          "is mounted"))
     assert none.report()["cpu.max"]["why"] == (
         "no cgroup for each attempt here (cgroups not usable here: no cgroup v2 file system "
         "is mounted)")
@@ -120,11 +126,11 @@ def test_the_agent_moves_only_itself_out_of_its_cgroup(tmp_path: Path) -> None:
     own.mkdir()
     (own / "cgroup.type").write_text("domain\n")
     (own / "cgroup.procs").write_text(f"{os.getpid()}\n")
-    assert rl._make_room(own) is None
+    assert cglimits._make_room(own) is None
     assert (own / "agent" / "cgroup.procs").read_text() == str(os.getpid())
     (own / "cgroup.procs").write_text(f"{os.getpid()}\n1\n")  # init is not the agent's
-    assert rl._make_room(own) == (
+    assert cglimits._make_room(own) == (
         f"the agent's cgroup {own} also holds processes that are not the agent's (1): run the "
         "agent in a cgroup of its own (systemd: its unit, with Delegate=yes)")
     (own / "cgroup.type").unlink()  # the root cgroup may keep its processes
-    assert rl._make_room(own) is None
+    assert cglimits._make_room(own) is None

@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 from oarbank_agent import procs
-from oarbank_agent.host import proctable
 
 # Ignores SIGTERM, so only a SIGKILL ends it before the grace period is over.
 STUBBORN = ("import signal, time\n"
@@ -44,8 +43,8 @@ def test_a_cancel_in_the_grace_period_kills_the_group_and_clears_its_record(
     async def main() -> tuple[bool, float]:
         registry = procs.ProcessRegistry(tmp_path / "state")
         proc = await _start(registry, tmp_path)
-        assert [r.pgid for r in registry.records()] == [proc.pid]
-        task = asyncio.create_task(procs.retire_group(registry, proc.pid, 30.0))
+        assert [r.group.leader for r in registry.records()] == [proc.pid]
+        task = asyncio.create_task(procs.retire_group(registry, procs.group_of(proc), 30.0))
         await asyncio.sleep(0.3)  # SIGTERM sent (ignored): well inside the 30 s grace
         assert not task.done()
         began = time.monotonic()
@@ -68,8 +67,9 @@ def test_an_uncancelled_retire_escalates_and_clears_its_record(tmp_path: Path) -
     async def main() -> tuple[int, bool, list[int]]:
         registry = procs.ProcessRegistry(tmp_path / "state")
         proc = await _start(registry, tmp_path)
-        killed = await procs.retire_group(registry, proc.pid, 0.3)
-        left = proctable.members(proc.pid)
+        group = procs.group_of(proc)
+        killed = await procs.retire_group(registry, group, 0.3)
+        left = group.members()
         await proc.wait()
         return proc.pid, killed, left
 

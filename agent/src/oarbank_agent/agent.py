@@ -288,7 +288,7 @@ class Agent:
         rep["gpu"] = self.gpu.as_dict() if self.gpu is not None else None
         rep["protection"] = self.guard.report(self.admission.budget_gb,
                                               self.admission.charged_gb())
-        rep.update(containment.current().report())  # cgroup | process-group, and why
+        rep.update(containment.current().report())  # its mode, and why
         # requires.resources as memory.max / cpu.max: enforced, or unavailable and why
         rep["resource_limits"] = resourcelimits.current().report()
         rep["fault"] = self.fault  # test-only fault injection: never on silently
@@ -447,7 +447,7 @@ class Agent:
                                                  if rt.st.state is not lc.State.STOPPED))
         await self.supervisor.shutdown()
         await self.broker.aclose()
-        containment.current().close()  # every group is ended: its cgroups are empty
+        containment.current().close()  # every group is ended: what held them is empty
         log.info("stopped: every service and job process ended; exiting")
 
     def submit(self, module: str, stage: str, payload: dict[str, Any]) -> JobRecord:

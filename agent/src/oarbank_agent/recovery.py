@@ -13,9 +13,9 @@ Rules:
 - An endpoint service whose ``fingerprint`` still says running after its group was ended (its
   daemon escaped the group, or the record was lost in the crash) gets its ``stop`` op, so that
   the one started anew when a job needs it is the only one.
-- With cgroup containment every recorded group's cgroup is ended with it (also members that
-  left the process group), and so is every other cgroup under the predecessor's base
-  (``containment.sweep``: one made just before a crash has no record yet).
+- Where containment holds groups firmly, what left a recorded group is ended with it, and so
+  is whatever the predecessor left that no record names (``Groups.sweep``: a group made just
+  before a crash has no record yet).
 - A job whose record shows an attempt that began and never finished (the agent died or stopped
   under it) gets that attempt back: it is *released*, not charged, not a failure. Attempt
   numbers are never reused (the next attempt id follows the interrupted one).
@@ -28,12 +28,9 @@ from __future__ import annotations
 
 import logging
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from oarbank_agent import procs
-from oarbank_agent.host import cgroups, proctable
-from oarbank_agent.sandbox import containment
+from oarbank_agent import platform, procs
 from oarbank_agent.services import ops
 
 if TYPE_CHECKING:
@@ -58,11 +55,10 @@ async def end_leftovers(registry: procs.ProcessRegistry, sup: Supervisor,
                         grace_s: float = 2.0) -> dict[str, procs.GroupRecord]:
     """End the predecessor's groups; return the kept ones (service key -> record) of
     non-endpoint services that may be adopted once fingerprinted."""
-    boot = proctable.boot_id()
     kept: dict[str, procs.GroupRecord] = {}
     for rec in registry.records():
-        if rec.boot_id != boot or not _alive(rec):
-            registry.remove(rec.pgid)  # gone already (or another boot: a reused number)
+        if not rec.group.alive():
+            registry.remove(rec.group)  # gone already (or another boot: a reused number)
             continue
         key = _service_of(rec)
         rt = sup.services.get(key) if key else None
@@ -72,25 +68,13 @@ async def end_leftovers(registry: procs.ProcessRegistry, sup: Supervisor,
             continue
         what = ("endpoint service, never adopted" if rt is not None and rt.svc.endpoint
                 else rec.kind)
-        log.warning("ended a process group left by a previous agent: %s (%s, pgid %d)",
-                    rec.label, what, rec.pgid)
-        await procs.end_group(rec.pgid, grace_s, min_ticks=rec.start_ticks, cgroup=_cg(rec))
-        registry.remove(rec.pgid)
-    # Cgroups left without a (live) record, e.g. made just before the crash: ended too.
-    keep = {cg for cg in map(_cg, kept.values()) if cg is not None}
-    await containment.current().sweep(keep, grace_s)
+        log.warning("ended a process group left by a previous agent: %s (%s, group %s)",
+                    rec.label, what, rec.group)
+        await rec.group.end(grace_s)
+        registry.remove(rec.group)
+    # What was left without a (live) record, e.g. made just before the crash: ended too.
+    await platform.current().groups.sweep([r.group for r in kept.values()], grace_s)
     return kept
-
-
-def _cg(rec: procs.GroupRecord) -> Path | None:
-    return Path(rec.cgroup) if rec.cgroup else None
-
-
-def _alive(rec: procs.GroupRecord) -> bool:
-    """Anything of the group left: a member of its process group, or of its cgroup."""
-    cg = _cg(rec)
-    return bool(proctable.members(rec.pgid, rec.start_ticks)) or (
-        cg is not None and cgroups.populated(cg))
 
 
 async def adopt_running(registry: procs.ProcessRegistry, sup: Supervisor,
@@ -108,24 +92,22 @@ async def adopt_running(registry: procs.ProcessRegistry, sup: Supervisor,
                                  timeout_s=rt.svc.stop_timeout_s, registry=registry)
             continue
         if rt.fp_running:
-            alive = rec is not None and _alive(rec)
-            cg = _cg(rec) if rec is not None and alive else None
-            if rec is not None and cg is not None:
-                containment.current().remember(rec.pgid, cg)  # ended with it when it stops
+            alive = rec is not None and rec.group.alive()
+            if rec is not None and alive:
+                platform.current().groups.adopt(rec.group)  # ended with it when it stops
             log.warning("%s: adopted (fingerprint says running; %s)", key,
-                        f"process group {rec.pgid}" if alive and rec else "no recorded group")
-            sup.adopt(rt, rec.pgid if alive and rec else None)
+                        f"process group {rec.group}" if alive and rec else "no recorded group")
+            sup.adopt(rt, rec.group if alive and rec else None)
             if rec is not None and not alive:
-                registry.remove(rec.pgid)
+                registry.remove(rec.group)
         elif rec is not None:
             log.warning("ended a process group left by a previous agent: %s (service not "
-                        "running per its fingerprint, pgid %d)", rec.label, rec.pgid)
-            await procs.end_group(rec.pgid, grace_s, min_ticks=rec.start_ticks,
-                                  cgroup=_cg(rec))
-            registry.remove(rec.pgid)
+                        "running per its fingerprint, group %s)", rec.label, rec.group)
+            await rec.group.end(grace_s)
+            registry.remove(rec.group)
     for rec in kept.values():  # services no longer loaded: nothing may use them
-        await procs.end_group(rec.pgid, grace_s, min_ticks=rec.start_ticks, cgroup=_cg(rec))
-        registry.remove(rec.pgid)
+        await rec.group.end(grace_s)
+        registry.remove(rec.group)
 
 
 def uncharge_interrupted(rec: JobRecord) -> bool:

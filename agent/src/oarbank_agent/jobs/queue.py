@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from oarbank_agent.jobs.admission import Admission
     from oarbank_agent.jobs.store import JobRecord, JobStore
     from oarbank_agent.modules.loaded import ModuleCtx, NodeInfo
+    from oarbank_agent.platform.api import Group
     from oarbank_agent.procs import ProcessRegistry
     from oarbank_agent.services.supervisor import Supervisor
     from oarbank_sdk import manifest as mf
@@ -207,8 +208,8 @@ class JobQueue:
         """Admitted jobs holding a pool of service ``key``."""
         return placement.users_of(self.supervisor, self.admission, key)
 
-    def running_job_groups(self) -> dict[str, int]:
-        """Running job id -> its runner's process group."""
+    def running_job_groups(self) -> dict[str, Group]:
+        """Running job id -> its runner's group."""
         return self.runs.running_groups(self.jobs)
 
     def release(self, job_ids: list[str], reason: str) -> None:

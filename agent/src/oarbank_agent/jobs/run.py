@@ -37,6 +37,7 @@ from oarbank_agent.services import lifecycle as lc
 if TYPE_CHECKING:
     from oarbank_agent.broker.handover import Broker
     from oarbank_agent.modules.loaded import ModuleCtx, NodeInfo
+    from oarbank_agent.platform.api import Group
     from oarbank_agent.procs import ProcessRegistry
     from oarbank_agent.services.supervisor import Supervisor
     from oarbank_sdk import manifest as mf
@@ -102,13 +103,13 @@ class JobRuns:
             self._releasing[job_id] = reason
             task.cancel()
 
-    def running_groups(self, records: dict[str, JobRecord]) -> dict[str, int]:
-        """Running job id -> its runner's process group."""
+    def running_groups(self, records: dict[str, JobRecord]) -> dict[str, Group]:
+        """Running job id -> its runner's group."""
         out = {}
         for g in self.registry.records():
             job_id = g.label.rsplit(".", 1)[0]
             if g.kind == "runner" and job_id in records and records[job_id].state == "running":
-                out[job_id] = g.pgid
+                out[job_id] = g.group
         return out
 
     async def cancel_all(self) -> None:

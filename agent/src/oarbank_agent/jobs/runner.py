@@ -3,7 +3,7 @@
 argv ``<runner.exec...> run --spec <W>/spec.json --workdir <W> --out <W>/result.json`` (and
 ``--events <W>/events.ndjson`` for a runner that declares it: runnerevents.py), the
 exact environment (nothing else inherited), its own process group, a connector per endpoint
-service whose pool the stage reserves, ``timeout_s`` -> SIGTERM to the group, SIGKILL after
+service whose pool the stage reserves, ``timeout_s`` -> the group asked to stop, killed after
 ``stop_grace_s``. At the end: the group is ended, then the broker ends the attempt (connectors
 closed, ``ended`` sent to every service it reached). ``classify`` (pure) maps the exit.
 """
@@ -13,19 +13,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from oarbank_agent import procs
+from oarbank_agent import platform, procs
 from oarbank_agent.eventwait import result_within
 from oarbank_agent.jobs import runnerevents
 from oarbank_agent.modules import compat
 from oarbank_agent.modules.loaded import ModuleCtx, NodeInfo
 from oarbank_agent.operate import logtail
-from oarbank_agent.sandbox import containment, escapewatch, resourcelimits
+from oarbank_agent.sandbox import escapewatch, resourcelimits
 from oarbank_agent.sandbox import policy as sandboxing
 from oarbank_agent.services.supervisor import service_key
 from oarbank_sdk import advice, environments
@@ -147,7 +146,7 @@ async def run_attempt(ctx: ModuleCtx, node: NodeInfo, stage: mf.Stage, *, job_id
     if runnerevents.declared(ctx.manifest):  # [runner].capabilities lists "events"
         argv += runnerevents.argv(workdir)
     env = runner_env(ctx, node, stage, attempt_id, workdir)
-    # requires.resources as the attempt cgroup's memory.max / cpu.max, where enforced here
+    # requires.resources as the attempt group's memory.max / cpu.max, where enforced here
     limits = resourcelimits.current().files_for(stage.mem_gb, stage.cpu)
     inherit: list[int] = []
     transport = current_transport()
@@ -175,7 +174,7 @@ async def run_attempt(ctx: ModuleCtx, node: NodeInfo, stage: mf.Stage, *, job_id
         # in the turn the runner exits (eventwait.py).
         exited, rc = await result_within(proc.wait(), stage.timeout_s)
         if not exited:
-            # running -> stopping (timeout_s): SIGTERM the group, SIGKILL after stop_grace_s
+            # running -> stopping (timeout_s): the group asked to stop, killed after stop_grace_s
             timed_out = True
             rc = await _terminate(proc, runner.stop_grace_s)
         assert rc is not None
@@ -185,14 +184,15 @@ async def run_attempt(ctx: ModuleCtx, node: NodeInfo, stage: mf.Stage, *, job_id
             rc, logtail.read_tail(workdir / "runner.log"))
         if refused is not None:
             return Outcome("failed", rc, refused, fault="host")
-        escaped = escapewatch.take(proc.pid)  # the escape check ended the group: not the job's doing
+        group = procs.group_of(proc)
+        escaped = escapewatch.take(group)  # the escape check ended the group: not the job's doing
         if escaped is not None:
             return Outcome("failed", rc, escaped, fault="job")
         outcome = classify(rc, timed_out, workdir, stage.timeout_s,
                            compat.max_inline_kb(ctx.manifest))
-        # Read before the attempt's cgroup is removed: the OOM killer at its memory.max.
-        oom = (resourcelimits.oom_fault(containment.current().cgroup_of(proc.pid),
-                                        stage.mem_gb) if "memory.max" in limits else None)
+        # Read before the attempt's group is ended: the OOM killer at its memory.max.
+        oom = (resourcelimits.oom_fault(group, stage.mem_gb) if "memory.max" in limits
+               else None)
         if oom is not None and outcome.state != "succeeded":
             return Outcome("failed", rc, oom, fault="job")
         return outcome
@@ -206,16 +206,17 @@ async def run_attempt(ctx: ModuleCtx, node: NodeInfo, stage: mf.Stage, *, job_id
             broker.close_child_ends(attempt_id)  # a connector opened, the runner never ran
         else:
             # Attempt over: whatever the runner left in its group goes too, then `ended`.
-            await procs.retire_group(registry, proc.pid, runner.stop_grace_s)
+            await procs.retire_group(registry, procs.group_of(proc), runner.stop_grace_s)
         broker.end_attempt(attempt_id)
 
 
 async def _terminate(proc: procs.ChildProcess, grace_s: float) -> int:
-    procs.signal_group(proc.pid, signal.SIGTERM)
+    group = procs.group_of(proc)
+    group.terminate()
     exited, rc = await result_within(proc.wait(), grace_s)
     if exited and rc is not None:
         return rc
-    procs.signal_group(proc.pid, signal.SIGKILL)
+    group.kill()
     with contextlib.suppress(ProcessLookupError):
         return await proc.wait()
-    return -signal.SIGKILL
+    return platform.current().groups.killed_returncode

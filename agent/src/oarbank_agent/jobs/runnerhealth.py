@@ -175,7 +175,7 @@ async def doctor(ctx: ModuleCtx, node: NodeInfo, registry: procs.ProcessRegistry
     try:
         _, rc = await result_within(proc.wait(), timeout_s)
     finally:
-        await procs.retire_group(registry, proc.pid, 1.0)  # what it left goes too
+        await procs.retire_group(registry, procs.group_of(proc), 1.0)  # what it left goes too
     if rc is None:
         with contextlib.suppress(ProcessLookupError):
             await proc.wait()  # (reaped: its group was ended)

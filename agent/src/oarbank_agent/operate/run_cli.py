@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from oarbank_agent import faults
+from oarbank_agent import faults, platform
 from oarbank_agent.operate import config, control, logsetup, protect_cli
 from oarbank_agent.operate.cli_common import err as _err
 from oarbank_agent.operate.run_options import run_parser
@@ -153,10 +153,8 @@ def cmd_run(ra: config.RunArgs, run_argv: list[str]) -> int:
         return settings.get(m.id, settings.get(m.short_name))
 
     async def main_async() -> int:
-        # Children reaped through pidfds, not a thread each (Python < 3.12 on Linux).
-        from oarbank_agent.host.pidfd import use_child_watcher
-
-        watcher = use_child_watcher(asyncio.get_running_loop())
+        # Children reaped on the loop, not a thread each, where the backend can (Python < 3.12).
+        watcher = platform.current().groups.use_child_watcher(asyncio.get_running_loop())
         logging.getLogger("oarbank_agent").debug("child watcher: %s", watcher)
         maker = await _start_factory(args.process_factory, policy.enforce)
         try:
@@ -246,7 +244,7 @@ def cmd_run(ra: config.RunArgs, run_argv: list[str]) -> int:
             _err(str(exc))
             return 2
         log.info("node id %s (%s)", node_id, how)
-        # Last: this may create the agent's cgroup.
+        # Last: this may create where the agent's groups are held (containment).
         from oarbank_agent.sandbox import containment
 
         try:
@@ -259,7 +257,7 @@ def cmd_run(ra: config.RunArgs, run_argv: list[str]) -> int:
         try:
             return asyncio.run(main_async())
         finally:
-            box.close()  # an agent that never got going leaves no empty cgroup behind
+            box.close()  # an agent that never got going leaves nothing of its containment
     finally:
         lock.close()
 

@@ -12,8 +12,193 @@ requests, the event loop, the stream type behind the transport.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
-__all__ = ["Backend"]
+if TYPE_CHECKING:
+    import asyncio
+    from pathlib import Path
+
+__all__ = ["Backend", "CONTAINMENT_MODES", "ContainmentUnavailable", "Group", "Slot",
+           "PopenOptions", "Containment", "Groups"]
+
+
+# -- process groups, their limits and their containment ------------------------------------------
+# Every op, service daemon and runner is the leader of a group the agent starts: the leader and
+# all it starts, ended as one. What a group is made of (a POSIX process group, a cgroup around
+# it on Linux, a job object on Windows) is the backend's; the agent holds ``Group`` objects,
+# writes the dict ``Group.record`` gives into ``<state>/procs/`` and hands it back to
+# ``Groups.restore`` after a restart.
+
+CONTAINMENT_MODES = ("auto", "cgroup", "process-group")  # ``oarbank-agent run --containment``
+
+
+class ContainmentUnavailable(Exception):
+    """The containment asked for (``--containment cgroup``) cannot be had on this system."""
+
+
+class Group(Protocol):
+    """One group of processes the agent started or adopted (opaque; hashable, by its key)."""
+
+    @property
+    def leader(self) -> int:
+        """The pid of the process the group was started for."""
+
+    @property
+    def key(self) -> str:
+        """Unique among the live groups: names its record (``<state>/procs/<key>.json``)."""
+
+    def record(self) -> dict[str, Any]:
+        """What a restarted agent needs to find this group again (``Groups.restore``)."""
+
+    def members(self) -> list[int]:
+        """Its live processes, leader included while alive."""
+
+    def pids(self, table: object | None = None) -> set[int]:
+        """Every process it holds, also those that left the leader's process group where the
+        backend can follow them. ``table``: one ``Groups.snapshot()`` for many groups."""
+
+    def alive(self) -> bool:
+        """Anything of it left (False for a record of another boot: its numbers mean nothing)."""
+
+    def owns(self, pid: int) -> bool:
+        """Whether ``pid`` belongs to it."""
+
+    def terminate(self) -> None:
+        """Ask every member to stop (a handler may refuse); never raises."""
+
+    def kill(self, *, also: int | None = None) -> None:
+        """End every member now (and the process ``also``); never raises."""
+
+    async def end(self, grace_s: float) -> bool:
+        """Terminate, wait up to ``grace_s`` for it to be gone, then kill; release what held
+        it. True if it had to kill. Safe on a group that is already gone."""
+
+    async def wait_gone(self, poll_s: float = 2.0) -> None:
+        """Return once it has no live member (cancellable; without an event to wait on, the
+        backend looks every ``poll_s``)."""
+
+    def oom_kills(self) -> int:
+        """How many of its processes the kernel ended at its memory limit (0 without one)."""
+
+
+class PopenOptions(TypedDict, total=False):
+    """What starting a leader of a new group needs of ``asyncio.create_subprocess_exec``."""
+
+    start_new_session: bool
+
+
+class Slot(Protocol):
+    """Room for the next group, made before its leader is started (``Groups.prepare``)."""
+
+    def wrap(self, argv: list[str]) -> list[str]:
+        """``argv`` started directly into this slot (it enters before its own code runs)."""
+
+    def popen_kwargs(self) -> PopenOptions:
+        """What ``asyncio.create_subprocess_exec`` needs for a new group."""
+
+    def factory_kwargs(self) -> dict[str, Any]:
+        """What the process factory's ``spawn`` needs to place its child here."""
+
+    def started(self, leader: int) -> Group:
+        """The leader runs: its group (remembered until it is ended)."""
+
+    def abandon(self) -> None:
+        """Nothing was started: release the room."""
+
+
+class Containment(Protocol):
+    """How far a group reaches on this machine (``status``: containment, its note)."""
+
+    mode: str  # one of CONTAINMENT_MODES but auto
+    note: str  # why this mode, readable
+
+    @property
+    def base(self) -> object | None:
+        """Where the groups are held (the backend's; ``resourcelimits.setup`` hands it back)."""
+
+    @property
+    def enabled(self) -> bool:
+        """Whether groups are held by more than a process group here."""
+
+    def report(self) -> dict[str, Any]:
+        """For ``status``: ``containment``, ``containment_note``, ``containment_base``."""
+
+    def close(self) -> None:
+        """Agent shutdown: release what is left of it (every group is ended by then)."""
+
+
+class Groups(Protocol):
+    """Process groups: made, found again after a restart, limited, watched."""
+
+    @property
+    def killed_returncode(self) -> int:
+        """The return code of a leader the agent killed (``Group.kill``), as ``wait`` says."""
+
+    @property
+    def can_inspect(self) -> bool:
+        """Whether a member's confinement can be read (``process_status``): the escape
+        check runs only then."""
+
+    def resolve(self, mode: str, state_dir: Path) -> Containment:
+        """The containment for ``mode`` here. Raises ``ContainmentUnavailable``, ValueError."""
+
+    def install(self, containment: Containment) -> None:
+        """Use ``containment`` for every group from now on (once, at start)."""
+
+    @property
+    def containment(self) -> Containment:
+        """The installed containment."""
+
+    def limit_gaps(self, base: object | None, why: str) -> dict[str, str]:
+        """Make memory and CPU limits usable for the groups: controller (``memory``,
+        ``cpu``) -> why it cannot be enforced, for each one that cannot."""
+
+    def install_limits(self, missing: dict[str, str]) -> None:
+        """Keep what ``limit_gaps`` found (``resourcelimits.install``)."""
+
+    @property
+    def limits_missing(self) -> dict[str, str] | None:
+        """What ``install_limits`` kept; None before."""
+
+    def prepare(self, limits: dict[str, str] | None = None) -> Slot:
+        """Room for the next group, with ``limits`` (``resourcelimits.stage_limits``: only
+        those ``limit_gaps`` left enforceable) set before its leader runs. Raises OSError."""
+
+    def of(self, leader: int) -> Group:
+        """The group started for ``leader`` (one this agent spawned, else a bare one)."""
+
+    def restore(self, record: dict[str, Any]) -> Group:
+        """A group from its ``record`` (a predecessor's). Raises KeyError, ValueError,
+        TypeError for a torn record."""
+
+    def adopt(self, group: Group) -> None:
+        """A restored group the agent now keeps (ended as if spawned by it)."""
+
+    async def sweep(self, keep: list[Group], grace_s: float) -> list[str]:
+        """End what predecessors left that no record names (except ``keep``)."""
+
+    def describe(self, group: Group | None) -> dict[str, Any]:
+        """The group's numbers for an operator (``status`` rows, log lines)."""
+
+    def ending(self, killed: bool, grace_s: float) -> str:
+        """How a group was ended, in words (``Group.end``'s answer)."""
+
+    def snapshot(self) -> object:
+        """One read of the process table, for ``Group.pids`` of many groups."""
+
+    def resident(self, groups: list[Group]) -> dict[Group, int]:
+        """Resident bytes of each group's live members (one pass)."""
+
+    def process_status(self, pid: int) -> dict[str, str] | None:
+        """The kernel's status fields of ``pid`` (``Seccomp``, ``NoNewPrivs``, ``State``,
+        ``Name``), None when gone or unknown here."""
+
+    def cmdline(self, pid: int) -> bytes | None:
+        """``pid``'s command line (NUL-separated), None when gone or unknown here."""
+
+    def use_child_watcher(self, loop: asyncio.AbstractEventLoop) -> str:
+        """Reap the agent's children on ``loop`` without a thread each where the system
+        allows; the watcher in use, for the log."""
 
 
 @dataclass(frozen=True)
@@ -21,3 +206,5 @@ class Backend:
     """The chosen backend: its name and its parts (fields added per part, one section each)."""
 
     name: str
+    # process groups, their limits and containment
+    groups: Groups

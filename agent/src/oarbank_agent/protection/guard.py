@@ -3,11 +3,11 @@
 The decisions are pure (``protection``: pressure with hysteresis, soft stops, the hard
 victim; ``lifecycle``: what a hold does to a service; ``admission``: memory budget and GPU
 rules); this module reads the host's available memory every ``sample_s`` seconds (2 s by
-default) and the resident memory of process groups (both ``host.memory``), keeps the protection state
-(pressure, memory holds, host rules), and *reports* what should happen as a list of actions
-(``Pause``, ``AllowGpu``, ``Hold``, ``ReleaseJobs``, ``ReleaseGpuJobs``, ``Admit``), in the
-order they must be applied. The agent applies them (``Agent._protect``): the guard reads the
-supervisor's services but changes nothing outside itself.
+default, ``host.memory``) and the resident memory of each group (``Groups.resident``), keeps
+the protection state (pressure, memory holds, host rules), and *reports* what should happen
+as a list of actions (``Pause``, ``AllowGpu``, ``Hold``, ``ReleaseJobs``, ``ReleaseGpuJobs``,
+``Admit``), in the order they must be applied. The agent applies them (``Agent._protect``):
+the guard reads the supervisor's services but changes nothing outside itself.
 
 Holds (a service's ``held`` in the report), first that applies:
 
@@ -40,6 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from oarbank_agent import platform
 from oarbank_agent.host import memory
 from oarbank_agent.protection.decisions import (
     HELD_MEMORY,
@@ -54,6 +55,7 @@ from oarbank_agent.protection.decisions import (
 from oarbank_agent.services import lifecycle as lc
 
 if TYPE_CHECKING:
+    from oarbank_agent.platform.api import Group
     from oarbank_agent.services.supervisor import Supervisor
 
 __all__ = ["Guard", "GuardConfig", "DEFAULT_BUDGET_FRACTION", "DEFAULT_SAMPLE_S",
@@ -129,7 +131,7 @@ class Guard:
     periodic sample go (the agent applies them)."""
 
     def __init__(self, config: GuardConfig, supervisor: Supervisor, *,
-                 running_jobs: Callable[[], dict[str, int]],
+                 running_jobs: Callable[[], dict[str, Group]],
                  report: Callable[[list[Action]], None]) -> None:
         self.supervisor = supervisor
         self._running_jobs = running_jobs
@@ -223,10 +225,11 @@ class Guard:
         return out + self.refresh()
 
     def _hard(self, running: list[Any]) -> list[Action]:
-        jobs = self._running_jobs()  # job id -> runner pgid
-        svc_groups = {rt.key: rt.pgid for rt in running
-                      if rt.pgid is not None and rt.key not in self.mem_held}
-        rss = memory.group_rss(set(jobs.values()) | set(svc_groups.values()))
+        jobs = self._running_jobs()  # job id -> runner's group
+        svc_groups = {rt.key: rt.group for rt in running
+                      if rt.group is not None and rt.key not in self.mem_held}
+        rss = platform.current().groups.resident(
+            list(dict.fromkeys([*jobs.values(), *svc_groups.values()])))
         cands = [Candidate(job_id, "job", rss.get(pg, 0)) for job_id, pg in jobs.items()]
         by_key = {rt.key: rt for rt in running}
         cands += [Candidate(key, "service", rss.get(pg, 0), by_key[key].svc.yieldable,

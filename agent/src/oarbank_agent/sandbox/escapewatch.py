@@ -1,36 +1,32 @@
 """The escape check: every few seconds, each process of a sandboxed group is still confined.
 
-Every runner, op and service group the agent started (``procs.ProcessRegistry``: its process
-group, and its cgroup under cgroup containment) is sandboxed from its first instruction: the
-launcher confines itself before exec and every descendant inherits the filter and
-no_new_privs. A member of such a group whose ``/proc/<pid>/status`` does not say
-``Seccomp: 2`` and ``NoNewPrivs: 1`` got there some other way (moved into the cgroup or
-process group from outside, or a bug in the launcher path): it is not ours to trust. It is
-killed, the whole group with it (its sandbox is no longer one), and the attempt or service
-fails with reason ``sandbox_escape`` (``take(pgid)`` hands the reason to whoever ends it:
+Every runner, op and service group the agent started (``procs.ProcessRegistry``: its
+``Group``, with every process the backend can follow into it) is sandboxed from its first
+instruction: the launcher confines itself before exec and every descendant inherits the filter
+and no_new_privs. A member of such a group whose kernel status (``Groups.process_status``) does
+not say ``Seccomp: 2`` and ``NoNewPrivs: 1`` got there some other way (moved into the group
+from outside, or a bug in the launcher path): it is not ours to trust. It is killed, the whole
+group with it (its sandbox is no longer one), and the attempt or service fails with reason
+``sandbox_escape`` (``take(group)`` hands the reason to whoever ends it:
 ``runner.run_attempt``, ``Supervisor._watch``).
 
 The one member allowed to be unconfined is the group's leader during its launcher's own set-up
 (``SETUP_GRACE_S`` after the spawn, and only while its command line is still the launcher's
-or the cgroup entry shell in front of it, or the process factory's: a child it forked shows
-the factory's command line until it has confined itself, ``factory/child.py``).
+or the entry shell in front of it, or the process factory's: a child it forked shows the
+factory's command line until it has confined itself, ``factory/child.py``).
 
-Only when the sandbox enforces (``sandboxing.current().enforce``): unconfined by policy is not
-an escape.
+Only when the sandbox enforces (``sandboxing.current().enforce``) and the backend can read a
+process's confinement (``Groups.can_inspect``): unconfined by policy is not an escape.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
-import signal
 import time
-from pathlib import Path
 
-from oarbank_agent import procs
-from oarbank_agent.host import cgroups, proctable
+from oarbank_agent import platform, procs
+from oarbank_agent.platform.api import Group
 from oarbank_agent.sandbox import policy as sandboxing
 
 __all__ = ["INTERVAL_S", "check_once", "start", "take"]
@@ -42,27 +38,19 @@ SETUP_GRACE_S = 15.0
 _LAUNCHER_MARK = b"oarbank_sdk.sandbox.launch"
 _FACTORY_MARK = b"oarbank_agent.factory\0"  # the factory's argv: ``-m oarbank_agent.factory``
 
-_escapes: dict[int, str] = {}  # pgid -> the failure reason, until taken
+_escapes: dict[str, str] = {}  # group key -> the failure reason, until taken
 
 
-def take(pgid: int | None) -> str | None:
-    """The ``sandbox_escape`` reason of group ``pgid`` if the check ended it (once)."""
-    return None if pgid is None else _escapes.pop(pgid, None)
+def take(group: Group | None) -> str | None:
+    """The ``sandbox_escape`` reason of ``group`` if the check ended it (once)."""
+    return None if group is None else _escapes.pop(group.key, None)
 
 
 def _in_setup(pid: int, rec: procs.GroupRecord) -> bool:
-    if pid != rec.pgid or time.time() - rec.started > SETUP_GRACE_S:
+    if pid != rec.group.leader or time.time() - rec.started > SETUP_GRACE_S:
         return False
-    cmdline = proctable.cmdline(pid) or b""
+    cmdline = platform.current().groups.cmdline(pid) or b""
     return _LAUNCHER_MARK in cmdline or _FACTORY_MARK in cmdline
-
-
-def _group_pids(rec: procs.GroupRecord,
-                table: list[tuple[int, int, str, int | None]]) -> set[int]:
-    pids = set(proctable.members(rec.pgid, rec.start_ticks, table))
-    if rec.cgroup:
-        pids |= set(cgroups.pids(Path(rec.cgroup)))
-    return pids
 
 
 def check_once(registry: procs.ProcessRegistry) -> list[str]:
@@ -73,10 +61,11 @@ def check_once(registry: procs.ProcessRegistry) -> list[str]:
     ended = []
     # One read of the process table for every group: reading it per group cost the agent's
     # loop ~0.3 s a check with 32 attempts on a busy machine (the bench's connect profile).
-    table = proctable.proc_table()
+    groups = platform.current().groups
+    table = groups.snapshot()
     for rec in registry.records():
-        for pid in sorted(_group_pids(rec, table)):
-            st = proctable.status(pid)
+        for pid in sorted(rec.group.pids(table)):
+            st = groups.process_status(pid)
             if st is None or st.get("State", "").startswith("Z"):
                 continue
             if st.get("Seccomp") == "2" and st.get("NoNewPrivs") == "1":
@@ -84,15 +73,11 @@ def check_once(registry: procs.ProcessRegistry) -> list[str]:
             if _in_setup(pid, rec):
                 continue
             reason = (f"{sandboxing.SANDBOX_ESCAPE}: pid {pid} ({st.get('Name', '?')}) in "
-                      f"{rec.kind} group {rec.pgid} ({rec.label}) is not confined "
+                      f"{rec.kind} group {rec.group} ({rec.label}) is not confined "
                       f"(Seccomp {st.get('Seccomp', '?')}, NoNewPrivs {st.get('NoNewPrivs', '?')})")
             log.error("%s: killed with its group", reason)
-            _escapes.setdefault(rec.pgid, reason)
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-            procs.signal_group(rec.pgid, signal.SIGKILL)
-            if rec.cgroup:
-                cgroups.kill(Path(rec.cgroup))
+            _escapes.setdefault(rec.group.key, reason)
+            rec.group.kill(also=pid)
             ended.append(reason)
             break
     return ended
@@ -110,6 +95,6 @@ async def _loop(registry: procs.ProcessRegistry, interval_s: float) -> None:
 def start(registry: procs.ProcessRegistry, interval_s: float = INTERVAL_S
           ) -> asyncio.Task[None] | None:
     """The check task, or None when the sandbox does not enforce (nothing to check)."""
-    if not sandboxing.current().enforce or not os.path.isdir("/proc/self"):
+    if not sandboxing.current().enforce or not platform.current().groups.can_inspect:
         return None
     return asyncio.create_task(_loop(registry, interval_s), name="sandbox escape check")

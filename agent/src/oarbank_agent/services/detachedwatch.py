@@ -1,7 +1,7 @@
 """Watching a running service that left nothing the agent can see: sparse ``status`` polls.
 
 A ready service is normally watched through events: an endpoint service's channel closing, or
-its process group dying (pidfds, ``host.pidfd``). A non-endpoint service whose ``start`` left
+its group dying (``Group.wait_gone``). A non-endpoint service whose ``start`` left
 nothing in its process group (its daemon detached itself, or runs under another supervisor;
 also one adopted without a recorded group) offers neither, so for such services only the agent
 asks its ``status`` op now and then: first after ``first_s`` seconds (10 s by default;

@@ -31,6 +31,7 @@ from oarbank_agent import procs
 from oarbank_agent.eventwait import result_within
 from oarbank_agent.modules.loaded import ModuleCtx, NodeInfo
 from oarbank_agent.operate import logtail
+from oarbank_agent.platform.api import Group
 from oarbank_agent.sandbox import policy as sandboxing
 from oarbank_agent.services import servicelog
 from oarbank_sdk import advice
@@ -51,7 +52,7 @@ class OpResult:
     rc: int | None  # None: timed out or never started
     doc: dict[str, Any] | None
     error: str | None  # readable, when not ok
-    pgid: int | None
+    group: Group | None  # the op's group (a start's: where its daemon lives)
 
 
 async def run_op(ctx: ModuleCtx, node: NodeInfo, service: str, op: str, *,
@@ -104,14 +105,14 @@ async def run_op(ctx: ModuleCtx, node: NodeInfo, service: str, op: str, *,
             return OpResult(op, False, None, None, f"{op}: cannot run {argv[0]}: {exc}", None)
     if after_spawn:
         after_spawn()
-    pgid = proc.pid
+    group = procs.group_of(proc)
     rc: int | None
     try:
         # Not wait_for: on Python < 3.12 it may swallow a cancel that comes in the turn the op
         # exits (eventwait.py), and a cancelled `ready` poll would go on polling for ever.
         _, rc = await result_within(proc.wait(), timeout_s)
     except asyncio.CancelledError:
-        await _end(registry, pgid)
+        await _end(registry, group)
         with contextlib.suppress(ProcessLookupError):
             await proc.wait()
         out_path.unlink(missing_ok=True)
@@ -121,13 +122,13 @@ async def run_op(ctx: ModuleCtx, node: NodeInfo, service: str, op: str, *,
     out_path.unlink(missing_ok=True)
     doc = last_json_object(text) if text is not None else None
     if rc is None:
-        await _end(registry, pgid)
+        await _end(registry, group)
         await proc.wait()
         err_text = _file_err(err_path, log_path, err_start)
         return OpResult(op, False, None, doc, logtail.with_summary(
-            f"{op} timed out after {timeout_s:g}s", err_text), pgid)
+            f"{op} timed out after {timeout_s:g}s", err_text), group)
     if not keep_group:
-        await _end(registry, pgid)  # the op is over: what it left goes too, then its stderr
+        await _end(registry, group)  # the op is over: what it left goes too, then its stderr
     # This op's stderr: what it wrote before it exited (a start's daemon may write on).
     err_text = _file_err(err_path, log_path, err_start)
     if rc != 0:
@@ -144,8 +145,8 @@ async def run_op(ctx: ModuleCtx, node: NodeInfo, service: str, op: str, *,
     else:
         error = None
     if error is not None and keep_group:
-        await _end(registry, pgid)  # a failed start leaves nothing running
-    return OpResult(op, error is None, rc, doc, error, pgid)
+        await _end(registry, group)  # a failed start leaves nothing running
+    return OpResult(op, error is None, rc, doc, error, group)
 
 
 def _read_bounded(path: Path, limit: int) -> tuple[int, str | None]:
@@ -177,5 +178,5 @@ def _file_err(err_path: Path, log_path: Path, start: int = 0) -> str:
     return text
 
 
-async def _end(registry: procs.ProcessRegistry, pgid: int) -> None:
-    await procs.retire_group(registry, pgid, 1.0)
+async def _end(registry: procs.ProcessRegistry, group: Group) -> None:
+    await procs.retire_group(registry, group, 1.0)

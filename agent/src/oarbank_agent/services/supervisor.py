@@ -16,7 +16,7 @@ the service READY, and wakes the jobs waiting for it, in the loop turn the line 
 the ``ready`` op true (polled once the hello is in: at once, then every 50 ms doubling up to
 ``ready_poll_cap``; a ``ready`` line arriving meanwhile ends the polling), all within
 ``start_timeout_s``.
-Stop order = ``stop`` op, close the channel, end the process group.
+Stop order = ``stop`` op, close the channel, end the group.
 This class is also the broker's ``ServiceGate``; it opens channels in the ``Channels`` table it
 shares with the broker (given at construction: neither holds the other).
 """
@@ -32,9 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from oarbank_agent import factory, procs
+from oarbank_agent import factory, platform, procs
 from oarbank_agent.eventwait import result_within
-from oarbank_agent.host import pidfd, proctable
 from oarbank_agent.modules.loaded import ModuleCtx, NodeInfo
 from oarbank_agent.operate import logsetup, logtail
 from oarbank_agent.sandbox import escapewatch, refusals
@@ -48,12 +47,13 @@ from oarbank_sdk.servicerow import ServiceRow
 
 if TYPE_CHECKING:
     from oarbank_agent.broker.channel import Channel, Channels
+    from oarbank_agent.platform.api import Group
 
 __all__ = ["Supervisor", "ServiceRuntime", "service_key", "row", "ready", "details"]
 
 log = logging.getLogger("oarbank_agent.services.supervisor")
 
-GROUP_GRACE_S = 5.0  # SIGTERM -> SIGKILL for a service's group at the end of the stop order
+GROUP_GRACE_S = 5.0  # terminate -> kill for a service's group at the end of the stop order
 # A `stop` op that overran stop_timeout_s has had its chance: the group gets a short grace.
 ESCALATE_GRACE_S = 2.0
 READY_POLL_FIRST_S = 0.05
@@ -96,7 +96,7 @@ class ServiceRuntime:
     fp_running: bool = False
     fp_error: str | None = None
     channel: Channel | None = None
-    pgid: int | None = None
+    group: Group | None = None  # where its daemon lives (its start op's group)
     task: asyncio.Task[None] | None = None  # the effect in flight
     watch: asyncio.Task[None] | None = None  # watches a ready service's channel
     timer: asyncio.TimerHandle | None = None
@@ -145,7 +145,7 @@ def ready(rt: ServiceRuntime) -> bool:
 
 def details(rt: ServiceRuntime, now: float) -> dict[str, Any]:
     """What ``status`` adds to a row for an operator (not in heartbeats): the daemon's pid
-    (its hello, else its process group), uptime, seconds until the idle stop, why it last
+    (its hello, else its group's leader) and its group, uptime, seconds until the idle stop, why it last
     stopped, starts and restarts (starts after a failure). ``now``: unix time."""
     s = rt.st
     pid = None
@@ -156,8 +156,8 @@ def details(rt: ServiceRuntime, now: float) -> dict[str, Any]:
             and s.idle_since is not None and s.idle_stop:
         idle_in = round(max(0.0, s.idle_since + s.idle_timeout_s - now), 1)
     return {
-        "pid": pid if pid is not None else rt.pgid,
-        "pgid": rt.pgid,
+        "pid": pid if pid is not None else (rt.group.leader if rt.group is not None else None),
+        **platform.current().groups.describe(rt.group),
         "uptime_s": round(now - rt.ready_at, 1) if s.state is lc.State.READY and rt.ready_at
         else None,
         "idle_stop_in_s": idle_in,
@@ -496,7 +496,7 @@ class Supervisor:
                                    registry=self.registry, extra_env=env, inherit=inherit,
                                    after_spawn=ch.close_child_end if ch else None,
                                    keep_group=True)
-            rt.pgid = res.pgid
+            rt.group = res.group
             if not res.ok:
                 raise StartFailed("start failed" if self.bare_start_errors
                                   else res.error or "start failed")
@@ -644,28 +644,28 @@ class Supervisor:
     async def _last_words(self, rt: ServiceRuntime, log_from: int) -> tuple[bool, str | None]:
         """(whether a process of its start group still runs, a moment given to it to exit;
         the last line the service wrote to its log since ``log_from``)."""
-        left = proctable.members(rt.pgid) if rt.pgid is not None else []
+        left = rt.group.members() if rt.group is not None else []
         waited = 0.0
         while left and waited < EXIT_WAIT_S:
             await asyncio.sleep(0.05)
             waited += 0.05
-            left = proctable.members(rt.pgid) if rt.pgid is not None else []
+            left = rt.group.members() if rt.group is not None else []
         text = servicelog.get(rt.ctx.log_dir / f"{rt.svc.name}.log").since(log_from)
         return bool(left), logtail.summary(text)
 
     async def _watch(self, rt: ServiceRuntime, ch: Channel | None) -> None:
         """A ready service failing on its own: an endpoint service closing its channel, or
-        its process group dying (no live member left; pidfds, see host.pidfd). A service that
+        its group dying (no live member left; ``Group.wait_gone``). A service that
         left nothing in its start group (it runs elsewhere) has only its channel watched, or,
         without a channel, its `status` op asked sparsely (detachedwatch)."""
         waits: set[asyncio.Future[Any]] = set()
         if ch is not None:
             waits.add(ch.closed)
-        pgid = rt.pgid
+        watched = rt.group
         group: asyncio.Task[None] | None = None
         status: asyncio.Task[str] | None = None
-        if pgid is not None and proctable.members(pgid):
-            group = asyncio.create_task(pidfd.wait_group_gone(pgid), name=f"group {pgid}")
+        if watched is not None and watched.members():
+            group = asyncio.create_task(watched.wait_gone(), name=f"group {watched}")
             waits.add(group)
         elif ch is None:
             log.info("%s: nothing of it is left in its process group: watching it through "
@@ -684,7 +684,7 @@ class Supervisor:
                 t.cancel()
             if pending:  # a status op in flight ends its own group before we go on
                 await asyncio.wait(pending)
-        escaped = escapewatch.take(pgid)  # the escape check ended its group
+        escaped = escapewatch.take(watched)  # the escape check ended its group
         if escaped is not None:
             error = escaped
         elif ch is not None and ch.closed.done():
@@ -692,7 +692,7 @@ class Supervisor:
         elif status is not None:
             error = status.result()
         else:
-            error = f"its process group {pgid} died: no process of it is left"
+            error = f"its process group {watched} died: no process of it is left"
         if rt.channel is not ch or rt.st.state is not lc.State.READY or rt.busy():
             return  # we are stopping it ourselves
         rt.task = asyncio.create_task(self._fail_running(rt, error), name=f"fail {rt.key}")
@@ -720,10 +720,10 @@ class Supervisor:
             self._transition(rt, lc.Event.PROBED)
         self._after_effect(rt)
 
-    def adopt(self, rt: ServiceRuntime, pgid: int | None) -> None:
+    def adopt(self, rt: ServiceRuntime, group: Group | None) -> None:
         """Agent restart: take over a running non-endpoint service (its group, if recorded)."""
         assert not rt.svc.endpoint, "endpoint services are never adopted"
-        rt.pgid = pgid
+        rt.group = group
         # STOPPED -> READY (adopted: found running, not started twice)
         self._transition(rt, lc.Event.ADOPT)
         rt.watch = asyncio.create_task(self._watch(rt, None), name=f"watch {rt.key}")
@@ -740,7 +740,7 @@ class Supervisor:
         self._after_effect(rt)
 
     async def _teardown(self, rt: ServiceRuntime, *, run_stop: bool) -> None:
-        """Stop order: `stop` op (when asked), close the channel, end the process group."""
+        """Stop order: `stop` op (when asked), close the channel, end the group."""
         if rt.watch is not None and rt.watch is not asyncio.current_task():
             rt.watch.cancel()
         rt.watch = None
@@ -753,25 +753,25 @@ class Supervisor:
             if not res.ok:
                 log.warning("%s: %s", rt.key, res.error)
             # rc None with a started op: it ran past stop_timeout_s (its own group is ended).
-            overran = res.rc is None and res.pgid is not None
+            overran = res.rc is None and res.group is not None
             if res.doc is not None and res.doc.get("escalated") is True:
                 log.info("%s: the stop op reports it escalated", rt.key)
         if rt.channel is not None:
             rt.channel.close()
             rt.channel = None
-        pgid, killed, grace = rt.pgid, False, GROUP_GRACE_S
-        if pgid is not None:
-            # A stop that overran has had its chance: a short grace, then SIGKILL.
+        group, killed, grace = rt.group, False, GROUP_GRACE_S
+        if group is not None:
+            # A stop that overran has had its chance: a short grace, then it is killed.
             grace = ESCALATE_GRACE_S if overran else GROUP_GRACE_S
-            killed = await procs.retire_group(self.registry, pgid, grace)
-            rt.pgid = None
+            killed = await procs.retire_group(self.registry, group, grace)
+            rt.group = None
         if run_stop and (overran or killed):
             what = (f"the stop op did not finish within stop_timeout_s="
                     f"{rt.svc.stop_timeout_s:g}" if overran
                     else "processes were left after the stop op")
-            end = (f"SIGTERM, then SIGKILL after {grace:g}s" if killed else "SIGTERM")
-            rt.stop_note = (f"stop escalated: {what}; process group {pgid} ended ({end})"
-                            if pgid is not None else f"stop escalated: {what}")
+            end = platform.current().groups.ending(killed, grace)
+            rt.stop_note = (f"stop escalated: {what}; process group {group} ended ({end})"
+                            if group is not None else f"stop escalated: {what}")
             log.warning("%s: %s", rt.key, rt.stop_note)
 
     # --- shutdown -------------------------------------------------------------------------

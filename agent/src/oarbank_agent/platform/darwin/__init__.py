@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from oarbank_agent.platform.api import Backend
 from oarbank_agent.platform.darwin import linuxfree
+from oarbank_agent.platform.posix.groups import PosixGroups
 
 __all__ = ["backend"]
 
 
 def backend() -> Backend:
     linuxfree.install()  # before any part is made: on a Mac it does nothing
-    return Backend(name="darwin")
+    return Backend(name="darwin", groups=PosixGroups())

@@ -7,9 +7,10 @@ Files (one sentence each): see each module's first line; ``backend()`` assembles
 from __future__ import annotations
 
 from oarbank_agent.platform.api import Backend
+from oarbank_agent.platform.linux.groups import LinuxGroups
 
 __all__ = ["backend"]
 
 
 def backend() -> Backend:
-    return Backend(name="linux")
+    return Backend(name="linux", groups=LinuxGroups())

@@ -1,10 +1,10 @@
-"""Containment: every attempt, op and service daemon group in a cgroup of its own (Linux, v2).
+"""Containment on Linux: every attempt, op and service daemon group in a cgroup of its own (v2).
 
 Why: a process group is only a convention. A runner's child that calls ``setsid()`` or
 ``setpgid()`` leaves it and would outlive the attempt. A cgroup is not left that way (moving
 needs write access to another cgroup's ``cgroup.procs``), and ``cgroup.kill`` ends every member
 and descendant at once. So when the agent can use cgroup v2 each group it starts (``procs.spawn``)
-gets one, and ending the group (``procs.end_group``) ends the cgroup too: SIGTERM to every
+gets one, and ending the group (``LinuxGroup.end``) ends the cgroup too: SIGTERM to every
 member, the same grace as before, then ``cgroup.kill`` (or, on kernels before 5.14: freeze,
 SIGKILL every member, thaw), then the empty cgroup is removed.
 
@@ -28,7 +28,7 @@ out in between. The base path is saved in ``<state>/containment.json``: a restar
 (``recovery``) ends the cgroups its predecessor left, recorded or not (``sweep``).
 
 The mechanism (finding the agent's cgroup, moving a child in, ending and removing a cgroup) is
-``host.cgroups``; this module is the policy: the mode, one cgroup per group, the sweep.
+``cgroups.py``; this module is the mode, one cgroup per group, the sweep (``groups.py`` uses it).
 
 Limits: a child running as root can still write itself into another cgroup; the process-group
 kill is done as well, so such a child is no worse off than without cgroups.
@@ -45,18 +45,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from oarbank_agent.host import cgroups
+from oarbank_agent.platform.api import CONTAINMENT_MODES as MODES
+from oarbank_agent.platform.api import ContainmentUnavailable
+from oarbank_agent.platform.linux import cgroups
 
-__all__ = ["MODES", "Containment", "ContainmentUnavailable", "resolve", "install", "current"]
+__all__ = ["Containment", "resolve"]
 
 log = logging.getLogger("oarbank_agent.sandbox.containment")
 
-MODES = ("auto", "cgroup", "process-group")
 STATE_FILE = "containment.json"
-
-
-class ContainmentUnavailable(Exception):
-    """``--containment cgroup`` where cgroups cannot be used."""
 
 
 @dataclass
@@ -177,18 +174,3 @@ def _previous_bases(state_dir: Path) -> list[Path]:
         return [Path(p) for p in doc.get("bases", []) if isinstance(p, str)]
     except (OSError, ValueError, AttributeError):
         return []
-
-
-_current = Containment("process-group", "cgroups not used (not installed)")
-
-
-def install(box: Containment) -> None:
-    """Make ``box`` the one ``procs.spawn`` and ``procs.end_group`` use (once, at start)."""
-    global _current
-    _current = box
-
-
-def current() -> Containment:
-    return _current
-
-

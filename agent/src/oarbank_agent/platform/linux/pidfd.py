@@ -24,7 +24,7 @@ import contextlib
 import os
 import sys
 
-from oarbank_agent.host.proctable import members
+from oarbank_agent.platform.linux.proctable import members
 
 __all__ = ["works", "use_child_watcher", "wait_group_gone"]
 
