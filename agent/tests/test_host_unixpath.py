@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from oarbank_agent.host import unixpath
+from oarbank_agent import platform
 from oarbank_agent.operate import cli, control
+from oarbank_agent.platform.posix import unixpath
 
 
 def _deep(root: Path, at_least: int = 160) -> Path:
@@ -29,8 +30,8 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=120)
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the /proc/self/fd shortcut "
-                    "is Linux's; elsewhere the refusal below is what a user gets")
+@pytest.mark.skipif(platform.name() != "linux", reason="the /proc/self/fd shortcut is the "
+                    "Linux backend's; elsewhere the refusal below is what a user gets")
 def test_agent_with_a_state_dir_deeper_than_a_socket_address_just_works(
         start_agent, tmp_path: Path, echo_module: Path) -> None:
     state = _deep(tmp_path)

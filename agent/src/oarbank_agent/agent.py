@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import signal
 import sys
 import time
 from collections.abc import Callable
@@ -20,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from oarbank_agent import eventwait, factory, faults, procs, recovery
+from oarbank_agent import eventwait, factory, faults, platform, procs, recovery
 from oarbank_agent.broker.channel import Channels
 from oarbank_agent.broker.handover import Broker
 from oarbank_agent.host import gpuapis, memory
@@ -77,7 +76,7 @@ class AgentConfig:
     # First interval of the sparse `status` polls (detachedwatch).
     status_poll_s: float = detachedwatch.DEFAULT_FIRST_S
     fault: str | None = None  # test-only fault injection (faults.py; OARBANK_AGENT_FAULT)
-    # SIGTERM / `drain`: running attempts get this long to finish (drain.py; --drain-s).
+    # A stop request / `drain`: running attempts get this long to finish (drain.py; --drain-s).
     drain_s: float = 30.0
     # Final job records (and their workdirs) are removed this long after they finished
     # (--keep-jobs-s): the state dir of a busy node stays bounded.
@@ -149,7 +148,7 @@ class Agent:
         self.reaper = ownedwatch.Reaper(self.supervisor, self.broker.wire_attempts)
         self.queue.runs.on_attempt_end = self.reaper.poke
         self.fault: str | None = config.fault
-        self.stop_reason: str | None = None  # SIGTERM, SIGINT, a drain request (logged)
+        self.stop_reason: str | None = None  # a stop request (its name), a drain (logged)
         # Re-reads the config and settings files (cli.py); None: `reload` has nothing to read.
         self.reload_source: Callable[[], reload.Reloaded] | None = None
         self._reloading: asyncio.Task[Any] | None = None
@@ -316,9 +315,8 @@ class Agent:
 
     async def run(self, ready: Callable[[], None] | None = None) -> None:
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self.request_stop, sig.name)
-        loop.add_signal_handler(signal.SIGHUP, self._reload_on_signal)
+        # Stop and reload requests (signals on POSIX): the backend's.
+        platform.current().requests.install(loop, self.request_stop, self._reload_on_request)
         # Test-only faults: the lifecycle's inputs (decisions), and one effect (error text).
         self.supervisor.set_faults(idle_stop=self.fault != faults.NO_IDLE_STOP,
                                    flat_backoff=self.fault == faults.FLAT_BACKOFF)
@@ -413,8 +411,8 @@ class Agent:
             raise control.ControlError("bad_request", f"reload refused, nothing changed: "
                                        f"{exc}") from None
 
-    def _reload_on_signal(self) -> None:
-        log.info("SIGHUP: reloading the config and settings")
+    def _reload_on_request(self, why: str) -> None:
+        log.info("%s: reloading the config and settings", why)
         if self._reloading is not None and not self._reloading.done():
             return  # one at a time; the one in flight reads the files as they are now
 

@@ -2,7 +2,8 @@
 
 Rules this module enforces, whatever the peer does:
 
-- reading never blocks: ``loop.add_reader`` plus the transport's non-blocking ``recv``;
+- reading never blocks: the backend's readiness watcher (``platform.current().streams``) plus
+  the transport's non-blocking ``recv``;
 - descriptors a peer attaches to its messages are closed at once and counted, never used;
 - a line over the wire cap, EOF, a reset or half-close end the stream through ``on_broken`` or
   ``on_overlong``; the owner decides what that means (refuse, fail the service...);
@@ -24,6 +25,7 @@ import socket
 from collections import deque
 from collections.abc import Callable
 
+from oarbank_agent import platform
 from oarbank_sdk.protocol import current_transport, wire
 
 __all__ = ["MessageStream"]
@@ -50,6 +52,7 @@ class MessageStream:
         sock.setblocking(False)
         sock.set_inheritable(False)
         self._loop = loop
+        self._io = platform.current().streams.watcher(loop)
         self._sock = sock
         self._fd = sock.fileno()
         self._transport = current_transport()
@@ -80,7 +83,7 @@ class MessageStream:
         self.closed = True
         self._set_reading(False)
         if self._writing:
-            self._loop.remove_writer(self._fd)
+            self._io.off_writable(self._fd)
             self._writing = False
         self._out.clear()
         self.out_bytes = 0
@@ -112,10 +115,10 @@ class MessageStream:
 
     def _set_reading(self, on: bool) -> None:
         if on and not self._reading and not self.closed:
-            self._loop.add_reader(self._fd, self._on_readable)
+            self._io.on_readable(self._fd, self._on_readable)
             self._reading = True
         elif not on and self._reading:
-            self._loop.remove_reader(self._fd)
+            self._io.off_readable(self._fd)
             self._reading = False
 
     def _on_readable(self) -> None:
@@ -213,8 +216,8 @@ class MessageStream:
             self._out.popleft()
         want = bool(self._out) and not self.closed
         if want and not self._writing:
-            self._loop.add_writer(self._fd, self._write_some)
+            self._io.on_writable(self._fd, self._write_some)
             self._writing = True
         elif not want and self._writing:
-            self._loop.remove_writer(self._fd)
+            self._io.off_writable(self._fd)
             self._writing = False

@@ -25,6 +25,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from oarbank_agent import platform
 from oarbank_agent.eventwait import result_within, wait_event
 from oarbank_agent.factory import plan, wire
 from oarbank_sdk.protocol import current_transport
@@ -60,17 +61,6 @@ class FactoryProcess:
 
     async def wait(self) -> int:
         return await asyncio.shield(self._done)
-
-
-def _umask() -> int:
-    """The agent's umask, read without changing it (threads may create files meanwhile)."""
-    with contextlib.suppress(OSError, ValueError), open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    mask = os.umask(0o077)
-    os.umask(mask)
-    return mask
 
 
 class FactoryClient:
@@ -125,7 +115,7 @@ class FactoryClient:
         self._decoder = wire.Decoder()
         self._hello = loop.create_future()
         self._dead = False
-        loop.add_reader(ours.fileno(), self._readable)
+        platform.current().streams.watcher(loop).on_readable(ours.fileno(), self._readable)
         try:
             said_hello, _ = await result_within(asyncio.shield(self._hello), _START_TIMEOUT_S)
             why = "" if said_hello else "no hello"
@@ -154,7 +144,8 @@ class FactoryClient:
         self._ready.clear()
         if self._sock is not None:
             with contextlib.suppress(Exception):
-                asyncio.get_running_loop().remove_reader(self._sock.fileno())
+                platform.current().streams.watcher(
+                    asyncio.get_running_loop()).off_readable(self._sock.fileno())
             self._sock.close()
             self._sock = None
         proc, self._proc = self._proc, None
@@ -194,7 +185,8 @@ class FactoryClient:
                 raise FactoryLost(f"no process factory within {_START_TIMEOUT_S:g}s")
         rid = next(self._ids)
         msg = {"op": "spawn", "id": rid, "argv": argv, "env": env, "cwd": cwd,
-               "umask": _umask(), "cgroup": cgroup, "fds": [n for _fd, n in fds],
+               "umask": platform.current().statedir.umask(), "cgroup": cgroup,
+               "fds": [n for _fd, n in fds],
                "rlimits": [[r, *resource.getrlimit(r)] for r in RLIMITS],
                "ignored": plan.inherited_ignores()}
         fut: asyncio.Future[FactoryProcess] = asyncio.get_running_loop().create_future()
@@ -219,11 +211,12 @@ class FactoryClient:
                     break
                 except BlockingIOError:
                     writable = loop.create_future()
-                    loop.add_writer(sock.fileno(), writable.set_result, None)
+                    io = platform.current().streams.watcher(loop)
+                    io.on_writable(sock.fileno(), writable.set_result, None)
                     try:
                         await writable
                     finally:
-                        loop.remove_writer(sock.fileno())
+                        io.off_writable(sock.fileno())
                 except OSError as exc:
                     self._lost(f"sending to it failed: {exc}")
                     raise FactoryLost(f"the process factory is gone ({exc})") from None
@@ -282,7 +275,7 @@ class FactoryClient:
         self._dead = True
         loop = asyncio.get_running_loop()
         with contextlib.suppress(Exception):
-            loop.remove_reader(self._sock.fileno())
+            platform.current().streams.watcher(loop).off_readable(self._sock.fileno())
         was_ready = self._ready.is_set()
         self._ready.clear()
         if self._hello is not None and not self._hello.done():
@@ -329,11 +322,12 @@ class FactoryClient:
         if fd >= 0:
             gone = asyncio.get_running_loop().create_future()
             loop = asyncio.get_running_loop()
-            loop.add_reader(fd, _set_once, gone)
+            io = platform.current().streams.watcher(loop)
+            io.on_readable(fd, _set_once, gone)
             try:
                 await gone
             finally:
-                loop.remove_reader(fd)
+                io.off_readable(fd)
                 os.close(fd)
         else:
             while os.path.exists(f"/proc/{proc.pid}") and not _zombie(proc.pid):

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from oarbank_agent import platform
 from oarbank_agent.operate import protect_cli
 from oarbank_agent.operate.cli_common import err as _err
 from oarbank_agent.operate.job_cli import cmd_control, cmd_status, cmd_submit
@@ -35,8 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=version_line())
     sub = p.add_subparsers(dest="command", required=True)
 
-    r = sub.add_parser("run", help="run the agent in the foreground until SIGTERM/SIGINT "
-                       "(SIGTERM drains, SIGHUP reloads)")
+    asks = platform.current().requests
+    r = sub.add_parser("run", help=f"run the agent in the foreground until {asks.stop_how} or "
+                       f"Ctrl-C ({asks.stop_how} drains, {asks.reload_how} reloads)")
     add_run_options(r)
     _add_commands(p, sub)
     return p
@@ -60,10 +62,11 @@ def _add_commands(p: argparse.ArgumentParser, sub: Any) -> None:
                     help="jobs per page: --jobs N shows the last N (default 50; 0: every job), "
                          "with a count of the rest")
 
+    asks = platform.current().requests
     for name, text in (("drain", "stop admitting, let running attempts finish (up to the "
-                                 "agent's --drain-s), then stop the agent (as SIGTERM)"),
+                                 f"agent's --drain-s), then stop the agent (as {asks.stop_how})"),
                        ("reload", "re-read the config and settings files, apply new timings, "
-                                  "fingerprint again (as SIGHUP)")):
+                                  f"fingerprint again (as {asks.reload_how})")):
         c = sub.add_parser(name, help=text)
         c.add_argument("--state-dir", required=True, type=Path)
 

@@ -28,13 +28,11 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
-import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from oarbank_agent.host import unixpath
+from oarbank_agent import platform
 
 __all__ = ["SOCKET_NAME", "ControlError", "ControlServer", "AgentNotRunning", "request",
            "Client"]
@@ -62,19 +60,10 @@ class ControlServer:
         self._clients: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()  # a stale socket from an agent that died
-        # Bind with a tight umask so the socket is never reachable by others, not even
-        # between bind and chmod; the agent is single-threaded at this point.
-        # A deep state dir is bound through its directory's descriptor (unixpath).
-        old = os.umask(0o177)
-        try:
-            with unixpath.socket_address(self.path) as address:
-                self._server = await asyncio.start_unix_server(self._client, path=address,
+        # Owner-only from the first moment, a stale one replaced, a deep state dir served
+        # as well as the system allows: the backend's (platform.api.Endpoint).
+        self._server = await platform.current().endpoint.serve(self.path, self._client,
                                                                limit=MAX_REQUEST)
-        finally:
-            os.umask(old)
-        os.chmod(self.path, 0o600)
 
     async def close(self) -> None:
         server, self._server = self._server, None
@@ -150,19 +139,12 @@ class Client:
 
     def __init__(self, state_dir: Path, timeout: float | None = 30.0) -> None:
         path = Path(state_dir) / SOCKET_NAME
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # close-on-exec
-        self.sock.settimeout(timeout)
         try:
-            with unixpath.socket_address(path) as address:
-                self.sock.connect(address)
+            self.sock = platform.current().endpoint.connect(path, timeout)
         except (FileNotFoundError, ConnectionRefusedError) as exc:
-            self.sock.close()
             raise AgentNotRunning(
                 f"no agent is running with state dir {state_dir} ({path}: {exc.strerror})"
             ) from None
-        except OSError:
-            self.sock.close()
-            raise
         self._file = self.sock.makefile("rb")
 
     def call(self, req: dict[str, Any], timeout: float | None | object = _KEEP) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Drain: how the agent stops when asked (SIGTERM, ``oarbank-agent drain``).
+"""Drain: how the agent stops when asked (a stop request, ``oarbank-agent drain``).
 
 1. stop admitting: the stop event is set, so ``submit`` is refused (``shutting_down``) and
    nothing queued is admitted;
@@ -31,7 +31,7 @@ log = logging.getLogger("oarbank_agent.operate.drain")
 async def wait_running(runs: JobRuns, records: dict[str, JobRecord], drain_s: float,
                        why: str, hurry: asyncio.Event | None = None) -> list[str]:
     """Steps 1-2 (the stop event is already set): wait up to ``drain_s`` for the runs in
-    flight, or until ``hurry`` is set (a second SIGTERM/SIGINT: the operator will not wait).
+    flight, or until ``hurry`` is set (a second stop request: the operator will not wait).
     Returns the job ids still running then (released next)."""
     t0 = time.monotonic()
     tasks = dict(runs.tasks)

@@ -2,7 +2,8 @@
 
 ``submit`` queues a job (``--wait``: prints its final record; exit 0 only if it succeeded);
 ``status`` prints the node's services and a page of its jobs (``--json``: the agent's answer);
-``drain`` and ``reload`` ask what SIGTERM and SIGHUP ask. Exit codes as every control command
+``drain`` and ``reload`` ask what a stop and a reload request ask (``platform.api.Requests``:
+signals on POSIX). Exit codes as every control command
 (cli.py's banner): 1 not running or failed, 2 bad input, 3 not permitted.
 """
 

@@ -1,4 +1,5 @@
-"""Reload: SIGHUP or ``oarbank-agent reload`` while the agent runs.
+"""Reload: a reload request (``platform.api.Requests``) or ``oarbank-agent reload`` while the
+agent runs.
 
 Re-reads the config file and the ``--settings`` files (``read``: cli.py builds it, the same
 merge as at start), then:

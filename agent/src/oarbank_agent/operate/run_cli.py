@@ -19,6 +19,7 @@ from oarbank_agent import faults, platform
 from oarbank_agent.operate import config, control, logsetup, protect_cli
 from oarbank_agent.operate.cli_common import err as _err
 from oarbank_agent.operate.run_options import run_parser
+from oarbank_agent.platform.api import EndpointPathTooLong
 
 __all__ = ["cmd_run", "run_args"]
 
@@ -31,7 +32,6 @@ def run_args(run_argv: list[str]) -> config.RunArgs:
 
 def cmd_run(ra: config.RunArgs, run_argv: list[str]) -> int:
     from oarbank_agent.agent import Agent, AgentConfig
-    from oarbank_agent.host.unixpath import SocketPathTooLong, check
     from oarbank_agent.operate import nodeid
     from oarbank_agent.services import overrides
 
@@ -39,8 +39,8 @@ def cmd_run(ra: config.RunArgs, run_argv: list[str]) -> int:
 
     try:
         # Before anything starts: where a deep path cannot be shortened, say so now.
-        check(args.state_dir.resolve() / control.SOCKET_NAME)
-    except SocketPathTooLong as exc:
+        platform.current().endpoint.check(args.state_dir.resolve() / control.SOCKET_NAME)
+    except EndpointPathTooLong as exc:
         _err(f"--state-dir: {exc}")
         return 2
     try:
@@ -255,7 +255,7 @@ def cmd_run(ra: config.RunArgs, run_argv: list[str]) -> int:
         containment.install(box)  # before anything starts: every group is spawned and ended through it
         logging.getLogger("oarbank_agent").info("containment: %s (%s)", box.mode, box.note)
         try:
-            return asyncio.run(main_async())
+            return platform.current().loops.run(main_async())
         finally:
             box.close()  # an agent that never got going leaves nothing of its containment
     finally:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from oarbank_agent import platform
 from oarbank_agent.operate import config, logsetup, protect_cli
 
 __all__ = ["add_run_options", "run_parser"]
@@ -29,8 +30,9 @@ def add_run_options(r: argparse.ArgumentParser) -> None:
     r.add_argument("--rename-node", action="store_true",
                    help="accept a --node-id different from the one the state dir keeps")
     r.add_argument("--drain-s", type=float, default=30.0, metavar="S",
-                   help="on SIGTERM (or `oarbank-agent drain`) running attempts get this long "
-                        "to finish before the rest are released, not charged (default 30)")
+                   help=f"on {platform.current().requests.stop_how} (or `oarbank-agent drain`) "
+                        "running attempts get this long to finish before the rest are "
+                        "released, not charged (default 30)")
     r.add_argument("--refresh-s", type=float, default=20.0, metavar="S",
                    help="how often running services are fingerprinted again (health and pool "
                         "counts; also once right after each becomes ready; default 20)")

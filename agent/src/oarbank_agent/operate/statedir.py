@@ -8,11 +8,12 @@ dir (before restart recovery, before the control socket):
   would trust after a restart;
 - a new one is made 0700; an existing one of ours is tightened to 0700 (group and others lose
   access: what the agent writes there is nobody else's business);
-- ``agent.lock`` (0600) is locked with ``flock`` and holds the agent's pid. A second agent on
-  the same state dir finds it locked and exits 2 naming that pid, instead of ending the
-  first agent's process groups as a predecessor's and unlinking its live control socket.
-  The kernel drops the lock when the holder dies (``kill -9`` included), so a crashed
-  agent never blocks the next one; the pid in the file is only for the message.
+- ``agent.lock`` (0600) is locked (the backend's ``statedir.try_lock``) and holds the
+  agent's pid. A second agent on the same state dir finds it locked and exits 2 naming that
+  pid, instead of ending the first agent's process groups as a predecessor's and unlinking
+  its live control socket. The kernel drops the lock when the holder dies (``kill -9``
+  included), so a crashed agent never blocks the next one; the pid in the file is only for
+  the message.
 
 With the agent's umask (``0o077``, set by ``run``) every file and folder it creates afterwards
 is 0600/0700 too.
@@ -21,12 +22,11 @@ is 0600/0700 too.
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import os
-import pwd
 import stat
 from pathlib import Path
+
+from oarbank_agent import platform
 
 __all__ = ["LOCK_NAME", "UMASK", "StateDirError", "AgentLock", "prepare"]
 
@@ -39,10 +39,8 @@ class StateDirError(Exception):
 
 
 def _user(uid: int) -> str:
-    try:
-        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
-    except KeyError:
-        return f"uid {uid}"
+    name = platform.current().statedir.user_name(uid)
+    return f"uid {uid}" if name is None else f"uid {uid} ({name})"
 
 
 class AgentLock:
@@ -54,7 +52,7 @@ class AgentLock:
 
     def close(self) -> None:
         if self._fd is not None:
-            os.close(self._fd)  # releases the flock
+            os.close(self._fd)  # releases the lock
             self._fd = None
 
 
@@ -100,14 +98,13 @@ def prepare(state_dir: Path) -> AgentLock:
             raise StateDirError(f"{lock_path} belongs to {_user(os.fstat(fd).st_uid)}, not to "
                                 f"this agent's user ({_user(me)})")
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            taken = platform.current().statedir.try_lock(fd)
         except OSError as exc:
-            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise StateDirError(f"cannot lock {lock_path}: {exc.strerror}") from None
+            raise StateDirError(f"cannot lock {lock_path}: {exc.strerror}") from None
+        if not taken:
             raise StateDirError(
                 f"another agent ({_holder(fd)}) is running on the state dir {path}: it holds "
-                f"{lock_path}; stop it first (this one exits without touching the state dir)"
-            ) from None
+                f"{lock_path}; stop it first (this one exits without touching the state dir)")
         os.fchmod(fd, 0o600)
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)

@@ -42,6 +42,8 @@ from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
+from oarbank_agent import platform
+
 __all__ = ["HeartbeatSender", "PortalURL", "read_token_file"]
 
 log = logging.getLogger("oarbank_agent.reporting.heartbeat")
@@ -334,7 +336,7 @@ class HeartbeatSender:
     async def _post(self, body: bytes) -> tuple[int, bytes]:
         u = self.url
         if u.unix_path is not None:
-            reader, writer = await asyncio.open_unix_connection(u.unix_path)
+            reader, writer = await platform.current().endpoint.open(u.unix_path)
         else:
             reader, writer = await asyncio.open_connection(
                 u.host, u.port, ssl=self._ssl, server_hostname=u.host if self._ssl else None)

@@ -4,7 +4,7 @@ Each sandboxed launch (``procs.spawn`` with a ``refusal_key``) gets the launcher
 ``--notify-fd``: the sandbox's filter sends ``socket``, ``bind``, ``listen``, ``connect`` and
 ``accept`` of the child and of everything it starts to the agent, which records who tried
 what and answers EPERM, as the plain filter would (``oarbank_sdk.sandbox.notify_session``). It runs
-on the agent's event loop (``loop.add_reader``), no thread per launch. Nothing the child writes
+on the agent's event loop (the backend's readiness watcher), no thread per launch. Nothing the child writes
 is read.
 
 ``Refusals`` (one per agent, ``install``/``current``) keeps, per key (``<module>/<service>``
@@ -26,6 +26,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from oarbank_agent import platform
 from oarbank_sdk.protocol import current_transport
 
 __all__ = ["Refusals", "Watch", "install", "current"]
@@ -100,13 +101,14 @@ class Watch:
 
         self._owner, self.key = owner, key
         self._loop = asyncio.get_running_loop()
+        self._io = platform.current().streams.watcher(self._loop)
         self._sock, theirs = current_transport().pair()
         self._sock.setblocking(False)
         self.child_fd: int | None = theirs.detach()
         self._session = sandbox.notify_session(self._sock, lambda a: owner.record(key, a))
         self._listener: int | None = None
         self._closed = False
-        self._loop.add_reader(self._sock.fileno(), self._on_sock)
+        self._io.on_readable(self._sock.fileno(), self._on_sock)
 
     def spawned(self) -> None:
         if self.child_fd is not None:
@@ -124,9 +126,9 @@ class Watch:
             return
         if self._listener is None and self._session.listener is not None:
             self._listener = self._session.listener
-            self._loop.add_reader(self._listener, self._on_listener)
+            self._io.on_readable(self._listener, self._on_listener)
         if not more:
-            self._loop.remove_reader(self._sock.fileno())
+            self._io.off_readable(self._sock.fileno())
             if self._session.listener is None:
                 self.close()  # the launcher never handed a listener over: nothing to watch
 
@@ -145,10 +147,10 @@ class Watch:
         self._closed = True
         self.spawned()
         with contextlib.suppress(Exception):
-            self._loop.remove_reader(self._sock.fileno())
+            self._io.off_readable(self._sock.fileno())
         if self._listener is not None:
             with contextlib.suppress(Exception):
-                self._loop.remove_reader(self._listener)
+                self._io.off_readable(self._listener)
         self._session.close()
         self._sock.close()
         self._owner.forget(self)

@@ -22,6 +22,8 @@ import contextlib
 import os
 from pathlib import Path
 
+from oarbank_agent import platform
+
 __all__ = ["ServiceLog", "configure", "get", "close_all", "TAIL"]
 
 TAIL = 64 * 1024  # bytes kept in memory for ``since`` (a failed start quotes its end)
@@ -68,10 +70,11 @@ class ServiceLog:
         """A new pipe; returns its write end for the ``start`` op's stderr (the caller closes
         it once the child has it). The read end is watched on the running loop until every
         writer is gone (EOF)."""
-        r, w = os.pipe2(os.O_CLOEXEC)
+        streams = platform.current().streams
+        r, w = streams.pipe()
         os.set_blocking(r, False)
         self._readers.add(r)
-        asyncio.get_running_loop().add_reader(r, self._readable, r)
+        streams.watcher(asyncio.get_running_loop()).on_readable(r, self._readable, r)
         return w
 
     def _readable(self, r: int) -> None:
@@ -104,7 +107,7 @@ class ServiceLog:
     def _close_reader(self, r: int) -> None:
         self._readers.discard(r)
         with contextlib.suppress(Exception):
-            asyncio.get_running_loop().remove_reader(r)
+            platform.current().streams.watcher(asyncio.get_running_loop()).off_readable(r)
         with contextlib.suppress(OSError):
             os.close(r)
 

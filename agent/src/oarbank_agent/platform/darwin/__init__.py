@@ -9,11 +9,21 @@ from __future__ import annotations
 
 from oarbank_agent.platform.api import Backend
 from oarbank_agent.platform.darwin import linuxfree
+from oarbank_agent.platform.posix.endpoint import UnixEndpoint
 from oarbank_agent.platform.posix.groups import PosixGroups
+from oarbank_agent.platform.posix.loops import SelectorLoops
+from oarbank_agent.platform.posix.requests import SignalRequests
+from oarbank_agent.platform.posix.statedir import PosixStateDir
+from oarbank_agent.platform.posix.streams import PosixStreams
 
 __all__ = ["backend"]
 
 
 def backend() -> Backend:
     linuxfree.install()  # before any part is made: on a Mac it does nothing
-    return Backend(name="darwin", groups=PosixGroups())
+    return Backend(name="darwin", groups=PosixGroups(),
+                   # the control plane and the agent's I/O (no pipe2, no /proc)
+                   streams=PosixStreams(cloexec_pipe=False),
+                   endpoint=UnixEndpoint(shortcut=False),
+                   statedir=PosixStateDir(proc_status=False),
+                   requests=SignalRequests(), loops=SelectorLoops())

@@ -8,9 +8,19 @@ from __future__ import annotations
 
 from oarbank_agent.platform.api import Backend
 from oarbank_agent.platform.linux.groups import LinuxGroups
+from oarbank_agent.platform.posix.endpoint import UnixEndpoint
+from oarbank_agent.platform.posix.loops import SelectorLoops
+from oarbank_agent.platform.posix.requests import SignalRequests
+from oarbank_agent.platform.posix.statedir import PosixStateDir
+from oarbank_agent.platform.posix.streams import PosixStreams
 
 __all__ = ["backend"]
 
 
 def backend() -> Backend:
-    return Backend(name="linux", groups=LinuxGroups())
+    return Backend(name="linux", groups=LinuxGroups(),
+                   # the control plane and the agent's I/O
+                   streams=PosixStreams(cloexec_pipe=True),
+                   endpoint=UnixEndpoint(shortcut=True),
+                   statedir=PosixStateDir(proc_status=True),
+                   requests=SignalRequests(), loops=SelectorLoops())

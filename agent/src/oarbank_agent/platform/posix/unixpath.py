@@ -16,6 +16,8 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+from oarbank_agent.platform.api import EndpointPathTooLong
+
 __all__ = ["SUN_PATH_MAX", "SocketPathTooLong", "check", "socket_address"]
 
 # Bytes of sun_path, including the terminating NUL the kernel may need.
@@ -23,7 +25,7 @@ SUN_PATH_MAX = 108 if sys.platform.startswith("linux") else 104
 _PROC_FD = "/proc/self/fd"
 
 
-class SocketPathTooLong(OSError):
+class SocketPathTooLong(EndpointPathTooLong):
     """The socket's path is over the unix socket limit and cannot be shortened here."""
 
     def __init__(self, path: Path) -> None:
@@ -37,20 +39,21 @@ def _fits(address: str) -> bool:
     return len(os.fsencode(address)) < SUN_PATH_MAX
 
 
-def _shortcut_available() -> bool:
-    return getattr(os, "O_PATH", None) is not None and os.path.isdir(_PROC_FD)
+def _shortcut_available(shortcut: bool) -> bool:
+    return shortcut and getattr(os, "O_PATH", None) is not None and os.path.isdir(_PROC_FD)
 
 
-def check(path: Path) -> None:
+def check(path: Path, *, shortcut: bool = True) -> None:
     """Raise ``SocketPathTooLong`` if ``socket_address(path)`` could never give an address
-    (checked before anything is started; the directory need not exist yet)."""
-    if not _fits(str(path)) and not (_shortcut_available() and _fits(
+    (checked before anything is started; the directory need not exist yet). ``shortcut``
+    False: never use ``/proc`` (the macOS profile, which has none)."""
+    if not _fits(str(path)) and not (_shortcut_available(shortcut) and _fits(
             f"{_PROC_FD}/{2**31 - 1}/{path.name}")):
         raise SocketPathTooLong(path)
 
 
 @contextlib.contextmanager
-def socket_address(path: Path) -> Iterator[str]:
+def socket_address(path: Path, *, shortcut: bool = True) -> Iterator[str]:
     """An address for ``bind``/``connect`` naming ``path``, valid inside the ``with`` block.
 
     ``path`` itself when it fits; else (Linux) ``/proc/self/fd/<n>/<name>`` through a
@@ -62,7 +65,7 @@ def socket_address(path: Path) -> Iterator[str]:
     if _fits(address):
         yield address
         return
-    if not _shortcut_available():
+    if not _shortcut_available(shortcut):
         raise SocketPathTooLong(path)
     fd = os.open(path.parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
