@@ -1,6 +1,7 @@
 """Every workflow of the monorepo. `nox -l` lists them.
 
 - tests      the whole test suite (real processes, descriptors, sandbox, browser), in parallel
+- tests_darwin_profile  the agent's tests as macOS runs them, on Linux (OARBANK_PLATFORM=darwin)
 - fresh      the README's two commands on a clean clone in a bare Debian container
 - lint       ruff, plus actionlint on the CI workflows when it is installed
 - typecheck  mypy over the three distributions
@@ -8,7 +9,8 @@
 - conform    the conformance kit on the reference module
 - browser    only the browser tests
 - e2e        the harness scenarios (`nox -s e2e -- --backend local`; the VM backend is
-             opt-in: `nox -s e2e -- --backend vm:bookworm`)
+             opt-in: `nox -s e2e -- --backend vm:bookworm`; `-- --darwin-profile`: local, the
+             agents on the macOS backend)
 - bench      the benchmarks (`nox -s bench -- --quick`)
 - flakes     the suite several rounds under load, with a socket tracer: tests that fail sometimes
 """
@@ -23,9 +25,10 @@ import nox
 nox.options.sessions = ["tests"]
 nox.options.reuse_existing_virtualenvs = True
 
-PACKAGES = ["-e", "sdk", "-e", "agent", "-e", "ui-pages"]
+PACKAGES = ["-e", "sdk[web]", "-e", "agent", "-e", "ui-pages"]  # [web]: oarbank_sdk.web
 TEST_DEPS = ["pytest>=7", "pytest-timeout", "pytest-xdist", "hypothesis", "playwright", "requests",
-             "docker", "trustme"]  # trustme: a throwaway CA for the portal's TLS tests
+             "docker", "trustme",  # trustme: a throwaway CA for the portal's TLS tests
+             "fastapi", "openai"]  # oarbank_sdk.web's tests and examples/openai-compatible
 # Tests run in parallel (pytest-xdist): most of their time is spent waiting on real processes,
 # so more workers than cores pays. OARBANK_TEST_WORKERS overrides (1: in this process).
 WORKERS = os.environ.get("OARBANK_TEST_WORKERS", "4")
@@ -43,6 +46,23 @@ def _parallel() -> list[str]:
 def tests(session: nox.Session) -> None:
     _install(session, *TEST_DEPS)
     session.run("pytest", *_parallel(), *session.posargs)  # none: pyproject's testpaths
+
+
+# What the agent's tests import (the darwin profile needs no browser, Docker or TLS CA).
+AGENT_TEST_DEPS = ["pytest>=7", "pytest-timeout", "pytest-xdist", "hypothesis"]
+
+
+@nox.session
+def tests_darwin_profile(session: nox.Session) -> None:
+    """The agent's tests as macOS runs them, on Linux: ``OARBANK_PLATFORM=darwin`` selects the
+    macOS backend, and its tripwire makes every Linux-only call fail naming itself
+    (agent/src/oarbank_agent/platform/darwin/linuxfree.py). Runs the tests marked
+    ``darwin_profile`` (agent/tests/conftest.py), or those named after --; tests that need a
+    Linux wall skip with ``linux only: <reason>``."""
+    _install(session, *AGENT_TEST_DEPS)
+    session.run("pytest", *_parallel(),
+                *(session.posargs or ["-m", "darwin_profile", "agent/tests"]),
+                env={"OARBANK_PLATFORM": "darwin"})
 
 
 @nox.session
