@@ -1,14 +1,19 @@
-"""`python -m harness [--backend B] [--scenario NAME ...] [--out DIR] [--list]`
+"""`python -m harness [--backend B] [--scenario NAME ...] [--out DIR] [--list] [--darwin-profile]`
 
 Runs the end-to-end scenarios on the backends (every scenario on every backend this machine
 can run when none is named), prints a progress line per scenario, writes `report.json` and
 `report.md` into the out dir (default `.e2e/`), and exits 1 if anything failed (2 on bad
 usage).
+
+`--darwin-profile` (Linux, the local backend): every agent runs the macOS backend
+(`OARBANK_PLATFORM=darwin`: no pipe2, pidfds, /proc, cgroups, Landlock or seccomp; a Linux-only
+call fails naming itself), and the scenarios that need a Linux wall (`LINUX_WALLS`) are left out.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -17,7 +22,15 @@ from harness.backends import BACKEND_NAMES, make_backends
 from harness.runner import run_matrix
 from harness.scenario import SCENARIOS, use_modules_dir
 
-__all__ = ["main"]
+__all__ = ["main", "LINUX_WALLS"]
+
+PROFILE_ENV = "OARBANK_PLATFORM"  # oarbank_agent.platform.choice.ENV
+# The scenarios that prove a Linux wall, which the darwin profile (like a Mac) does not have.
+LINUX_WALLS = {
+    "listener-refused": "the Linux sandbox (seccomp) refuses the service's listen",
+    "oom-limit": "cgroup v2 memory.max",
+    "gpu-real": "the Linux sandbox around a CUDA service",
+}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -36,6 +49,9 @@ def _parser() -> argparse.ArgumentParser:
                         "break a behaviour on purpose)")
     p.add_argument("--modules-dir", type=Path, metavar="DIR",
                    help="take the test modules from DIR instead of harness/modules")
+    p.add_argument("--darwin-profile", action="store_true",
+                   help="Linux, local backend: the agents run the macOS backend "
+                        "(OARBANK_PLATFORM=darwin); scenarios that need a Linux wall are left out")
     return p
 
 
@@ -63,6 +79,13 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             return 2
         use_modules_dir(args.modules_dir)
+    if args.darwin_profile:
+        if not sys.platform.startswith("linux") or args.backend not in (None, "local"):
+            print("python -m harness: --darwin-profile runs on Linux with the local backend "
+                  "only (the agents are processes here)", file=sys.stderr)
+            return 2
+        args.backend = "local"
+        os.environ[PROFILE_ENV] = "darwin"  # inherited by every agent and CLI call
     try:
         backends = make_backends(args.backend)
     except ValueError as exc:
@@ -74,6 +97,10 @@ def main(argv: list[str] | None = None) -> int:
             if sc.opt_in is not None:
                 print(f"[opt-in] {sc.name} not run (name it with --scenario {sc.name}): "
                       f"{sc.opt_in}")
+    if args.darwin_profile:
+        for n in [n for n in names if n in LINUX_WALLS]:
+            print(f"[linux only] {n} not run under the darwin profile: {LINUX_WALLS[n]}")
+        names = [n for n in names if n not in LINUX_WALLS]
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:
         print(f"python -m harness: unknown scenario(s) {', '.join(unknown)}; known: "
