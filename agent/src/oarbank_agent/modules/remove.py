@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 from oarbank_agent.jobs import runnerhealth
 from oarbank_agent.modules import state as modulestate
@@ -30,17 +31,36 @@ from oarbank_agent.services import lifecycle as lc
 from oarbank_agent.services import ownedwatch
 
 if TYPE_CHECKING:
-    from oarbank_agent.agent import Agent
+    from oarbank_agent.jobs.admission import Admission
+    from oarbank_agent.jobs.queue import JobQueue
+    from oarbank_agent.jobs.runnerhealth import RunnerHealth
     from oarbank_agent.modules.loaded import ModuleCtx
     from oarbank_agent.services.supervisor import ServiceRuntime, Supervisor
 
-__all__ = ["failure_reason", "gone_text", "removing_text", "remove", "settled"]
+__all__ = ["Host", "failure_reason", "gone_text", "removing_text", "remove", "settled"]
 
 log = logging.getLogger("oarbank_agent.modules.remove")
 
 # Services in these states have no process of the agent's left (BACKOFF: a failed one that a
 # disabled module never restarts).
 _DOWN = (lc.State.STOPPED, lc.State.WITHDRAWN, lc.State.BACKOFF)
+
+
+class Host(Protocol):
+    """What a removal reads and changes: the node's module table (table.py is one)."""
+
+    supervisor: Supervisor
+    queue: JobQueue
+    admission: Admission
+    modules: dict[str, ModuleCtx]
+    removing: dict[str, asyncio.Task[list[str]]]
+    gone: dict[str, str]
+    runner_health: dict[str, RunnerHealth]
+    kept: modulestate.Kept
+    state_dir: Path
+
+    def service_changed(self, key: str) -> None:
+        """A service's row changed (here: it is gone)."""
 
 
 def failure_reason(module_id: str) -> str:
@@ -64,7 +84,7 @@ def settled(rt: ServiceRuntime) -> bool:
     return not rt.busy() and (rt.svc.lifecycle == "manual" or rt.st.state in _DOWN)
 
 
-async def remove(agent: Agent, ctx: ModuleCtx, now: bool) -> list[str]:
+async def remove(agent: Host, ctx: ModuleCtx, now: bool) -> list[str]:
     """Steps 2-4 of the banner (the caller did step 1). Returns the problems met (each is
     also logged); the module is forgotten whatever they are."""
     sup, queue, mid = agent.supervisor, agent.queue, ctx.id
@@ -116,7 +136,7 @@ async def _until_down(sup: Supervisor, rts: list[ServiceRuntime]) -> None:
         sup.on_change.remove(listener)
 
 
-def _forget(agent: Agent, ctx: ModuleCtx, rts: list[ServiceRuntime]) -> None:
+def _forget(agent: Host, ctx: ModuleCtx, rts: list[ServiceRuntime]) -> None:
     sup, mid = agent.supervisor, ctx.id
     for rt in rts:
         if rt.timer is not None:
@@ -125,7 +145,7 @@ def _forget(agent: Agent, ctx: ModuleCtx, rts: list[ServiceRuntime]) -> None:
         del sup.services[rt.key]
         for pool in rt.svc.pools:
             agent.admission.capacity.pop(f"{mid}/{pool}", None)
-        agent._service_changed(rt.key)  # (the heartbeat: its rows are gone)
+        agent.service_changed(rt.key)  # (the heartbeat: its rows are gone)
     agent.admission.capacity.pop(runnerhealth.pool_key(mid), None)
     agent.runner_health.pop(mid, None)
     del agent.modules[mid]

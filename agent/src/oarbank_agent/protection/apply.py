@@ -1,0 +1,65 @@
+"""What the agent does with host protection's actions (guard.py decides, this applies them, in
+their order), and the GPU placement at start: a service whose ``apis_any`` the host lacks is
+not offered here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from oarbank_agent.host import gpuapis
+from oarbank_agent.protection import decisions as protection
+from oarbank_agent.protection.guard import (
+    Action,
+    Admit,
+    AllowGpu,
+    Hold,
+    Pause,
+    ReleaseGpuJobs,
+    ReleaseJobs,
+)
+
+if TYPE_CHECKING:
+    from oarbank_agent.jobs.admission import Admission
+    from oarbank_agent.jobs.queue import JobQueue
+    from oarbank_agent.services.supervisor import Supervisor
+
+__all__ = ["apply", "place_gpu_services"]
+
+log = logging.getLogger("oarbank_agent")
+
+
+async def place_gpu_services(supervisor: Supervisor,
+                             gpu: gpuapis.Detection | None) -> gpuapis.Detection:
+    """GPU APIs (detected, each probe under a watchdog, unless overridden): a service
+    whose ``apis_any`` the host lacks is not offered here (its pools do not exist). Returns
+    what was detected (or the override)."""
+    if gpu is None:
+        gpu = await asyncio.to_thread(gpuapis.detect)
+    log.info("GPU APIs (%s): %s", gpu.source, ", ".join(gpu.apis) or "none")
+    for key, rt in supervisor.services.items():
+        supervisor.set_gpu_missing(key, protection.gpu_api_missing(rt.svc.gpu.apis_any, gpu.apis))
+    return gpu
+
+
+def apply(actions: list[Action], admission: Admission, queue: JobQueue,
+          supervisor: Supervisor) -> None:
+    """Apply what host protection reports, in its order."""
+    for a in actions:
+        if isinstance(a, Pause):
+            admission.paused = a.reason  # nothing is admitted while set
+        elif isinstance(a, AllowGpu):
+            admission.gpu_allowed = a.allowed
+        elif isinstance(a, ReleaseGpuJobs):
+            queue.release([r.job_id for r in admission.holding() if r.gpu], a.reason)
+        elif isinstance(a, ReleaseJobs):
+            queue.release(list(a.job_ids), a.reason)
+        elif isinstance(a, Hold):
+            supervisor.set_hold(a.key, a.reason)
+            if a.release_users and a.reason is not None:
+                # Released after the hold: its pools count 0 by now, nothing is readmitted.
+                queue.release(queue.users_of(a.key), a.reason)
+        elif isinstance(a, Admit):
+            queue.admit()
