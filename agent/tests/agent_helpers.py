@@ -15,6 +15,7 @@ from typing import Any
 
 import psutil
 
+from oarbank_agent import platform
 from oarbank_agent.operate import control
 from oarbank_agent.operate.demo import AgentProcess
 from testsupport.livefiles import read_jsonl as finished_records
@@ -203,11 +204,18 @@ class RunningAgent:
 
     def fd_count(self) -> int:
         require_root(AGENT_UNDUMPABLE)
-        return len(os.listdir(f"/proc/{self.pid}/fd"))
+        return int(psutil.Process(self.pid).num_fds())
 
     def fd_names(self) -> list[str]:
-        """``fd=what it names`` for each of the agent's descriptors."""
+        """``fd=what it names`` for each of the agent's descriptors (without ``/proc``, under
+        the darwin profile and on a Mac: its files and sockets, as psutil sees them)."""
         require_root(AGENT_UNDUMPABLE)
+        if platform.name() != "linux":
+            proc = psutil.Process(self.pid)
+            named = {f.fd: f.path for f in proc.open_files()}
+            named.update((c.fd, f"socket:{c.family.name}:{c.laddr or ''}")
+                         for c in proc.net_connections(kind="all") if c.fd >= 0)
+            return [f"{fd}={what}" for fd, what in sorted(named.items())]
         out = []
         for fd in sorted(os.listdir(f"/proc/{self.pid}/fd"), key=int):
             try:
