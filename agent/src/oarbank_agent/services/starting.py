@@ -1,0 +1,240 @@
+"""Starting a service (contract section 2): channel pair from the broker + ``start`` op with the
+child end inherited + the hello + ``ready``: said on the channel (``OARBANK_ENDPOINT_FEATURES=
+ready``: the channel's reader makes the service READY, and wakes the jobs waiting for it, in the
+loop turn the line arrives in), or the ``ready`` op true (polled once the hello is in: at once,
+then every 50 ms doubling up to ``ready_poll_cap``; a ``ready`` line arriving meanwhile ends the
+polling), all within ``start_timeout_s``. A failed start says why in conform's words (the
+daemon's last line in its log).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from typing import TYPE_CHECKING, Any
+
+from oarbank_agent import factory
+from oarbank_agent.eventwait import result_within
+from oarbank_agent.operate import logtail
+from oarbank_agent.services import lifecycle as lc
+from oarbank_agent.services import ops, servicelog
+from oarbank_agent.services.runtime import ServiceRuntime, StartFailed
+from oarbank_agent.services.supervisor_base import SupervisorBase, log
+from oarbank_sdk import advice
+from oarbank_sdk.protocol import current_transport
+
+if TYPE_CHECKING:
+    from oarbank_agent.broker.channel import Channel
+
+__all__ = ["Starting", "ready_poll_cap", "READY_POLL_FIRST_S", "READY_POLL_MAX_S",
+           "READY_POLL_MAX_FACTORY_S", "READY_POLL_FALLBACK_S", "EXIT_WAIT_S"]
+
+READY_POLL_FIRST_S = 0.05
+# Each poll is a process start: started directly (~50-150 ms of CPU) polling faster buys
+# little, and a cap of 1 s made a service that had just loaded wait up to 1 s for its first
+# job; from the process factory (a fork, a few ms) a 25 ms cap keeps that wait near 15 ms.
+READY_POLL_MAX_S = 0.1
+READY_POLL_MAX_FACTORY_S = 0.025
+# A service that said `ready` on its channel before says it again: polled only as a fallback.
+READY_POLL_FALLBACK_S = 1.0
+
+
+def ready_poll_cap(*, factory: bool, says_ready: bool) -> float:
+    """The longest wait between two polls of the `ready` op (they start at once, then every
+    ``READY_POLL_FIRST_S`` doubling up to this)."""
+    if says_ready:
+        return READY_POLL_FALLBACK_S
+    return READY_POLL_MAX_FACTORY_S if factory else READY_POLL_MAX_S
+# A channel closed before the hello: how long the daemon may take to end (and to write why)
+# before the start's group is ended, so its last log line can be quoted.
+EXIT_WAIT_S = 2.0
+
+
+class Starting(SupervisorBase):
+    """The start effect, until READY (or a failure's teardown)."""
+
+    async def _start(self, rt: ServiceRuntime) -> None:
+        rt.starts += 1
+        if rt.st.state is lc.State.BACKOFF:
+            rt.restarts += 1
+        # STOPPED|BACKOFF -> STARTING
+        self._transition(rt, lc.Event.START)
+        rt.cancellable, rt.cancelled_for = True, None
+        rt.start_began = time.monotonic()
+        # The daemon's part of the service log starts here (servicelog: rotation-proof).
+        log_from = servicelog.get(rt.ctx.log_dir / f"{rt.svc.name}.log").mark()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + rt.svc.start_timeout_s
+        ch = None
+        try:
+            env: dict[str, str] = {}
+            inherit: tuple[int, ...] = ()
+            if rt.svc.endpoint:
+                ch = self.channels.open(rt.key)
+                rt.channel = ch
+                ch.on_ready = functools.partial(self._ready_said, rt, ch)
+                # The child end, named the transport's way (fd:<n> here), inherited by `start`.
+                env["OARBANK_ENDPOINT_CHANNEL"] = current_transport().format(ch.child_fd)
+                inherit = (ch.child_fd,)
+            res = await ops.run_op(rt.ctx, self.node, rt.svc.name, "start",
+                                   timeout_s=max(0.1, deadline - loop.time()),
+                                   registry=self.registry, extra_env=env, inherit=inherit,
+                                   after_spawn=ch.close_child_end if ch else None,
+                                   keep_group=True)
+            rt.group = res.group
+            if not res.ok:
+                raise StartFailed("start failed" if self.bare_start_errors
+                                  else res.error or "start failed")
+            # Not wait_for: on Python < 3.12 it may swallow a shutdown's or a hold's cancel
+            # that comes in the turn the service gets ready (eventwait.py).
+            ready, _ = await result_within(self._until_ready(rt, ch, log_from),
+                                           max(0.0, deadline - loop.time()))
+            if not ready:
+                raise asyncio.TimeoutError
+        except (StartFailed, asyncio.TimeoutError) as exc:
+            if rt.st.state is lc.State.READY and rt.channel is ch:
+                # Said ready on the channel just as the deadline passed: it made it.
+                rt.watch = asyncio.create_task(self._watch(rt, ch), name=f"watch {rt.key}")
+                self._after_effect(rt)
+                return
+            rt.cancellable = False  # a hold arriving now finds it failed, not starting
+            error = str(exc) if isinstance(exc, StartFailed) else (
+                advice.no_hello(rt.svc.start_timeout_s) if ch and not ch.hello.done() else
+                f"not ready within start_timeout_s={rt.svc.start_timeout_s:g} (ready never true)")
+            await self._teardown(rt, run_stop=False)
+            # STARTING -> BACKOFF | WITHDRAWN
+            self._transition(rt, lc.Event.FAILED, error=error)
+            self._after_effect(rt)
+            return
+        except asyncio.CancelledError:
+            # Shutdown, or a hold, while starting: the full stop order, then STOPPED. A hold
+            # is not a failure: nothing is counted against the restart policy.
+            held, rt.cancelled_for, rt.cancellable = rt.cancelled_for, None, False
+            task = asyncio.current_task()
+            if held is not None and task is not None and hasattr(task, "uncancel"):
+                task.uncancel()  # handled here: the teardown's own timeouts stay exact
+            # STARTING -> STOPPING
+            self._transition(rt, lc.Event.STOP, reason=held or "shutdown")
+            await self._teardown(rt, run_stop=True)
+            # STOPPING -> STOPPED
+            self._transition(rt, lc.Event.STOPPED)
+            if held is None or self.shutting_down:
+                raise
+            log.info("%s: start cancelled by the hold %s", rt.key, held)
+            self._after_effect(rt)
+            return
+        rt.cancellable = False
+        if rt.st.state is lc.State.STARTING:
+            # STARTING -> READY (ready op true, or said before we waited; hello; channel open)
+            self._transition(rt, lc.Event.READY)
+        rt.watch = asyncio.create_task(self._watch(rt, ch), name=f"watch {rt.key}")
+        self._after_effect(rt)
+
+    async def _until_ready(self, rt: ServiceRuntime, ch: Channel | None,
+                           log_from: int = 0) -> None:
+        """Wait for the hello, then for `ready`: said on the channel, or the op polled."""
+        if ch is None:
+            await self._poll_ready(rt, None)
+            return
+        # `ready` may not answer true before the hello (contract), so polling earlier only
+        # burns process starts while the service is still coming up.
+        either: list[asyncio.Future[Any]] = [ch.hello, ch.closed]
+        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+        if not ch.hello.done():
+            raise StartFailed(await self._closed_before_hello(rt, ch, log_from))
+        try:
+            await self._ready_after_hello(rt, ch)
+        except StartFailed as exc:
+            if ch.closed.done() and str(exc) == ch.closed.result():
+                # It died while loading: say so, with its last words
+                raise StartFailed(await self._closed_before_ready(rt, ch, log_from)) from None
+            raise
+
+    async def _ready_after_hello(self, rt: ServiceRuntime, ch: Channel) -> None:
+        """After the hello: `ready` said on the channel, or the op polled until true."""
+        if ch.ready_said.done():
+            rt.says_ready = True
+        else:
+            poll = asyncio.create_task(self._poll_ready(rt, ch), name=f"ready poll {rt.key}")
+            rt.awaiting_ready = True  # from now on a `ready` line makes it READY at once
+            first: set[asyncio.Future[Any]] = {poll, ch.ready_said, ch.closed}
+            try:
+                await asyncio.wait(first, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                rt.awaiting_ready = False
+                if not poll.done():
+                    # The channel said it (the service is READY already) or the start is
+                    # over: the op in flight is ended with its group before we go on.
+                    poll.cancel()
+                    await asyncio.wait({poll})
+            if rt.st.state is lc.State.READY:
+                return  # said on the channel: _ready_said made it READY
+            if poll.done() and not poll.cancelled():
+                poll.result()  # raises StartFailed for a channel closed meanwhile
+        waits: set[asyncio.Future[Any]] = {ch.hello, ch.closed}
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        if ch.closed.done() or not ch.is_open:
+            raise StartFailed(ch.closed.result() if ch.closed.done()
+                              else advice.channel_closed("closed"))
+
+    def _ready_said(self, rt: ServiceRuntime, ch: Channel) -> None:
+        """The channel's reader got `ready` (contract section 3, the `ready` feature). While
+        the start waits for readiness, the service is READY now, in this loop turn: the jobs
+        waiting for it are woken from here (``_transition``), not when the start task runs
+        again. Said earlier (the `start` op still running), the start finds it said."""
+        if not (rt.awaiting_ready and rt.channel is ch and ch.is_open
+                and rt.st.state is lc.State.STARTING):
+            return
+        rt.awaiting_ready = False
+        rt.says_ready = True
+        rt.cancellable = False  # a hold arriving now stops a ready service, as for any other
+        # STARTING -> READY (said on the channel, hello, channel open)
+        self._transition(rt, lc.Event.READY)
+
+    async def _poll_ready(self, rt: ServiceRuntime, ch: Channel | None) -> None:
+        """Poll the `ready` op until it answers true: at once, then 50 ms doubling to
+        ``ready_poll_cap`` (25 ms apart from the process factory)."""
+        cap = ready_poll_cap(factory=factory.current() is not None, says_ready=rt.says_ready)
+        delay = min(READY_POLL_FIRST_S, cap)
+        while True:
+            if ch is not None and ch.closed.done():
+                raise StartFailed(ch.closed.result())
+            res = await ops.run_op(rt.ctx, self.node, rt.svc.name, "ready",
+                                   timeout_s=ops.OP_TIMEOUTS["ready"], registry=self.registry)
+            if res.ok and res.doc is not None and res.doc.get("ready") is True:
+                break
+            if ch is not None:
+                await asyncio.wait({ch.closed}, timeout=delay)
+            else:
+                await asyncio.sleep(delay)  # the contract's `ready` poll, nothing else
+            delay = min(delay * 2, cap)
+
+    async def _closed_before_hello(self, rt: ServiceRuntime, ch: Channel, log_from: int) -> str:
+        """Why the channel closed before the hello, in conform's words: whether the daemon is
+        gone (a moment given to it) and the last line it wrote to the service log."""
+        reason = ch.closed.result()
+        if not reason.startswith(advice.CHANNEL_CLOSED):
+            return reason  # a protocol violation says what it is
+        left, last_line = await self._last_words(rt, log_from)
+        return advice.closed_before_hello(reason, left, last_line)
+
+    async def _closed_before_ready(self, rt: ServiceRuntime, ch: Channel, log_from: int) -> str:
+        """The channel closed after the hello, before `ready`: the daemon died loading."""
+        reason = ch.closed.result()
+        if not reason.startswith(advice.CHANNEL_CLOSED):
+            return reason
+        _, last_line = await self._last_words(rt, log_from)
+        return advice.closed_before_ready(reason, last_line)
+
+    async def _last_words(self, rt: ServiceRuntime, log_from: int) -> tuple[bool, str | None]:
+        """(whether a process of its start group still runs, a moment given to it to exit;
+        the last line the service wrote to its log since ``log_from``)."""
+        left = rt.group.members() if rt.group is not None else []
+        waited = 0.0
+        while left and waited < EXIT_WAIT_S:
+            await asyncio.sleep(0.05)
+            waited += 0.05
+            left = rt.group.members() if rt.group is not None else []
+        text = servicelog.get(rt.ctx.log_dir / f"{rt.svc.name}.log").since(log_from)
+        return bool(left), logtail.summary(text)
