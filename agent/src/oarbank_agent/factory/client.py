@@ -5,8 +5,8 @@
 ``waitpid`` the factory's children; their exit statuses come from the factory.
 
 When the factory dies (killed, crashed) the statuses of the children it still had are lost
-with it. Those children are ended (SIGKILL to each one's process group: a status nobody can
-know is worse than a known kill), ``on_lost`` is called first with their handles so the agent
+with it. Those children are ended (each one's group killed: a status nobody can know is
+worse than a known kill), ``on_lost`` is called first with their handles so the agent
 can release their jobs (not charged, requeued, run again), and a new factory is started.
 Spawns made meanwhile wait for it. A factory that cannot be started (three times in a row)
 leaves the client ``broken``: ``procs.spawn`` then starts children directly, and says why.
@@ -20,7 +20,6 @@ import itertools
 import logging
 import os
 import resource
-import signal
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -303,10 +302,8 @@ class FactoryClient:
                 log.exception("process factory: on_lost failed")
         for proc in orphans:
             proc.lost = True
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(proc.pid, signal.SIGKILL)  # not yet in its own session
+            # Its group, and the child itself: it may not be in its own session yet.
+            platform.current().groups.of(proc.pid).kill(also=proc.pid)
             t = asyncio.create_task(self._until_gone(proc))
             self._orphan_watch.add(t)
             t.add_done_callback(self._orphan_watch.discard)
@@ -332,7 +329,7 @@ class FactoryClient:
         else:
             while os.path.exists(f"/proc/{proc.pid}") and not _zombie(proc.pid):
                 await asyncio.sleep(0.05)
-        proc._exited(-signal.SIGKILL)
+        proc._exited(platform.current().groups.killed_returncode)
 
     async def _restart(self, why: str) -> None:
         await self._drop_process()
