@@ -935,3 +935,27 @@ def test_a_flood_of_10000_connects_does_not_hurt_other_attempts():
         assert open_fds() == base
 
     run(scenario)
+
+
+def test_an_attempts_with_block_ends_it_on_every_path():
+    """Broker.attempt: leaving the block (here by an error, with a child end still held)
+    closes what the attempt holds and ends it, as run_attempt relies on."""
+    async def scenario():
+        broker = Broker(Gate())
+        before = open_fds()
+        try:
+            with broker.attempt("a1"):
+                broker.open_connector("a1", "m/s")
+                assert broker.wire_attempts()[0]  # numbered while it runs
+                raise RuntimeError("the runner could not start")
+        except RuntimeError:
+            pass
+        assert broker.wire_attempts()[0] == set()  # ended
+        assert open_fds() == before  # child end and connector closed
+        with broker.attempt("a2"):  # a normal exit ends it too
+            broker.open_connector("a2", "m/s")
+            broker.close_child_ends("a2")
+        assert broker.wire_attempts()[0] == set()
+        await broker.aclose()
+
+    run(scenario)

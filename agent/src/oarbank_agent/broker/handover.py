@@ -36,8 +36,10 @@ one asyncio loop; call the public methods from that loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -182,6 +184,20 @@ class Broker:
         # only the wire id) back to the job.
         log.info("%s: opened (child end fd %d)", conn.name, conn.child_fd)
         return conn.child_fd
+
+    @contextlib.contextmanager
+    def attempt(self, attempt_id: str) -> Iterator[str]:
+        """One attempt's broker lifetime, as a ``with`` block: connectors are opened inside it
+        (``open_connector``), their child ends closed once the runner holds them
+        (``close_child_ends``); on leaving it, whatever happened inside (a return, an error, a
+        cancellation), the child ends still held are closed and the attempt is ended
+        (``end_attempt``: its connectors closed, ``ended`` to every service it reached).
+        Yields ``attempt_id``."""
+        try:
+            yield attempt_id
+        finally:
+            self.close_child_ends(attempt_id)  # a connector opened, the runner never ran
+            self.end_attempt(attempt_id)
 
     def close_child_ends(self, attempt_id: str) -> None:
         """Close the agent's copies of the attempt's child ends (runner spawned or failed)."""

@@ -132,9 +132,18 @@ async def run_attempt(ctx: ModuleCtx, node: NodeInfo, stage: mf.Stage, *, job_id
                       registry: procs.ProcessRegistry) -> Outcome:
     """Run one attempt to its end. On cancellation the attempt is ended (group, connectors,
     ``ended``) before CancelledError propagates."""
+    with broker.attempt(attempt_id):  # ends it (connectors closed, `ended`) on every path
+        return await _run(ctx, node, stage, job_id=job_id, payload=payload,
+                          attempt_id=attempt_id, workdir=workdir, broker=broker,
+                          registry=registry)
+
+
+async def _run(ctx: ModuleCtx, node: NodeInfo, stage: mf.Stage, *, job_id: str,
+               payload: dict[str, Any], attempt_id: str, workdir: Path, broker: Broker,
+               registry: procs.ProcessRegistry) -> Outcome:
+    """``run_attempt`` inside the attempt's broker lifetime."""
     runner = ctx.manifest.runner
-    if runner is None:
-        broker.end_attempt(attempt_id)  # the caller may have named it (wire_attempt)
+    if runner is None:  # (the caller may have named the attempt: wire_attempt)
         return Outcome("failed", None, f"module {ctx.id} declares no [runner]", fault="job")
     for d in (workdir, workdir / "tmp", workdir / "home"):
         d.mkdir(parents=True, exist_ok=True)
@@ -202,12 +211,10 @@ async def run_attempt(ctx: ModuleCtx, node: NodeInfo, stage: mf.Stage, *, job_id
             await _terminate(proc, runner.stop_grace_s)
         raise
     finally:
-        if proc is None:
-            broker.close_child_ends(attempt_id)  # a connector opened, the runner never ran
-        else:
-            # Attempt over: whatever the runner left in its group goes too, then `ended`.
+        if proc is not None:
+            # Attempt over: whatever the runner left in its group goes too, then `ended`
+            # (on leaving run_attempt's `with broker.attempt`).
             await procs.retire_group(registry, procs.group_of(proc), runner.stop_grace_s)
-        broker.end_attempt(attempt_id)
 
 
 async def _terminate(proc: procs.ChildProcess, grace_s: float) -> int:
