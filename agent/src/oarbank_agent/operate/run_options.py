@@ -9,6 +9,7 @@ from pathlib import Path
 
 from oarbank_agent import platform
 from oarbank_agent.operate import config, logsetup, protect_cli
+from oarbank_agent.platform.api import CONTAINMENT_HELP, CONTAINMENT_MODES
 
 __all__ = ["add_run_options", "run_parser"]
 
@@ -60,11 +61,8 @@ def add_run_options(r: argparse.ArgumentParser) -> None:
                    help="confine every runner, service op and daemon: auto (default: when "
                         "this machine allows), required (refuse to start without it), off "
                         "(debugging only: everything runs unconfined)")
-    r.add_argument("--containment", choices=("auto", "cgroup", "process-group"),
-                   default="auto",
-                   help="how an attempt's (and a service's) processes are ended: auto "
-                        "(default: a cgroup each where cgroup v2 is usable, else the process "
-                        "group), cgroup (refuse to start without it), process-group")
+    r.add_argument("--containment", choices=CONTAINMENT_MODES, default="auto",
+                   help=CONTAINMENT_HELP)  # the modes are the platform backend's
     r.add_argument("--process-factory", choices=("on", "off"), default="on",
                    help="start every runner, service op and daemon from one warm helper "
                         "process (a fork server: on, the default, on Linux; elsewhere off) or "

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from collections.abc import Coroutine
     from pathlib import Path
 
-__all__ = ["Backend", "CONTAINMENT_MODES", "ContainmentUnavailable", "Group", "Slot",
+__all__ = ["Backend", "CONTAINMENT_MODES", "CONTAINMENT_HELP", "ContainmentUnavailable", "Group", "Slot",
            "PopenOptions", "Containment", "Groups", "FileLike", "Watchable", "Watcher", "Streams",
            "EndpointPathTooLong", "ClientHandler", "Endpoint", "StateDirHost", "Requests",
            "Loops"]
@@ -35,6 +35,9 @@ __all__ = ["Backend", "CONTAINMENT_MODES", "ContainmentUnavailable", "Group", "S
 # ``Groups.restore`` after a restart.
 
 CONTAINMENT_MODES = ("auto", "cgroup", "process-group")  # ``oarbank-agent run --containment``
+CONTAINMENT_HELP = ("how an attempt's (and a service's) processes are ended: auto (default: a "
+                    "cgroup each where cgroup v2 is usable, else the process group), cgroup "
+                    "(refuse to start without it), process-group")
 
 
 class ContainmentUnavailable(Exception):

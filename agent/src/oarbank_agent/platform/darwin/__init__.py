@@ -21,7 +21,7 @@ __all__ = ["backend"]
 
 def backend() -> Backend:
     linuxfree.install()  # before any part is made: on a Mac it does nothing
-    return Backend(name="darwin", groups=PosixGroups(),
+    return Backend(name="darwin", groups=PosixGroups(system="darwin"),
                    # the control plane and the agent's I/O (no pipe2, no /proc)
                    streams=PosixStreams(cloexec_pipe=False),
                    endpoint=UnixEndpoint(shortcut=False),

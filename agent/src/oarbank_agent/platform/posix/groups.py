@@ -176,9 +176,11 @@ class PosixGroups:
     table: ModuleType = psutil_table
     killed_returncode = -signal.SIGKILL
     can_inspect = False
-    system = sys.platform
+    system = sys.platform  # named in the containment note ("cgroups do not exist on ...")
 
-    def __init__(self) -> None:
+    def __init__(self, system: str | None = None) -> None:
+        if system is not None:
+            self.system = system
         self._containment: Containment = PlainContainment(
             "process-group", "cgroups not used (not installed)")
         self._missing: dict[str, str] | None = None
