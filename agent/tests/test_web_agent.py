@@ -1,0 +1,63 @@
+"""examples/openai-compatible under a real ``oarbank-agent run``: the FastAPI app served by
+``oarbank_sdk.web.serve_asgi`` as a warm endpoint service, jobs written against the official
+``openai`` client (``oarbank_sdk.web.HTTPTransport``), every process in the agent's sandbox,
+every connection brokered by the agent (SCM_RIGHTS, nothing listens)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from agent_helpers import REPO, RunningAgent, alive
+
+EXAMPLE = REPO / "examples" / "openai-compatible"
+SETTINGS = {"openai-compatible": {"load_s": 0.5, "token_s": 0.01, "slots": 2}}
+PROMPTS = ["warm services load once", "nothing listens", "héllo wörld", "a", "b c", "d e f"]
+
+pytestmark = pytest.mark.slow
+
+
+def _expected(prompt: str) -> str:
+    import hashlib
+    return f"{prompt[::-1]} [{hashlib.sha256(prompt.encode()).hexdigest()[:8]}]"
+
+
+@pytest.fixture
+def module(tmp_path: Path) -> Path:
+    dst = tmp_path / "openai-compatible"
+    shutil.copytree(EXAMPLE, dst, ignore=shutil.ignore_patterns("__pycache__"))
+    return dst
+
+
+def test_openai_client_jobs_reach_the_fastapi_service_and_survive_its_restart(
+        start_agent: Callable[..., RunningAgent], module: Path) -> None:
+    agent = start_agent([module], SETTINGS)
+    first = agent.run_job("chat", {"prompts": PROMPTS}, module="openai-compatible")
+    assert first["state"] == "succeeded", (first, agent.log()[-3000:])
+    assert first["result"]["payload"]["texts"] == [_expected(p) for p in PROMPTS]
+    (served_by,) = first["result"]["provenance"]["service"]  # one process, loaded once
+    assert served_by.endswith("-loads-1"), served_by
+    sb = agent.status()["sandbox"]
+    assert sb.get("seccomp_socket") == "enforced", sb
+    baseline = agent.settled_fds()
+
+    streamed = agent.run_job("chat", {"prompts": PROMPTS[:3], "stream": True,
+                                      "api": "completions"}, module="openai-compatible")
+    assert streamed["state"] == "succeeded", streamed
+    assert streamed["result"]["payload"]["texts"] == [_expected(p) for p in PROMPTS[:3]]
+    assert all(0 < t < 5 for t in streamed["result"]["provenance"]["first_token_s"])
+    agent.wait_fds_back(baseline)  # the attempt's connector and connections all closed
+
+    # The daemon dies: the agent restarts the service; the next job's client reaches the new one.
+    pid = int((agent.module_data("dev.example.openai-compatible") / "model.pid").read_text())
+    os.kill(pid, signal.SIGKILL)
+    agent.wait_for(lambda: not alive(pid), 10, "the daemon gone")
+    again = agent.run_job("chat", {"prompts": PROMPTS[:2]}, module="openai-compatible")
+    assert again["state"] == "succeeded", (again, agent.log()[-3000:])
+    assert again["result"]["payload"]["texts"] == [_expected(p) for p in PROMPTS[:2]]
+    (after,) = again["result"]["provenance"]["service"]
+    assert after != served_by and after.endswith("-loads-1"), (served_by, after)
