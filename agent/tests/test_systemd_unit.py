@@ -13,7 +13,7 @@ from pathlib import Path
 from agent_helpers import EXAMPLE, REPO
 
 from oarbank_agent.modules.loaded import read_settings_arg
-from oarbank_agent.operate import cli, config
+from oarbank_agent.operate import config, run_options
 
 UNIT = REPO / "agent" / "systemd" / "oarbank-agent.service"
 EXAMPLE_CONFIG = REPO / "agent" / "systemd" / "agent.toml"
@@ -71,7 +71,8 @@ def test_the_example_config_is_one_run_takes(tmp_path: Path) -> None:
     cfg = tmp_path / "agent.toml"
     cfg.write_text(EXAMPLE_CONFIG.read_text().replace("/opt/oarbank/modules/modelserver",
                                                       str(EXAMPLE)))
-    ra = config.load_run_args(["--config", str(cfg)], cli.run_parser, read_settings_arg)
+    ra = config.load_run_args(["--config", str(cfg)], run_options.run_options,
+                              read_settings_arg)
     assert ra.args.state_dir == Path("/var/lib/oarbank-agent")
     assert ra.args.modules == [EXAMPLE] and ra.args.log_format == "json"
     assert ra.settings == {"modelserver": {"slots": 2}}

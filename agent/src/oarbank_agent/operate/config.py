@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from oarbank_agent.operate.options import Recorder
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
@@ -77,15 +79,16 @@ class _Refusing(argparse.ArgumentParser):
         raise ConfigError(message)
 
 
-def _suppressing(make: Callable[[type[argparse.ArgumentParser]], argparse.ArgumentParser],
+def _suppressing(make: Callable[[type[argparse.ArgumentParser]], Recorder],
                  cls: type[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     """The run parser with no defaults: its namespace holds only what was given."""
-    p = make(cls)
-    for a in p._actions:
+    made = make(cls)
+    for a in made.actions:
         if a.dest != "help":
             a.default = argparse.SUPPRESS
             a.required = False
-    return p
+    parser: argparse.ArgumentParser = made.parser
+    return parser
 
 
 def _key(action: argparse.Action) -> str | None:
@@ -93,16 +96,17 @@ def _key(action: argparse.Action) -> str | None:
     return longs[0][2:].replace("-", "_") if longs else None
 
 
-def _tokens(action: argparse.Action, key: str, value: Any, base: Path) -> list[str]:
+def _tokens(action: argparse.Action, kind: str | None, key: str, value: Any,
+            base: Path) -> list[str]:
     """The command-line tokens a file value stands for (so the flag's own checks apply)."""
     flag = action.option_strings[-1] if action.option_strings[-1].startswith("--") else \
         action.option_strings[0]
-    if isinstance(action, argparse._StoreTrueAction):
+    if kind == "store_true":
         if not isinstance(value, bool):
             raise ConfigError(f"{key} = {value!r}: expected true or false")
         return [flag] if value else []
-    values = value if isinstance(action, argparse._AppendAction) else [value]
-    if isinstance(action, argparse._AppendAction) and not isinstance(value, list):
+    values = value if kind == "append" else [value]
+    if kind == "append" and not isinstance(value, list):
         raise ConfigError(f"{key} = {value!r}: expected a list")
     out = []
     for v in values:
@@ -144,14 +148,14 @@ def read_file(path: Path) -> dict[str, Any]:
 
 
 def load_run_args(argv: list[str],
-                  make_parser: Callable[[type[argparse.ArgumentParser]], argparse.ArgumentParser],
+                  make_options: Callable[[type[argparse.ArgumentParser]], Recorder],
                   read_settings_arg: Callable[[str], tuple[str, dict[str, Any]]],
                   default_path: Path = DEFAULT_PATH) -> RunArgs:
     """Merge ``run``'s flags (``argv``: after ``run``) over the config file. Raises
     ``ConfigError`` (file problems) or ``SystemExit`` (flag problems, argparse's usage)."""
-    full = make_parser(argparse.ArgumentParser)
-    defaults = full.parse_args([])  # nothing required at this level: checked after the merge
-    given = _suppressing(make_parser, argparse.ArgumentParser).parse_args(argv)
+    full = make_options(argparse.ArgumentParser)
+    defaults = full.parser.parse_args([])  # nothing required at this level: checked after the merge
+    given = _suppressing(make_options, argparse.ArgumentParser).parse_args(argv)
     config_path: Path | None = getattr(given, "config", None)
     if config_path is None and default_path.exists():
         config_path = default_path
@@ -161,8 +165,8 @@ def load_run_args(argv: list[str],
     if config_path is not None:
         where = str(config_path)
         base = config_path.resolve().parent
-        by_key = {k: a for a in full._actions if (k := _key(a)) and k not in _NOT_IN_FILE}
-        by_key["module"] = next(a for a in full._actions if a.dest == "modules")
+        by_key = {k: a for a in full.actions if (k := _key(a)) and k not in _NOT_IN_FILE}
+        by_key["module"] = next(a for a in full.actions if a.dest == "modules")
         tokens: list[str] = []
         try:
             doc = read_file(config_path)
@@ -186,8 +190,8 @@ def load_run_args(argv: list[str],
                     hint = f"; did you mean {near[0]!r}?" if near else ""
                     raise ConfigError(f"{key}: not a run option{hint} (keys are the flags of "
                                       "`oarbank-agent run --help` without their dashes, - as _)")
-                tokens += _tokens(action, key, value, base)
-            from_file = _suppressing(make_parser, _Refusing).parse_args(tokens)
+                tokens += _tokens(action, full.kind(action), key, value, base)
+            from_file = _suppressing(make_options, _Refusing).parse_args(tokens)
         except ConfigError as exc:
             raise ConfigError(f"--config {where}: {exc}") from None
     merged = vars(defaults) | vars(from_file) | vars(given)

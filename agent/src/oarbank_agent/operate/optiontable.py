@@ -1,4 +1,5 @@
-"""The README's table of ``run`` options, generated from the parser so the two never differ.
+"""The README's table of ``run`` options, generated from the options as they are added to the
+parser (``run_options.run_options``: no private argparse list is read), so the two never differ.
 
 ``python -m oarbank_agent.operate.optiontable`` prints it; ``--write agent/README.md`` replaces the
 table between its markers. ``agent/tests/test_readme_options.py`` fails when the README's table
@@ -9,7 +10,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterable
 from pathlib import Path
+
+from oarbank_agent.operate.options import expand_help
 
 __all__ = ["BEGIN", "END", "markdown", "replace_in"]
 
@@ -27,13 +31,13 @@ def _name(a: argparse.Action) -> str:
     return f"`{flag} {a.metavar or a.dest.upper()}`"
 
 
-def markdown(parser: argparse.ArgumentParser) -> str:
-    fmt = parser._get_formatter()
+def markdown(options: Iterable[argparse.Action], prog: str = "oarbank-agent run") -> str:
+    """A row per option (positionals left out), its help as ``--help`` prints it."""
     rows = ["| option | meaning |", "|---|---|"]
-    for a in parser._actions:
-        if isinstance(a, argparse._HelpAction) or not a.option_strings:
+    for a in options:
+        if not a.option_strings:
             continue
-        text = fmt._expand_help(a) if a.help else ""
+        text = expand_help(a, prog)
         rows.append(f"| {_name(a)} | {text.replace('|', chr(92) + '|')} |")
     return "\n".join(rows)
 
@@ -49,9 +53,9 @@ def replace_in(text: str, table: str) -> str:
 
 
 def main(argv: list[str]) -> int:
-    from oarbank_agent.operate.cli import run_parser
+    from oarbank_agent.operate.run_options import PROG, run_options
 
-    table = markdown(run_parser())
+    table = markdown(run_options().actions, PROG)
     if argv[:1] == ["--write"] and len(argv) == 2:
         path = Path(argv[1])
         path.write_text(replace_in(path.read_text(encoding="utf-8"), table), encoding="utf-8")

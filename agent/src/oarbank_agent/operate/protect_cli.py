@@ -25,6 +25,7 @@ from pathlib import Path
 from oarbank_agent.host import gpuapis
 from oarbank_agent.operate import control
 from oarbank_agent.operate.cli_common import EXIT_NOT_PERMITTED, not_permitted
+from oarbank_agent.operate.options import Recorder
 from oarbank_agent.protection.decisions import Floors, parse_fraction
 from oarbank_agent.protection.guard import DEFAULT_SAMPLE_S, GuardConfig
 
@@ -33,7 +34,7 @@ __all__ = ["add_run_options", "config_from_args", "add_protect_parser", "cmd_pro
 RULES = ("forbid-gpu", "allow-gpu", "evict", "end-evict")
 
 
-def add_run_options(r: argparse.ArgumentParser) -> None:
+def add_run_options(r: argparse.ArgumentParser | Recorder) -> None:
     g = r.add_argument_group("host protection")
     g.add_argument("--memory-budget-gb", type=float, metavar="GB",
                    help="memory for fleet work on this node (default: half of total memory)")

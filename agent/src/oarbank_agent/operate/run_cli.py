@@ -18,7 +18,7 @@ from typing import Any
 from oarbank_agent import faults, platform
 from oarbank_agent.operate import config, control, logsetup, protect_cli
 from oarbank_agent.operate.cli_common import err as _err
-from oarbank_agent.operate.run_options import run_parser
+from oarbank_agent.operate.run_options import run_options
 from oarbank_agent.platform.api import EndpointPathTooLong
 
 __all__ = ["cmd_run", "run_args"]
@@ -27,7 +27,7 @@ __all__ = ["cmd_run", "run_args"]
 def run_args(run_argv: list[str]) -> config.RunArgs:
     from oarbank_agent.modules.loaded import read_settings_arg
 
-    return config.load_run_args(run_argv, run_parser, read_settings_arg)
+    return config.load_run_args(run_argv, run_options, read_settings_arg)
 
 
 def cmd_run(ra: config.RunArgs, run_argv: list[str]) -> int:

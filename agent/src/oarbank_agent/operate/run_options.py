@@ -9,12 +9,15 @@ from pathlib import Path
 
 from oarbank_agent import platform
 from oarbank_agent.operate import config, logsetup, protect_cli
+from oarbank_agent.operate.options import Recorder
 from oarbank_agent.platform.api import CONTAINMENT_HELP, CONTAINMENT_MODES
 
-__all__ = ["add_run_options", "run_parser"]
+__all__ = ["PROG", "add_run_options", "run_options", "run_parser"]
+
+PROG = "oarbank-agent run"
 
 
-def add_run_options(r: argparse.ArgumentParser) -> None:
+def add_run_options(r: argparse.ArgumentParser | Recorder) -> None:
     """Every ``run`` option; each is also a key of the config file (config.py)."""
     r.add_argument("--config", type=Path, metavar="FILE",
                    help=f"a TOML file with any of these options as keys (default: "
@@ -99,6 +102,13 @@ def add_run_options(r: argparse.ArgumentParser) -> None:
 def run_parser(cls: type[argparse.ArgumentParser] = argparse.ArgumentParser
                ) -> argparse.ArgumentParser:
     """``run``'s options alone (config.py parses the config file's values through it)."""
-    r = cls(prog="oarbank-agent run", add_help=False)
-    add_run_options(r)
-    return r
+    parser: argparse.ArgumentParser = run_options(cls).parser
+    return parser
+
+
+def run_options(cls: type[argparse.ArgumentParser] = argparse.ArgumentParser) -> Recorder:
+    """``run_parser``'s parser (``.parser``) and its options (``.actions``), each as added, in
+    order: the README's table, the config file's keys."""
+    rec = Recorder(cls(prog=PROG, add_help=False))
+    add_run_options(rec)
+    return rec
