@@ -1,0 +1,155 @@
+"""The tree is the architecture: no module over 500 lines, no import circle in the agent.
+
+Every module of ``oarbank_agent``, ``oarbank_sdk`` and ``oarbank_ui`` is read in one sitting
+(the lines of its file, 500 at most). The agent's import graph, read with ``ast`` from every
+``import`` and ``from ... import`` of a module (those inside functions and under
+``TYPE_CHECKING`` included: an import put off to break a circle is still one), has no cycle;
+a failure prints each cycle it found, module by module. (The SDK's graph is not checked:
+``oarbank_sdk.sandbox`` and its ``_notify`` import each other, a package's ``__init__``
+re-exporting its part.)
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+MAX_LINES = 500
+PACKAGES = {
+    "oarbank_agent": REPO / "agent" / "src" / "oarbank_agent",
+    "oarbank_sdk": REPO / "sdk" / "src" / "oarbank_sdk",
+    "oarbank_ui": REPO / "ui-pages" / "src" / "oarbank_ui",
+}
+
+
+def modules(package: str) -> dict[str, Path]:
+    """Dotted module name -> its file, for every ``.py`` of ``package``."""
+    root = PACKAGES[package]
+    found = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = list(path.relative_to(root.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
+
+
+def imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
+    """The modules of ``known`` that module ``name`` (at ``path``) imports, anywhere in it."""
+    is_package = path.name == "__init__.py"
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from the module's package
+                pkg = name.split(".") if is_package else name.split(".")[:-1]
+                pkg = pkg[:len(pkg) - (node.level - 1)]
+                base = ".".join(pkg + ([base] if base else []))
+            # `from pkg import mod` names the module; `from mod import thing` the module
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base
+                       for a in node.names]
+        for t in targets:
+            while t and t not in known:  # `import a.b.c` of a name inside a module
+                t = t.rpartition(".")[0]
+            if t and t != name:
+                out.add(t)
+    return out
+
+
+def cycles(graph: dict[str, set[str]]) -> list[tuple[list[str], set[str]]]:
+    """The strongly connected components with more than one module (Tarjan): each as one
+    cycle through it spelled out, and all its modules."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[tuple[list[str], set[str]]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append((_one_cycle(graph, set(comp)), set(comp)))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def _one_cycle(graph: dict[str, set[str]], comp: set[str]) -> list[str]:
+    """A shortest cycle inside ``comp`` through its first module (breadth first)."""
+    start = min(comp)
+    paths = {start: [start]}
+    todo = [start]
+    while todo:
+        v = todo.pop(0)
+        for w in sorted(graph[v] & comp):
+            if w == start:
+                return paths[v] + [start]
+            if w not in paths:
+                paths[w] = paths[v] + [w]
+                todo.append(w)
+    raise AssertionError("a strongly connected component without a cycle")
+
+
+def test_no_module_over_500_lines() -> None:
+    long = []
+    for package in PACKAGES:
+        for name, path in modules(package).items():
+            n = len(path.read_text(encoding="utf-8").splitlines())
+            if n > MAX_LINES:
+                long.append(f"{name} ({path.relative_to(REPO)}): {n} lines")
+    assert not long, (f"modules over {MAX_LINES} lines (split them by concern):\n  "
+                      + "\n  ".join(long))
+
+
+def test_agent_has_no_import_cycle() -> None:
+    known = modules("oarbank_agent")
+    graph = {name: imports(name, path, known) for name, path in known.items()}
+    found = cycles(graph)
+    assert not found, "import cycles in oarbank_agent (one cycle each, then every module of " \
+        "its circle):\n  " + "\n  ".join(" -> ".join(c) + f"  [{', '.join(sorted(rest))}]"
+                                         for c, rest in found)
+
+
+def test_the_cycle_finder_finds_one() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(graph) == [(["a", "b", "c", "a"], {"a", "b", "c"})]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_imports_are_read_everywhere_in_a_module(tmp_path: Path) -> None:
+    """Function-level, ``TYPE_CHECKING`` and relative imports all count."""
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("def f():\n    from pkg import b\n")
+    (pkg / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                              "    from .c import thing\n")
+    (pkg / "c.py").write_text("import pkg.a\n")
+    known = {"pkg": pkg / "__init__.py", "pkg.a": pkg / "a.py", "pkg.b": pkg / "b.py",
+             "pkg.c": pkg / "c.py"}
+    graph = {n: imports(n, p, known) for n, p in known.items()}
+    assert graph == {"pkg": set(), "pkg.a": {"pkg.b"}, "pkg.b": {"pkg.c"}, "pkg.c": {"pkg.a"}}
+    assert cycles(graph)[0][0] == ["pkg.a", "pkg.b", "pkg.c", "pkg.a"]
