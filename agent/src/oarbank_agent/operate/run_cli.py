@@ -87,7 +87,7 @@ def cmd_run(ra: config.RunArgs, run_argv: list[str]) -> int:
     sandboxing.install(policy)  # before anything is started: every child goes through it
     _install_refusals(policy.enforce)
     if policy.enforce:
-        sandboxing.set_undumpable()  # /proc/<agent>/environ, mem, ...: not for its children
+        sandboxing.set_undumpable()  # the agent's environment and memory: not its children's to read
     policy.warn_missing()  # auto on a kernel lacking walls: one WARNING naming each
     if not policy.enforce:
         _err(policy.report()["note"])
