@@ -257,15 +257,6 @@ def _int_field(msg: dict[str, Any], key: str, what: str) -> int:
     return value
 
 
-def _str_field(msg: dict[str, Any], key: str, what: str) -> str:
-    if key not in msg:
-        raise WireError(f"{what}: missing field {key!r}")
-    value = msg[key]
-    if not isinstance(value, str):
-        raise WireError(f"{what}: field {key!r} must be a string, got {_json_type(value)}")
-    return value
-
-
 def _attempt_field(msg: dict[str, Any], what: str) -> int | str:
     """An attempt id: a non-negative integer (what agents send) or a string (older agents).
 

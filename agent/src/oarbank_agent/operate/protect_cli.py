@@ -21,6 +21,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from oarbank_agent.host import gpuapis
 from oarbank_agent.operate import control
@@ -30,9 +31,6 @@ from oarbank_agent.protection.decisions import Floors, parse_fraction
 from oarbank_agent.protection.guard import DEFAULT_SAMPLE_S, GuardConfig
 
 __all__ = ["add_run_options", "config_from_args", "add_protect_parser", "cmd_protect"]
-
-RULES = ("forbid-gpu", "allow-gpu", "evict", "end-evict")
-
 
 def add_run_options(r: argparse.ArgumentParser | Recorder) -> None:
     g = r.add_argument_group("host protection")
@@ -73,7 +71,8 @@ def config_from_args(args: argparse.Namespace) -> tuple[GuardConfig, gpuapis.Det
     return GuardConfig(floors, args.mem_sample_s, args.memory_budget_gb), gpu
 
 
-def add_protect_parser(sub: argparse._SubParsersAction) -> None:
+def add_protect_parser(sub: Any) -> None:
+    """``sub``: the command line's subparsers (``add_subparsers``)."""
     p = sub.add_parser("protect", help="set a host rule on a running agent (GPU work, evict)")
     p.add_argument("--state-dir", required=True, type=Path)
     rule = p.add_mutually_exclusive_group()

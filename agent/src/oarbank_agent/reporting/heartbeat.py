@@ -161,7 +161,6 @@ class HeartbeatSender:
         self._last_warning = 0.0
         # cause ("HTTP 401: <reason>" or "not applied: <reason>") -> count, last time
         self.refusals: dict[str, dict[str, Any]] = {}
-        self.last_sent_ok = False  # did send_last() get its report through
 
     def status(self) -> dict[str, Any]:
         """For ``oarbank-agent status`` and the metrics textfile."""
@@ -265,7 +264,6 @@ class HeartbeatSender:
             log.warning("heartbeat: the last report (agent stopped) was refused by %s: "
                         "HTTP %d: %s", self.url.text, status, _reason(reply))
             return False
-        self.last_sent_ok = True
         return True
 
     async def _post_newest(self) -> None:
