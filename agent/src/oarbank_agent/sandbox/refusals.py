@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -160,10 +159,11 @@ _current: Refusals = Refusals(enabled=False)
 
 
 def install(enforced: bool) -> Refusals:
-    """At start: watch launches when the sandbox enforces on Linux (user notification is
-    part of every kernel the sandbox needs: seccomp filters with NEW_LISTENER, 5.0+)."""
+    """At start: watch launches when the sandbox enforces on the Linux backend (user
+    notification is part of every kernel the sandbox needs: seccomp filters with NEW_LISTENER,
+    5.0+; macOS, and the darwin profile, have none)."""
     global _current
-    _current = Refusals(enabled=enforced and sys.platform.startswith("linux"))
+    _current = Refusals(enabled=enforced and platform.current().name == "linux")
     return _current
 
 
