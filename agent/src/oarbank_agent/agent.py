@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,18 +26,16 @@ from typing import Any
 from oarbank_agent import faults, platform, procs, recovery
 from oarbank_agent.broker.channel import Channels
 from oarbank_agent.broker.handover import Broker
-from oarbank_agent.host import gpuapis, memory
+from oarbank_agent.host import gpuapis
 from oarbank_agent.jobs.admission import Admission
 from oarbank_agent.jobs.queue import JobQueue
 from oarbank_agent.jobs.store import JobRecord, JobStore
-from oarbank_agent.modules import state as modulestate
 from oarbank_agent.modules.loaded import ModuleCtx, NodeInfo
 from oarbank_agent.modules.table import ModuleSpec, ModuleTable
 from oarbank_agent.operate import answers, control, drain, reload
-from oarbank_agent.protection import apply, hostrules
+from oarbank_agent.protection import apply
 from oarbank_agent.protection import decisions as protection
 from oarbank_agent.protection.guard import (
-    DEFAULT_BUDGET_FRACTION,
     Action,
     Guard,
     GuardConfig,
@@ -126,7 +123,7 @@ class Agent:
         self.manual_refresh_s = config.manual_refresh_s
         self._manual_task: asyncio.Task[None] | None = None
         self._escape_task: asyncio.Task[None] | None = None  # escapewatch
-        self._prune_task: asyncio.Task[None] | None = None  # _prune_jobs
+        self._prune_task: asyncio.Task[None] | None = None  # JobQueue.prune_every
         self.refresher = runningwatch.Refresher(self.supervisor, config.refresh_s,
                                                 also=self.check_runners)
         # list_owned / destroy --force for objects of attempts that are over (G6)
@@ -149,12 +146,6 @@ class Agent:
 
     def find_module(self, name: str) -> ModuleCtx | None:
         return self.table.find_module(name)
-
-    async def add_module(self, path: Path, *, keep: bool = True) -> None:
-        await self.table.add_module(path, keep=keep)
-
-    def module_list(self) -> list[dict[str, Any]]:
-        return self.table.module_list()
 
     def submit(self, module: str, stage: str, payload: dict[str, Any]) -> JobRecord:
         return self.table.submit(module, stage, payload)
@@ -224,19 +215,9 @@ class Agent:
         else:
             # A previous agent's groups: ended, except services that may be adopted (recovery.py)
             kept = await recovery.end_leftovers(self.registry, self.supervisor)
-        # Modules added at run time before a restart (module add; modules.json), unless the
-        # command line loads the same folder.
-        for path in self.kept.added:
-            if not any(ctx.manifest.bundle == Path(path) for ctx in self.modules.values()):
-                for msg in self.load_modules([(Path(path), None)]):
-                    log.warning("module added earlier (%s) refused: %s", modulestate.FILE,
-                                "; ".join(msg.splitlines()))
+        self.table.load_added()  # modules added before a restart (module add)
         self.gpu = await apply.place_gpu_services(self.supervisor, self.gpu)
-        if self.guard.config.budget_gb is not None:
-            self.admission.budget_gb = self.guard.config.budget_gb
-        else:
-            total_gb = memory.total_bytes() / 2**30
-            self.admission.budget_gb = round(total_gb * DEFAULT_BUDGET_FRACTION, 2)
+        self.admission.budget_gb = apply.memory_budget_gb(self.guard.config)
         await asyncio.gather(self.check_runners(),
                              *(self.supervisor.fingerprint(rt)
                                for rt in self.supervisor.services.values()))
@@ -244,17 +225,13 @@ class Agent:
         self.queue.recover()
         await self.control.start()
         # The host rules an operator set before a restart hold again (hostrules.py).
-        kept, problem = hostrules.read(self.state_dir)
-        if problem is not None:
-            log.warning("%s", problem)
-        for rule in hostrules.rules_to_apply(kept):
-            log.info("host rule %s kept from before the restart", rule)
-            self.protect(self.guard.set_rule(rule))
+        apply.restore_rules(self.guard, self.state_dir, self.protect)
         self.protect(self.guard.sample())  # the first sample before anything starts
         self.guard.start()
         self._manual_task = manualwatch.start(self.supervisor, self.manual_refresh_s)
         self._escape_task = escapewatch.start(self.registry)  # sandboxed groups stay confined
-        self._prune_task = asyncio.create_task(self._prune_jobs(), name="prune jobs")
+        self._prune_task = asyncio.create_task(self.queue.prune_every(self.config.keep_jobs_s),
+                                               name="prune jobs")
         self.refresher.start()  # health and pools of running services follow them
         self.reaper.start()
         for rt in self.supervisor.services.values():
@@ -268,17 +245,6 @@ class Agent:
                                      self.stop_reason or "stop", self._hurry)
         finally:
             await self.shutdown()
-
-    async def _prune_jobs(self) -> None:
-        """Final jobs older than --keep-jobs-s are removed: at start, then every half of it
-        (at least every 10 minutes, at most every second)."""
-        keep_s = self.config.keep_jobs_s
-        while True:
-            try:
-                self.queue.prune(time.time(), keep_s)
-            except OSError as exc:  # a folder we cannot remove: said, tried again later
-                log.warning("removing old job records failed: %s", exc)
-            await asyncio.sleep(min(600.0, max(1.0, keep_s / 2)))
 
     def request_stop(self, why: str = "stop") -> None:
         """Begin the drain (drain.py): nothing more is admitted from now on. Asked again

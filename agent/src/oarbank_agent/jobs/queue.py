@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 
 from oarbank_agent import recovery
@@ -201,6 +202,16 @@ class JobQueue:
         log.info("removed %d final job record(s) older than %gs (--keep-jobs-s)",
                  len(gone), keep_s)
         return gone
+
+    async def prune_every(self, keep_s: float) -> None:
+        """``prune`` at start, then every half of ``keep_s`` (at least every 10 minutes, at
+        most every second), until cancelled."""
+        while True:
+            try:
+                self.prune(time.time(), keep_s)
+            except OSError as exc:  # a folder we cannot remove: said, tried again later
+                log.warning("removing old job records failed: %s", exc)
+            await asyncio.sleep(min(600.0, max(1.0, keep_s / 2)))
 
     # --- host protection's view ------------------------------------------------------------
 

@@ -77,6 +77,15 @@ class ModuleTable:
         # module id -> what its runner's `doctor --json` said last (runnerhealth.py)
         self.runner_health = queue.runner_health
 
+    def load_added(self) -> None:
+        """The modules added at run time before a restart (module add; modules.json), unless
+        the command line loaded the same folder."""
+        for path in self.kept.added:
+            if not any(ctx.manifest.bundle == Path(path) for ctx in self.modules.values()):
+                for msg in self.load_modules([(Path(path), None)]):
+                    log.warning("module added earlier (%s) refused: %s", modulestate.FILE,
+                                "; ".join(msg.splitlines()))
+
     def service_changed(self, key: str) -> None:
         """A service's row changed (or went: module remove)."""
         self._changed(key)

@@ -1,20 +1,26 @@
 """What the agent does with host protection's actions (guard.py decides, this applies them, in
-their order), and the GPU placement at start: a service whose ``apis_any`` the host lacks is
-not offered here.
+their order), and what protection sets up at start: the GPU placement (a service whose
+``apis_any`` the host lacks is not offered here), the memory budget, the host rules kept from
+before a restart.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from oarbank_agent.host import gpuapis
+from oarbank_agent.host import gpuapis, memory
 from oarbank_agent.protection import decisions as protection
+from oarbank_agent.protection import hostrules
 from oarbank_agent.protection.guard import (
+    DEFAULT_BUDGET_FRACTION,
     Action,
     Admit,
     AllowGpu,
+    Guard,
+    GuardConfig,
     Hold,
     Pause,
     ReleaseGpuJobs,
@@ -22,11 +28,13 @@ from oarbank_agent.protection.guard import (
 )
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from oarbank_agent.jobs.admission import Admission
     from oarbank_agent.jobs.queue import JobQueue
     from oarbank_agent.services.supervisor import Supervisor
 
-__all__ = ["apply", "place_gpu_services"]
+__all__ = ["apply", "memory_budget_gb", "place_gpu_services", "restore_rules"]
 
 log = logging.getLogger("oarbank_agent")
 
@@ -42,6 +50,25 @@ async def place_gpu_services(supervisor: Supervisor,
     for key, rt in supervisor.services.items():
         supervisor.set_gpu_missing(key, protection.gpu_api_missing(rt.svc.gpu.apis_any, gpu.apis))
     return gpu
+
+
+def memory_budget_gb(config: GuardConfig) -> float:
+    """Memory for fleet work (--memory-budget-gb; default: a fraction of the total)."""
+    if config.budget_gb is not None:
+        return config.budget_gb
+    return round(memory.total_bytes() / 2**30 * DEFAULT_BUDGET_FRACTION, 2)
+
+
+def restore_rules(guard: Guard, state_dir: Path,
+                  protect: Callable[[list[Action]], None]) -> None:
+    """The host rules an operator set before a restart (hostrules.py), set on ``guard``
+    again, each one's actions applied (``protect``) before the next is set."""
+    kept, problem = hostrules.read(state_dir)
+    if problem is not None:
+        log.warning("%s", problem)
+    for rule in hostrules.rules_to_apply(kept):
+        log.info("host rule %s kept from before the restart", rule)
+        protect(guard.set_rule(rule))
 
 
 def apply(actions: list[Action], admission: Admission, queue: JobQueue,
