@@ -137,7 +137,7 @@ def test_posix_groups_alone_offer_no_limits_and_say_so(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="unknown containment 'jail'"):
         groups.resolve("jail", tmp_path)
     assert set(groups.limit_gaps(None, "why")) == {"memory", "cpu"}
-    assert groups.prepare({"memory.max": "1"}).factory_kwargs() == {"cgroup": None}
+    assert groups.prepare({"memory.max": "1"}).factory_kwargs() == {"join": None}
     assert groups.can_inspect is False and groups.process_status(1) is None
 
 

@@ -1,11 +1,11 @@
 """The forked child: from a copy of the factory to the command, in the order that makes it exact.
 
-The order is what ``procs.spawn``'s direct path gives a child (``/bin/sh`` joining the cgroup,
+The order is what ``procs.spawn``'s direct path gives a child (the entry shell joining its group,
 ``Popen``'s session, descriptors, working folder, the sandbox launcher, ``execve``), so a
 command cannot tell the two paths apart (``tests/test_factory.py``):
 
 1. signal handling back to a fresh process's (the factory's SIGCHLD wakeup is dropped),
-2. the cgroup (before any code of the command runs), then a new session,
+2. its group's ``join`` file (before any code of the command runs), then a new session,
 3. descriptors: stdin ``/dev/null``, stdout, stderr and the inherited ones at the numbers the
    agent gave (its environment names them), nothing else,
 4. working folder, umask, resource limits, the exact environment,
@@ -196,13 +196,13 @@ def _run(req: dict[str, Any], received: list[int], startup: Startup, err: list[i
     # child would inherit. Asked per spawn: they change after the factory starts.
     ignored = frozenset(int(s) for s in req["ignored"])
     _set_signals(ignored, (), python=False)  # the factory's own handlers go first
-    cgroup = req.get("cgroup")
-    if cgroup:
+    join = req.get("join")  # the backend's (Slot.factory_kwargs): where this pid is written
+    if join:
         try:
-            with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
+            with open(join, "w") as f:
                 f.write(str(os.getpid()))
         except OSError as exc:
-            raise _Refused(exc, f"cannot join the cgroup {cgroup}") from None
+            raise _Refused(exc, f"cannot join its group ({join})") from None
     os.setsid()
     try:
         err_fd = err[0] = _place_fds(received, list(req["fds"]), err_fd)

@@ -172,9 +172,11 @@ class FactoryClient:
     # --- spawning -------------------------------------------------------------------------
 
     async def spawn(self, argv: list[str], *, env: dict[str, str], cwd: str,
-                    fds: list[tuple[int, int]], cgroup: str | None,
+                    fds: list[tuple[int, int]], join: str | None,
                     kind: str = "", label: str = "") -> FactoryProcess:
-        """Start ``argv``; ``fds``: (agent's descriptor, its number in the child). Raises
+        """Start ``argv``; ``fds``: (agent's descriptor, its number in the child); ``join``:
+        the file the child writes its pid into first (its group's, ``Slot.factory_kwargs``;
+        None: nothing to join). Raises
         OSError as ``Popen`` does (the factory's message), ``FactoryLost`` if it died."""
         while not self._ready.is_set():
             if self.broken or self._closing:
@@ -184,7 +186,7 @@ class FactoryClient:
                 raise FactoryLost(f"no process factory within {_START_TIMEOUT_S:g}s")
         rid = next(self._ids)
         msg = {"op": "spawn", "id": rid, "argv": argv, "env": env, "cwd": cwd,
-               "umask": platform.current().statedir.umask(), "cgroup": cgroup,
+               "umask": platform.current().statedir.umask(), "join": join,
                "fds": [n for _fd, n in fds],
                "rlimits": [[r, *resource.getrlimit(r)] for r in RLIMITS],
                "ignored": plan.inherited_ignores()}

@@ -4,7 +4,7 @@ When the sandbox confines every child (``--confine``): not dumpable (``PR_SET_DU
 its /proc files are root's alone, nobody can ptrace it without capabilities), like the agent
 then; no_new_privs, and of root's capabilities only those a child needs before it
 confines itself (a new network namespace: CAP_SYS_ADMIN; emptying its bounding set:
-CAP_SETPCAP; its folders and the cgroup file whatever their modes: the DAC ones). Everything
+CAP_SETPCAP; its folders and its group's join file whatever their modes: the DAC ones). Everything
 else (raw sockets, module loading, mounts through another path, ...) is gone from the factory
 and, through it, from every child's start. Without the sandbox the children get the agent's
 privileges unchanged (the direct path's), so the factory keeps them too.

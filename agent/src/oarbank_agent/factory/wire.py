@@ -5,8 +5,9 @@ through the SDK's transport seam ``oarbank_sdk.protocol``). The factory reads ea
 with exact-size reads, so a message's descriptors are never taken with another's bytes.
 
 Agent -> factory: ``{"op": "spawn", "id", "argv", "env", "cwd", "umask", "rlimits", "fds",
-"cgroup", "ignored"}`` (``fds``: the number each attached descriptor gets in the child, in
-order; ``ignored``: the signals the agent ignores now, which the child keeps ignored).
+"join", "ignored"}`` (``fds``: the number each attached descriptor gets in the child, in
+order; ``join``: a file the child writes its pid into before anything else, or null;
+``ignored``: the signals the agent ignores now, which the child keeps ignored).
 Factory -> agent: ``{"op": "hello", "pid"}`` once; per spawn ``{"op": "forked", "id",
 "pid"}`` right after the fork, then ``{"op": "started", "id", "pid"}`` or ``{"op": "failed",
 "id", "errno", "error"}``; per child ``{"op": "exit", "pid",

@@ -105,7 +105,8 @@ class Slot(Protocol):
         """What ``asyncio.create_subprocess_exec`` needs for a new group."""
 
     def factory_kwargs(self) -> dict[str, Any]:
-        """What the process factory's ``spawn`` needs to place its child here."""
+        """What the process factory's ``spawn`` needs to place its child here (``join``: the
+        file the child writes its pid into first, or None)."""
 
     def started(self, leader: int) -> Group:
         """The leader runs: its group (remembered until it is ended)."""

@@ -83,7 +83,7 @@ class LinuxSlot(PosixSlot):
         return argv if self.cg is None else cgroups.enter_argv(argv, self.cg)
 
     def factory_kwargs(self) -> dict[str, Any]:
-        return {"cgroup": str(self.cg) if self.cg is not None else None}
+        return {"join": str(self.cg / "cgroup.procs") if self.cg is not None else None}
 
     def started(self, leader: int) -> Group:
         group = LinuxGroup(leader, proctable.start_ticks(leader), proctable.boot_id(),

@@ -160,7 +160,7 @@ class PosixSlot:
         return {"start_new_session": True}
 
     def factory_kwargs(self) -> dict[str, Any]:
-        return {"cgroup": None}
+        return {"join": None}
 
     def started(self, leader: int) -> Group:
         t = self._groups.table
