@@ -163,6 +163,31 @@ def test_stop_and_reload_requests_reach_their_callbacks() -> None:
     assert seen == [("reload", "SIGHUP"), ("stop", "SIGTERM"), ("stop", "SIGINT")]
 
 
+@pytest.mark.parametrize("which", ["chosen", "posix"])
+def test_the_factory_host_reads_a_footprint_and_sees_a_process_end(which: str) -> None:
+    from oarbank_agent.platform.posix.factoryhost import PosixFactoryHost
+
+    host = platform.current().factory if which == "chosen" else PosixFactoryHost()
+    rep = host.footprint(os.getpid())
+    assert rep["rss_bytes"] > 0 and rep["fds"] >= 3
+    assert host.footprint(2**22 + 12345) == {}  # no such process: nothing to say
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+
+    async def main() -> None:
+        waiting = asyncio.ensure_future(host.until_gone(child.pid))
+        await asyncio.sleep(0.2)
+        assert not waiting.done()
+        child.kill()  # not reaped yet: a zombie counts as gone
+        await asyncio.wait_for(waiting, 10)
+
+    try:
+        platform.current().loops.run(main())
+    finally:
+        child.kill()
+        child.wait()
+    platform.current().loops.run(asyncio.wait_for(host.until_gone(child.pid), 10))
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the darwin profile is Linux's")
 def test_under_the_darwin_profile_the_parts_use_only_what_macos_has(tmp_path: Path) -> None:
     """A pipe without ``pipe2``, the umask without ``/proc``, the lock, the endpoint (a deep
@@ -196,6 +221,7 @@ def test_under_the_darwin_profile_the_parts_use_only_what_macos_has(tmp_path: Pa
             b.endpoint.connect(tmp / "c.sock", 5).close()
             server.close()
         b.loops.run(main())
+        assert b.factory.footprint(os.getpid())["fds"] >= 3
         print("ok")
     """)
     env = dict(os.environ, OARBANK_PLATFORM="darwin")

@@ -163,10 +163,7 @@ class FactoryClient:
         rep: dict[str, Any] = {"mode": "on", "pid": pid, "restarts": self.restarts,
                                "children": len(self._live), "note": self.broken}
         if pid is not None:
-            with contextlib.suppress(OSError, ValueError), open(f"/proc/{pid}/statm") as f:
-                rep["rss_bytes"] = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-            with contextlib.suppress(OSError):
-                rep["fds"] = len(os.listdir(f"/proc/{pid}/fd"))
+            rep.update(platform.current().factory.footprint(pid))  # rss_bytes, fds
         return rep
 
     # --- spawning -------------------------------------------------------------------------
@@ -312,25 +309,9 @@ class FactoryClient:
         self._restarting = asyncio.create_task(self._restart(why))
 
     async def _until_gone(self, proc: FactoryProcess) -> None:
-        """Resolve a lost child's handle once the process is gone (a pidfd works for a
-        process that is not ours; /proc is the fallback)."""
-        try:
-            fd = os.pidfd_open(proc.pid)
-        except (AttributeError, OSError):
-            fd = -1
-        if fd >= 0:
-            gone = asyncio.get_running_loop().create_future()
-            loop = asyncio.get_running_loop()
-            io = platform.current().streams.watcher(loop)
-            io.on_readable(fd, _set_once, gone)
-            try:
-                await gone
-            finally:
-                io.off_readable(fd)
-                os.close(fd)
-        else:
-            while os.path.exists(f"/proc/{proc.pid}") and not _zombie(proc.pid):
-                await asyncio.sleep(0.05)
+        """Resolve a lost child's handle once the process is gone (it is not the agent's
+        child: the backend watches it)."""
+        await platform.current().factory.until_gone(proc.pid)
         proc._exited(platform.current().groups.killed_returncode)
 
     async def _restart(self, why: str) -> None:
@@ -351,20 +332,6 @@ class FactoryClient:
                     self._ready.clear()
                     return
                 await asyncio.sleep(0.5 * failures)
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-        return data[data.rfind(b")") + 2:][:1] == b"Z"
-    except OSError:
-        return True
-
-
-def _set_once(fut: asyncio.Future[None]) -> None:
-    if not fut.done():
-        fut.set_result(None)
 
 
 def _spawn_error(msg: dict[str, Any]) -> OSError:

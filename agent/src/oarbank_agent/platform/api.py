@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 __all__ = ["Backend", "CONTAINMENT_MODES", "CONTAINMENT_HELP", "ContainmentUnavailable", "Group", "Slot",
            "PopenOptions", "Containment", "Groups", "FileLike", "Watchable", "Watcher", "Streams",
            "EndpointPathTooLong", "ClientHandler", "Endpoint", "StateDirHost", "Requests",
-           "Loops"]
+           "Loops", "FactoryHost"]
 
 
 # -- process groups, their limits and their containment ------------------------------------------
@@ -342,6 +342,22 @@ class Loops(Protocol):
         """Run ``main`` to completion on a new loop, as ``asyncio.run`` does."""
 
 
+# -- the process factory's host side -------------------------------------------------------------
+
+
+class FactoryHost(Protocol):
+    """What the agent's side of its process factory asks of the system about one process: the
+    factory itself, or a child it lost when it died."""
+
+    def footprint(self, pid: int) -> dict[str, int]:
+        """What can be read of ``pid``: ``rss_bytes`` (resident memory), ``fds`` (open
+        descriptors); a key is left out when it cannot be read."""
+
+    async def until_gone(self, pid: int) -> None:
+        """Return once ``pid`` (not necessarily the agent's child) has exited; a zombie counts
+        as exited."""
+
+
 @dataclass(frozen=True)
 class Backend:
     """The chosen backend: its name and its parts (fields added per part, one section each)."""
@@ -355,3 +371,4 @@ class Backend:
     statedir: StateDirHost
     requests: Requests
     loops: Loops
+    factory: FactoryHost

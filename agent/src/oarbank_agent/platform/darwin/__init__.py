@@ -10,6 +10,7 @@ from __future__ import annotations
 from oarbank_agent.platform.api import Backend
 from oarbank_agent.platform.darwin import linuxfree
 from oarbank_agent.platform.posix.endpoint import UnixEndpoint
+from oarbank_agent.platform.posix.factoryhost import PosixFactoryHost
 from oarbank_agent.platform.posix.groups import PosixGroups
 from oarbank_agent.platform.posix.loops import SelectorLoops
 from oarbank_agent.platform.posix.requests import SignalRequests
@@ -26,4 +27,5 @@ def backend() -> Backend:
                    streams=PosixStreams(cloexec_pipe=False),
                    endpoint=UnixEndpoint(shortcut=False),
                    statedir=PosixStateDir(proc_status=False),
-                   requests=SignalRequests(), loops=SelectorLoops())
+                   requests=SignalRequests(), loops=SelectorLoops(),
+                   factory=PosixFactoryHost())

@@ -7,6 +7,7 @@ Files (one sentence each): see each module's first line; ``backend()`` assembles
 from __future__ import annotations
 
 from oarbank_agent.platform.api import Backend
+from oarbank_agent.platform.linux.factoryhost import LinuxFactoryHost
 from oarbank_agent.platform.linux.groups import LinuxGroups
 from oarbank_agent.platform.posix.endpoint import UnixEndpoint
 from oarbank_agent.platform.posix.loops import SelectorLoops
@@ -23,4 +24,5 @@ def backend() -> Backend:
                    streams=PosixStreams(cloexec_pipe=True),
                    endpoint=UnixEndpoint(shortcut=True),
                    statedir=PosixStateDir(proc_status=True),
-                   requests=SignalRequests(), loops=SelectorLoops())
+                   requests=SignalRequests(), loops=SelectorLoops(),
+                   factory=LinuxFactoryHost())
