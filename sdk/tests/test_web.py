@@ -381,3 +381,46 @@ def test_service_endpoint_still_imports_nothing_of_the_web_extra():
             "'oarbank_sdk.web') if m in sys.modules]; print(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "[]", out.stderr
+
+
+def test_accept_with_a_timeout_takes_only_what_has_arrived():
+    # What serve_asgi's loop calls when the channel is readable: Acceptor.accept(timeout=0).
+    from oarbank_sdk import service_endpoint as ep
+
+    base = H.open_fds()
+    agent = H.FakeAgent(channel=True)
+    assert agent.channel_child is not None
+    acc = ep.Acceptor(channel=f"fd:{agent.channel_child.detach()}")
+    job_end = agent.open_connector("att-9")
+    try:
+        with pytest.raises(TimeoutError):
+            acc.accept(timeout=0)
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError):
+            acc.accept(timeout=0.2)
+        assert 0.15 < time.monotonic() - t0 < 3
+        peer = H.RawPeer(job_end)
+        peer.send({"op": "connect", "pid": os.getpid()})
+        conn, attempt = acc.accept(timeout=10)
+        assert attempt == "att-9" and acc.open_connections("att-9") == 1
+        with pytest.raises(TimeoutError):
+            acc.accept(timeout=0)
+        agent.send_ended("att-9")  # taken by the next accept, which then finds nothing
+        assert H.poll(lambda: _takes_nothing(acc) and acc.open_connections() == 0, 5)
+        assert conn.fileno() == -1  # cut
+        agent.close_channel()
+        with pytest.raises(ep.ChannelClosed):
+            acc.accept(timeout=5)
+    finally:
+        acc.close()
+        job_end.close()
+        agent.close()
+    assert not H.fds_settle(base)
+
+
+def _takes_nothing(acc) -> bool:
+    try:
+        acc.accept(timeout=0)
+    except TimeoutError:
+        return True
+    return False

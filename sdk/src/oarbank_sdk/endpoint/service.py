@@ -32,6 +32,7 @@ import os
 import queue
 import socket
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler
@@ -177,16 +178,19 @@ class Acceptor:
 
     # --- accepting ----------------------------------------------------------------------------
 
-    def accept(self) -> tuple[EndpointSocket, int | str]:
+    def accept(self, timeout: float | None = None) -> tuple[EndpointSocket, int | str]:
         """Block until the agent hands over the next connection; return it with its attempt id.
 
         Handles ``ended`` messages while waiting. The caller owns the connection and should
         close it when done. Raises ``ChannelClosed`` at end of file: the agent is stopping
-        the service, which should exit.
+        the service, which should exit. ``timeout`` (ours; seconds, None: wait): raise
+        ``TimeoutError`` when no connection came in time; ``0`` takes only what has already
+        arrived, without waiting (an event loop calls it when ``fileno()`` is readable).
         """
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self._accept_lock:
             while True:
-                msg, fd = self._stream.next(parse_line_to_service, _carries_fd)
+                msg, fd = self._stream.next(parse_line_to_service, _carries_fd, deadline)
                 if isinstance(msg, WireError):
                     self._malformed(f"ignoring a malformed message from the agent: {msg.detail}")
                 elif isinstance(msg, Ended):

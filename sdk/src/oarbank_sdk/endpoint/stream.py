@@ -64,6 +64,8 @@ class MessageStream:
         peer is gone."""
         data = msg.line()
         try:
+            if self.sock.gettimeout() == 0.0:  # left non-blocking by a read that did not wait
+                self.sock.settimeout(None)
             sent = self._t.send(self.sock, data, attach)
             if sent < len(data):
                 self.sock.sendall(data[sent:])
@@ -86,7 +88,8 @@ class MessageStream:
         A malformed line comes back as the ``WireError`` instance in place of the message (any
         descriptor that rode on it is closed). Raises ``ChannelClosed`` at end of file and
         ``TimeoutError`` when ``deadline`` (``time.monotonic()``) passes first. The caller owns
-        a returned descriptor.
+        a returned descriptor. A ``deadline`` already passed still returns what has arrived
+        (no wait).
         """
         while not self._lines:
             self._fill(deadline)
@@ -127,15 +130,14 @@ class MessageStream:
                 if self.sock.gettimeout() is not None:  # two fcntl calls, only when needed
                     self.sock.settimeout(None)
             else:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError("deadline passed")
-                self.sock.settimeout(left)
+                # A deadline already passed still takes what has arrived (one read that does
+                # not wait): a caller polling from an event loop passes the current time.
+                self.sock.settimeout(max(deadline - time.monotonic(), 0.0))
             data, fds = self._t.recv(self.sock, _RECV_SIZE)
         except (ConnectionResetError, BrokenPipeError) as exc:
             data, fds = b"", []
             self._closed = ChannelClosed(f"the stream broke ({exc.strerror})")
-        except TimeoutError:
+        except (TimeoutError, BlockingIOError):
             raise TimeoutError("deadline passed") from None
         except OSError:
             if self.sock.fileno() < 0:  # closed by another thread of ours

@@ -9,8 +9,8 @@ How it runs, in one event loop:
    lifespan context). If it fails, ``StartupFailed`` is raised: the service never said ready.
 3. ``Acceptor.ready()`` (where the agent offers it; the service's ``ready`` op still answers
    from its own marker, which ``on_ready`` may write).
-4. A reader thread blocks on the channel (``Acceptor.accept``: it takes ``ended`` too) and
-   passes each handed connection to the loop, which serves it with uvicorn's protocol through
+4. The loop reads the channel when it is readable (``Acceptor.accept(timeout=0)``: it takes
+   ``ended`` too) and serves each handed connection with uvicorn's protocol through
    ``loop.connect_accepted_socket``: keep-alive, streaming responses, request bodies of any
    size with uvicorn's flow control, the app's exceptions answered 500 by uvicorn.
 5. End of file on the channel (the agent is stopping the service), or SIGTERM/SIGINT: open
@@ -18,10 +18,10 @@ How it runs, in one event loop:
    whatever still runs after ``timeout_graceful_shutdown`` is cancelled, then the lifespan
    shutdown runs and ``serve_asgi`` returns. The service should exit then.
 
-The event loop owns a duplicate of each connection's descriptor; the acceptor keeps its own
-(so that ``ended`` and the per-attempt cap can cut a connection from the reader thread:
-``shutdown`` reaches the loop's copy as end of file, and only the acceptor's copy is closed
-there). When the loop's transport is lost, the acceptor's copy is closed too.
+The loop's transport owns a duplicate of each connection's descriptor; the acceptor keeps its
+own (so that ``ended`` and the per-attempt cap can cut a connection: ``shutdown`` reaches the
+transport as end of file, and only the acceptor's copy is closed, never a descriptor the
+loop's selector watches). When the transport is lost, the acceptor's copy is closed too.
 """
 
 from __future__ import annotations
@@ -176,6 +176,23 @@ class _Serving:
             self.starting.add(task)
             task.add_done_callback(lambda t: self._started(t, sock, conn))
 
+        channel = self.acc.fileno()
+
+        def on_channel() -> None:
+            # Everything that has arrived on the channel, without waiting: connections go to
+            # uvicorn's protocol, `ended` and the per-attempt cap cut connections here too.
+            while True:
+                try:
+                    conn, attempt = self.acc.accept(timeout=0)
+                except TimeoutError:
+                    return
+                except (ChannelClosed, OSError) as exc:  # EOF: the agent is stopping us
+                    log.debug("endpoint channel: %s", exc)
+                    loop.remove_reader(channel)
+                    stop.set()
+                    return
+                take(conn, attempt)
+
         signals = _on_signals(loop, stop.set)
         try:
             if self.on_ready is not None:
@@ -183,10 +200,10 @@ class _Serving:
             say_ready = getattr(self.acc, "ready", None)
             if callable(say_ready):
                 say_ready()
-            reader = threading.Thread(target=self._read_channel, args=(loop, take, stop.set),
-                                      name="oarbank-asgi-channel", daemon=True)
-            reader.start()
+            loop.add_reader(channel, on_channel)
+            on_channel()  # connections that came during the startup
             await stop.wait()
+            loop.remove_reader(channel)
             await self._shutdown()
         finally:
             for sig in signals:
@@ -200,29 +217,6 @@ class _Serving:
                 log.warning("a handed connection could not be served: %s", task.exception())
             sock.close()
             conn.close()
-
-    def _read_channel(self, loop: asyncio.AbstractEventLoop,
-                      take: Callable[[EndpointSocket, int | str], None],
-                      stop: Callable[[], None]) -> None:
-        try:
-            while True:
-                try:
-                    conn, attempt = self.acc.accept()
-                except ChannelClosed:
-                    return
-                except OSError as exc:  # the acceptor was closed under us: we are stopping
-                    log.debug("endpoint channel: %s", exc)
-                    return
-                try:
-                    loop.call_soon_threadsafe(take, conn, attempt)
-                except RuntimeError:  # the loop is gone: we are stopping
-                    conn.close()
-                    return
-        finally:
-            try:
-                loop.call_soon_threadsafe(stop)
-            except RuntimeError:
-                pass
 
     async def _shutdown(self) -> None:
         # As uvicorn's Server.shutdown: each connection closes after its response in flight.
