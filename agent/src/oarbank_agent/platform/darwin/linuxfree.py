@@ -105,11 +105,20 @@ def install() -> None:
         for attr in (*names, *family):
             if hasattr(mod, attr):
                 delattr(mod, attr)
-    _no_epoll_selector()
+    _stdlib_as_on_macos()
     spec = importlib.util.find_spec("psutil")
     if spec is not None and spec.origin:
         _exempt = (str(Path(spec.origin).parent) + os.sep,)
     sys.addaudithook(_hook)
+
+
+def _stdlib_as_on_macos() -> None:
+    """What the standard library decided at import from what is now gone, decided as macOS's
+    does: ``selectors`` picks poll (``_no_epoll_selector``); ``shutil`` copies no xattrs."""
+    _no_epoll_selector()
+    shutil = sys.modules.get("shutil")
+    if shutil is not None:
+        shutil._copyxattr = lambda *args, **kwargs: None  # type: ignore[attr-defined]
 
 
 def _no_epoll_selector() -> None:
