@@ -140,16 +140,3 @@ def test_posix_groups_alone_offer_no_limits_and_say_so(tmp_path: Path) -> None:
     assert groups.prepare({"memory.max": "1"}).factory_kwargs() == {"join": None}
     assert groups.can_inspect is False and groups.process_status(1) is None
 
-
-def test_wait_process_gone_returns_once_a_process_exited(groups: Groups) -> None:
-    async def main() -> None:
-        proc, group = await _spawn(groups, "polite")
-        waiting = asyncio.create_task(groups.wait_process_gone(proc.pid, poll_s=0.02))
-        await asyncio.sleep(0.2)
-        assert not waiting.done()
-        group.kill()
-        await asyncio.wait_for(waiting, 10)  # exited: a zombie until reaped counts as gone
-        await proc.wait()
-        await asyncio.wait_for(groups.wait_process_gone(proc.pid), 10)  # gone: at once
-
-    asyncio.run(main())

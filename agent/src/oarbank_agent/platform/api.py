@@ -205,10 +205,6 @@ class Groups(Protocol):
     def cmdline(self, pid: int) -> bytes | None:
         """``pid``'s command line (NUL-separated), None when gone or unknown here."""
 
-    async def wait_process_gone(self, pid: int, poll_s: float = 0.05) -> None:
-        """Return once process ``pid`` (ours or not) has exited: gone, or a zombie nobody
-        has reaped yet (cancellable; without an event to wait on, looked at every ``poll_s``)."""
-
     def use_child_watcher(self, loop: asyncio.AbstractEventLoop) -> str:
         """Reap the agent's children on ``loop`` without a thread each where the system
         allows; the watcher in use, for the log."""

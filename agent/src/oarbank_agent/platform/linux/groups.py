@@ -152,8 +152,5 @@ class LinuxGroups(PosixGroups):
         cgs = {g.cgroup for g in cast("list[LinuxGroup]", keep) if g.cgroup is not None}
         return [str(p) for p in await self.box().sweep(cgs, grace_s)]
 
-    async def wait_process_gone(self, pid: int, poll_s: float = 0.05) -> None:
-        await pidfd.wait_process_gone(pid, poll_s=poll_s)
-
     def use_child_watcher(self, loop: asyncio.AbstractEventLoop) -> str:
         return pidfd.use_child_watcher(loop)

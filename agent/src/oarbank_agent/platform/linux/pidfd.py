@@ -24,9 +24,9 @@ import contextlib
 import os
 import sys
 
-from oarbank_agent.platform.linux.proctable import exited, members
+from oarbank_agent.platform.linux.proctable import members
 
-__all__ = ["works", "use_child_watcher", "wait_group_gone", "wait_process_gone"]
+__all__ = ["works", "use_child_watcher", "wait_group_gone"]
 
 
 def works() -> bool:
@@ -95,29 +95,3 @@ async def wait_group_gone(pgid: int, *, poll_s: float = 2.0) -> None:
         for fd in watched.values():
             with contextlib.suppress(OSError):
                 os.close(fd)
-
-
-async def wait_process_gone(pid: int, *, poll_s: float = 0.05) -> None:
-    """Return once process ``pid`` (ours or not) has exited; without pidfds, ``/proc`` is
-    looked at every ``poll_s``. The pidfd is closed on every path."""
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return
-    except (AttributeError, OSError):
-        while not exited(pid):
-            await asyncio.sleep(poll_s)
-        return
-    loop = asyncio.get_running_loop()
-    gone: asyncio.Future[None] = loop.create_future()
-
-    def on_exit() -> None:
-        if not gone.done():
-            gone.set_result(None)
-
-    loop.add_reader(fd, on_exit)
-    try:
-        await gone
-    finally:
-        loop.remove_reader(fd)
-        os.close(fd)

@@ -97,16 +97,6 @@ def cmdline(pid: int) -> bytes | None:
         return None
 
 
-def exited(pid: int) -> bool:
-    """Whether ``pid`` is gone or a zombie nobody has reaped yet."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return True
-    return data[data.rfind(b")") + 2:][:1] == b"Z"
-
-
 def group_rss(pgids: set[int]) -> dict[int, int]:
     """Resident bytes of every live member of each process group, summed per group (one
     pass over /proc)."""

@@ -262,9 +262,5 @@ class PosixGroups:
     def cmdline(self, pid: int) -> bytes | None:
         return cast("bytes | None", self.table.cmdline(pid))
 
-    async def wait_process_gone(self, pid: int, poll_s: float = 0.05) -> None:
-        while not self.table.exited(pid):
-            await asyncio.sleep(poll_s)
-
     def use_child_watcher(self, loop: asyncio.AbstractEventLoop) -> str:
         return "default"

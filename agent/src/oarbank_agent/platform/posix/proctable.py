@@ -62,16 +62,6 @@ def cmdline(pid: int) -> bytes | None:
         return None
 
 
-def exited(pid: int) -> bool:
-    """Whether ``pid`` is gone or a zombie (psutil)."""
-    try:
-        return bool(psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
-    except psutil.NoSuchProcess:
-        return True
-    except (psutil.Error, OSError):
-        return False
-
-
 def group_rss(pgids: set[int]) -> dict[int, int]:
     """Resident bytes of every live member of each process group, summed per group."""
     out = dict.fromkeys(pgids, 0)
