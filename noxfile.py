@@ -132,5 +132,5 @@ def e2e(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    _install(session, "requests")
+    _install(session, "requests", "fastapi")  # fastapi: figure 7's app (examples/openai-compatible)
     session.run("python", "-m", "harness.bench", *session.posargs)

@@ -37,6 +37,11 @@ class Params:
     trivial_jobs: int
     trivial_rounds: int
     single_rounds: int
+    # 7. ASGI path (per round: one attempt; <= 60 connects, under the 64 burst)
+    asgi_rounds: int
+    asgi_per_request: int
+    asgi_keepalive: int
+    asgi_stream: int
 
 
 WARM_TOKENS = 4  # prompts per job
@@ -46,11 +51,13 @@ FULL = Params(warm_jobs=20, warm_load_s=2.0, warm_rounds=2,
               connect_parallel=(1, 8, 32), connect_count=40, connect_rounds=2,
               ready_rounds=8, ready_load_s=0.2,
               idle_s=10.0, hold_attempts=64, hold_s=3.0,
-              trivial_jobs=60, trivial_rounds=2, single_rounds=20)
+              trivial_jobs=60, trivial_rounds=2, single_rounds=20,
+              asgi_rounds=6, asgi_per_request=50, asgi_keepalive=300, asgi_stream=50)
 
 QUICK = Params(warm_jobs=8, warm_load_s=0.5, warm_rounds=1,
                req_rounds=2, req_per_request=30, req_keepalive=100, req_naive_keepalive=10,
                connect_parallel=(1, 8, 32), connect_count=10, connect_rounds=1,
                ready_rounds=2, ready_load_s=0.2,
                idle_s=2.0, hold_attempts=16, hold_s=1.0,
-               trivial_jobs=20, trivial_rounds=1, single_rounds=5)
+               trivial_jobs=20, trivial_rounds=1, single_rounds=5,
+               asgi_rounds=2, asgi_per_request=20, asgi_keepalive=100, asgi_stream=20)

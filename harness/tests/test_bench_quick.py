@@ -52,6 +52,31 @@ def test_quick_request_path_writes_results_json(tmp_path: Path) -> None:
         assert name in proc.stdout
 
 
+def test_quick_asgi_path_runs_both_sides_in_one_run(tmp_path: Path) -> None:
+    # Figure 7: the FastAPI example under serve_asgi behind a real agent, and the same app
+    # under uvicorn on loopback TCP, every loop measured on both sides.
+    out = tmp_path / "results.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.bench", "--quick", "--only", "asgi_path",
+         "--out", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=240,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    fig = json.loads(out.read_text())["figures"]["asgi_path"]
+    assert "error" not in fig, fig
+    assert set(fig["metrics"]) == {"asgi_per_request_latency", "asgi_keepalive_latency",
+                                   "asgi_time_to_first_token", "asgi_per_request_rps",
+                                   "asgi_keepalive_rps"}
+    for name, m in fig["metrics"].items():
+        assert set(m) >= METRIC_KEYS, name
+        assert m["samples"] > 0 and m["median"] > 0 and m["baseline"] > 0, name
+        assert "loopback TCP" in m["baseline_name"], name
+    assert set(fig["details"]) == {f"{side}_{loop}" for side in ("asgi", "tcp")
+                                   for loop in ("per_request", "keepalive", "ttft")}
+    assert fig["metrics"]["asgi_time_to_first_token"]["targets"] == {"ratio": "<= 1.0"}
+
+
 def test_unknown_figure_is_refused_by_name(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "harness.bench", "--only", "nosuch", "--out",

@@ -1,8 +1,8 @@
-"""The six figures. Each ``run(bench) -> {"title", "metrics": {name: metric}, "details"}``."""
+"""The seven figures. Each ``run(bench) -> {"title", "metrics": {name: metric}, "details"}``."""
 
 from __future__ import annotations
 
-from . import connect, footprint, overhead, readiness, requests, warm
+from . import asgi, connect, footprint, overhead, readiness, requests, warm
 
 __all__ = ["FIGURES"]
 
@@ -15,4 +15,5 @@ FIGURES = {
     "footprint": footprint,
     "job_overhead": overhead,
     "warm_vs_per_job_load": warm,
+    "asgi_path": asgi,  # its own agent and module: after the others, which share one
 }
