@@ -35,11 +35,7 @@ from oarbank_agent.modules.table import ModuleSpec, ModuleTable
 from oarbank_agent.operate import answers, control, drain, reload
 from oarbank_agent.protection import apply
 from oarbank_agent.protection import decisions as protection
-from oarbank_agent.protection.guard import (
-    Action,
-    Guard,
-    GuardConfig,
-)
+from oarbank_agent.protection.guard import Action, Guard, GuardConfig
 from oarbank_agent.reporting import status as nodestatus
 from oarbank_agent.sandbox import containment, escapewatch, resourcelimits
 from oarbank_agent.services import detachedwatch, manualwatch, ownedwatch, runningwatch
@@ -51,10 +47,9 @@ __all__ = ["Agent", "AgentConfig", "ModuleSpec"]
 log = logging.getLogger("oarbank_agent")
 
 
-
 @dataclass
 class AgentConfig:
-    """Everything ``oarbank-agent run`` decides before the agent exists (cli.cmd_run)."""
+    """Everything ``oarbank-agent run`` decides before the agent exists (run_cli.cmd_run)."""
 
     state_dir: Path
     node_id: str | None = None  # default: the host name
@@ -77,6 +72,9 @@ class AgentConfig:
 
 
 class Agent:
+    """The node's parts, built from one ``AgentConfig`` and wired together; ``run`` starts
+    them in order and, once a stop is asked and the drain is over, ``shutdown`` ends them."""
+
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
         self.state_dir = config.state_dir.resolve()
