@@ -12,6 +12,7 @@ with the channel passed on by ``inherit_channel()``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
@@ -19,6 +20,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -424,3 +426,58 @@ def _takes_nothing(acc) -> bool:
     except TimeoutError:
         return True
     return False
+
+
+def test_a_plain_starlette_app_served_in_this_process_from_a_thread():
+    # serve_asgi in a thread of this process (no signal handlers there), a Starlette app
+    # with a lifespan, an acceptor on a real channel; every descriptor back at the end.
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse, PlainTextResponse
+    from starlette.routing import Route
+
+    from oarbank_sdk import service_endpoint as ep
+
+    events: list[str] = []
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        events.append("startup")
+        yield
+        events.append("shutdown")
+
+    async def hello(request):
+        return JSONResponse({"client": list(request.client or ()), "events": list(events)})
+
+    async def echo(request):
+        return PlainTextResponse((await request.body())[::-1])
+
+    app = Starlette(routes=[Route("/", hello), Route("/echo", echo, methods=["POST"])],
+                    lifespan=lifespan)
+    base = H.open_fds()
+    agent = H.FakeAgent(channel=True)
+    assert agent.channel_child is not None
+    acc = ep.Acceptor(channel=f"fd:{agent.channel_child.detach()}", features="ready")
+    served = threading.Thread(target=web.serve_asgi, args=(app, acc),
+                              kwargs={"http": "h11", "loop": "asyncio", "log_level": "warning"})
+    served.start()
+    job_end = agent.open_connector("att-s")
+    try:
+        assert agent.wait(lambda: agent.ready_lines == 1, 10)
+        assert events == ["startup"]
+        os.environ["OARBANK_SERVICE_STAR"] = f"fd:{job_end.detach()}"
+        with httpx.Client(transport=web.HTTPTransport("star"), base_url="http://star") as c:
+            assert c.get("/").json() == {"client": ["attempt-att-s", 0], "events": ["startup"]}
+            assert c.post("/echo", content=b"abc").content == b"cba"
+        agent.close_channel()
+        served.join(15)
+        assert not served.is_alive()
+        assert events == ["startup", "shutdown"]
+    finally:
+        os.environ.pop("OARBANK_SERVICE_STAR", None)
+        endpoint_job._forget_connectors()
+        job_end.close()  # detached once the client holds it: then a no-op
+        agent.close_channel()
+        served.join(15)
+        acc.close()
+        agent.close()
+    assert not H.fds_settle(base)
