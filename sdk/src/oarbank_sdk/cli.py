@@ -22,8 +22,12 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 __all__ = ["build_parser", "main"]
+
+# What ``add_subparsers`` returns (its class is argparse's private one).
+Subparsers = Any
 
 
 # -- check ----------------------------------------------------------------------------------
@@ -51,7 +55,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return status
 
 
-def _add_check(sub: argparse._SubParsersAction) -> None:
+def _add_check(sub: Subparsers) -> None:
     p = sub.add_parser(
         "check",
         help="check module manifests and their UI pages",
@@ -78,7 +82,7 @@ def _cmd_conform(args: argparse.Namespace) -> int:
     return int(run(args.module_dir, json_output=args.json, keep=args.keep))
 
 
-def _add_conform(sub: argparse._SubParsersAction) -> None:
+def _add_conform(sub: Subparsers) -> None:
     p = sub.add_parser(
         "conform",
         help="run the conformance kit on a module",
@@ -110,7 +114,7 @@ def _cmd_new(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_new(sub: argparse._SubParsersAction) -> None:
+def _add_new(sub: Subparsers) -> None:
     p = sub.add_parser(
         "new",
         help="make a module from the reference example",
@@ -129,7 +133,7 @@ def _add_new(sub: argparse._SubParsersAction) -> None:
 
 # -- wiring ---------------------------------------------------------------------------------
 
-_SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_check, _add_conform,
+_SUBCOMMANDS: list[Callable[[Subparsers], None]] = [_add_check, _add_conform,
                                                                     _add_new]
 
 
