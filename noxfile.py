@@ -6,6 +6,7 @@
 - lint       ruff, plus actionlint on the CI workflows when it is installed
 - typecheck  mypy over the three distributions
 - demo       twenty jobs through one warm model service
+- demo_openai  openai-client jobs through one warm FastAPI service (examples/openai-compatible)
 - conform    the conformance kit on the reference module
 - browser    only the browser tests
 - e2e        the harness scenarios (`nox -s e2e -- --backend local`; the VM backend is
@@ -116,6 +117,13 @@ def typecheck(session: nox.Session) -> None:
 def demo(session: nox.Session) -> None:
     _install(session)
     session.run("oarbank-agent", "demo", *session.posargs)
+
+
+@nox.session
+def demo_openai(session: nox.Session) -> None:
+    """The second demo: openai-client jobs through one warm FastAPI service (examples/openai-compatible)."""
+    _install(session, "fastapi", "openai")
+    session.run("python", "examples/openai-compatible/demo.py", *session.posargs)
 
 
 @nox.session

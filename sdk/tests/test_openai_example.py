@@ -4,6 +4,7 @@ runner's goldens (chat and completions, streamed and not) through a real connect
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -43,3 +44,16 @@ def test_the_example_conforms_in_the_sandbox():
         for when in ("after ready", "after requests"):
             assert any(line.startswith(f"ok   service model: no network attempts ({when}): none")
                        for line in lines), lines
+
+
+def test_the_second_demo_runs_jobs_through_one_warm_service():
+    # demo.py: a real `oarbank-agent run`, jobs submitted with its command line, half streamed.
+    done = subprocess.run([sys.executable, str(EXAMPLE / "demo.py"), "--jobs", "3", "--load-s",
+                           "0.3", "--json"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["succeeded"] == 3
+    (served_by,) = summary["service_processes"]  # every answer from one process, loaded once
+    assert served_by.endswith("-loads-1"), served_by
+    assert summary["texts"][1] == "snetsil gnihton [83d020c3]"
+    assert summary["first_token_ms_median"] > 0
