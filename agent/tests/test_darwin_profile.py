@@ -1,8 +1,9 @@
 """The darwin profile (``OARBANK_PLATFORM=darwin`` on Linux): the POSIX path as macOS runs it.
 
 A real ``oarbank-agent run`` under the profile runs jobs through a warm service, with the
-process factory off and the sandbox reported unavailable as macOS-only, as on a Mac; and the
-tripwire (``platform/darwin/linuxfree.py``) makes a Linux-only call fail, naming it."""
+process factory off, the sandbox reported unavailable as macOS-only and groups without
+cgroups (no memory or CPU limits, each absence reported), as on a Mac; and the tripwire
+(``platform/darwin/linuxfree.py``) makes a Linux-only call fail, naming it."""
 
 from __future__ import annotations
 
@@ -106,4 +107,8 @@ def test_an_agent_under_the_profile_runs_jobs_through_a_warm_service(start_agent
     assert "needs Linux" in st["process_factory"]["note"], st["process_factory"]
     sandbox = st["sandbox"]
     assert sandbox["mode"] == "auto" and "sandbox-exec is macOS only" in sandbox["note"], sandbox
+    # What the kernel lacks here is reported, never silently skipped.
+    assert st["containment"] == "process-group" and "darwin" in st["containment_note"], st
+    assert {k: v["state"] for k, v in st["resource_limits"].items()} == {
+        "memory.max": "unavailable", "cpu.max": "unavailable"}, st["resource_limits"]
     assert linuxfree.MESSAGE not in agent.log()
