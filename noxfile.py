@@ -50,7 +50,8 @@ def tests(session: nox.Session) -> None:
 
 
 # What the agent's tests import (the darwin profile needs no browser, Docker or TLS CA).
-AGENT_TEST_DEPS = ["pytest>=7", "pytest-timeout", "pytest-xdist", "hypothesis"]
+AGENT_TEST_DEPS = ["pytest>=7", "pytest-timeout", "pytest-xdist", "hypothesis",
+                   "fastapi", "openai"]  # test_web_agent.py: examples/openai-compatible
 
 
 @nox.session
