@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from oarbank_agent.factory import plan
+from oarbank_agent.platform.linux.factory import plan
 from oarbank_sdk import sandbox
 
 PY = sys.executable
@@ -86,7 +86,7 @@ def test_a_scripts_folder_shadows_a_held_stdlib_module_only_with_a_module_file(
 
     import pytest as _pytest  # noqa: F401  (held, not standard library)
 
-    from oarbank_agent.factory import child
+    from oarbank_agent.platform.linux.factory import child
 
     folder = Path(str(tmp_path))
     startup = child.Startup(PY, [], {}, {}, [], BOOT, fresh_modules=frozenset({"sys", "os"}))

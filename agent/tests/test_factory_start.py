@@ -1,7 +1,7 @@
 """A process factory that cannot start: the client says why, and leaves no process or descriptor.
 
 Real processes stand in for a broken factory: ``sys.executable`` is pointed at a shell script
-(the client starts the factory as ``sys.executable -I -m oarbank_agent.factory ...``)."""
+(the client starts the factory as ``sys.executable -I -m oarbank_agent.platform.linux.factory ...``)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from oarbank_agent.factory import client as factory_client
+from oarbank_agent import platform
+from oarbank_agent.platform.linux.factory import client as factory_client
 
 
 def _fake_interpreter(tmp_path: Path, body: str) -> str:
@@ -30,7 +31,7 @@ def _start(monkeypatch: pytest.MonkeyPatch, interpreter: str) -> str:
     monkeypatch.setattr(factory_client, "_START_TIMEOUT_S", 1.0)
 
     async def go() -> str:
-        fc = factory_client.FactoryClient(confine=False)
+        fc = factory_client.FactoryClient(confine=False, backend=platform.current())
         with pytest.raises(OSError) as err:
             await fc.start()
         assert fc.pid is None
@@ -61,7 +62,7 @@ def test_a_factory_that_cannot_be_restarted_leaves_spawns_the_direct_way(
     from oarbank_agent import factory, procs
 
     async def go() -> None:
-        fc = factory_client.FactoryClient(confine=False)
+        fc = factory_client.FactoryClient(confine=False, backend=platform.current())
         await fc.start()
         factory.install(fc)
         try:

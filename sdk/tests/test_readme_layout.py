@@ -17,7 +17,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
-AGENT_FOLDERS = ("broker", "factory", "host", "jobs", "modules", "operate", "platform", "protection",
+AGENT_FOLDERS = ("broker", "host", "jobs", "modules", "operate", "platform", "protection",
                  "reporting", "sandbox", "services")
 # README -> (the folder its table describes, subfolders described elsewhere).
 LAYOUTS = {
@@ -25,12 +25,14 @@ LAYOUTS = {
     "sdk/src/oarbank_sdk/sandbox/README.md": ("sdk/src/oarbank_sdk/sandbox", ()),
     "agent/README.md": ("agent/src/oarbank_agent", AGENT_FOLDERS),
     "agent/src/oarbank_agent/broker/README.md": ("agent/src/oarbank_agent/broker", ()),
-    "agent/src/oarbank_agent/factory/README.md": ("agent/src/oarbank_agent/factory", ()),
     "agent/src/oarbank_agent/host/README.md": ("agent/src/oarbank_agent/host", ()),
     "agent/src/oarbank_agent/jobs/README.md": ("agent/src/oarbank_agent/jobs", ()),
     "agent/src/oarbank_agent/modules/README.md": ("agent/src/oarbank_agent/modules", ()),
     "agent/src/oarbank_agent/operate/README.md": ("agent/src/oarbank_agent/operate", ()),
-    "agent/src/oarbank_agent/platform/README.md": ("agent/src/oarbank_agent/platform", ()),
+    "agent/src/oarbank_agent/platform/README.md": ("agent/src/oarbank_agent/platform",
+                                                   ("linux/factory",)),
+    "agent/src/oarbank_agent/platform/linux/factory/README.md": (
+        "agent/src/oarbank_agent/platform/linux/factory", ()),
     "agent/src/oarbank_agent/protection/README.md": ("agent/src/oarbank_agent/protection", ()),
     "agent/src/oarbank_agent/reporting/README.md": ("agent/src/oarbank_agent/reporting", ()),
     "agent/src/oarbank_agent/sandbox/README.md": ("agent/src/oarbank_agent/sandbox", ()),
@@ -53,7 +55,8 @@ def source_files(root: Path, skip: tuple[str, ...]) -> set[str]:
     files = set()
     for name in filter(None, out.split("\0")):
         rel = (REPO / name).relative_to(root).as_posix()
-        if (REPO / name).is_file() and not rel.endswith(".md") and rel.split("/")[0] not in skip:
+        elsewhere = any(rel == s or rel.startswith(s + "/") for s in skip)
+        if (REPO / name).is_file() and not rel.endswith(".md") and not elsewhere:
             files.add(rel)
     return files
 

@@ -1,23 +1,23 @@
-"""The agent's process factory: one warm helper that starts every child of the agent.
+"""The agent's process factory, as the rest of the agent sees it: whether there is one
+(``--process-factory``), the installed client, its report for ``status``.
 
-``client`` (the agent's side, asyncio) asks ``server`` (the factory process) for a child;
-``child`` is what the forked child does until it execs or runs its script in place; ``plan``
-holds the pure decisions (the sandbox launcher's argv, running ``python -I`` in place);
-``wire`` the messages; ``selfconfine`` the factory's own walls.
-
-``procs.spawn`` uses the installed client (``install``/``current``; ``--process-factory``),
-and starts children directly when there is none. Kept free of imports: the factory process
-imports this package too.
+The factory itself (one warm helper that forks every child) is the Linux backend's
+(``platform/linux/factory/``: a fork server needs ``fork`` and the Linux sandbox); the backend
+makes its client (``platform.current().factory.client``). ``procs.spawn`` uses the installed
+client and starts children directly when there is none.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from oarbank_agent.factory.client import FactoryClient
+from oarbank_agent.platform.api import FactoryLost
 
-__all__ = ["MODES", "install", "current", "resolve_mode", "report"]
+if TYPE_CHECKING:
+    from oarbank_agent.platform.linux.factory.client import FactoryClient
+
+__all__ = ["MODES", "FactoryLost", "install", "current", "resolve_mode", "report"]
+
 
 MODES = ("on", "off")
 

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from oarbank_agent import factory, platform
-from oarbank_agent.factory.client import FactoryLost
 from oarbank_agent.platform.api import Group
 from oarbank_agent.sandbox import policy as sandboxing
 from oarbank_agent.sandbox import refusals
@@ -131,7 +130,7 @@ async def spawn(argv: list[str], *, env: dict[str, str], cwd: str | os.PathLike[
                     proc = await maker.spawn(inner, env=env, cwd=str(cwd), fds=fds,
                                              kind=kind, label=label, **slot.factory_kwargs())
                     break
-                except FactoryLost as exc:
+                except factory.FactoryLost as exc:
                     # It died under this spawn (a child it forked is ended by the client):
                     # once more through its successor; with no successor, the direct way.
                     if maker.broken is not None:

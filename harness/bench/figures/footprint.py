@@ -24,7 +24,7 @@ def _with_factory(proc: psutil.Process) -> list[psutil.Process]:
     out = [proc]
     for child in proc.children():
         try:
-            if "oarbank_agent.factory" in child.cmdline():
+            if "oarbank_agent.platform.linux.factory" in child.cmdline():
                 out.append(child)
         except psutil.Error:
             continue

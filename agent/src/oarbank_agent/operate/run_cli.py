@@ -288,10 +288,9 @@ async def _start_factory(mode: str, confine: bool) -> Any:
         log.info("process factory: %s", why)
         factory.install(None, why)
         return None
-    from oarbank_agent.factory.client import FactoryClient
-
-    maker = FactoryClient(confine=confine)
     try:
+        backend = platform.current()
+        maker = backend.factory.client(confine=confine, backend=backend)
         await maker.start()
     except OSError as exc:
         log.warning("process factory: cannot start it (%s): children are started directly",

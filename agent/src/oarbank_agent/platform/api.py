@@ -11,6 +11,7 @@ requests, the event loop, the stream type behind the transport.
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict, TypeVar
@@ -21,10 +22,210 @@ if TYPE_CHECKING:
     from collections.abc import Coroutine
     from pathlib import Path
 
-__all__ = ["Backend", "CONTAINMENT_MODES", "CONTAINMENT_HELP", "ContainmentUnavailable", "Group", "Slot",
-           "PopenOptions", "Containment", "Groups", "FileLike", "Watchable", "Watcher", "Streams",
-           "EndpointPathTooLong", "ClientHandler", "Endpoint", "StateDirHost", "Requests",
-           "Loops", "FactoryHost"]
+__all__ = ["Backend", "FactoryLost", "FileLike", "Watchable", "Watcher", "Streams", "EndpointPathTooLong",
+           "ClientHandler", "Endpoint", "StateDirHost", "Requests", "Loops", "FactoryHost",
+           "SandboxHost",
+           "CONTAINMENT_MODES", "CONTAINMENT_HELP", "ContainmentUnavailable", "Group", "Slot",
+           "PopenOptions", "Containment", "Groups"]
+
+
+# -- the sandbox wrapper and its probe ----------------------------------------------------------
+# The launcher itself is the SDK's (``oarbank_sdk.sandbox``: Landlock and seccomp on Linux,
+# Seatbelt on macOS); the backend says which of its measured walls this system needs, and
+# keeps the agent's own memory from its children.
+
+
+class SandboxHost(Protocol):
+    """What confining children means on this system."""
+
+    # Measured capabilities that together make a child's only connections the agent's.
+    endpoint_walls: tuple[str, ...]
+    # Every wall ``--sandbox required`` refuses to start without.
+    required_walls: tuple[str, ...]
+    # Walls whose absence is warned about, never refused (belt and braces).
+    extra_walls: tuple[str, ...]
+
+    def unavailable_reason(self) -> str | None:
+        """Why the SDK's launcher cannot confine a child on this system at all, or None."""
+
+    def set_undumpable(self) -> bool:
+        """Keep the agent's memory and environment from non-root readers; True if it took."""
+
+    def undumpable(self) -> bool:
+        """Whether the agent is undumpable now."""
+
+    def kernel_note(self) -> str | None:
+        """One line on the kernel's sandbox features for the log (e.g. the Landlock ABI)."""
+
+# -- the stream type behind the transport, and readiness I/O -------------------------------------
+# The agent's streams (a broker connection, a service's log pipe, the factory's socket) are
+# watched on the event loop: "call me when it is readable / writable", "stop watching".
+
+
+class FileLike(Protocol):
+    def fileno(self) -> int: ...
+
+
+# What a watcher watches: a stream object (the transport's, a socket on POSIX) or a
+# descriptor the backend made (``Streams.pipe``).
+Watchable = int | FileLike
+
+
+class Watcher(Protocol):
+    """Readiness on one event loop. One callback per stream and direction; watching again
+    replaces it."""
+
+    def on_readable(self, stream: Watchable, callback: Callable[..., object],
+                    *args: Any) -> None:
+        """Call ``callback(*args)`` each time ``stream`` has something to read (or EOF)."""
+
+    def on_writable(self, stream: Watchable, callback: Callable[..., object],
+                    *args: Any) -> None:
+        """Call ``callback(*args)`` each time ``stream`` takes more bytes."""
+
+    def off_readable(self, stream: Watchable) -> bool:
+        """Stop watching ``stream`` for reading; False if it was not watched."""
+
+    def off_writable(self, stream: Watchable) -> bool:
+        """Stop watching ``stream`` for writing; False if it was not watched."""
+
+
+class Streams(Protocol):
+    """The stream type behind the transport, and how the agent waits on streams."""
+
+    @property
+    def kind(self) -> type:
+        """What ``oarbank_sdk.protocol``'s transport hands the agent (a socket on POSIX)."""
+
+    def watcher(self, loop: asyncio.AbstractEventLoop) -> Watcher:
+        """Readiness on ``loop`` (the agent's loop, ``Loops.new``)."""
+
+    def pipe(self) -> tuple[int, int]:
+        """A new pipe ``(read end, write end)``, neither inherited by children unless passed
+        on explicitly."""
+
+
+# -- the control endpoint ------------------------------------------------------------------------
+
+
+class EndpointPathTooLong(OSError):
+    """The endpoint's path cannot be used on this system (the message names it and the limit)."""
+
+
+ClientHandler = Callable[["asyncio.StreamReader", "asyncio.StreamWriter"], "Awaitable[None]"]
+
+
+class Endpoint(Protocol):
+    """``<state>/control.sock``: served by the agent, open to its own user only."""
+
+    def check(self, path: Path) -> None:
+        """Raise ``EndpointPathTooLong`` if ``path`` can never be served or reached (asked
+        before anything starts; the folder need not exist yet)."""
+
+    async def serve(self, path: Path, on_client: ClientHandler, *,
+                    limit: int) -> asyncio.AbstractServer:
+        """Serve ``path`` (a stale endpoint there is replaced), owner-only from the first
+        moment; ``limit``: the longest line a reader takes."""
+
+    def connect(self, path: Path, timeout: float | None) -> socket.socket:
+        """A blocking connection to the endpoint at ``path`` (``timeout`` for every call on
+        it). Raises FileNotFoundError or ConnectionRefusedError when nothing serves there,
+        PermissionError when it is not ours, EndpointPathTooLong."""
+
+    async def open(self, path: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """A stream connection to a local socket path (the heartbeat's ``http+unix`` URL)."""
+
+
+# -- the state-dir lock --------------------------------------------------------------------------
+
+
+class StateDirHost(Protocol):
+    """What keeping a state dir private and single-agent needs of the system."""
+
+    def try_lock(self, fd: int) -> bool:
+        """Lock the open file ``fd`` for this process: True if taken, False if another
+        process holds it. The lock goes when ``fd`` is closed or the process dies. Other
+        failures raise OSError."""
+
+    def user_name(self, uid: int) -> str | None:
+        """The login name of ``uid``, None if it has none."""
+
+    def umask(self) -> int:
+        """This process's file mode creation mask, read without changing it (threads may
+        create files meanwhile)."""
+
+
+# -- stop and reload requests --------------------------------------------------------------------
+
+
+class Requests(Protocol):
+    """How an operator asks a running agent to stop or to reload (besides the control
+    endpoint's ``drain`` and ``reload``)."""
+
+    stop_how: str  # for help texts: what an operator sends to stop the agent (Ctrl-C does too)
+    reload_how: str  # for help texts: what an operator sends to make it reload
+
+    def install(self, loop: asyncio.AbstractEventLoop, on_stop: Callable[[str], None],
+                on_reload: Callable[[str], None]) -> None:
+        """From now on, a stop request calls ``on_stop(why)`` and a reload request calls
+        ``on_reload(why)`` on ``loop``; ``why`` names the request for the log."""
+
+
+# -- the event loop ------------------------------------------------------------------------------
+
+T = TypeVar("T")
+
+
+class Loops(Protocol):
+    """The agent's event loop: one that ``Streams.watcher`` and ``Requests`` work with."""
+
+    def new(self) -> asyncio.AbstractEventLoop:
+        """A new event loop (not set as current)."""
+
+    def run(self, main: Coroutine[Any, Any, T]) -> T:
+        """Run ``main`` to completion on a new loop, as ``asyncio.run`` does."""
+
+
+
+# -- the process factory's host side -------------------------------------------------------------
+
+
+class FactoryLost(OSError):
+    """The process factory died before it answered a spawn."""
+
+
+class FactoryHost(Protocol):
+    """What the agent's side of its process factory asks of the system about one process: the
+    factory itself, or a child it lost when it died."""
+
+    def footprint(self, pid: int) -> dict[str, int]:
+        """What can be read of ``pid``: ``rss_bytes`` (resident memory), ``fds`` (open
+        descriptors); a key is left out when it cannot be read."""
+
+    async def until_gone(self, pid: int) -> None:
+        """Return once ``pid`` (not necessarily the agent's child) has exited; a zombie counts
+        as exited."""
+
+    def client(self, *, confine: bool, backend: Backend) -> Any:
+        """The agent's side of a new process factory (``start()`` it on the loop), using
+        ``backend`` (this one) for its I/O; raises ``OSError`` where there is no factory."""
+
+
+# -- plain subprocesses in sessions, for tools outside the agent's loop ------------------------
+
+
+class Sessions(Protocol):
+    """Start a plain subprocess in a session of its own, ask it to stop, end its session."""
+
+    def popen_options(self, *, stop_with_parent: bool = False) -> dict[str, Any]:
+        """``subprocess.Popen`` keywords for a child in its own session; ``stop_with_parent``:
+        asked to stop when its starter dies, where the system can say so."""
+
+    def ask_to_stop(self, proc: subprocess.Popen[Any]) -> None:
+        """The polite stop (the agent drains on it)."""
+
+    def kill_session(self, leader_pid: int) -> None:
+        """End everything left in the session ``leader_pid`` leads; gone already is fine."""
 
 
 # -- process groups, their limits and their containment ------------------------------------------
@@ -209,149 +410,6 @@ class Groups(Protocol):
         """Reap the agent's children on ``loop`` without a thread each where the system
         allows; the watcher in use, for the log."""
 
-# -- the stream type behind the transport, and readiness I/O -------------------------------------
-# The agent's streams (a broker connection, a service's log pipe, the factory's socket) are
-# watched on the event loop: "call me when it is readable / writable", "stop watching".
-
-
-class FileLike(Protocol):
-    def fileno(self) -> int: ...
-
-
-# What a watcher watches: a stream object (the transport's, a socket on POSIX) or a
-# descriptor the backend made (``Streams.pipe``).
-Watchable = int | FileLike
-
-
-class Watcher(Protocol):
-    """Readiness on one event loop. One callback per stream and direction; watching again
-    replaces it."""
-
-    def on_readable(self, stream: Watchable, callback: Callable[..., object],
-                    *args: Any) -> None:
-        """Call ``callback(*args)`` each time ``stream`` has something to read (or EOF)."""
-
-    def on_writable(self, stream: Watchable, callback: Callable[..., object],
-                    *args: Any) -> None:
-        """Call ``callback(*args)`` each time ``stream`` takes more bytes."""
-
-    def off_readable(self, stream: Watchable) -> bool:
-        """Stop watching ``stream`` for reading; False if it was not watched."""
-
-    def off_writable(self, stream: Watchable) -> bool:
-        """Stop watching ``stream`` for writing; False if it was not watched."""
-
-
-class Streams(Protocol):
-    """The stream type behind the transport, and how the agent waits on streams."""
-
-    @property
-    def kind(self) -> type:
-        """What ``oarbank_sdk.protocol``'s transport hands the agent (a socket on POSIX)."""
-
-    def watcher(self, loop: asyncio.AbstractEventLoop) -> Watcher:
-        """Readiness on ``loop`` (the agent's loop, ``Loops.new``)."""
-
-    def pipe(self) -> tuple[int, int]:
-        """A new pipe ``(read end, write end)``, neither inherited by children unless passed
-        on explicitly."""
-
-
-# -- the control endpoint ------------------------------------------------------------------------
-
-
-class EndpointPathTooLong(OSError):
-    """The endpoint's path cannot be used on this system (the message names it and the limit)."""
-
-
-ClientHandler = Callable[["asyncio.StreamReader", "asyncio.StreamWriter"], "Awaitable[None]"]
-
-
-class Endpoint(Protocol):
-    """``<state>/control.sock``: served by the agent, open to its own user only."""
-
-    def check(self, path: Path) -> None:
-        """Raise ``EndpointPathTooLong`` if ``path`` can never be served or reached (asked
-        before anything starts; the folder need not exist yet)."""
-
-    async def serve(self, path: Path, on_client: ClientHandler, *,
-                    limit: int) -> asyncio.AbstractServer:
-        """Serve ``path`` (a stale endpoint there is replaced), owner-only from the first
-        moment; ``limit``: the longest line a reader takes."""
-
-    def connect(self, path: Path, timeout: float | None) -> socket.socket:
-        """A blocking connection to the endpoint at ``path`` (``timeout`` for every call on
-        it). Raises FileNotFoundError or ConnectionRefusedError when nothing serves there,
-        PermissionError when it is not ours, EndpointPathTooLong."""
-
-    async def open(self, path: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        """A stream connection to a local socket path (the heartbeat's ``http+unix`` URL)."""
-
-
-# -- the state-dir lock --------------------------------------------------------------------------
-
-
-class StateDirHost(Protocol):
-    """What keeping a state dir private and single-agent needs of the system."""
-
-    def try_lock(self, fd: int) -> bool:
-        """Lock the open file ``fd`` for this process: True if taken, False if another
-        process holds it. The lock goes when ``fd`` is closed or the process dies. Other
-        failures raise OSError."""
-
-    def user_name(self, uid: int) -> str | None:
-        """The login name of ``uid``, None if it has none."""
-
-    def umask(self) -> int:
-        """This process's file mode creation mask, read without changing it (threads may
-        create files meanwhile)."""
-
-
-# -- stop and reload requests --------------------------------------------------------------------
-
-
-class Requests(Protocol):
-    """How an operator asks a running agent to stop or to reload (besides the control
-    endpoint's ``drain`` and ``reload``)."""
-
-    stop_how: str  # for help texts: what an operator sends to stop the agent (Ctrl-C does too)
-    reload_how: str  # for help texts: what an operator sends to make it reload
-
-    def install(self, loop: asyncio.AbstractEventLoop, on_stop: Callable[[str], None],
-                on_reload: Callable[[str], None]) -> None:
-        """From now on, a stop request calls ``on_stop(why)`` and a reload request calls
-        ``on_reload(why)`` on ``loop``; ``why`` names the request for the log."""
-
-
-# -- the event loop ------------------------------------------------------------------------------
-
-T = TypeVar("T")
-
-
-class Loops(Protocol):
-    """The agent's event loop: one that ``Streams.watcher`` and ``Requests`` work with."""
-
-    def new(self) -> asyncio.AbstractEventLoop:
-        """A new event loop (not set as current)."""
-
-    def run(self, main: Coroutine[Any, Any, T]) -> T:
-        """Run ``main`` to completion on a new loop, as ``asyncio.run`` does."""
-
-
-# -- the process factory's host side -------------------------------------------------------------
-
-
-class FactoryHost(Protocol):
-    """What the agent's side of its process factory asks of the system about one process: the
-    factory itself, or a child it lost when it died."""
-
-    def footprint(self, pid: int) -> dict[str, int]:
-        """What can be read of ``pid``: ``rss_bytes`` (resident memory), ``fds`` (open
-        descriptors); a key is left out when it cannot be read."""
-
-    async def until_gone(self, pid: int) -> None:
-        """Return once ``pid`` (not necessarily the agent's child) has exited; a zombie counts
-        as exited."""
 
 
 @dataclass(frozen=True)
@@ -359,8 +417,8 @@ class Backend:
     """The chosen backend: its name and its parts (fields added per part, one section each)."""
 
     name: str
-    # process groups, their limits and containment
-    groups: Groups
+    sandbox: SandboxHost
+    sessions: Sessions
     # the control plane and the agent's I/O
     streams: Streams
     endpoint: Endpoint
@@ -368,3 +426,5 @@ class Backend:
     requests: Requests
     loops: Loops
     factory: FactoryHost
+    # process groups, their limits and containment
+    groups: Groups

@@ -36,7 +36,7 @@ log = logging.getLogger("oarbank_agent.sandbox")
 INTERVAL_S = 3.0
 SETUP_GRACE_S = 15.0
 _LAUNCHER_MARK = b"oarbank_sdk.sandbox.launch"
-_FACTORY_MARK = b"oarbank_agent.factory\0"  # the factory's argv: ``-m oarbank_agent.factory``
+_FACTORY_MARK = b"oarbank_agent.platform.linux.factory\0"  # in the factory's argv (``-m``)
 
 _escapes: dict[str, str] = {}  # group key -> the failure reason, until taken
 

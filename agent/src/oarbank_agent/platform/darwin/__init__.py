@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from oarbank_agent.platform.api import Backend
 from oarbank_agent.platform.darwin import linuxfree
+from oarbank_agent.platform.darwin.sandboxhost import DarwinSandboxHost
 from oarbank_agent.platform.posix.endpoint import UnixEndpoint
 from oarbank_agent.platform.posix.factoryhost import PosixFactoryHost
 from oarbank_agent.platform.posix.groups import PosixGroups
 from oarbank_agent.platform.posix.loops import SelectorLoops
 from oarbank_agent.platform.posix.requests import SignalRequests
+from oarbank_agent.platform.posix.sessions import PosixSessions
 from oarbank_agent.platform.posix.statedir import PosixStateDir
 from oarbank_agent.platform.posix.streams import PosixStreams
 
@@ -22,10 +24,12 @@ __all__ = ["backend"]
 
 def backend() -> Backend:
     linuxfree.install()  # before any part is made: on a Mac it does nothing
-    return Backend(name="darwin", groups=PosixGroups(system="darwin"),
+    return Backend(name="darwin", sessions=PosixSessions(), sandbox=DarwinSandboxHost(),
                    # the control plane and the agent's I/O (no pipe2, no /proc)
                    streams=PosixStreams(cloexec_pipe=False),
                    endpoint=UnixEndpoint(shortcut=False),
                    statedir=PosixStateDir(proc_status=False),
                    requests=SignalRequests(), loops=SelectorLoops(),
-                   factory=PosixFactoryHost())
+                   factory=PosixFactoryHost(),
+                   # process groups only: no limits, polled (psutil's process table)
+                   groups=PosixGroups(system="darwin"))

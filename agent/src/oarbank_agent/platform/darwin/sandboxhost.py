@@ -15,8 +15,8 @@ __all__ = ["DarwinSandboxHost"]
 
 
 class DarwinSandboxHost:
-    endpoint_walls = ("macos_seatbelt",)
-    required_walls = ("macos_seatbelt",)
+    endpoint_walls: tuple[str, ...] = ("macos_seatbelt",)
+    required_walls: tuple[str, ...] = ("macos_seatbelt",)
     extra_walls: tuple[str, ...] = ()
 
     def unavailable_reason(self) -> str | None:

@@ -6,23 +6,34 @@ Files (one sentence each): see each module's first line; ``backend()`` assembles
 
 from __future__ import annotations
 
-from oarbank_agent.platform.api import Backend
-from oarbank_agent.platform.linux.factoryhost import LinuxFactoryHost
-from oarbank_agent.platform.linux.groups import LinuxGroups
-from oarbank_agent.platform.posix.endpoint import UnixEndpoint
-from oarbank_agent.platform.posix.loops import SelectorLoops
-from oarbank_agent.platform.posix.requests import SignalRequests
-from oarbank_agent.platform.posix.statedir import PosixStateDir
-from oarbank_agent.platform.posix.streams import PosixStreams
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from oarbank_agent.platform.api import Backend
 
 __all__ = ["backend"]
 
 
 def backend() -> Backend:
-    return Backend(name="linux", groups=LinuxGroups(),
+    # Imported here, not above: the process factory (``linux/factory/``) imports this
+    # package on its way and must not load the agent's side of the backend.
+    from oarbank_agent.platform.api import Backend
+    from oarbank_agent.platform.linux.factoryhost import LinuxFactoryHost
+    from oarbank_agent.platform.linux.groups import LinuxGroups
+    from oarbank_agent.platform.linux.sandboxhost import LinuxSandboxHost
+    from oarbank_agent.platform.linux.sessions import LinuxSessions
+    from oarbank_agent.platform.posix.endpoint import UnixEndpoint
+    from oarbank_agent.platform.posix.loops import SelectorLoops
+    from oarbank_agent.platform.posix.requests import SignalRequests
+    from oarbank_agent.platform.posix.statedir import PosixStateDir
+    from oarbank_agent.platform.posix.streams import PosixStreams
+
+    return Backend(name="linux", sessions=LinuxSessions(), sandbox=LinuxSandboxHost(),
                    # the control plane and the agent's I/O
                    streams=PosixStreams(cloexec_pipe=True),
                    endpoint=UnixEndpoint(shortcut=True),
                    statedir=PosixStateDir(proc_status=True),
                    requests=SignalRequests(), loops=SelectorLoops(),
-                   factory=LinuxFactoryHost())
+                   factory=LinuxFactoryHost(),
+                   # process groups, their limits and containment
+                   groups=LinuxGroups())

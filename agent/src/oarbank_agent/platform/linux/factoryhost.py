@@ -10,12 +10,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+from typing import Any
 
 __all__ = ["LinuxFactoryHost"]
 
 
 class LinuxFactoryHost:
     """``api.FactoryHost`` over ``/proc`` and pidfds."""
+
+    def client(self, *, confine: bool, backend: Any) -> Any:
+        from oarbank_agent.platform.linux.factory.client import FactoryClient
+
+        return FactoryClient(confine=confine, backend=backend)
 
     def footprint(self, pid: int) -> dict[str, int]:
         rep: dict[str, int] = {}

@@ -15,13 +15,14 @@ _PR_GET_DUMPABLE = 3
 
 class LinuxSandboxHost:
     # What must hold for a child's only connections to be those the agent hands it.
-    endpoint_walls = ("no_new_privs", "seccomp_listen", "seccomp_socket", "seccomp_bind_connect")
+    endpoint_walls: tuple[str, ...] = ("no_new_privs", "seccomp_listen", "seccomp_socket",
+                                       "seccomp_bind_connect")
+    required_walls: tuple[str, ...] = (
+        "no_new_privs", "seccomp_listen", "seccomp_socket", "seccomp_bind_connect",
+        "seccomp_io_uring", "landlock_fs", "landlock_signal", "landlock_abstract_unix",
+        "caps_dropped", "seccomp_ptrace", "seccomp_privileged", "devices")
     # netns is belt and braces over the socket refusal: its absence is warned about.
-    required_walls = ("no_new_privs", "seccomp_listen", "seccomp_socket", "seccomp_bind_connect",
-                      "seccomp_io_uring", "landlock_fs", "landlock_signal",
-                      "landlock_abstract_unix", "caps_dropped", "seccomp_ptrace",
-                      "seccomp_privileged", "devices")
-    extra_walls = ("netns",)
+    extra_walls: tuple[str, ...] = ("netns",)
 
     def unavailable_reason(self) -> str | None:
         if sandbox.available():

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from typing import Any
 
 import psutil
 
@@ -15,6 +16,9 @@ __all__ = ["PosixFactoryHost"]
 
 class PosixFactoryHost:
     """``api.FactoryHost`` over psutil."""
+
+    def client(self, *, confine: bool, backend: Any) -> Any:
+        raise OSError("this system has no process factory (it forks under the Linux sandbox)")
 
     def footprint(self, pid: int) -> dict[str, int]:
         rep: dict[str, int] = {}

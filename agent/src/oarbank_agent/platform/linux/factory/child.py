@@ -38,7 +38,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, NoReturn
 
-from oarbank_agent.factory import plan
+from oarbank_agent.platform.linux.factory import plan
 from oarbank_sdk import sandbox
 from oarbank_sdk.sandbox import launch as launcher
 

@@ -24,9 +24,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from oarbank_agent import platform
 from oarbank_agent.eventwait import result_within, wait_event
-from oarbank_agent.factory import plan, wire
+from oarbank_agent.platform.api import Backend, FactoryLost
+from oarbank_agent.platform.linux.factory import plan, wire
 from oarbank_sdk.protocol import current_transport
 
 __all__ = ["FactoryClient", "FactoryProcess", "FactoryLost", "RLIMITS"]
@@ -36,10 +36,6 @@ log = logging.getLogger("oarbank_agent.factory")
 RLIMITS = tuple(getattr(resource, n) for n in dir(resource) if n.startswith("RLIMIT_"))
 _START_TIMEOUT_S = 60.0
 _MAX_FAILED_STARTS = 3
-
-
-class FactoryLost(OSError):
-    """The factory died before it answered a spawn."""
 
 
 class FactoryProcess:
@@ -63,9 +59,10 @@ class FactoryProcess:
 
 
 class FactoryClient:
-    def __init__(self, *, confine: bool,
+    def __init__(self, *, confine: bool, backend: Backend,
                  on_lost: Callable[[list[FactoryProcess]], None] | None = None) -> None:
         self.confine = confine  # the factory drops what children need not inherit
+        self.backend = backend  # passed in: this module is the backend's, below its choice
         self.on_lost = on_lost
         self.restarts = 0
         self.broken: str | None = None  # why spawns go the direct way now
@@ -94,7 +91,7 @@ class FactoryClient:
         """Start the factory and wait for its hello. Raises OSError when it cannot start."""
         transport = current_transport()
         ours, theirs = transport.pair(child=True)
-        argv = [sys.executable, "-I", "-m", "oarbank_agent.factory",
+        argv = [sys.executable, "-I", "-m", "oarbank_agent.platform.linux.factory",
                 transport.format(theirs.fileno())] + (["--confine"] if self.confine else [])
         loop = asyncio.get_running_loop()
         try:
@@ -114,7 +111,7 @@ class FactoryClient:
         self._decoder = wire.Decoder()
         self._hello = loop.create_future()
         self._dead = False
-        platform.current().streams.watcher(loop).on_readable(ours.fileno(), self._readable)
+        self.backend.streams.watcher(loop).on_readable(ours.fileno(), self._readable)
         try:
             said_hello, _ = await result_within(asyncio.shield(self._hello), _START_TIMEOUT_S)
             why = "" if said_hello else "no hello"
@@ -143,7 +140,7 @@ class FactoryClient:
         self._ready.clear()
         if self._sock is not None:
             with contextlib.suppress(Exception):
-                platform.current().streams.watcher(
+                self.backend.streams.watcher(
                     asyncio.get_running_loop()).off_readable(self._sock.fileno())
             self._sock.close()
             self._sock = None
@@ -163,7 +160,7 @@ class FactoryClient:
         rep: dict[str, Any] = {"mode": "on", "pid": pid, "restarts": self.restarts,
                                "children": len(self._live), "note": self.broken}
         if pid is not None:
-            rep.update(platform.current().factory.footprint(pid))  # rss_bytes, fds
+            rep.update(self.backend.factory.footprint(pid))  # rss_bytes, fds
         return rep
 
     # --- spawning -------------------------------------------------------------------------
@@ -183,7 +180,7 @@ class FactoryClient:
                 raise FactoryLost(f"no process factory within {_START_TIMEOUT_S:g}s")
         rid = next(self._ids)
         msg = {"op": "spawn", "id": rid, "argv": argv, "env": env, "cwd": cwd,
-               "umask": platform.current().statedir.umask(), "join": join,
+               "umask": self.backend.statedir.umask(), "join": join,
                "fds": [n for _fd, n in fds],
                "rlimits": [[r, *resource.getrlimit(r)] for r in RLIMITS],
                "ignored": plan.inherited_ignores()}
@@ -209,7 +206,7 @@ class FactoryClient:
                     break
                 except BlockingIOError:
                     writable = loop.create_future()
-                    io = platform.current().streams.watcher(loop)
+                    io = self.backend.streams.watcher(loop)
                     io.on_writable(sock.fileno(), writable.set_result, None)
                     try:
                         await writable
@@ -273,7 +270,7 @@ class FactoryClient:
         self._dead = True
         loop = asyncio.get_running_loop()
         with contextlib.suppress(Exception):
-            platform.current().streams.watcher(loop).off_readable(self._sock.fileno())
+            self.backend.streams.watcher(loop).off_readable(self._sock.fileno())
         was_ready = self._ready.is_set()
         self._ready.clear()
         if self._hello is not None and not self._hello.done():
@@ -302,7 +299,7 @@ class FactoryClient:
         for proc in orphans:
             proc.lost = True
             # Its group, and the child itself: it may not be in its own session yet.
-            platform.current().groups.of(proc.pid).kill(also=proc.pid)
+            self.backend.groups.of(proc.pid).kill(also=proc.pid)
             t = asyncio.create_task(self._until_gone(proc))
             self._orphan_watch.add(t)
             t.add_done_callback(self._orphan_watch.discard)
@@ -311,8 +308,8 @@ class FactoryClient:
     async def _until_gone(self, proc: FactoryProcess) -> None:
         """Resolve a lost child's handle once the process is gone (it is not the agent's
         child: the backend watches it)."""
-        await platform.current().factory.until_gone(proc.pid)
-        proc._exited(platform.current().groups.killed_returncode)
+        await self.backend.factory.until_gone(proc.pid)
+        proc._exited(self.backend.groups.killed_returncode)
 
     async def _restart(self, why: str) -> None:
         await self._drop_process()

@@ -1,4 +1,4 @@
-"""The factory process: ``python -I -m oarbank_agent.factory fd:<n> [--confine]``.
+"""The factory process: ``python -I -m oarbank_agent.platform.linux.factory fd:<n> [--confine]``.
 
 One per agent, started by ``client.FactoryClient``. It imports, once, what every child would
 otherwise import again (the SDK's sandbox launcher and its seccomp binding, ``runpy``), then
@@ -26,7 +26,7 @@ import subprocess
 import sys
 from typing import Any
 
-from oarbank_agent.factory import child, selfconfine, wire
+from oarbank_agent.platform.linux.factory import child, selfconfine, wire
 from oarbank_sdk import sandbox
 from oarbank_sdk.protocol import current_transport
 
@@ -151,7 +151,7 @@ class Factory:
 
 def main(argv: list[str]) -> int:
     if not argv:
-        print("usage: python -I -m oarbank_agent.factory fd:<n> [--confine]", file=sys.stderr)
+        print("usage: python -I -m oarbank_agent.platform.linux.factory fd:<n> [--confine]", file=sys.stderr)
         return 2
     startup_path = list(sys.path)
     transport = current_transport()
