@@ -1,9 +1,11 @@
-"""The host seam: what the agent asks of the operating system, behind public functions.
+"""The host's resources the node offers: its GPU APIs and its memory, as the portal and
+admission see them.
 
 - ``gpuapis``: which GPU APIs this host provides (probes in child processes under a watchdog).
 - ``memory``: available and total memory (what each group holds is the platform backend's).
 
-Nothing here decides anything about jobs or services; per-OS code lives in ``oarbank_agent.platform``
-(and in the SDK's sandbox package). This file imports nothing, so ``python -m
-oarbank_agent.host.gpuapis`` loads only the probe.
+Nothing here decides anything about jobs or services, and nothing here starts, ends or limits
+a process: that is the platform backend's (``oarbank_agent.platform``). The GPU probes do ask
+which system this is: the APIs to look for differ per system (Metal, DirectML, CUDA...).
+This file imports nothing, so ``python -m oarbank_agent.host.gpuapis`` loads only the probe.
 """

@@ -316,10 +316,11 @@ def _release_on_factory_loss(agent: Any) -> None:
 def _install_refusals(enforce: bool) -> None:
     """Count each network attempt of every child (refusals.py) when user notification works
     here; the filter refuses them either way."""
+    from oarbank_agent import platform
     from oarbank_agent.sandbox import refusals
 
     problem = None
-    if enforce and sys.platform.startswith("linux"):
+    if enforce and platform.current().name == "linux":  # user notification is seccomp's
         from oarbank_sdk import sandbox
 
         problem = sandbox.notify_probe()
