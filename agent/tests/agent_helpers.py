@@ -267,6 +267,10 @@ class RunningAgent:
         self.stopped = True
         rc = self.proc.stop()
         assert rc == 0, f"agent exited with {rc}:\n{self.log()[-3000:]}"
+        # Under the darwin profile: a Linux-only call the agent made, even one it swallowed
+        # (platform/darwin/linuxfree.py says each on stderr, which is this log).
+        tripped = [line for line in self.log().splitlines() if "oarbank tripwire:" in line]
+        assert not tripped, "the agent made Linux-only calls:\n" + "\n".join(tripped[:5])
         left = processes_referencing(self.root)
         assert not left, "left behind by the agent:\n" + "\n".join(left)
         records = list((self.state_dir / "procs").glob("*.json"))
