@@ -37,8 +37,9 @@ class Params:
     trivial_jobs: int
     trivial_rounds: int
     single_rounds: int
-    # 7. ASGI path (per round: one attempt; <= 60 connects, under the 64 burst)
+    # 7. ASGI path (per round: one attempt; connect + per_request + 8 <= 64, the burst)
     asgi_rounds: int
+    asgi_connect: int
     asgi_per_request: int
     asgi_keepalive: int
     asgi_stream: int
@@ -52,7 +53,8 @@ FULL = Params(warm_jobs=20, warm_load_s=2.0, warm_rounds=2,
               ready_rounds=8, ready_load_s=0.2,
               idle_s=10.0, hold_attempts=64, hold_s=3.0,
               trivial_jobs=60, trivial_rounds=2, single_rounds=20,
-              asgi_rounds=6, asgi_per_request=50, asgi_keepalive=300, asgi_stream=50)
+              asgi_rounds=8, asgi_connect=25, asgi_per_request=30, asgi_keepalive=300,
+              asgi_stream=50)
 
 QUICK = Params(warm_jobs=8, warm_load_s=0.5, warm_rounds=1,
                req_rounds=2, req_per_request=30, req_keepalive=100, req_naive_keepalive=10,
@@ -60,4 +62,5 @@ QUICK = Params(warm_jobs=8, warm_load_s=0.5, warm_rounds=1,
                ready_rounds=2, ready_load_s=0.2,
                idle_s=2.0, hold_attempts=16, hold_s=1.0,
                trivial_jobs=20, trivial_rounds=1, single_rounds=5,
-               asgi_rounds=2, asgi_per_request=20, asgi_keepalive=100, asgi_stream=20)
+               asgi_rounds=2, asgi_connect=10, asgi_per_request=20, asgi_keepalive=100,
+               asgi_stream=20)

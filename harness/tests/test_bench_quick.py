@@ -65,7 +65,8 @@ def test_quick_asgi_path_runs_both_sides_in_one_run(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     fig = json.loads(out.read_text())["figures"]["asgi_path"]
     assert "error" not in fig, fig
-    assert set(fig["metrics"]) == {"asgi_per_request_latency", "asgi_keepalive_latency",
+    assert set(fig["metrics"]) == {"asgi_connect_latency", "asgi_per_request_latency",
+                                   "asgi_keepalive_latency",
                                    "asgi_time_to_first_token", "asgi_per_request_rps",
                                    "asgi_keepalive_rps"}
     for name, m in fig["metrics"].items():
@@ -73,7 +74,7 @@ def test_quick_asgi_path_runs_both_sides_in_one_run(tmp_path: Path) -> None:
         assert m["samples"] > 0 and m["median"] > 0 and m["baseline"] > 0, name
         assert "loopback TCP" in m["baseline_name"], name
     assert set(fig["details"]) == {f"{side}_{loop}" for side in ("asgi", "tcp")
-                                   for loop in ("per_request", "keepalive", "ttft")}
+                                   for loop in ("connect", "per_request", "keepalive", "ttft")}
     assert fig["metrics"]["asgi_time_to_first_token"]["targets"] == {"ratio": "<= 1.0"}
 
 

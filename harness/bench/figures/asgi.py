@@ -2,7 +2,7 @@
 ``oarbank_sdk.web.serve_asgi`` behind a real agent, measured from inside an attempt with httpx
 on ``oarbank_sdk.web.HTTPTransport``, against the same app under plain uvicorn on loopback TCP
 measured by the same loops (``modules/asgi/asgi_bench.py``), per round side by side, the order
-alternating: a request per connection, requests over one kept-alive connection, and a
+alternating: a bare connect, a request per connection, requests over one kept-alive connection, and a
 streamed chat completion's time to its first token."""
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def run(b: Bench) -> dict[str, Any]:
     mod = bundle(b.tmp)
     settings_file = b.tmp / "asgi-baseline-settings.json"
     settings_file.write_text(json.dumps(SETTINGS))
-    payload = {"per_request": p.asgi_per_request, "keepalive": p.asgi_keepalive,
+    payload = {"connect": p.asgi_connect, "per_request": p.asgi_per_request, "keepalive": p.asgi_keepalive,
                "stream": p.asgi_stream, "warmup": 3}
     samples: dict[str, list[float]] = {}
     rps: dict[str, list[float]] = {}
@@ -106,6 +106,9 @@ def run(b: Bench) -> dict[str, Any]:
     pr, ka = "uvicorn on loopback TCP, a connection each", "uvicorn on loopback TCP, keep-alive"
     st = "uvicorn on loopback TCP, streamed"
     metrics = {
+        "asgi_connect_latency": metric(samples["asgi_connect"], unit="ms", scale=MS,
+                                       baseline=samples["tcp_connect"],
+                                       baseline_name="uvicorn on loopback TCP, a bare connect"),
         "asgi_per_request_latency": lat("per_request", pr),
         "asgi_keepalive_latency": lat("keepalive", ka),
         "asgi_time_to_first_token": lat("ttft", st),

@@ -11,9 +11,12 @@
 - ``baseline-client PORT PAYLOAD``: the same loops with ``httpx.Client()`` to
   ``http://127.0.0.1:PORT``; prints the result.
 
-Payload ``{"per_request": n, "keepalive": n, "stream": n, "warmup": n}``. Loops (each
+Payload ``{"connect": n, "per_request": n, "keepalive": n, "stream": n, "warmup": n}`` (an
+attempt's connects stay under the agent's burst of 64: past it, 32 a second, refused beyond). Loops (each
 request a ``POST /v1/chat/completions``, as an openai client sends it):
 
+- connect: a bare connection opened and closed (``service_endpoint.connect``: a round trip to
+  the agent, which hands the other end to the service; a TCP connect the server accepts);
 - per request: ``Connection: close``, so each request takes a fresh connection (through the
   agent on one side, a TCP connect on the other);
 - keep-alive: one pooled connection for all;
@@ -35,7 +38,9 @@ BODY = {"model": "stand-in-reverser", "messages": [{"role": "user", "content": "
 STREAM_BODY = {**BODY, "stream": True}
 
 
-def loops(client: Any, payload: dict) -> dict:
+def loops(client: Any, payload: dict, connect: Any) -> dict:
+    """The figure's loops on ``client``; ``connect()`` opens (and the loop closes) one bare
+    connection the way the client's pool does."""
     warm = int(payload.get("warmup", 2))
 
     def post(headers: dict | None = None) -> None:
@@ -65,7 +70,8 @@ def loops(client: Any, payload: dict) -> dict:
             lat.append(time.perf_counter() - t0)
         return {"latencies_s": lat, "wall_s": time.perf_counter() - t_all}
 
-    return {"per_request": timed(lambda: post({"Connection": "close"}), payload["per_request"]),
+    return {"connect": timed(lambda: connect().close(), payload["connect"]),
+            "per_request": timed(lambda: post({"Connection": "close"}), payload["per_request"]),
             "keepalive": timed(post, payload["keepalive"]),
             "ttft": timed(first_token, payload["stream"])}
 
@@ -80,6 +86,7 @@ def _write(path: str, obj: dict) -> None:
 def run(spec_path: str, workdir: str, out: str) -> int:
     import httpx
 
+    from oarbank_sdk import service_endpoint as ep
     from oarbank_sdk.web import HTTPTransport
 
     with open(spec_path, encoding="utf-8") as f:
@@ -87,7 +94,7 @@ def run(spec_path: str, workdir: str, out: str) -> int:
     try:
         with httpx.Client(transport=HTTPTransport("model"), base_url="http://model",
                           timeout=60) as client:
-            result = loops(client, payload)
+            result = loops(client, payload, lambda: ep.connect("model", timeout=60))
     except Exception as exc:
         _write(os.path.join(workdir, "failure.json"),
                {"reason": type(exc).__name__, "detail": str(exc)[:500], "fault": "job"})
@@ -128,10 +135,13 @@ def baseline_server(settings: str) -> int:
 
 
 def baseline_client(port: int, payload: dict) -> int:
+    import socket
+
     import httpx
 
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
-        print(json.dumps(loops(client, payload)))
+        print(json.dumps(loops(client, payload,
+                               lambda: socket.create_connection(("127.0.0.1", port), 60))))
     return 0
 
 
