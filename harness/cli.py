@@ -7,7 +7,8 @@ usage).
 
 `--darwin-profile` (Linux, the local backend): every agent runs the macOS backend
 (`OARBANK_PLATFORM=darwin`: no pipe2, pidfds, /proc, cgroups, Landlock or seccomp; a Linux-only
-call fails naming itself), and the scenarios that need a Linux wall (`LINUX_WALLS`) are left out.
+call fails naming itself), and the scenarios that need a Linux wall (`LINUX_WALLS`) are left out;
+a Linux-only call in any agent's log (even one the agent swallowed) fails the run.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from harness.scenario import SCENARIOS, use_modules_dir
 __all__ = ["main", "LINUX_WALLS"]
 
 PROFILE_ENV = "OARBANK_PLATFORM"  # oarbank_agent.platform.choice.ENV
+TRIPWIRE = "oarbank tripwire:"  # what platform/darwin/linuxfree.py says on an agent's stderr
 # The scenarios that prove a Linux wall, which the darwin profile (like a Mac) does not have.
 LINUX_WALLS = {
     "listener-refused": "the Linux sandbox (seccomp) refuses the service's listen",
@@ -118,6 +120,15 @@ def main(argv: list[str] | None = None) -> int:
     print(report.to_markdown().split("\n## Evidence")[0].strip())
     print()
     print(f"report: {j} and {m}; {time.monotonic() - t0:.1f} s in total")
+    if args.darwin_profile:
+        tripped = sorted({f"{log.relative_to(args.out)}: {line.strip()}"
+                          for log in args.out.glob("runs/**/agent.log")
+                          for line in log.read_text(errors="replace").splitlines()
+                          if TRIPWIRE in line})
+        if tripped:  # a Linux-only call an agent made, even one it swallowed
+            print("python -m harness: Linux-only calls under the darwin profile:\n  "
+                  + "\n  ".join(tripped[:20]), file=sys.stderr)
+            return 1
     if not report.results:
         print("python -m harness: no backend could run here: nothing was tested",
               file=sys.stderr)
