@@ -37,21 +37,23 @@ UPSTREAM_ONLY_TARGETS = ("upload",)
 Problems = list[tuple[str, str]]
 
 NOT_SERVED = "served by upstream's coordinator, not by this portal"
-HOST_QUERIES = ("services",)  # every query this project's portal answers (UI contract 1.2)
+# every query this project's portal answers (UI contract 1.2; nodes and node_metrics from what
+# heartbeats carry)
+HOST_QUERIES = ("services", "nodes", "node_metrics")
 # Upstream's closed catalogue of host queries (its UI contract 1.0 to 1.2).
 UPSTREAM_QUERIES = ("results", "jobs", "attempts", "campaigns", "datasets", "module_settings",
                     "module_events", "nodes", "node_metrics", "store", "services", "secrets",
                     "images", "platforms", "checkpoints")
 _OPERATION = "it runs a module operation, which upstream's coordinator runs, not this portal"
 _ARTIFACT = "it shows job artifacts, which upstream's coordinator serves, not this portal"
-_CONSOLE = "upstream's console draws it; this portal does not"
-# Component types upstream's console draws and this portal does not -> why.
+# Component types upstream's console draws and this portal cannot (they need upstream's
+# coordinator) -> why. Every other component of UI contract 1 the portal draws itself.
 UPSTREAM_COMPONENTS = {
     "form": _OPERATION, "action": _OPERATION,
+    "filter_bar": "its values are pushed to upstream's coordinator, which filters the page's "
+                  "queries by them; this portal does not",
     "iframe": "frames are served from upstream's module origin, not by this portal",
     "media": _ARTIFACT, "gallery": _ARTIFACT, "compare": _ARTIFACT,
-    **{t: _CONSOLE for t in ("tabs", "markdown", "stat", "progress", "callout", "empty",
-                             "chart", "logs", "json", "filter_bar")},
 }
 
 

@@ -36,17 +36,18 @@ from typing import Any
 from urllib.parse import quote, unquote, urlencode
 
 from oarbank_sdk.manifest import UiEntry
-from oarbank_sdk.page_forms import Target
 
 from . import uicontract
+from .components.shape import Shaping
 from .heartbeat import HeartbeatError, parse_heartbeat
 from .hosts import HostCheck
 from .html import Templates, clock_text
 from .metrics import CONTENT_TYPE as METRICS_TYPE
 from .metrics import PortalMetrics
 from .modules import PageFileError, PortalModule, find_module
+from .page_links import _page_href, _panel_href, link_resolver, services_fetch
 from .render import RenderContext, ago_text, build_view, data_views, iso_text
-from .services_query import MAX_ROWS, QueryError
+from .services_query import MAX_ROWS
 from .store import MAX_NODES_PAGE, HeartbeatStore
 from .tokens import bearer_token
 
@@ -120,48 +121,6 @@ class _RefusalLog:
             self._last[cause] = (now, 0)
         more = f" ({skipped} more refused for this cause since the last line)" if skipped else ""
         log.warning("heartbeat refused (%s): %s%s", cause, message, more)
-
-
-def _page_href(module_id: str, page_id: str) -> str:
-    return f"/modules/{quote(module_id, safe='')}/pages/{quote(page_id, safe='')}"
-
-
-def _panel_href(node_id: str, module_id: str, panel_id: str) -> str:
-    return (f"/nodes/{quote(node_id, safe='')}/modules/{quote(module_id, safe='')}"
-            f"/panels/{quote(panel_id, safe='')}")
-
-
-def services_fetch(store: HeartbeatStore, module: PortalModule,
-                   now: Callable[[], float] = time.time) -> Callable[..., Any]:
-    """The query runner a module's pages use: only ``services``, with ``node_id``/``service``."""
-
-    def fetch(query: str, params: dict[str, Any]) -> list[dict[str, Any]]:
-        if query != "services":
-            raise QueryError(f"unknown query {query!r} (this portal answers: services)")
-        for k, v in params.items():
-            if k not in ("node_id", "service"):
-                raise QueryError(f"services: unknown parameter {k!r} (node_id, service)")
-            if not isinstance(v, str):
-                raise QueryError(f"services: parameter {k} must be a string")
-        return store.services(module.names, node_id=params.get("node_id"),
-                              service=params.get("service"), now=now())
-
-    return fetch
-
-
-def link_resolver(module: PortalModule) -> Callable[[Target], str | None]:
-    """Where a typed link target of ``module``'s pages goes on this portal: ``page`` -> that
-    page of the module, ``node`` -> the module's first panel for that node. ``job``,
-    ``dataset``, ``campaign`` and ``tab`` have no page here: None (shown as text)."""
-
-    def resolve(target: Target) -> str | None:
-        if target.kind == "page" and module.entry("page", target.value) is not None:
-            return _page_href(module.id, target.value)
-        if target.kind == "node" and module.manifest.panels:
-            return _panel_href(target.value, module.id, module.manifest.panels[0].id)
-        return None
-
-    return resolve
 
 
 class Portal:
@@ -292,12 +251,16 @@ class Portal:
             if len(parts) == 2 and parts[0] == "static":
                 return "static", self.static(parts[1])
             as_json = query.get("format") == ["json"]
+            # table paging and sorting: "<table>.page" and the like, one value each
+            args = {k: v[0][:200] for k, v in query.items()
+                    if k != "format" and len(v) == 1 and len(k) <= 80}
             if len(parts) == 4 and parts[0] == "modules" and parts[2] == "pages":
-                return "page", self.page(parts[1], "page", parts[3], node=None, as_json=as_json)
+                return "page", self.page(parts[1], "page", parts[3], node=None, as_json=as_json,
+                                         args=args)
             if (len(parts) == 6 and parts[0] == "nodes" and parts[2] == "modules"
                     and parts[4] == "panels"):
                 return "panel", self.page(parts[3], "panel", parts[5], node=parts[1],
-                                          as_json=as_json)
+                                          as_json=as_json, args=args)
         except Exception:  # a bug or a store outage must cost one request, not the portal
             log.exception("error answering %s %s", method, path)
             if route == "heartbeat":
@@ -379,8 +342,23 @@ class Portal:
 
     # -- pages -----------------------------------------------------------------------------
 
+    def _subject(self, mod: PortalModule, node: str | None) -> dict[str, Any]:
+        """What ``when`` reads besides the fixed parts: the node a panel shows."""
+        subject: dict[str, Any] = {"self": mod.id}
+        if node is not None:
+            try:
+                rows = self.store.host_query("nodes", mod.names, {"node_id": node}, Shaping(),
+                                             now=self.clock())
+            except Exception:  # the page still renders; node.* reads as unknown
+                log.exception("reading node %s for a panel", node)
+                rows = []
+            row = rows[0] if rows else {}
+            subject["node"] = {"id": node, "hostname": row.get("hostname"),
+                               "online": bool(row.get("online")), "state": row.get("state")}
+        return subject
+
     def page(self, module_name: str, kind: str, entry_id: str, *, node: str | None,
-             as_json: bool) -> Response:
+             as_json: bool, args: dict[str, str] | None = None) -> Response:
         mod = find_module(self.modules, module_name)
         if mod is None:
             return self._html_error(404, "Unknown module", f"no module {module_name!r} here")
@@ -397,8 +375,8 @@ class Portal:
             return self._html_error(500, f"Broken {kind}", str(e))
         now = self.clock()
         view = build_view(doc, RenderContext(fetch=services_fetch(self.store, mod, self.clock),
-                                             node=node,
-                                             now=now, resolve=link_resolver(mod)))
+                                             node=node, now=now, resolve=link_resolver(mod),
+                                             args=args, subject=self._subject(mod, node)))
         if as_json:
             return _json(200, {"rendered_at": clock_text(now), "components": data_views(view)})
         if kind == "page":
@@ -409,7 +387,8 @@ class Portal:
             subtitle = f"node {node} · {mod.id} {mod.manifest.version}"
         html = self.templates.render(
             "page.html", title=view["title"] or entry.title, subtitle=subtitle, view=view,
-            kind=kind, problems=[str(p) for p in problems], refresh_url=href + "?format=json",
+            kind=kind, problems=[str(p) for p in problems],
+            refresh_url=href + "?" + urlencode(sorted({**(args or {}), "format": "json"}.items())),
             refresh_ms=self.refresh_ms, rendered_at=clock_text(now),
             crumbs=[mod.short_name, entry.title])
         return self._html(200, html)

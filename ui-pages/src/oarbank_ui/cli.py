@@ -25,6 +25,7 @@ from typing import Any
 from oarbank_sdk.manifest import ManifestError
 
 from .store import HeartbeatStore, is_postgres_url, open_store
+from .store_metrics import History
 
 __all__ = ["main"]
 
@@ -60,6 +61,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--pool-size", type=int, default=10, metavar="N",
                    help="store connections at most (PostgreSQL), and requests handled at once "
                         "per worker (default 10)")
+    s.add_argument("--metrics-retention-h", type=float, default=168.0, metavar="H",
+                   help="hours of node metrics history kept for node_metrics (default 168: "
+                        "a week; 5-minute samples for 6 hours, then hourly)")
     s.add_argument("-v", "--verbose", action="store_true", help="log every request")
     t = sub.add_parser("token", help="node credentials: issue, list, revoke")
     tsub = t.add_subparsers(dest="token_cmd", required=True)
@@ -95,6 +99,11 @@ def _fail(message: str) -> int:
     return 2
 
 
+def _history(args: argparse.Namespace) -> History:
+    hours = getattr(args, "metrics_retention_h", None)
+    return History() if hours is None else History(retention_s=int(hours * 3600))
+
+
 def _open(args: argparse.Namespace, **pool: Any) -> HeartbeatStore | None:
     if not args.db:
         _fail("--db is required (an SQLite file or a postgresql:// URL)")
@@ -105,13 +114,17 @@ def _open(args: argparse.Namespace, **pool: Any) -> HeartbeatStore | None:
 
         shown = redact(args.db)
     try:
-        return open_store(args.db, **(pool if is_postgres_url(args.db) else {}))
+        return open_store(args.db, history=_history(args),
+                          **(pool if is_postgres_url(args.db) else {}))
     except Exception as e:
         _fail(f"cannot open the heartbeat store {shown}: {e}")
         return None
 
 
 def _serve(args: argparse.Namespace) -> int:
+    if not 1 <= args.metrics_retention_h <= 24 * 366:
+        return _fail(f"--metrics-retention-h: from 1 to {24 * 366} hours, "
+                     f"got {args.metrics_retention_h:g}")
     if args.workers < 1:
         return _fail("--workers must be >= 1")
     if args.workers > 1 and not hasattr(os, "fork"):
@@ -168,7 +181,8 @@ def _serve_in(args: argparse.Namespace) -> int:
             store.close()  # connections do not survive a fork: each worker opens its own
 
             def make_portal() -> Portal:
-                own = open_store(args.db, **(pool if is_postgres_url(args.db) else {}))
+                own = open_store(args.db, history=_history(args),
+                                 **(pool if is_postgres_url(args.db) else {}))
                 return Portal(own, modules, refresh_s=args.refresh_s, allowed_hosts=bound.hosts)
 
             return serve_workers(make_portal, bound, opts, args.workers)

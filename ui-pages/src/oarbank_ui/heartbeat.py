@@ -4,6 +4,13 @@ Pure: ``parse_heartbeat`` takes the decoded JSON document and returns a ``Heartb
 ``HeartbeatError`` whose message names the first offending field (the portal answers 400 with it
 and changes nothing). Keys this portal does not know are accepted and kept in ``raw`` (a newer
 agent may report more), never acted upon.
+
+Metrics, read when a report carries them (an older agent's report has none, and is stored the
+same): ``metrics`` beside ``services`` with the node's ``mem_used_bytes``,
+``mem_reserved_bytes`` (what running services reserve), ``mem_total_bytes``,
+``gpu_mem_used_bytes`` and ``gpu_mem_total_bytes`` (null where the node cannot tell); on each
+service row ``rss_bytes`` (its processes' resident memory) and ``loads`` (how many times the
+agent started it). Each is a whole number >= 0 or null.
 """
 
 from __future__ import annotations
@@ -16,7 +23,12 @@ from oarbank_sdk.jsonkind import kind_of as _kind
 from oarbank_sdk.manifest import LIFECYCLES, SERVICE_NAME
 from oarbank_sdk.servicerow import BOOL_FIELDS, ServiceRow
 
-__all__ = ["Heartbeat", "HeartbeatError", "ServiceRow", "parse_heartbeat"]
+__all__ = ["NODE_METRICS", "SERVICE_METRICS", "Heartbeat", "HeartbeatError", "ServiceRow",
+           "parse_heartbeat", "service_metrics"]
+
+NODE_METRICS = ("mem_used_bytes", "mem_reserved_bytes", "mem_total_bytes", "gpu_mem_used_bytes",
+                "gpu_mem_total_bytes")
+SERVICE_METRICS = ("rss_bytes", "loads")
 
 MAX_SERVICES = 2000  # rows per heartbeat; far above any real node, bounds the work per post
 MAX_TEXT = 4096  # characters in any string field (an error message is the longest one)
@@ -37,6 +49,22 @@ class Heartbeat:
     services: tuple[ServiceRow, ...]
     heartbeat_s: float = DEFAULT_HEARTBEAT_S
     agent_stopped: bool = False
+    metrics: dict[str, int | None] | None = None  # NODE_METRICS, when the report has them
+
+
+def _count(value: Any, where: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise HeartbeatError(f"{where}: must be a whole number >= 0 or null, got {_kind(value)}"
+                             if not isinstance(value, int) or isinstance(value, bool)
+                             else f"{where}: must be a whole number >= 0 or null, got {value}")
+    return value
+
+
+def service_metrics(row: ServiceRow) -> dict[str, int | None]:
+    """A service row's ``rss_bytes`` and ``loads`` (checked by ``parse_heartbeat``)."""
+    return {k: row.raw.get(k) for k in SERVICE_METRICS}
 
 
 def _text(value: Any, where: str, *, nullable: bool = False, empty_ok: bool = False) -> str | None:
@@ -76,6 +104,8 @@ def _row(value: Any, where: str) -> ServiceRow:
     users = value["users"]
     if isinstance(users, bool) or not isinstance(users, int) or users < 0:
         raise HeartbeatError(f"{where}.users: must be a whole number >= 0, got {users!r}")
+    for key in SERVICE_METRICS:
+        _count(value.get(key), f"{where}.{key}")
     return ServiceRow(
         module=module,
         service=service,
@@ -122,5 +152,10 @@ def parse_heartbeat(doc: Any) -> Heartbeat:
     stopped = doc.get("agent_stopped", False)
     if not isinstance(stopped, bool):
         raise HeartbeatError(f"agent_stopped: must be true or false, got {_kind(stopped)}")
+    metrics = doc.get("metrics")
+    if metrics is not None:
+        if not isinstance(metrics, dict):
+            raise HeartbeatError(f"metrics: must be an object, got {_kind(metrics)}")
+        metrics = {k: _count(metrics.get(k), f"metrics.{k}") for k in NODE_METRICS}
     return Heartbeat(node_id=node_id, hostname=hostname, time=float(t), services=rows,
-                     heartbeat_s=float(period), agent_stopped=stopped)
+                     heartbeat_s=float(period), agent_stopped=stopped, metrics=metrics)

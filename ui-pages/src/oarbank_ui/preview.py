@@ -2,7 +2,9 @@
 
 Queries are answered from ``fixtures/ui/queries/<query>.json`` (a JSON list of rows, the same
 shape ``GET /v1/queries/<query>`` returns, so a fixture can be captured from a live portal);
-params filter rows by equality on the keys rows have. The result is static HTML in ``--out``:
+params filter rows by equality on the keys rows have (``since``/``until`` by the rows'
+``t``), and the source's group_by/agg/order_by/limit shape them as the live portal does.
+The result is static HTML in ``--out``:
 ``index.html``, ``page-<id>.html``, ``panel-<id>.html`` and ``static/``; open it in a browser.
 Panels show the node given with ``--node`` (default: the first ``node_id`` in the fixtures).
 A row value ``"-5m"`` (or ``"now"``) is a time relative to the preview (``fixture_times``).
@@ -28,11 +30,11 @@ from oarbank_sdk.manifest import load
 from oarbank_sdk.page_forms import Target
 from oarbank_sdk.pages import module_notes
 
-from .fixture_times import resolve_rows
+from .fixture_times import resolve, resolve_rows
 from .html import Templates, clock_text
 from .modules import PageFileError, PortalModule
 from .render import RenderContext, build_view
-from .services_query import MAX_ROWS, QueryError
+from .services_query import QueryError
 
 __all__ = ["fixture_fetch", "write_preview"]
 
@@ -56,12 +58,27 @@ def fixture_fetch(bundle: Path, now: float | None = None
             raise QueryError(f"{rel}: {e}")
         if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
             raise QueryError(f"{rel}: expected a JSON list of row objects")
-        rows = resolve_rows(rows, time.time() if now is None else now)
+        at = time.time() if now is None else now
+        rows = resolve_rows(rows, at)
         for k, v in params.items():
-            rows = [r for r in rows if k not in r or r[k] == v]
-        return rows[:MAX_ROWS]
+            if k in ("since", "until") and k not in (rows[0] if rows else {}):
+                rows = _in_window(rows, k, v, at)
+            else:
+                rows = [r for r in rows if k not in r or r[k] == v]
+        return rows  # the renderer shapes them (limit <= 200) as the live portal does
 
     return fetch
+
+
+def _in_window(rows: list[dict[str, Any]], key: str, value: Any, now: float
+               ) -> list[dict[str, Any]]:
+    """``since``/``until`` (``node_metrics``' params) over rows' ``t``, as the store reads
+    them."""
+    bound = resolve(value, now)
+    if isinstance(bound, bool) or not isinstance(bound, (int, float)):
+        raise QueryError(f"{key} must be unix seconds or a relative time such as \"-1d\"")
+    keep = (lambda t: t >= bound) if key == "since" else (lambda t: t <= bound)
+    return [r for r in rows if not isinstance(r.get("t"), (int, float)) or keep(r["t"])]
 
 
 def _first_node(bundle: Path) -> str | None:
@@ -74,6 +91,22 @@ def _first_node(bundle: Path) -> str | None:
             if isinstance(r, dict) and isinstance(r.get("node_id"), str):
                 return str(r["node_id"])
     return None
+
+
+def _subject(fetch: Callable[[str, dict[str, Any]], list[dict[str, Any]]], mod: PortalModule,
+             kind: str, node: str) -> dict[str, Any]:
+    """What ``when`` reads: the previewed node (from ``nodes.json`` when there is one; a node
+    without a fixture row is online, as a node being previewed would be)."""
+    subject: dict[str, Any] = {"self": mod.id}
+    if kind == "panel":
+        try:
+            rows = fetch("nodes", {"node_id": node})
+        except QueryError:
+            rows = []
+        row = rows[0] if rows else {}
+        subject["node"] = {"id": node, "hostname": row.get("hostname"),
+                           "online": bool(row.get("online", True)), "state": row.get("state")}
+    return subject
 
 
 def _resolver(mod: PortalModule, node: str | None) -> Callable[[Target], str | None]:
@@ -118,9 +151,11 @@ def write_preview(module_dir: Path, out: Path, *, node: str | None = None) -> li
             else:
                 for p in problems:
                     print(f"oarbank-portal: warning: {p}", file=sys.stderr)
-                view = build_view(doc, RenderContext(fetch=fixture_fetch(bundle, now),
+                fetch = fixture_fetch(bundle, now)
+                view = build_view(doc, RenderContext(fetch=fetch,
                                                      node=node if kind == "panel" else None,
-                                                     now=now, resolve=_resolver(mod, node)))
+                                                     now=now, resolve=_resolver(mod, node),
+                                                     subject=_subject(fetch, mod, kind, node)))
                 subtitle = f"preview of {mod.id} {mod.manifest.version} from fixtures"
                 if kind == "panel":
                     subtitle += f" · node {node}"

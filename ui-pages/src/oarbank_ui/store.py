@@ -22,8 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from .heartbeat import Heartbeat
+from . import store_metrics
+from .components.shape import Shaping
+from .heartbeat import Heartbeat, service_metrics
+from .metrics_cache import BucketCache
 from .services_query import MAX_ROWS, is_stale, iso_utc, services_row
+from .store_metrics import History
 from .tokens import new_token, token_hash
 
 __all__ = ["HeartbeatStore", "MAX_NODES_PAGE", "RecordResult", "StoreBackend", "is_postgres_url",
@@ -60,33 +64,39 @@ def is_postgres_url(where: str) -> bool:
     return where.startswith(("postgresql://", "postgres://"))
 
 
-def open_store(where: str | Path, **pool: Any) -> HeartbeatStore:
+def open_store(where: str | Path, *, history: History | None = None,
+               **pool: Any) -> HeartbeatStore:
     """``postgresql://user@host/db`` -> PostgreSQL; anything else is an SQLite file."""
     if isinstance(where, str) and is_postgres_url(where):
         from .store_postgres import PostgresBackend
 
-        return HeartbeatStore(PostgresBackend(where, **pool))
-    return HeartbeatStore(where)
+        return HeartbeatStore(PostgresBackend(where, **pool), history=history)
+    return HeartbeatStore(where, history=history)
 
 
 _ROW_SQL = ("INSERT INTO service_rows (module, node_id, service, hostname, health, running,"
             " ready, accepting, error, held, disabled, withdrawn, gpu_api_missing, lifecycle,"
-            " users, endpoint, reported_at, raw, received_at, heartbeat_s, agent_stopped)"
-            " VALUES ")
-_ROW_VALUES = "(" + ", ".join("?" * 21) + ")"
+            " users, endpoint, reported_at, raw, received_at, heartbeat_s, agent_stopped,"
+            " rss_bytes, loads) VALUES ")
+_ROW_VALUES = "(" + ", ".join("?" * 23) + ")"
 # A node's rows go in multi-row INSERTs (fewer statements than one per row), two rows each:
-# 42 parameters, under the 50 up to which psycopg caches a statement's parsing (above it every
+# 46 parameters, under the 50 up to which psycopg caches a statement's parsing (above it every
 # execute parses the SQL again) and far under SQLite's 32,766.
 _ROWS_PER_INSERT = 2
 
 
 class HeartbeatStore:
-    def __init__(self, backend: StoreBackend | str | Path) -> None:
+    def __init__(self, backend: StoreBackend | str | Path, *,
+                 history: History | None = None) -> None:
         if isinstance(backend, (str, Path)):
             from .store_sqlite import SQLiteBackend
 
             backend = SQLiteBackend(backend)
         self.backend = backend
+        self.history = history or History()
+        self._compacted_at = 0.0
+        h = self.history
+        self.buckets = BucketCache(h.fine_s, h.fine_keep_s, h.coarse_s, h.retention_s)
 
     @property
     def kind(self) -> str:
@@ -106,16 +116,26 @@ class HeartbeatStore:
         """Store a node's snapshot in one transaction (all or nothing)."""
         now = time.time() if received_at is None else received_at
         stopped = int(hb.agent_stopped)
+        m = hb.metrics or {}
         # pipelined: the rows and the commit go to PostgreSQL in one round trip
         with self.backend.write(pipelined=True) as tx:
             won = tx.one(
                 "INSERT INTO nodes (node_id, hostname, reported_at, received_at, heartbeat_s,"
-                " agent_stopped) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (node_id) DO UPDATE SET"
+                " agent_stopped, mem_used_bytes, mem_reserved_bytes, mem_total_bytes,"
+                " gpu_mem_used_bytes, gpu_mem_total_bytes) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?,"
+                " ?, ?) ON CONFLICT (node_id) DO UPDATE SET"
                 " hostname = excluded.hostname, reported_at = excluded.reported_at,"
                 " received_at = excluded.received_at, heartbeat_s = excluded.heartbeat_s,"
-                " agent_stopped = excluded.agent_stopped"
+                " agent_stopped = excluded.agent_stopped,"
+                " mem_used_bytes = excluded.mem_used_bytes,"
+                " mem_reserved_bytes = excluded.mem_reserved_bytes,"
+                " mem_total_bytes = excluded.mem_total_bytes,"
+                " gpu_mem_used_bytes = excluded.gpu_mem_used_bytes,"
+                " gpu_mem_total_bytes = excluded.gpu_mem_total_bytes"
                 " WHERE nodes.received_at <= excluded.received_at RETURNING node_id",
-                (hb.node_id, hb.hostname, hb.time, now, hb.heartbeat_s, stopped))
+                (hb.node_id, hb.hostname, hb.time, now, hb.heartbeat_s, stopped,
+                 m.get("mem_used_bytes"), m.get("mem_reserved_bytes"), m.get("mem_total_bytes"),
+                 m.get("gpu_mem_used_bytes"), m.get("gpu_mem_total_bytes")))
             if won is None:
                 prev = tx.one("SELECT received_at FROM nodes WHERE node_id = ?", (hb.node_id,))
                 at = iso_utc(prev["received_at"]) if prev else "?"
@@ -127,19 +147,32 @@ class HeartbeatStore:
                  int(r.ready), int(r.accepting), r.error, r.held, int(r.disabled),
                  int(r.withdrawn), int(r.gpu_api_missing), r.lifecycle, r.users,
                  int(r.endpoint), hb.time, json.dumps(r.raw, sort_keys=True), now,
-                 hb.heartbeat_s, stopped)
+                 hb.heartbeat_s, stopped, *service_metrics(r).values())
                 for r in hb.services
             ]
             for i in range(0, len(rows), _ROWS_PER_INSERT):
                 chunk = rows[i:i + _ROWS_PER_INSERT]
                 tx.run(_ROW_SQL + ", ".join([_ROW_VALUES] * len(chunk)),
                        [v for row in chunk for v in row])
+            store_metrics.record_samples(tx, self.kind, hb, now, self.history)
+        if now - self._compacted_at >= self.history.compact_every_s:
+            self._compacted_at = now
+            self.compact(now=now)
         return RecordResult(True)
+
+    def compact(self, *, now: float | None = None) -> dict[str, int]:
+        """Roll aged samples up and drop expired ones (``store_metrics.compact``)."""
+        t = time.time() if now is None else now
+        with self.backend.write() as tx:
+            done = store_metrics.compact(tx, self.kind, t, self.history)
+        self.buckets.compacted_edge = self.buckets.edge(t)  # rolled up to here
+        return done
 
     def remove_node(self, node_id: str) -> dict[str, int]:
         """Forget a node: its report, its rows and its token. Counts of what went."""
         with self.backend.write() as tx:
             rows = tx.run("DELETE FROM service_rows WHERE node_id = ?", (node_id,))
+            tx.run("DELETE FROM node_samples WHERE node_id = ?", (node_id,))
             nodes = tx.run("DELETE FROM nodes WHERE node_id = ?", (node_id,))
             tokens = tx.run("DELETE FROM node_tokens WHERE node_id = ?", (node_id,))
         return {"nodes": nodes, "rows": rows, "tokens": tokens}
@@ -215,6 +248,19 @@ class HeartbeatStore:
             rows = tx.all(sql, args)
         t = time.time() if now is None else now
         return [services_row(r, t) for r in rows[:limit]], len(rows) > limit
+
+    def host_query(self, query: str, modules: Iterable[str], params: dict[str, Any],
+                   shaping: Shaping, *, now: float | None = None) -> list[dict[str, Any]]:
+        """The ``nodes`` or ``node_metrics`` host query for a module (its names), shaped;
+        ``QueryError`` for a bad parameter or field (``store_metrics``)."""
+        names = list(dict.fromkeys(modules))
+        if not names:
+            return []
+        t = time.time() if now is None else now
+        with self.backend.read() as tx:
+            if query == "nodes":
+                return store_metrics.nodes_query(tx, names, params, shaping, t)
+            return store_metrics.node_metrics(tx, names, params, shaping, t, self.buckets)
 
     def nodes(self, *, now: float | None = None, limit: int = MAX_NODES_PAGE,
               after: str | None = None) -> tuple[list[dict[str, Any]], str | None]:

@@ -1,6 +1,7 @@
 // Keeps a rendered page's data current without reloading it: every few seconds it fetches the
 // page's JSON view (the same view the server's templates drew) and redraws the data parts of
-// each table, status and kv. Text goes in with textContent only, never as markup.
+// each table, status, kv, stat, progress, json and logs (charts redraw with the page). Text
+// goes in with textContent only, never as markup; a link only to a path of this portal.
 (function () {
   "use strict";
   var page = document.querySelector("[data-refresh-url]");
@@ -17,8 +18,14 @@
       el.textContent = c.text;
       return el;
     }
-    if (c.type === "code" && !c.wrong && c.text) {
+    if ((c.type === "code" || c.type === "digest") && !c.wrong && c.text) {
       el = document.createElement("code");
+      el.textContent = c.text;
+      return el;
+    }
+    if (c.href && c.href.charAt(0) === "/") {  // a page of this portal (node_ref cells)
+      el = document.createElement("a");
+      el.setAttribute("href", c.href);
       el.textContent = c.text;
       return el;
     }
@@ -26,7 +33,8 @@
   }
 
   function fill(el, c) {
-    el.className = "t-" + c.type + (c.wrong ? " wrong" : "");
+    el.className = "t-" + c.type + (c.wrong ? " wrong" : "") +
+      (c.tone && c.type !== "status" ? " tone-" + c.tone : "");
     if (c.title) { el.title = c.title; } else { el.removeAttribute("title"); }
     el.replaceChildren(content(c));
   }
@@ -66,6 +74,33 @@
       availability(el, v);
       var span = el.querySelector(":scope > .data > span");
       if (span) { fill(span, v.value); }
+    },
+    stat: function (el, v) {
+      availability(el, v);
+      var span = el.querySelector(":scope > .data > span");
+      if (span) { fill(span, v.value); }
+    },
+    progress: function (el, v) {
+      availability(el, v);
+      var text = el.querySelector(":scope > .data > .value");
+      var fillRect = el.querySelector(":scope > .data rect.fill");
+      var bar = el.querySelector(":scope > .data svg.bar");
+      if (text) { text.textContent = v.text; }
+      if (fillRect) { fillRect.setAttribute("width", String(v.fraction || 0)); }
+      if (bar && v.fraction !== null) { bar.setAttribute("aria-valuenow", String(v.fraction)); }
+    },
+    json: function (el, v) {
+      availability(el, v);
+      var pre = el.querySelector(":scope > .data");
+      if (pre) { pre.textContent = v.text; }
+    },
+    logs: function (el, v) {
+      availability(el, v);
+      var pre = el.querySelector(":scope > .data");
+      if (!pre) { return; }
+      pre.replaceChildren.apply(pre, v.lines.map(function (line) {
+        return document.createTextNode((line.at ? line.at + " " : "") + line.text + "\n");
+      }));
     },
     kv: function (el, v) {
       availability(el, v);
