@@ -259,6 +259,10 @@ def probe_api(api: str) -> dict:
 
 
 def _main(argv: list[str]) -> int:
+    from oarbank_agent import platform as backends
+
+    if backends.name() == "darwin":
+        backends.current()  # the darwin profile's tripwire, in the probe child too
     if len(argv) == 2 and argv[0] == "--probe" and argv[1] in _PROBES:
         print(json.dumps(probe_api(argv[1])), flush=True)
         return 0
