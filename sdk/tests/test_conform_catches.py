@@ -157,9 +157,9 @@ def test_a_page_naming_a_service_or_query_the_module_lacks_fails_check_and_confo
     done = subprocess.run([sys.executable, "-m", "oarbank_sdk", "check", str(bundle)],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 1
-    assert ('ui/pages/overview.json: body[1].source.params.service: the module has no service '
+    assert ('ui/pages/overview.json: body[3].source.params.service: the module has no service '
             '"scorer" (its services: model): the page would show nothing') in done.stdout
-    assert ('ui/panels/node.json: body[0].source.query: no query "servces": a portal answers '
+    assert ('ui/panels/node.json: body[1].source.query: no query "servces": a portal answers '
             'services') in done.stdout
     out = io.StringIO()
     assert conform.run(bundle, json_output=True, sandbox=False, stream=out) == 1

@@ -58,7 +58,7 @@ def test_preview_reports_page_problems(tmp_path: Path) -> None:
     page.write_text(page.read_text().replace('"requires": "1.2", ', ""))
     r = preview(mod, tmp_path / "out")
     assert r.returncode == 0
-    assert "ui/pages/overview.json: body[1].source.query" in r.stderr
+    assert "ui/pages/overview.json: body[3].source.query" in r.stderr
     assert "requires" in r.stderr
 
 
