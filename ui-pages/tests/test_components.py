@@ -182,6 +182,9 @@ def test_progress_callout_empty_and_json() -> None:
     p = one({"type": "progress", "label": "done", "value": "users", "total": "latency",
              "source": {"query": "services", "params": {"node_id": "n03"}}})
     assert p["text"] == "3 / 13 (23%)" and p["fraction"] == 23.1
+    markup = page_html([{"type": "progress", "label": "done", "value": "users", "total": "latency",
+                         "source": {"query": "services", "params": {"node_id": "n03"}}}])
+    assert 'aria-valuenow="23.1"' in markup and 'width="23.1"' in markup
     bad = one({"type": "progress", "label": "done", "value": "state", "total": "latency",
                "source": {"query": "services"}})
     assert bad["text"] == WRONG
@@ -341,3 +344,34 @@ def test_a_chart_without_summary_or_with_bad_props_is_a_placeholder_naming_it() 
     assert UNAVAILABLE in page_html([base | {"source": {"query": "nope"}}])
     odd = one(base | {"y": ["state"]})
     assert odd["note"] == "12 value(s) not numbers, not drawn"
+
+
+def test_every_view_variant_draws_as_html() -> None:
+    """Valid, failing-source and malformed forms of each component all reach the templates
+    (which refuse a missing value: StrictUndefined)."""
+    bad = {"query": "nope"}
+    ok = {"query": "services"}
+    body: list[Any] = []
+    for src in (ok, bad):
+        body += [
+            {"type": "stat", "label": "s", "field": "users", "source": src, "sparkline": "users"},
+            {"type": "progress", "label": "p", "value": "users", "total": "latency",
+             "source": src},
+            {"type": "json", "source": src}, {"type": "logs", "field": "node_id", "source": src},
+            {"type": "chart", "kind": "histogram", "source": src, "y": ["latency"],
+             "summary": "h"},
+            {"type": "table", "source": src, "columns": [{"key": "node_id", "type": "node_ref"},
+                                                         {"key": "users", "direction": "min"}],
+             "row_actions": [{"op": "self.x"}]},
+            {"type": "kv", "source": src, "items": [{"label": "u", "field": "users",
+                                                     "format": ",d"}]},
+            {"type": "status", "label": "st", "field": "state", "source": src}]
+    body += [{"type": "text", "text": "t", "tone": "warn"}, {"type": "empty", "text": "e"},
+             {"type": "section", "span": 1, "children": [{"type": "callout", "text": "c"}]},
+             {"type": "columns", "children": [{"type": "markdown", "text": "m"},
+                                              {"type": "tabs", "tabs": [{"title": "x"}]}]},
+             {"type": "progress", "label": "p", "value": "state", "total": "users",
+              "source": ok}, {"type": "stat", "label": "s"}, {"type": "chart"}]
+    markup = page_html(body, args={}, resolve=lambda t: f"/n/{t.value}")
+    assert markup.count(UNAVAILABLE) >= 8 and 'href="/n/n00"' in markup
+    assert "row actions not shown" in markup

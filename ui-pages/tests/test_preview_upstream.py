@@ -6,6 +6,7 @@ said once on stderr, the same notes ``oarbank-sdk check`` prints."""
 from __future__ import annotations
 
 import html
+import json
 import re
 import subprocess
 import sys
@@ -94,3 +95,57 @@ def test_upload_link_is_text_and_drop_fallbacks_drop(tmp_path: Path) -> None:
     assert [w.split(":")[0] for _, w in overview] == ["gallery", "compare", "media", "table of "
                                                       'module view "renders" (computed by '
                                                       "ui.view.compute)", "form"]
+
+
+EVERY = [
+    {"type": "section", "title": "s", "span": 2, "children": [{"type": "text", "text": "t"}]},
+    {"type": "tabs", "tabs": [{"title": "one", "children": [{"type": "markdown", "text": "*m*"}]}]},
+    {"type": "columns", "children": [
+        {"type": "stat", "label": "ready", "field": "users", "requires": "1.2",
+         "source": {"query": "services", "agg": {"users": "sum"}}},
+        {"type": "progress", "label": "p", "value": "users", "total": "users", "requires": "1.2",
+         "source": {"query": "services"}}]},
+    {"type": "kv", "items": [{"label": "a", "value": 1}]},
+    {"type": "status", "label": "s", "field": "state", "requires": "1.2",
+     "source": {"query": "services"}},
+    {"type": "callout", "text": "c"}, {"type": "empty", "text": "e"},
+    {"type": "table", "requires": "1.2", "source": {"query": "services"}, "columns": [{"key": "node_id"}],
+     "page_size": 5},
+    {"type": "chart", "kind": "bar", "requires": "1.2", "source": {"query": "services"},
+     "x": "hostname", "y": ["users"], "summary": "users per host"},
+    {"type": "logs", "field": "hostname", "requires": "1.2", "source": {"query": "services"}},
+    {"type": "json", "requires": "1.2", "source": {"query": "services"}},
+    {"type": "link", "text": "l", "to": {"page": "overview"}},
+    {"type": "form", "schema": "s.json", "submit": {"op": "self.x"}},
+    {"type": "filter_bar", "vars": [{"name": "x"}]},
+    {"type": "action", "action": {"op": "self.x"}},
+    {"type": "media", "requires": "1.2", "fallback": "placeholder", "kind": "image",
+     "source": {"query": "services"}, "field": "x"},
+    {"type": "gallery", "requires": "1.2", "fallback": "placeholder",
+     "source": {"query": "services"}, "field": "x"},
+    {"type": "compare", "requires": "1.2", "fallback": "placeholder",
+     "source": {"query": "services"}, "left": "a", "right": "b"},
+    {"type": "iframe", "view": "x", "title": "frame"},
+]
+
+
+def test_every_component_of_the_contract_previews_and_only_coordinator_ones_are_placeholders(
+        tmp_path: Path) -> None:
+    import shutil
+
+    mod = tmp_path / "mod"
+    shutil.copytree(UPSTREAM.parents[3] / "examples" / "modelserver", mod,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    (mod / "ui" / "pages" / "overview.json").write_text(json.dumps(
+        {"ui_contract": "1.2", "title": "every", "body": EVERY}))
+    r = preview(mod, tmp_path / "out")
+    assert r.returncode == 0, r.stderr
+    page = tmp_path / "out" / "page-overview.html"
+    assert [w.split(":")[0] for _, w in placeholders(page)] == [
+        "form", "filter_bar", "action", "media", "gallery", "compare", "iframe"]
+    text = page.read_text(encoding="utf-8")
+    for drawn in ('class="component tabs"', 'class="component columns', 'class="component stat"',
+                  'class="component progress"', 'class="component callout', "empty-state",
+                  'class="component markdown"', "chart-svg", 'class="component logs"',
+                  'class="component json"', 'class="component table"', "<em>m</em>"):
+        assert drawn in text, drawn

@@ -115,7 +115,7 @@ def progress(comp: dict[str, Any], ctx: RenderContext) -> dict[str, Any]:
         return malformed("progress", "value and total must name fields of the source's first row")
     view: dict[str, Any] = {"kind": "progress", "cid": ctx.next_cid(),
                             "label": string_prop(comp, "label"), "text": "", "fraction": None,
-                            "unavailable": False, "reason": ""}
+                            "wrong": False, "unavailable": False, "reason": ""}
     try:
         rows = rows_of(comp.get("source"), ctx)
     except SourceFailed as e:
