@@ -209,6 +209,27 @@ def test_two_agents_on_one_portal(start_portal, browser_page, read_table, screen
     assert cells["node-b"][STATE] == "stopped" and cells["node-b"][USERS] == "0"
     assert page.evaluate("window.__sameDocument") is True
     screenshot(page, "two-agents")
+    # What the agents' heartbeats say about memory reaches the nodes query: the node's memory
+    # and, while its model service runs, the service's resident memory and its starts.
+    from oarbank_ui.components.shape import Shaping
+    from oarbank_ui.store import open_store
+
+    store = open_store(portal.db)
+    try:
+        nodes = {r["node_id"]: r for r in store.host_query("nodes", [MOD], {}, Shaping())}
+        samples = store.host_query("node_metrics", [MOD], {"node_id": "node-a"}, Shaping())
+    finally:
+        store.close()
+    assert nodes["node-a"]["mem_total_bytes"] > nodes["node-a"]["mem_used_bytes"] > 0
+    assert nodes["node-a"]["rss_bytes"] > 0 and nodes["node-b"]["rss_bytes"] is None
+    assert samples and max(r["users"] for r in samples) > 0
+    assert max(r["loads"] or 0 for r in samples) >= 1
+    panel = browser_page.page.context.new_page()
+    panel.goto(f"{portal.url}/nodes/node-a/modules/{MOD}/panels/node")
+    expect(panel.locator('[data-id="memory"] dd').first).to_contain_text("B")  # a size
+    expect(panel.locator('[data-id="users-day"] svg rect.bar').first).to_be_visible()
+    screenshot(panel, "two-agents-node-a-panel")
+    panel.close()
 
     # The portal goes down. Agent A keeps running jobs; the page says its data is stale.
     portal_port = portal.url.rsplit(":", 1)[1]

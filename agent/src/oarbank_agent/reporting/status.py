@@ -8,7 +8,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
-from oarbank_agent import factory
+from oarbank_agent import factory, platform
+from oarbank_agent.host import memory
 from oarbank_agent.jobs import machine as jobs
 from oarbank_agent.jobs import waiting
 from oarbank_agent.sandbox import containment, refusals, resourcelimits
@@ -51,6 +52,39 @@ class StatusSource(Protocol):
 
 
 def report(agent: StatusSource) -> dict[str, Any]:
+    doc = _report(agent)
+    _add_metrics(doc, agent)
+    return doc
+
+
+def _add_metrics(doc: dict[str, Any], agent: StatusSource) -> None:
+    """What the portal's ``nodes`` and ``node_metrics`` queries read (ui-pages heartbeat.py):
+    the node's memory in use and in total, what running services reserve (admission's
+    charges), and on each service row its resident memory (its group's, while it runs) and
+    how many times this agent started it. GPU memory is not read here: null. What cannot be
+    read is null, never a failed heartbeat."""
+    runtimes = list(agent.supervisor.services.values())
+    groups = [rt.group for rt in runtimes if rt.group is not None]
+    try:
+        rss = platform.current().groups.resident(groups) if groups else {}
+    except Exception:  # a group gone between listing and reading: no figure this time
+        rss = {}
+    for row, rt in zip(doc["services"], runtimes, strict=True):
+        held = rss.get(rt.group) if rt.group is not None and row.get("running") else None
+        row["rss_bytes"] = int(held) if held is not None else None
+        row["loads"] = rt.starts
+    try:
+        total = memory.total_bytes()
+        used: int | None = int(total * (1.0 - memory.available_fraction()))
+    except Exception:
+        total, used = 0, None
+    reserved = sum(agent.admission.service_charges.values())
+    doc["metrics"] = {"mem_used_bytes": used, "mem_reserved_bytes": int(reserved * 2**30),
+                      "mem_total_bytes": total or None, "gpu_mem_used_bytes": None,
+                      "gpu_mem_total_bytes": None}
+
+
+def _report(agent: StatusSource) -> dict[str, Any]:
     return {"node_id": agent.node.node_id, "hostname": agent.node.hostname,
             "time": time.time(),
             # what a module's [requires] is matched against here (compat.py)

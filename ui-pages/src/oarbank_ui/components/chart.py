@@ -95,7 +95,11 @@ def _axes(f: _Frame, yticks: list[float], xlabels: list[tuple[float, str]], fmt:
         out.append(f'<line class="grid" x1="{LEFT}" y1="{y:.1f}" x2="{W - RIGHT}" y2="{y:.1f}"/>')
         out.append(f'<text class="tick" x="{LEFT - 6}" y="{y + 4:.1f}" text-anchor="end">'
                    f'{escape(_short(t, fmt))}</text>')
+    shown = set()
     for x, label in xlabels:
+        if label in shown:  # ticks closer than the labels' resolution: say each once
+            continue
+        shown.add(label)
         anchor = "end" if x > W - RIGHT - 30 else "middle"
         out.append(f'<text class="tick" x="{x:.1f}" y="{H - BOTTOM + 16}" text-anchor="{anchor}">'
                    f'{escape(label[:14])}</text>')
@@ -126,7 +130,10 @@ def _points_svg(rows: list[dict[str, Any]], x: str, ys: list[str], kind: str,
         xnum = [when_of(v) if xk == "time" else _value(v) for v in xs_raw]  # type: ignore[misc]
         present = [v for v in xnum if v is not None]
         x0, x1 = (min(present), max(present)) if present else (0.0, 1.0)
-        if x0 == x1:
+        if xk == "time" and x1 - x0 < 600:  # a few points in time: ten minutes around them
+            mid = (x0 + x1) / 2
+            x0, x1 = mid - 300, mid + 300
+        elif x0 == x1:
             x0, x1 = x0 - 1, x1 + 1
     series: list[list[tuple[float, float | None]]] = []
     for y in ys:
