@@ -92,6 +92,15 @@ def test_without_the_variable_linux_is_untouched() -> None:
     assert done.returncode == 0, done.stderr
 
 
+def test_sandbox_required_refuses_to_start_naming_seatbelt(tmp_path) -> None:
+    done = subprocess.run([sys.executable, "-m", "oarbank_agent", "run", "--sandbox", "required",
+                           "--state-dir", str(tmp_path / "state"), "--node-id", "n",
+                           "--module", str(EXAMPLE)],
+                          env=PROFILE, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stderr
+    assert "sandbox-exec is macOS only" in done.stderr, done.stderr
+
+
 @pytest.mark.slow
 def test_an_agent_under_the_profile_runs_jobs_through_a_warm_service(start_agent) -> None:
     agent = start_agent([EXAMPLE], {"modelserver": {"load_s": 0.2, "slots": 2}}, env=PROFILE)
