@@ -115,7 +115,13 @@ def test_node_panel_charts_of_a_day(start_portal, browser_page, screenshot,  # t
     # node-a's memory line has gaps where the model was not loaded: several runs
     assert page.locator('[data-id="memory-day"] svg polyline.series.s0').count() >= 2
     screenshot(page, "charts-node-panel")
-    # stale: the callout shown by `when` appears (the page is drawn again by a reload)
+    # stale (3 periods of 0.5 s without a report): `when` shows the callout on the next draw
+    p.post_heartbeat(make_heartbeat("node-a", make_row(users=3), hostname="gpu-01")
+                     | {"heartbeat_s": 0.5})
+    time.sleep(2)
+    page.reload()
+    expect(page.locator('[data-id="offline"]')).to_contain_text("not reporting")
+    expect(page.locator('[data-id="state"] .badge')).to_have_text("unknown")
     assert browser_page.dialogs == [] and browser_page.console_errors == []
 
 

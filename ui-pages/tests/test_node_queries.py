@@ -291,3 +291,23 @@ def _timed(store: HeartbeatStore) -> None:
     assert len(fleet) == 24 and all(6000 <= r["node_id"] <= 7000 for r in fleet)
     slow = {k: v for k, v in timings.items() if v > 250}
     assert not slow, f"over the 250 ms budget (median of 5): {slow}"
+
+
+def test_grouped_by_node_the_limit_picks_the_same_groups_as_shaping_would(store: HeartbeatStore
+                                                                           ) -> None:
+    for i in range(12):
+        for b in range(3):
+            report(store, f"n{i:02d}", T0 + 300 * b, row(users=(i * 7 + b) % 5))
+    now = T0 + 1000
+    for shaping in ({"group_by": "node_id", "agg": {"users": "max"}, "limit": 5},
+                    {"group_by": "node_id", "agg": {"users": "sum"}, "order_by": "node_id",
+                     "limit": 4},
+                    {"group_by": "node_id", "agg": {"users": "max"}, "order_by": "node_id",
+                     "descending": False, "limit": 3},
+                    {"group_by": "node_id", "agg": {"users": "sum"}, "order_by": "users",
+                     "limit": 3}):
+        got = q(store, "node_metrics", {"since": T0}, now=now, **shaping)
+        every = q(store, "node_metrics", {"since": T0}, now=now, fields=None, limit=200)
+        from oarbank_ui.components.shape import shape_rows
+
+        assert got == shape_rows(every, read_shaping(shaping)), shaping
