@@ -82,6 +82,19 @@ def test_what_macos_has_still_works() -> None:
     assert done.stdout.strip() == "ok"
 
 
+def test_the_choice() -> None:
+    assert choice.choose("linux", {}) == "linux"
+    assert choice.choose("linux", {choice.ENV: "darwin"}) == "darwin"
+    assert choice.choose("linux", {choice.ENV: "linux"}) == "linux"
+    # A runner's environment carries the contract's <os>-<arch>: no choice, the agent's CLI works.
+    assert choice.choose("linux", {choice.ENV: "linux-amd64"}) == "linux"
+    assert choice.choose("darwin", {choice.ENV: "darwin-arm64"}) == "darwin"
+    with pytest.raises(choice.BackendUnavailable, match="only 'darwin' on Linux"):
+        choice.choose("darwin", {choice.ENV: "linux"})
+    with pytest.raises(choice.BackendUnavailable):
+        choice.choose("linux", {choice.ENV: "windows"})
+
+
 def test_without_the_variable_linux_is_untouched() -> None:
     env = {k: v for k, v in os.environ.items() if k != choice.ENV}
     done = subprocess.run([sys.executable, "-c",

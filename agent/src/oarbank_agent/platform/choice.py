@@ -27,6 +27,11 @@ def choose(sys_platform: str, env: Mapping[str, str]) -> str:
               "darwin" if sys_platform == "darwin" else
               "windows" if sys_platform == "win32" else sys_platform)
     forced = env.get(ENV, "")
+    if "-" in forced:
+        # The contract's OARBANK_PLATFORM=<os>-<arch> in a job's environment (section 4): the
+        # node's platform told to a runner, not a choice (an `oarbank-agent submit` from a
+        # runner must work).
+        forced = ""
     if not forced or forced == native:
         return native
     if forced == "darwin" and native == "linux":
