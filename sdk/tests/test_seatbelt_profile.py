@@ -4,7 +4,7 @@ parsed as the s-expressions it is: deny by default, no network allowed and every
 operation denied, the writable paths exactly the contract's (section 9: a runner writes only
 its workdir, a service only its module's data dir), reads limited to what the Linux launcher
 grants. Runs everywhere; that ``sandbox-exec`` compiles the profile and the kernel holds it,
-only a Mac shows (the macOS workflow runs the sandbox tests there)."""
+only a Mac shows (the macOS workflow's agent tests run children under it where it confines)."""
 
 from __future__ import annotations
 

@@ -10,9 +10,11 @@ imports this module.
 What is tested where: ``sdk/tests/test_seatbelt_profile.py`` (on every system) generates the
 profile for a runner's and a service's walls and parses it: deny by default, no network allow
 and every network operation denied, the writable paths exactly the contract's, reads limited
-to the Linux launcher's set. What only a Mac can show (the macOS workflow runs the SDK's
-sandbox tests there): that ``sandbox-exec`` compiles the profile, that Python starts under it
-(the system folders are enough), and that the denials hold in the kernel.
+to the Linux launcher's set. What only a Mac can show, and no test here has shown yet: that
+``sandbox-exec`` compiles the profile, that Python starts under it (the system folders are
+enough), and that the kernel holds the denials. The macOS workflow's agent tests and local
+scenarios run every child under it where the SDK's probe finds it confines (``macos_seatbelt``
+enforced); where it does not, they run unconfined and the agent says so.
 """
 
 from __future__ import annotations
