@@ -311,3 +311,21 @@ def test_grouped_by_node_the_limit_picks_the_same_groups_as_shaping_would(store:
         from oarbank_ui.components.shape import shape_rows
 
         assert got == shape_rows(every, read_shaping(shaping)), shaping
+
+
+def test_the_queries_over_http_as_fixtures_capture_them(start_portal, make_heartbeat,  # type: ignore[no-untyped-def]
+                                                        make_row) -> None:
+    p = start_portal()
+    p.post_heartbeat(make_heartbeat("node-a", make_row(users=2, rss_bytes=5)) |
+                     {"metrics": {"mem_used_bytes": 7}})
+    p.post_heartbeat(make_heartbeat("node-b", make_row(running=False, ready=False)))
+    r = p.get(f"/v1/queries/nodes?module={MOD}&online=true&state=ready")
+    assert r.status == 200 and [(n["node_id"], n["mem_used_bytes"], n["rss_bytes"])
+                                for n in r.json()] == [("node-a", 7, 5)]
+    r = p.get(f"/v1/queries/node_metrics?module={MOD}&node_id=node-b&since=-1h")
+    assert r.status == 200 and [m["state"] for m in r.json()] == ["stopped"]
+    for path, why in ((f"/v1/queries/nodes?module={MOD}&job_id=1", "unknown parameter 'job_id'"),
+                      ("/v1/queries/node_metrics?since=-1h", "the module parameter is required"),
+                      (f"/v1/queries/node_metrics?module={MOD}&since=soon", "since must be")):
+        r = p.get(path)
+        assert r.status == 400 and why in r.json()["error"], (path, r.text)

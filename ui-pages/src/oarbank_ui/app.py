@@ -11,6 +11,7 @@ unauthenticated caller before reading what it sends.
 Routes:
   POST /v1/heartbeat                                   a node's report (contract section 6)
   GET  /v1/queries/services?module=M[&node_id=][&service=]   JSON list of rows (<= 200)
+  GET  /v1/queries/nodes|node_metrics?module=M[&<param>=]...  the same, for those queries
   GET  /v1/nodes[?limit=N][&after=NODE_ID]             JSON list of nodes, paged (Link: next)
   GET  /healthz                                        200 when the store answers, else 503
   GET  /metrics                                        Prometheus text format
@@ -47,7 +48,7 @@ from .metrics import PortalMetrics
 from .modules import PageFileError, PortalModule, find_module
 from .page_links import _page_href, _panel_href, link_resolver, services_fetch
 from .render import RenderContext, ago_text, build_view, data_views, iso_text
-from .services_query import MAX_ROWS
+from .services_query import MAX_ROWS, QueryError
 from .store import MAX_NODES_PAGE, HeartbeatStore
 from .tokens import bearer_token
 
@@ -240,6 +241,8 @@ class Portal:
                 return "index", self.index()
             if parts == ["v1", "queries", "services"]:
                 return "services", self.services_query(query)
+            if parts in (["v1", "queries", "nodes"], ["v1", "queries", "node_metrics"]):
+                return "services", self.host_query(parts[2], query)
             if parts == ["favicon.ico"]:
                 return route, Response(204, b"", "image/x-icon")  # browsers ask; nothing to show
             if parts == ["v1", "nodes"]:
@@ -339,6 +342,26 @@ class Portal:
         if cut:  # the body stays a plain list of rows (the fixture shape); the cut is said here
             resp.headers["X-Oarbank-Rows-Truncated"] = f"first {MAX_ROWS} rows; filter by node_id or service"
         return resp
+
+    def host_query(self, name: str, query: dict[str, list[str]]) -> Response:
+        """``nodes`` / ``node_metrics`` rows (at most 200; the fixture shape): ``module`` and
+        the query's params, one value each (``online`` as true/false)."""
+        if any(len(v) != 1 for v in query.values()):
+            return _error(400, f"{name}: each parameter once")
+        params: dict[str, Any] = {k: v[0] for k, v in query.items() if k != "module"}
+        module = query.get("module", [""])[0]
+        if not module:
+            return _error(400, f"{name}: the module parameter is required")
+        if "online" in params:
+            params["online"] = {"true": True, "false": False}.get(params["online"],
+                                                                  params["online"])
+        mod = find_module(self.modules, module)
+        try:
+            rows = self.store.host_query(name, mod.names if mod else (module,), params,
+                                         Shaping(), now=self.clock())
+        except QueryError as e:
+            return _error(400, str(e))
+        return _json(200, rows)
 
     # -- pages -----------------------------------------------------------------------------
 
