@@ -136,8 +136,9 @@ class Agent:
 
     # --- the parts' answers, as the rest of the agent asks for them -------------------------
 
-    def load_modules(self, specs: list[ModuleSpec], *, adding: bool = False) -> list[str]:
-        return self.table.load_modules(specs, adding=adding)
+    async def load_modules(self, specs: list[ModuleSpec], *,
+                           adding: bool = False) -> list[str]:
+        return await self.table.load_modules(specs, adding=adding)
 
     async def check_runners(self, ctxs: list[ModuleCtx] | None = None) -> None:
         await self.table.check_runners(ctxs)
@@ -213,7 +214,7 @@ class Agent:
         else:
             # A previous agent's groups: ended, except services that may be adopted (recovery.py)
             kept = await recovery.end_leftovers(self.registry, self.supervisor)
-        self.table.load_added()  # modules added before a restart (module add)
+        await self.table.load_added()  # modules added before a restart (module add)
         self.gpu = await apply.place_gpu_services(self.supervisor, self.gpu)
         self.admission.budget_gb = apply.memory_budget_gb(self.guard.config)
         await asyncio.gather(self.check_runners(),

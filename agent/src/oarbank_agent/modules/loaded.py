@@ -25,6 +25,7 @@ else:  # pragma: no cover - Python 3.10
 from oarbank_agent.broker import channel
 from oarbank_sdk import environments
 from oarbank_sdk import manifest as mf
+from oarbank_sdk.manifest import requirements
 
 __all__ = ["NodeInfo", "ModuleCtx", "ModuleRefused", "load_module", "module_names",
            "SettingsError",
@@ -55,6 +56,8 @@ class ModuleCtx:
     manifest: mf.Manifest
     root: Path  # <state>/modules/<id>
     settings: dict[str, Any] = field(default_factory=dict)
+    # requirements.txt (absolute) -> its environment (envs.py): set at load, before any op
+    envs: dict[str, Path] = field(default_factory=dict)
 
     @property
     def id(self) -> str:
@@ -84,7 +87,23 @@ class ModuleCtx:
             limits_file=node.limits_file, tools_file=node.tools_file, extra=features)
 
     def exec_argv(self, argv: tuple[str, ...] | list[str]) -> list[str]:
-        return mf.expand_exec(list(argv), self.manifest.bundle)
+        """``python`` is the environment of the ``requirements.txt`` beside the script (the
+        host's interpreter without one)."""
+        req = requirements.requirements_for(argv, self.manifest.bundle)
+        env = self.envs.get(str(req)) if req is not None else None
+        python = str(envs_python(env)) if env is not None else sys.executable
+        return mf.expand_exec(list(argv), self.manifest.bundle, python)
+
+    @property
+    def env_dirs(self) -> tuple[str, ...]:
+        """Its environments' folders (its children read them)."""
+        return tuple(sorted({str(p) for p in self.envs.values()}))
+
+    def env_report(self) -> dict[str, str]:
+        """``{requirements file (bundle-relative): environment digest}`` for status."""
+        root = self.manifest.bundle.resolve()
+        return {str(Path(k).relative_to(root)) if Path(k).is_relative_to(root) else k: v.name
+                for k, v in sorted(self.envs.items())}
 
 
 class SettingsError(ValueError):
@@ -174,6 +193,10 @@ def module_names(path: Path) -> set[str]:
     if isinstance(module_id, str) and module_id:
         names |= {module_id, module_id.rsplit(".", 1)[-1]}
     return names
+
+
+def envs_python(env: Path) -> Path:
+    return env / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
 
 
 def _write_json(path: Path, value: Any) -> None:

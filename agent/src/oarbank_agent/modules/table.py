@@ -22,7 +22,7 @@ from oarbank_agent.jobs import runnerhealth
 from oarbank_agent.jobs.admission import Admission
 from oarbank_agent.jobs.queue import JobQueue
 from oarbank_agent.jobs.store import JobRecord
-from oarbank_agent.modules import compat
+from oarbank_agent.modules import compat, envs
 from oarbank_agent.modules import remove as moduleremove
 from oarbank_agent.modules import state as modulestate
 from oarbank_agent.modules.loaded import ModuleCtx, ModuleRefused, NodeInfo, load_module, module_names
@@ -33,6 +33,7 @@ from oarbank_agent.sandbox import policy as sandboxing
 from oarbank_agent.sandbox import resourcelimits
 from oarbank_agent.services.supervisor import Supervisor
 from oarbank_sdk import manifest as mf
+from oarbank_sdk.manifest import requirements
 
 __all__ = ["ModuleSpec", "ModuleTable"]
 
@@ -76,13 +77,14 @@ class ModuleTable:
         queue.closed.update({m: moduleremove.failure_reason(m) for m in self.kept.removed})
         # module id -> what its runner's `doctor --json` said last (runnerhealth.py)
         self.runner_health = queue.runner_health
+        self.envs = envs.Envs(state_dir, registry)  # module environments (envs.py)
 
-    def load_added(self) -> None:
+    async def load_added(self) -> None:
         """The modules added at run time before a restart (module add; modules.json), unless
         the command line loaded the same folder."""
         for path in self.kept.added:
             if not any(ctx.manifest.bundle == Path(path) for ctx in self.modules.values()):
-                for msg in self.load_modules([(Path(path), None)]):
+                for msg in await self.load_modules([(Path(path), None)]):
                     log.warning("module added earlier (%s) refused: %s", modulestate.FILE,
                                 "; ".join(msg.splitlines()))
 
@@ -96,8 +98,10 @@ class ModuleTable:
         for line in resourcelimits.unmet(resourcelimits.current(), ctx.manifest):
             log.warning("%s", line)
 
-    def load_modules(self, specs: list[ModuleSpec], *, adding: bool = False) -> list[str]:
-        """Load every module it can; an invalid one is refused with the checker's messages.
+    async def load_modules(self, specs: list[ModuleSpec], *,
+                           adding: bool = False) -> list[str]:
+        """Load every module it can; an invalid one is refused with the checker's messages,
+        one whose environment cannot be installed (envs.py) with the installer's reason.
         A module removed here (module remove) is not loaded unless ``adding`` (module add).
         Returns the messages of the refused ones."""
         refused = []
@@ -132,6 +136,19 @@ class ModuleTable:
                 refused.append(f"{path}: module {ctx.id} is already loaded from "
                                f"{self.modules[ctx.id].manifest.bundle}")
                 continue
+            env_failure = await self.install_envs(ctx)
+            if ctx.id in self.modules:  # loaded meanwhile (a concurrent `module add`)
+                refused.append(f"{path}: module {ctx.id} is already loaded from "
+                               f"{self.modules[ctx.id].manifest.bundle}")
+                continue
+            if env_failure is not None:
+                line = compat.refusal_line(ctx.id, str(path), [env_failure])
+                refused.append(line)
+                self.refused_modules[ctx.id] = line
+                for name in module_names(path):
+                    self.refused[name] = line
+                continue
+            self.refused_modules.pop(ctx.id, None)
             self.modules[ctx.id] = ctx
             gpu_note = sandboxing.gpu_driver_note(ctx, sandboxing.current().enforce,
                                                   os.geteuid())
@@ -146,10 +163,36 @@ class ModuleTable:
                     self.supervisor.set_disabled(rt.key, True, live=False)
         return refused
 
+    async def install_envs(self, ctx: ModuleCtx) -> str | None:
+        """Each ``requirements.txt`` its runner and services use, installed (envs.py) and set
+        on ``ctx``; the reason it could not be, or None."""
+        m = ctx.manifest
+        execs = ([m.runner.exec] if m.runner is not None else []) + [s.exec for s in m.services]
+        for argv in execs:
+            req = requirements.requirements_for(argv, m.bundle)
+            if req is None or str(req) in ctx.envs:
+                continue
+            try:
+                ctx.envs[str(req)] = await self.envs.ensure(req, m.bundle.resolve(), ctx.id)
+            except envs.EnvError as exc:
+                ctx.envs.clear()
+                return f"cannot install its environment ({req.name}): {exc}"
+            log.info("%s: environment %s for %s", ctx.id, ctx.envs[str(req)].name, req)
+        self.sweep_envs()
+        return None
+
+    def sweep_envs(self) -> None:
+        """Environments no loaded module uses go once unused for the grace period."""
+        used = {env.name for ctx in self.modules.values() for env in ctx.envs.values()}
+        for name in self.envs.sweep(used):
+            log.info("environment %s removed: no loaded module used it", name)
+
     async def check_runners(self, ctxs: list[ModuleCtx] | None = None) -> None:
         """Each runner's ``doctor --json`` (runnerhealth.py): at load and every refresh. An
         unhealthy or undetected one's jobs are not admitted (its pseudo pool counts 0) and say
-        why."""
+        why. Every refresh (``ctxs`` None) also sweeps the unused environments."""
+        if ctxs is None:
+            self.sweep_envs()
         for ctx in list(self.modules.values()) if ctxs is None else ctxs:
             if ctx.manifest.runner is None or ctx.id in self.removing:
                 continue
@@ -255,19 +298,19 @@ class ModuleTable:
         path = path.resolve()
         if any(ctx.manifest.bundle == path for ctx in self.modules.values()):
             raise control.ControlError("bad_request", f"module add: {path} is already loaded")
-        before = set(self.modules)
-        refused = self.load_modules([(path, None)], adding=True)
+        refused = await self.load_modules([(path, None)], adding=True)
         if refused:
             raise control.ControlError("bad_request", "module add: " + "; ".join(
                 "; ".join(m.splitlines()) for m in refused))
-        (module_id,) = set(self.modules) - before
+        # (by its folder: another add may have loaded a module while this one's env was built)
+        module_id = next(c.id for c in self.modules.values() if c.manifest.bundle == path)
         if module_id in self.kept.removed:  # removed earlier: added again
             self.kept.removed.discard(module_id)
             self.queue.closed.pop(module_id, None)
             modulestate.write(self.state_dir, self.kept)
             for name in (module_id, self.modules[module_id].manifest.short_name):
                 self.gone.pop(name, None)
-        for key, rt in self.supervisor.services.items():
+        for key, rt in list(self.supervisor.services.items()):  # (it awaits: adds go on)
             if rt.ctx.id != module_id:
                 continue
             if self.gpu is not None:
@@ -287,7 +330,8 @@ class ModuleTable:
                  "state": "removing" if ctx.id in self.removing
                  else "disabled" if ctx.id in self.disabled else "enabled",
                  "services": [rt.svc.name for rt in self.supervisor.services.values()
-                              if rt.ctx.id == ctx.id]}
+                              if rt.ctx.id == ctx.id],
+                 "envs": ctx.env_report()}
                 for ctx in self.modules.values()]
 
     async def _remove_module(self, ctx: ModuleCtx, now: bool, wait: bool) -> dict[str, Any]:

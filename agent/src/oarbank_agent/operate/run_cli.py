@@ -170,7 +170,7 @@ def cmd_run(ra: config.RunArgs, run_argv: list[str]) -> int:
             status_poll_s=args.status_poll_s, fault=fault, drain_s=args.drain_s,
             keep_jobs_s=args.keep_jobs_s, refresh_s=args.refresh_s))
         specs = [(p.resolve(), settings_for(p)) for p in args.modules or []]
-        for msg in agent.load_modules(specs):
+        for msg in await agent.load_modules(specs):
             print(msg, file=sys.stderr)
         unknown = [n for n in settings  # (a module removed here is not loaded: module remove)
                    if agent.find_module(n) is None and n not in agent.modules

@@ -54,6 +54,8 @@ class StatusSource(Protocol):
 def report(agent: StatusSource) -> dict[str, Any]:
     doc = _report(agent)
     _add_metrics(doc, agent)
+    # module -> {requirements file: the environment its `python` is (modules/envs.py)}
+    doc["module_envs"] = {ctx.id: ctx.env_report() for ctx in agent.modules.values()}
     return doc
 
 

@@ -13,7 +13,8 @@ Modes (``oarbank-agent run --sandbox``):
 - ``off``: no launcher at all. For debugging only; status says so.
 
 Walls per child (``Walls``, passed by ``procs.spawn``): a runner writes only its workdir and
-reads its bundle, the settings file and the module's data dir; a service's ops and daemon write
+reads its bundle, the settings file and the module's data dir (and its module environments,
+``modules/envs.py``); a service's ops and daemon write
 only the module's data dir and read the bundle, the settings, limits and tools files; the GPU
 device nodes only for a module with ``[sandbox].devices.gpu = "compute"``. Every child is
 launched with ``--guard-pid <agent pid>`` (no signal to the agent or its process group). A
@@ -91,7 +92,8 @@ def runner_walls(ctx: Any, workdir: os.PathLike[str] | str) -> Walls:
     """A runner: writes its workdir (tmp and home inside); reads its bundle, the module's
     settings file and data dir (read-only: only services write it)."""
     bundle = str(os.path.realpath(ctx.manifest.bundle))
-    return Walls(read=(bundle, str(ctx.settings_file), str(ctx.data_dir)),
+    return Walls(read=(bundle, str(ctx.settings_file), str(ctx.data_dir),
+                       *getattr(ctx, "env_dirs", ())),
                  write=(str(workdir),), gpu=_gpu_compute(ctx), signals="scoped")
 
 
@@ -100,7 +102,7 @@ def service_walls(ctx: Any, node: Any) -> Walls:
     the bundle, the settings, limits and tools files."""
     bundle = str(os.path.realpath(ctx.manifest.bundle))
     return Walls(read=(bundle, str(ctx.settings_file), str(node.limits_file),
-                       str(node.tools_file)),
+                       str(node.tools_file), *getattr(ctx, "env_dirs", ())),
                  write=(str(ctx.data_dir),), gpu=_gpu_compute(ctx), signals="open")
 
 

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from . import requirements as _requirements
 from .checker import GPU_APIS, PLATFORMS, SERVICE_NAME
 from .checker import build as _build
 from .model import (
@@ -69,8 +70,12 @@ def manifest_path(path: str | Path) -> Path:
     return p / MANIFEST_FILE if p.is_dir() else p
 
 
-def check(path: str | Path) -> tuple[Manifest | None, list[Problem]]:
-    """``(manifest, [])`` when valid, else ``(None, problems)``; never raises for bad input."""
+def check(path: str | Path, *, requirements: bool = True,
+          ) -> tuple[Manifest | None, list[Problem]]:
+    """``(manifest, [])`` when valid, else ``(None, problems)``; never raises for bad input.
+    ``requirements``: also each module environment's ``requirements.txt`` and the wheels
+    that must cover it (``requirements.py``); False: the manifest alone (``deps``, which makes
+    them)."""
     toml = manifest_path(path)
     try:
         data = toml.read_bytes()
@@ -90,12 +95,32 @@ def check(path: str | Path) -> tuple[Manifest | None, list[Problem]]:
     except tomllib.TOMLDecodeError as e:
         return None, [_syntax_problem(str(e))]
     bundle = toml.resolve().parent
-    return _build(doc, toml, bundle)
+    manifest, problems = _build(doc, toml, bundle)
+    if manifest is not None and requirements:
+        problems = _requirements_problems(manifest)
+        if problems:
+            return None, problems
+    return manifest, problems
 
 
-def load(path: str | Path) -> Manifest:
+def _requirements_problems(m: Manifest) -> list[Problem]:
+    """Each ``requirements.txt`` an ``exec`` uses (``requirements.py``): its lines, its wheels."""
+    execs = ([("runner.exec", m.runner.exec)] if m.runner is not None else []) + [
+        (f"services[{i}].exec", s.exec) for i, s in enumerate(m.services)]
+    out: list[Problem] = []
+    seen: set[Path] = set()
+    for key, argv in execs:
+        req = _requirements.requirements_for(argv, m.bundle)
+        if req is None or req in seen:
+            continue
+        seen.add(req)
+        out += [Problem(key, msg) for msg in _requirements.wheel_problems(req, m.bundle)]
+    return out
+
+
+def load(path: str | Path, *, requirements: bool = True) -> Manifest:
     """The module's manifest; raises ``ManifestError`` (every problem listed) when invalid."""
-    manifest, problems = check(path)
+    manifest, problems = check(path, requirements=requirements)
     if manifest is None:
         raise ManifestError(manifest_path(path), problems)
     return manifest
