@@ -23,7 +23,7 @@
       el.textContent = c.text;
       return el;
     }
-    if (c.href && c.href.charAt(0) === "/") {  // a page of this portal (node_ref cells)
+    if (c.href && c.href.charAt(0) === "/" && c.href.charAt(1) !== "/") {  // this portal's page
       el = document.createElement("a");
       el.setAttribute("href", c.href);
       el.textContent = c.text;
