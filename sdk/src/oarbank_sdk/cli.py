@@ -12,6 +12,10 @@
   from the reference example with those names (``oarbank_sdk.scaffold``). Exit 0 written,
   2 bad names or DIR not empty.
 
+- ``oarbank-sdk deps compile MODULE_DIR REQUIREMENTS_IN [--platforms LIST] [--pip]``: the
+  hashed ``requirements.txt`` beside ``REQUIREMENTS_IN``; ``oarbank-sdk bundle wheels DIR``:
+  its wheels into ``DIR/wheels`` (``oarbank_sdk.deps``). Exit 0 done, 1 it could not be.
+
 Adding a subcommand: write ``_cmd_<name>(args) -> int`` and one ``_add_<name>(sub)`` that
 registers its arguments and sets ``func``; list it in ``_SUBCOMMANDS``.
 """
@@ -131,10 +135,81 @@ def _add_new(sub: Subparsers) -> None:
     p.set_defaults(func=_cmd_new)
 
 
+# -- deps compile / bundle wheels -----------------------------------------------------------
+
+
+def _platform_list(text: str | None) -> list[str] | None:
+    return [t.strip() for t in text.split(",") if t.strip()] if text else None
+
+
+def _cmd_deps(args: argparse.Namespace) -> int:
+    from . import manifest as _manifest
+    from .deps import DepsError, compile_requirements
+
+    try:
+        out = compile_requirements(Path(args.module_dir), Path(args.requirements_in),
+                                   use_uv=False if args.pip else None,
+                                   platforms=_platform_list(args.platforms))
+    except (DepsError, _manifest.ManifestError, OSError) as exc:
+        print(f"oarbank-sdk deps compile: {exc}", file=sys.stderr)
+        return 1
+    print(f"{out}: written; next: oarbank-sdk bundle wheels {args.module_dir}")
+    return 0
+
+
+def _add_deps(sub: Subparsers) -> None:
+    p = sub.add_parser("deps", help="pin a module environment's dependencies",
+                       description="Module environments (contract section 4).")
+    acts = p.add_subparsers(dest="deps_command", metavar="ACTION", required=True)
+    c = acts.add_parser("compile", help="resolve requirements.in into a hashed requirements.txt",
+                        description="Resolve REQUIREMENTS_IN for every platform the module "
+                        "lists (uv where on PATH, else pip) and write requirements.txt beside it: "
+                        "exact pins with every platform's wheel hashes, no options, no markers.")
+    c.add_argument("module_dir", metavar="MODULE_DIR")
+    c.add_argument("requirements_in", metavar="REQUIREMENTS_IN",
+                   help="what the script needs (beside the script: requirements.in)")
+    c.add_argument("--platforms", default=None, metavar="LIST",
+                   help="comma-separated platform tokens (default: requires.platforms, else "
+                   "this machine's)")
+    c.add_argument("--pip", action="store_true", help="resolve with pip even where uv is on PATH")
+    c.set_defaults(func=_cmd_deps)
+
+
+def _cmd_bundle(args: argparse.Namespace) -> int:
+    from . import manifest as _manifest
+    from .deps import DepsError, bundle_wheels
+
+    try:
+        problems = bundle_wheels(Path(args.dir), platforms=_platform_list(args.platforms))
+    except (DepsError, _manifest.ManifestError, OSError) as exc:
+        print(f"oarbank-sdk bundle wheels: {exc}", file=sys.stderr)
+        return 1
+    for problem in problems:
+        print(problem)
+    if not problems:
+        print(f"{args.dir}/wheels: covers every pin")
+    return 1 if problems else 0
+
+
+def _add_bundle(sub: Subparsers) -> None:
+    p = sub.add_parser("bundle", help="put a module environment's wheels into the bundle",
+                       description="Module environments (contract section 4).")
+    acts = p.add_subparsers(dest="bundle_command", metavar="ACTION", required=True)
+    w = acts.add_parser("wheels", help="download every pinned wheel into <dir>/wheels",
+                        description="For each requirements.txt the module's exec uses and each "
+                        "platform, download the pinned wheels (hash-checked) into DIR/wheels.")
+    w.add_argument("dir", metavar="DIR", help="the module folder")
+    w.add_argument("--platforms", default=None, metavar="LIST",
+                   help="comma-separated platform tokens (default: requires.platforms, else "
+                   "this machine's)")
+    w.set_defaults(func=_cmd_bundle)
+
+
 # -- wiring ---------------------------------------------------------------------------------
 
 _SUBCOMMANDS: list[Callable[[Subparsers], None]] = [_add_check, _add_conform,
-                                                                    _add_new]
+                                                                    _add_new, _add_deps,
+                                                                    _add_bundle]
 
 
 def build_parser() -> argparse.ArgumentParser:
