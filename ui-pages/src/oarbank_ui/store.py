@@ -95,6 +95,7 @@ class HeartbeatStore:
         self.backend = backend
         self.history = history or History()
         self._compacted_at = 0.0
+        self._sample_modules: set[str] | None = None  # None: not compacted in this process yet
         h = self.history
         self.buckets = BucketCache(h.fine_s, h.fine_keep_s, h.coarse_s, h.retention_s)
 
@@ -155,6 +156,8 @@ class HeartbeatStore:
                 tx.run(_ROW_SQL + ", ".join([_ROW_VALUES] * len(chunk)),
                        [v for row in chunk for v in row])
             store_metrics.record_samples(tx, self.kind, hb, now, self.history)
+        if self._sample_modules is not None:
+            self._sample_modules.update(r.module for r in hb.services)
         if now - self._compacted_at >= self.history.compact_every_s:
             self._compacted_at = now
             self.compact(now=now)
@@ -164,7 +167,12 @@ class HeartbeatStore:
         """Roll aged samples up and drop expired ones (``store_metrics.compact``)."""
         t = time.time() if now is None else now
         with self.backend.write() as tx:
-            done = store_metrics.compact(tx, self.kind, t, self.history)
+            seen = sorted(self._sample_modules) if self._sample_modules is not None else None
+            done = store_metrics.compact(tx, self.kind, t, self.history, seen)
+            if self._sample_modules is None:
+                self._sample_modules = set()
+                self._sample_modules.update(r["module"] for r in tx.all(
+                    "SELECT DISTINCT module FROM service_rows"))
         self.buckets.compacted_edge = self.buckets.edge(t)  # rolled up to here
         return done
 

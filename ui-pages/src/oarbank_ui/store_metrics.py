@@ -112,23 +112,37 @@ def record_samples(tx: Any, kind: str, hb: Heartbeat, now: float, h: History) ->
         for r in hb.services])
 
 
-def compact(tx: Any, kind: str, now: float, h: History) -> dict[str, int]:
+def compact(tx: Any, kind: str, now: float, h: History,
+            modules: list[str] | None = None) -> dict[str, int]:
     """Roll fine samples whose coarse bucket has aged past ``fine_keep_s`` into it, and drop
-    samples past ``retention_s``. Counts of what went."""
+    samples past ``retention_s``. Counts of what went.
+
+    ``modules`` (the ones this process has seen reported; None: every module, read from the
+    table) bound the work to index ranges: with them only the last two hours before the edge
+    are rolled (what aged since the previous run, once a minute), without them everything
+    before it (a process's first run, after a portal was down for a while)."""
     edge = float(int((now - h.fine_keep_s) // h.coarse_s) * h.coarse_s)
+    full = modules is None
+    if modules is None:
+        modules = [r["module"] for r in tx.all("SELECT DISTINCT module FROM node_samples")]
+    low = -1.0 if full else edge - 2 * h.coarse_s
     ct = _floor(kind, "t", h.coarse_s)
-    tx.run("INSERT INTO node_samples (module, node_id, service, res_s, t, hostname, running,"
-           " ready, users, rss_bytes, loads, mem_used_bytes, mem_reserved_bytes,"
-           " gpu_mem_used_bytes, samples)"
-           f" SELECT module, node_id, service, {h.coarse_s}, {ct}, MAX(hostname), MAX(running),"
-           " MAX(ready), MAX(users), MAX(rss_bytes), MAX(loads), MAX(mem_used_bytes),"
-           " MAX(mem_reserved_bytes), MAX(gpu_mem_used_bytes), SUM(samples)"
-           " FROM node_samples WHERE res_s = ? AND t < ?"
-           f" GROUP BY module, node_id, service, {ct}"
-           " ON CONFLICT (module, node_id, service, res_s, t) DO NOTHING",
-           (h.fine_s, edge))
-    rolled = tx.run("DELETE FROM node_samples WHERE res_s = ? AND t < ?", (h.fine_s, edge))
-    dropped = tx.run("DELETE FROM node_samples WHERE t < ?", (now - h.retention_s,))
+    rolled = dropped = 0
+    for module in modules:  # each a range of the (module, t, ...) index
+        args = (module, low, edge, h.fine_s)
+        tx.run("INSERT INTO node_samples (module, node_id, service, res_s, t, hostname,"
+               " running, ready, users, rss_bytes, loads, mem_used_bytes, mem_reserved_bytes,"
+               " gpu_mem_used_bytes, samples)"
+               f" SELECT module, node_id, service, {h.coarse_s}, {ct}, MAX(hostname),"
+               " MAX(running), MAX(ready), MAX(users), MAX(rss_bytes), MAX(loads),"
+               " MAX(mem_used_bytes), MAX(mem_reserved_bytes), MAX(gpu_mem_used_bytes),"
+               " SUM(samples) FROM node_samples WHERE module = ? AND t >= ? AND t < ?"
+               f" AND res_s = ? GROUP BY module, node_id, service, {ct}"
+               " ON CONFLICT (module, node_id, service, res_s, t) DO NOTHING", args)
+        rolled += tx.run("DELETE FROM node_samples WHERE module = ? AND t >= ? AND t < ?"
+                         " AND res_s = ?", args)
+        dropped += tx.run("DELETE FROM node_samples WHERE module = ? AND t < ?",
+                          (module, now - h.retention_s))
     return {"rolled": rolled, "dropped": dropped}
 
 
