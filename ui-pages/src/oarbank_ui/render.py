@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from oarbank_sdk.page_forms import NOT_SERVED
 
-from .components import PORTAL_QUERIES, build_view, data_views, known_types
+from .components import PORTAL_QUERIES, build_view, data_views
 from .components.base import (
     HOST_CONTRACT,
     MAX_PER_CONTAINER,
@@ -59,5 +59,4 @@ __all__ = [
     "data_views",
     "format_cell",
     "iso_text",
-    "known_types",
 ]

@@ -30,7 +30,7 @@ from .chart import chart
 from .elsewhere import COORDINATOR, coordinator_placeholder
 from .when import WhenError, evaluate
 
-__all__ = ["PORTAL_QUERIES", "RenderContext", "build_view", "data_views", "known_types"]
+__all__ = ["PORTAL_QUERIES", "RenderContext", "build_view", "data_views"]
 
 # Every host query this portal answers.
 PORTAL_QUERIES = ("services", "nodes", "node_metrics")
@@ -43,11 +43,6 @@ _DRAWN = {
 _LAYOUT = {"section": layout.section, "columns": layout.columns, "tabs": layout.tabs}
 # What a refresh redraws (portal.js knows these); charts redraw with the page.
 REFRESHED = ("table", "status", "kv", "stat", "progress", "json", "logs")
-
-
-def known_types() -> tuple[str, ...]:
-    """Every component type this console draws (or explains), for the preview's notes."""
-    return (*_LAYOUT, *_DRAWN, *COORDINATOR)
 
 
 def when_context(ctx: RenderContext) -> dict[str, Any]:

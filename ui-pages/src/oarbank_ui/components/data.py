@@ -18,7 +18,7 @@ from urllib.parse import urlencode
 from .base import RenderContext, SourceFailed, malformed, rows_of, string_prop
 from .elsewhere import OPERATION
 from .formats import direction_tones, format_cell, is_number, when_of
-from .shape import _sort_key
+from .shape import sort_key
 
 __all__ = ["json_view", "logs", "table"]
 
@@ -94,7 +94,7 @@ def table(comp: dict[str, Any], ctx: RenderContext) -> dict[str, Any]:
         return view | {"unavailable": True, "reason": str(e)}
     if sort is not None:
         kind = keys[sort]["type"]
-        rows = sorted(rows, key=lambda r: _sort_key(when_of(r.get(sort)) if kind in (
+        rows = sorted(rows, key=lambda r: sort_key(when_of(r.get(sort)) if kind in (
             "relative_time", "timestamp") else r.get(sort)), reverse=desc)
     tones = {c["key"]: direction_tones([r.get(c["key"]) for r in rows], c["direction"],
                                        c["by_sign"]) for c in columns if c["direction"]}

@@ -19,7 +19,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["AGGS", "MAX_LIMIT", "ShapeError", "Shaping", "aggregate", "read_shaping", "shape_rows"]
+__all__ = ["AGGS", "MAX_LIMIT", "ShapeError", "Shaping", "aggregate", "read_shaping", "shape_rows",
+           "sort_key"]
 
 MAX_LIMIT = 200
 AGGS = ("count", "mean", "median", "min", "max", "p95", "sum")
@@ -115,7 +116,7 @@ def aggregate(fn: str, values: list[Any]) -> Any:
     return nums[max(0, math.ceil(0.95 * len(nums)) - 1)]
 
 
-def _sort_key(v: Any) -> tuple[int, Any]:
+def sort_key(v: Any) -> tuple[int, Any]:
     if v is None:
         return (2, "")
     n = _num(v)
@@ -133,7 +134,7 @@ def shape_rows(rows: list[dict[str, Any]], s: Shaping) -> list[dict[str, Any]]:
         if s.group_by is None and not groups:
             groups[None] = []
         out = []
-        for key in sorted(groups, key=_sort_key):
+        for key in sorted(groups, key=sort_key):
             row: dict[str, Any] = {} if s.group_by is None else {s.group_by: key}
             for f, fn in s.agg.items():
                 row[f] = aggregate(fn, [r.get(f) for r in groups[key]])
@@ -142,7 +143,7 @@ def shape_rows(rows: list[dict[str, Any]], s: Shaping) -> list[dict[str, Any]]:
         by = s.order_by
         present = [r for r in out if r.get(by) is not None]
         nulls = [r for r in out if r.get(by) is None]
-        present.sort(key=lambda r: _sort_key(r.get(by)), reverse=s.descending)
+        present.sort(key=lambda r: sort_key(r.get(by)), reverse=s.descending)
         out = present + nulls
     if s.fields is not None:
         out = [{f: r[f] for f in s.fields if f in r} for r in out]
