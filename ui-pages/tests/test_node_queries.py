@@ -329,3 +329,21 @@ def test_the_queries_over_http_as_fixtures_capture_them(start_portal, make_heart
                       (f"/v1/queries/node_metrics?module={MOD}&since=soon", "since must be")):
         r = p.get(path)
         assert r.status == 400 and why in r.json()["error"], (path, r.text)
+
+
+def test_an_aggregate_of_services_counts_every_row_not_the_first_200(store: HeartbeatStore
+                                                                      ) -> None:
+    from oarbank_sdk.manifest import load
+    from oarbank_ui.modules import PortalModule
+    from oarbank_ui.page_links import services_fetch
+
+    for i in range(250):
+        report(store, f"n{i:03d}", T0, row(users=1))
+    fetch = services_fetch(store, PortalModule(load(Path(__file__).resolve().parents[2]
+                                                    / "examples" / "modelserver")),
+                           lambda: T0)
+    counted = fetch.shaped("services", {}, read_shaping({"agg": {"users": "sum",  # type: ignore[attr-defined]
+                                                                  "node_id": "count"}}))
+    assert counted == [{"users": 250, "node_id": 250}]
+    listed = fetch.shaped("services", {}, read_shaping({}))  # type: ignore[attr-defined]
+    assert len(listed) == 200

@@ -13,8 +13,8 @@ from oarbank_sdk.page_forms import Target
 from .components.shape import Shaping, shape_rows
 from .modules import PortalModule
 from .render import PORTAL_QUERIES
-from .services_query import QueryError
-from .store import HeartbeatStore
+from .services_query import MAX_ROWS, QueryError
+from .store import ALL_ROWS, HeartbeatStore
 
 __all__ = ["link_resolver", "services_fetch"]
 
@@ -49,8 +49,10 @@ def services_fetch(store: HeartbeatStore, module: PortalModule,
                 raise QueryError(f"services: unknown parameter {k!r} (node_id, service)")
             if not isinstance(v, str):
                 raise QueryError(f"services: parameter {k} must be a string")
+        # aggregates read every row of the module: a count must not stop at 200 rows
         rows = store.services(module.names, node_id=params.get("node_id"),
-                              service=params.get("service"), now=now())
+                              service=params.get("service"), now=now(),
+                              limit=ALL_ROWS if shaping.agg else MAX_ROWS)
         return shape_rows(rows, shaping)
 
     fetch.shaped = shaped  # type: ignore[attr-defined]

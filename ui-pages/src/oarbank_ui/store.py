@@ -34,6 +34,9 @@ __all__ = ["HeartbeatStore", "MAX_NODES_PAGE", "RecordResult", "StoreBackend", "
            "open_store"]
 
 MAX_NODES_PAGE = 1000
+# services_page(limit=ALL_ROWS): every row of the module, for a source that aggregates them
+# (a count over the fleet must not stop at the 200 rows a page may list)
+ALL_ROWS = 10**9
 
 
 class _Tx(Protocol):
@@ -241,7 +244,7 @@ class HeartbeatStore:
         names = list(dict.fromkeys(modules))
         if not names:
             return [], False
-        limit = max(0, min(limit, MAX_ROWS))
+        limit = max(0, min(limit, MAX_ROWS)) if limit != ALL_ROWS else limit
         sql = f"SELECT * FROM service_rows WHERE module IN ({', '.join('?' * len(names))})"
         args: list[Any] = list(names)
         if node_id is not None:
