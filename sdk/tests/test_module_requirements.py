@@ -132,3 +132,40 @@ def test_deps_compile_says_what_cannot_be_resolved(tmp_path: Path,
                      "--platforms", "linux-amd64"]) == 1
     err = capsys.readouterr().err
     assert "pip download for linux-amd64 failed" in err, err
+
+
+RUNNER = '''import json, sys
+import six  # the module environment's: the host has none
+if sys.argv[1:3] == ["doctor", "--json"]:
+    print(json.dumps({"runner_protocol": {"supported": [1]}, "health": "healthy",
+                      "capabilities": [], "checks": [{"name": "six", "ok": True,
+                                                      "detail": six.__file__}]}))
+'''
+
+
+@pytest.mark.parametrize("with_env", [True, False], ids=["in-its-env", "without-it"])
+def test_conform_runs_the_module_in_its_environment(tmp_path: Path, with_env: bool,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """The runner imports six, which only its environment has: conform installs it (offline,
+    sandboxed) and the doctor passes; without the requirements file the same doctor fails (the
+    check can fail)."""
+    with pytest.raises(ImportError):
+        __import__("six")
+    mod = module(tmp_path, "")
+    (mod / "runner" / "run.py").write_text(RUNNER)
+    req_in = mod / "runner" / "requirements.in"
+    req_in.write_text("six==1.17.0\n")
+    assert cli.main(["deps", "compile", str(mod), str(req_in), "--pip",
+                     "--platforms", "linux-amd64"]) == 0
+    assert cli.main(["bundle", "wheels", str(mod), "--platforms", "linux-amd64"]) == 0
+    if not with_env:
+        (mod / "runner" / "requirements.txt").unlink()
+    capsys.readouterr()
+    rc = cli.main(["conform", str(mod)])
+    out = capsys.readouterr().out
+    if with_env:
+        assert "environment runner/requirements.txt: installed offline" in out, out
+        assert rc == 0, out
+    else:
+        assert rc == 1 and "environment runner" not in out, out
+        assert "FAIL runner doctor" in out and "No module named 'six'" in out, out

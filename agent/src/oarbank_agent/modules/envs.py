@@ -4,12 +4,17 @@ installed once per node, offline, into ``<state>/envs/<digest>/``.
 The digest covers the interpreter (its path and version), the file's bytes and the sha256 of
 every wheel in the bundle that serves one of its pins: modules with identical pins and wheels
 share one environment; one module's pins never change another's. Building it is two children of
-the agent, each started like an op (``procs.spawn``: its own group, inside the sandbox launcher,
+the agent (their argv and environment are the SDK's, ``manifest/requirements.py``: ``conform``
+installs the same way), each started like an op (``procs.spawn``: its own group, inside the sandbox launcher,
 reading the bundle, writing only the new environment, no network):
 
 1. ``<host python> -I -m venv --system-site-packages --without-pip <env>``, then a ``.pth`` file
    (written by the agent) that adds the host's own site folders after the environment's: the
-   SDK and its closure are the host's, a pinned copy in the environment comes first;
+   SDK and its closure are the host's, a pinned copy in the environment comes first. When the
+   host's interpreter is itself a venv that does not see the base installation's site folder
+   (the usual agent install), ``--system-site-packages`` is left out: the environment sees what
+   the host sees and no more (with it, a base's ``.pth`` files would run in every module
+   process, 56 ms a start on the machine measured, and its packages would be importable);
 2. ``<env python> -I -m pip install --no-index --find-links <bundle>/wheels --require-hashes
    --only-binary :all: --no-deps --ignore-installed -r <requirements>`` with no pip config
    (``PIP_CONFIG_FILE`` is the null device) and no cache.
@@ -26,16 +31,12 @@ import asyncio
 import hashlib
 import json
 import logging
-import os
 import shutil
-import site
-import sys
 import time
 from pathlib import Path
 
 from oarbank_agent import procs
 from oarbank_agent.eventwait import result_within
-from oarbank_agent.modules.loaded import envs_python
 from oarbank_agent.sandbox import policy as sandboxing
 from oarbank_sdk.manifest import requirements as reqs
 
@@ -46,7 +47,6 @@ log = logging.getLogger("oarbank_agent")
 DEFAULT_GRACE_S = 3600.0
 READY = ".ready"
 UNUSED = ".unused-since"
-HOST_PTH = "zz-oarbank-host.pth"
 BUILD_TIMEOUT_S = 600.0
 
 
@@ -54,25 +54,20 @@ class EnvError(Exception):
     """The environment could not be built; ``str``: why (the installer's own words)."""
 
 
-python_of = envs_python
+python_of = reqs.env_python
 
 
 def digest(req: Path, bundle: Path) -> str:
     """Raises ``reqs.RequirementsError`` / ``OSError`` (load has checked the file already)."""
     h = hashlib.sha256()
     h.update(b"oarbank-env 1\0")
-    h.update(f"{os.path.realpath(sys.executable)}\0{sys.version}\0".encode())
+    h.update(reqs.host_identity().encode() + b"\0")
     h.update(req.read_bytes() + b"\0")
     pins = reqs.parse(req)
     for name, files in sorted(reqs.wheels_for(pins, bundle / reqs.WHEELS).items()):
         for f in files:
             h.update(f"{name}\0{f.name}\0{reqs.sha256_file(f)}\0".encode())
     return h.hexdigest()[:32]
-
-
-def _host_site_dirs() -> list[str]:
-    dirs = [*site.getsitepackages(), *[p for p in sys.path if p.endswith("site-packages")]]
-    return [d for d in dict.fromkeys(dirs) if os.path.isdir(d)]
 
 
 class Envs:
@@ -107,16 +102,9 @@ class Envs:
         env.mkdir(parents=True)
         log_path = env.parent / f"{env.name}.log"
         try:
-            await self._child([sys.executable, "-I", "-m", "venv", "--system-site-packages",
-                               "--without-pip", str(env)], env, bundle, log_path, label, "venv")
-            purelib = self._purelib(env)
-            (purelib / HOST_PTH).write_text(
-                "".join(f"import site; site.addsitedir({d!r})\n" for d in _host_site_dirs()))
-            await self._child([str(python_of(env)), "-I", "-m", "pip", "install", "--no-index",
-                               "--find-links", str(bundle / reqs.WHEELS), "--require-hashes",
-                               "--only-binary", ":all:", "--no-deps", "--ignore-installed",
-                               "--no-cache-dir", "--disable-pip-version-check", "--no-input",
-                               "--no-warn-script-location", "-r", str(req)],
+            await self._child(reqs.venv_argv(env), env, bundle, log_path, label, "venv")
+            (reqs.env_purelib(env) / reqs.HOST_PTH).write_text(reqs.host_pth())
+            await self._child(reqs.pip_argv(env, bundle, req),
                               env, bundle, log_path, label, "pip install")
         except BaseException:
             shutil.rmtree(env, ignore_errors=True)
@@ -129,18 +117,11 @@ class Envs:
                  label, req)
         return env
 
-    @staticmethod
-    def _purelib(env: Path) -> Path:
-        found = sorted(env.glob("lib/python*/site-packages")) or [env / "Lib" / "site-packages"]
-        return found[0]
-
     async def _child(self, argv: list[str], env: Path, bundle: Path, log_path: Path,
                      label: str, what: str) -> None:
         tmp = env / ".tmp"
         tmp.mkdir(exist_ok=True)
-        child_env = {"PATH": os.defpath, "HOME": str(tmp), "TMPDIR": str(tmp),
-                     "PYTHONUTF8": "1", "PIP_CONFIG_FILE": os.devnull, "PIP_NO_INPUT": "1",
-                     "LANG": "C.UTF-8"}
+        child_env = reqs.install_env(tmp)
         walls = sandboxing.Walls(read=(str(bundle.resolve()),), write=(str(env),))
         with open(log_path, "wb") as log:
             try:

@@ -91,7 +91,7 @@ class ModuleCtx:
         host's interpreter without one)."""
         req = requirements.requirements_for(argv, self.manifest.bundle)
         env = self.envs.get(str(req)) if req is not None else None
-        python = str(envs_python(env)) if env is not None else sys.executable
+        python = str(requirements.env_python(env)) if env is not None else sys.executable
         return mf.expand_exec(list(argv), self.manifest.bundle, python)
 
     @property
@@ -193,10 +193,6 @@ def module_names(path: Path) -> set[str]:
     if isinstance(module_id, str) and module_id:
         names |= {module_id, module_id.rsplit(".", 1)[-1]}
     return names
-
-
-def envs_python(env: Path) -> Path:
-    return env / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
 
 
 def _write_json(path: Path, value: Any) -> None:

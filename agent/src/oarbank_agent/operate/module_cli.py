@@ -67,7 +67,8 @@ def cmd_module(args: argparse.Namespace) -> int:
     wait = bool(getattr(args, "wait", False))
     if wait:
         req["wait"] = True
-    reply = _request(args.state_dir, req, None if wait else 30.0)
+    # add: no limit here either (its environment's install may take minutes: envs.py bounds it)
+    reply = _request(args.state_dir, req, None if wait or args.action == "add" else 30.0)
     if isinstance(reply, int):
         return reply
     if not reply.get("ok"):

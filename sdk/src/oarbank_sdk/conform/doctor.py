@@ -52,8 +52,9 @@ def check_doctor(m: _manifest.Manifest, node: host.NodeDirs,
         report.add(SKIP, NAME, "no [runner]")
         return
     work = node.attempt_dir("conform-doctor")
-    argv = wrap(_manifest.expand_exec(list(m.runner.exec), m.bundle),
-                read=[m.bundle, node.settings_file, node.data], write=[work], gpu=gpu)
+    argv = wrap(node.expand(m.runner.exec, m.bundle),
+                read=[m.bundle, node.settings_file, node.data, *node.env_reads], write=[work],
+                gpu=gpu)
     env = host.runner_env(node, "conform-doctor", work, {}, {}, dict(m.runner.env))
     proc = subprocess.Popen([*argv, "doctor", "--json"], cwd=str(node.data), env=env,
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,

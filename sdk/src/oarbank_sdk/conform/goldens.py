@@ -57,7 +57,7 @@ def run_goldens(m: _manifest.Manifest, node: host.NodeDirs, sut: dict[str, Servi
     if m.runner is None:
         report.add(FAIL, "goldens", f"{len(files)} golden(s) but the manifest has no [runner]")
         return
-    runner_argv = _manifest.expand_exec(list(m.runner.exec), m.bundle)
+    runner_argv = node.expand(m.runner.exec, m.bundle)
     for i, path in enumerate(files):
         name = f"golden {path.stem}"
         g, err = load_json(path)
@@ -90,7 +90,7 @@ def run_goldens(m: _manifest.Manifest, node: host.NodeDirs, sut: dict[str, Servi
             connectors[s] = host.Connector(attempt, ch)
         t0 = time.monotonic()
         try:
-            walls = {"read": [m.bundle, node.settings_file],
+            walls = {"read": [m.bundle, node.settings_file, *node.env_reads],
                      "write": [node.root / "attempts" / attempt],  # <W>, made by run_runner
                      "gpu": gpu_compute(m)}
             a = host.run_runner(wrap(runner_argv, **walls), node, attempt, stage.name,

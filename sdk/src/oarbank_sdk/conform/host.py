@@ -70,6 +70,21 @@ class NodeDirs:
         self.limits_file.write_text("{}")
         self.tools_file.write_text("{}")
         self.node_id = "conform-" + (platform.node() or "node")
+        # requirements.txt -> its environment (envs.py); read by every child that runs in one
+        self.envs: dict[str, Path] = {}
+
+    def expand(self, argv: tuple[str, ...] | list[str], bundle: Path) -> list[str]:
+        """``expand_exec`` with ``python`` the environment's interpreter where it has one."""
+        from .. import manifest as _manifest
+        from .envs import python_for
+
+        python = python_for(self.envs, argv, bundle)
+        return (_manifest.expand_exec(list(argv), bundle, python) if python
+                else _manifest.expand_exec(list(argv), bundle))
+
+    @property
+    def env_reads(self) -> list[Path]:
+        return sorted(set(self.envs.values()))
 
     def attempt_dir(self, attempt_id: str) -> Path:
         w = self.root / "attempts" / attempt_id

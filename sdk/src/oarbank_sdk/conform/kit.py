@@ -7,6 +7,9 @@ What it does, in order, each step one or more checks (``ok``, ``FAIL``, ``skip``
    under the check, one note each, as ``oarbank-sdk check`` lists it.
 2. ``sandbox``: ops, daemons and runners run inside ``oarbank_sdk.sandbox`` when it can confine
    them here (``warn`` and unconfined otherwise: the listen check below still runs).
+   ``environment <requirements.txt>``: each module environment the ``exec`` lines use,
+   installed offline from ``wheels/`` inside the sandbox as the agent installs it
+   (``conform.envs``); ``python`` in that ``exec`` is then its interpreter everywhere below.
 3. Each endpoint service (of the others only the fingerprint), started as the agent starts
    it (same op environment, its own process group, a channel socketpair whose child end is
    ``OARBANK_ENDPOINT_CHANNEL``): first its
@@ -50,7 +53,7 @@ from oarbank_sdk import advice
 from oarbank_sdk import manifest as _manifest
 from oarbank_sdk import pages as _pages
 from oarbank_sdk.conform import attempts as attempts_watch
-from oarbank_sdk.conform import doctor, host, inputs
+from oarbank_sdk.conform import doctor, envs, host, inputs
 from oarbank_sdk.conform import start as starting
 from oarbank_sdk.conform.goldens import run_goldens
 from oarbank_sdk.conform.report import FAIL, OK, SKIP, WARN, Report
@@ -141,6 +144,7 @@ def _conform(module_dir: Path, report: Report, sandbox: bool | None, keep: bool)
         report.add(OK, "settings", f"{inputs.CONFORMANCE_FILE} settings ({len(conf)} key(s)) "
                    "are the services' settings file")
     node = host.NodeDirs(m.id, conf)
+    node.envs = envs.install(m, node.root, wrap, report)  # python in exec: its own (section 4)
     services: dict[str, ServiceUnderTest] = {}
     leftovers: dict[str, socket.socket] = {}
     try:

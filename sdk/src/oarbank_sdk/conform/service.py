@@ -50,7 +50,7 @@ class ServiceUnderTest:
         self.wrap, self.confined = wrap, confined
         # Every launch of this service's ops with a seccomp watch (None: attempts not watched)
         self.attempts = attempts_watch.Attempts() if watch else None
-        self.argv = _manifest.expand_exec(list(svc.exec), m.bundle)
+        self.argv = node.expand(svc.exec, m.bundle)
         self.label = f"service {svc.name}"
         self.channel: host.Channel | None = None
         self.pgid: int | None = None
@@ -67,7 +67,7 @@ class ServiceUnderTest:
         # signals open between the service's own processes (`stop` signals the daemon).
         walls: dict[str, Any] = {
             "read": [self.m.bundle, self.node.settings_file, self.node.limits_file,
-                     self.node.tools_file],
+                     self.node.tools_file, *self.node.env_reads],
             "write": [self.node.data], "signals": "open", "gpu": gpu_compute(self.m)}
         if self.attempts is None:
             return host.run_op(self.wrap(self.argv, **walls), op, env, self.m.bundle,

@@ -8,18 +8,28 @@ is one of its hashes; a source distribution there is refused (building one runs 
 ``requirements_for(argv, bundle)`` is the file an ``exec`` argv uses (None: the host's
 interpreter); ``parse`` reads one (``RequirementsError`` names the line); ``problems`` is what
 ``check`` adds for a manifest; ``wheels_for`` the bundle's wheels that serve a file's pins.
+
+How a node (the agent, and ``conform`` as the agent would) installs one, offline, each step a
+child inside the sandbox that reads the bundle and writes only the new environment:
+``venv_argv`` (a venv that sees the host's site folders: ``--system-site-packages`` only where
+the host's interpreter sees the base installation's, plus ``host_pth`` written into it) and
+``pip_argv`` with ``install_env`` (no pip configuration, no cache, no index).
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["FILE", "WHEELS", "Pin", "RequirementsError", "requirements_for", "parse",
-           "wheels_for", "wheel_problems", "normalize", "sha256_file", "script_of"]
+           "wheels_for", "wheel_problems", "normalize", "sha256_file", "script_of",
+           "HOST_PTH", "venv_argv", "host_pth", "pip_argv", "install_env", "env_python",
+           "env_purelib", "host_site_dirs", "sees_system_site", "host_identity"]
 
 FILE = "requirements.txt"
 WHEELS = "wheels"
@@ -187,3 +197,69 @@ def wheel_problems(req: Path, bundle: Path) -> list[str]:
                 problems.append(f"{WHEELS}/{f.name}: its sha256 is not one of the hashes "
                                 f"{req.name} line {pin.line} pins")
     return problems
+
+
+# --- installing one (the node's steps) ---------------------------------------------------------
+
+HOST_PTH = "zz-oarbank-host.pth"  # processed after the environment's own .pth files
+
+
+def sees_system_site() -> bool:
+    """Whether this interpreter sees the base installation's site folder: not a venv, or one
+    made with ``--system-site-packages``. An environment sees what the host sees, no more."""
+    if sys.prefix == sys.base_prefix:
+        return True
+    try:
+        cfg = (Path(sys.prefix) / "pyvenv.cfg").read_text(encoding="utf-8")
+    except OSError:
+        return False
+    return any(line.replace(" ", "").lower() == "include-system-site-packages=true"
+               for line in cfg.splitlines())
+
+
+def host_site_dirs() -> list[str]:
+    """This interpreter's site folders (a venv's own, editable installs' found through them)."""
+    import site
+
+    dirs = [*site.getsitepackages(), *[p for p in sys.path if p.endswith("site-packages")]]
+    return [d for d in dict.fromkeys(dirs) if os.path.isdir(d)]
+
+
+def host_identity() -> str:
+    """What an environment built here depends on besides its pins (part of its digest)."""
+    return "\0".join([os.path.abspath(sys.executable), sys.version, str(sees_system_site()),
+                      *host_site_dirs()])
+
+
+def env_python(env: Path) -> Path:
+    return env / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+
+
+def env_purelib(env: Path) -> Path:
+    found = sorted(env.glob("lib/python*/site-packages")) or [env / "Lib" / "site-packages"]
+    return found[0]
+
+
+def venv_argv(env: Path) -> list[str]:
+    system = ["--system-site-packages"] if sees_system_site() else []
+    return [sys.executable, "-I", "-m", "venv", *system, "--without-pip", str(env)]
+
+
+def host_pth() -> str:
+    """The ``.pth`` (``HOST_PTH``, in ``env_purelib``) that adds the host's site folders after
+    the environment's own: the SDK and its closure are the host's; a pinned copy wins."""
+    return "".join(f"import site; site.addsitedir({d!r})\n" for d in host_site_dirs())
+
+
+def pip_argv(env: Path, bundle: Path, req: Path) -> list[str]:
+    """The contract's install, run with the environment's interpreter (pip is the host's)."""
+    return [str(env_python(env)), "-I", "-m", "pip", "install", "--no-index", "--find-links",
+            str(bundle / WHEELS), "--require-hashes", "--only-binary", ":all:", "--no-deps",
+            "--ignore-installed", "--no-cache-dir", "--disable-pip-version-check", "--no-input",
+            "--no-warn-script-location", "-r", str(req)]
+
+
+def install_env(tmp: Path) -> dict[str, str]:
+    """The exact environment of both steps: no pip configuration (no index, no constraint)."""
+    return {"PATH": os.defpath, "HOME": str(tmp), "TMPDIR": str(tmp), "PYTHONUTF8": "1",
+            "PIP_CONFIG_FILE": os.devnull, "PIP_NO_INPUT": "1", "LANG": "C.UTF-8"}
