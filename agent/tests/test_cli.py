@@ -100,8 +100,10 @@ def test_status_shows_services_and_jobs(start_agent, echo_module: Path) -> None:
                         "held", "disabled", "withdrawn", "gpu_api_missing", "lifecycle", "users",
                         "endpoint"} | {"pid", "pgid", "uptime_s", "idle_stop_in_s",
                                        "last_stop_reason", "starts", "restarts",
-                                       "idle_timeout_s"}
+                                       "idle_timeout_s"} | {"rss_bytes", "loads"}
     assert row["pid"] > 0 and row["uptime_s"] >= 0 and row["starts"] == 1
+    # What the portal's node_metrics reads: the running service's resident memory, its loads.
+    assert row["rss_bytes"] > 0 and row["loads"] == 1
     assert (row["module"], row["service"], row["health"], row["ready"], row["endpoint"],
             row["lifecycle"], row["users"]) == ("test.agent.echo", "echo", "healthy", True, True,
                                                 "on_demand", 0)

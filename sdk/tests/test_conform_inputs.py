@@ -99,7 +99,8 @@ def test_the_manifest_step_fails_what_check_rejects_with_the_same_words(tmp_path
     mod = example(tmp_path)
     panel = mod / "ui" / "panels" / "node.json"
     doc = json.loads(panel.read_text())
-    doc["body"][1]["items"][0] = {"type": "status"}  # neither label nor key
+    at = next(i for i, c in enumerate(doc["body"]) if c.get("type") == "kv")
+    doc["body"][at]["items"][0] = {"type": "status"}  # neither label nor key
     panel.write_text(json.dumps(doc))
     check = subprocess.run([sys.executable, "-m", "oarbank_sdk", "check", str(mod)],
                            capture_output=True, text=True, timeout=60)
@@ -110,4 +111,4 @@ def test_the_manifest_step_fails_what_check_rejects_with_the_same_words(tmp_path
     assert rc == 1
     status, detail = checks["manifest"]
     assert status == "FAIL" and detail == "; ".join(check_lines)
-    assert "ui/panels/node.json: body[1].items[0]" in detail
+    assert f"ui/panels/node.json: body[{at}].items[0]" in detail
