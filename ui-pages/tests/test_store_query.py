@@ -194,16 +194,19 @@ def test_held_shows_why(store, make_heartbeat, make_row) -> None:  # type: ignor
 
 
 def test_services_query_over_1000_nodes(store, make_heartbeat, make_row) -> None:  # type: ignore[no-untyped-def]
-    """1,000 nodes, two modules each: at most 200 rows come back, in node order, through the
-    primary key. The time is printed for the report (speed is the benchmark's business)."""
+    """1,000 nodes, two modules each: at most 200 rows come back, in node order, through an
+    index, never a scan of every row (PostgreSQL may pick the primary key or the by-node index
+    plus an incremental sort, as its statistics say). The time is printed for the report
+    (speed is the benchmark's business)."""
     t = time.time()
     for i in range(1000):
         record(store, make_heartbeat(f"node-{i:04d}",
                                      make_row(users=i % 5, running=i % 3 != 0, ready=i % 3 != 0),
                                      make_row(module="dev.example.other", service="db"), t=t))
     plan = store.query_plan(MOD)
-    assert ("USING PRIMARY KEY" in plan or "USING INDEX" in plan
-            or "service_rows_pkey" in plan), plan
+    assert ("USING PRIMARY KEY" in plan or "USING INDEX" in plan  # SQLite's words
+            or "Index Scan" in plan or "Index Only Scan" in plan), plan  # PostgreSQL's
+    assert "SCAN service_rows" not in plan and "Seq Scan" not in plan, plan
     timings = []
     for _ in range(20):
         t0 = time.perf_counter()
