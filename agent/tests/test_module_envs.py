@@ -146,3 +146,21 @@ def test_concurrent_module_adds_of_the_same_pins_build_one_environment(
         job = agent.run_job("echo", {}, module=m)
         assert job["state"] == "succeeded", job
         assert job["result"]["payload"]["libs"]["six"][0] == "1.16.0"
+
+
+def test_a_removed_modules_environment_goes_after_the_grace_period(
+        tmp_path: Path, start_agent: Callable[..., RunningAgent]) -> None:
+    """``module remove``: its environment is unused from then on, and removed at a refresh
+    once ``--env-grace-s`` has passed; another module's stays."""
+    gone = probe_module(tmp_path / "gone", "test.env.gone", [wheel("six", "1.16.0")], ["six"])
+    kept = probe_module(tmp_path / "kept", "test.env.kept", [wheel("six", "1.17.0")], ["six"])
+    agent = start_agent([gone, kept], extra_args=["--env-grace-s", "1", "--refresh-s", "0.3"])
+    envs = agent.status()["module_envs"]
+    (old,), (new,) = envs["test.env.gone"].values(), envs["test.env.kept"].values()
+    done = agent.cli("module", "remove", "test.env.gone", "--wait", "--state-dir",
+                     str(agent.state_dir))
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    agent.wait_for(lambda: not (agent.state_dir / "envs" / old).exists(), timeout=30,
+                   what="the removed module's environment swept")
+    assert (agent.state_dir / "envs" / new / ".ready").exists()
+    assert "removed: no loaded module used it" in agent.log()

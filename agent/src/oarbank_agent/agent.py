@@ -66,6 +66,8 @@ class AgentConfig:
     # Final job records (and their workdirs) are removed this long after they finished
     # (--keep-jobs-s): the state dir of a busy node stays bounded.
     keep_jobs_s: float = 7 * 86400.0
+    # A module environment no loaded module uses is removed this long after (--env-grace-s).
+    env_grace_s: float = 3600.0
     # Running services are fingerprinted again this often, and once right after each becomes
     # ready (runningwatch; --refresh-s).
     refresh_s: float = runningwatch.DEFAULT_INTERVAL_S
@@ -104,6 +106,7 @@ class Agent:
                                  admission=self.admission, queue=self.queue,
                                  modules=self.modules, changed=self._service_changed,
                                  gpu=config.gpu)
+        self.table.envs.grace_s = config.env_grace_s
         self.refused, self.refused_modules = self.table.refused, self.table.refused_modules
         self.compat, self.kept = self.table.compat, self.table.kept
         self.disabled, self.removing, self.gone = (self.table.disabled, self.table.removing,

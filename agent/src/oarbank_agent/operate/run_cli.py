@@ -63,6 +63,9 @@ def cmd_run(ra: config.RunArgs, run_argv: list[str]) -> int:
     if not args.refresh_s > 0:
         _err(f"--refresh-s {args.refresh_s:g}: must be > 0")
         return 2
+    if not args.env_grace_s >= 0:
+        _err(f"--env-grace-s {args.env_grace_s:g}: must be >= 0")
+        return 2
     if not args.keep_jobs_s > 0:
         _err(f"--keep-jobs-s {args.keep_jobs_s:g}: must be > 0 (seconds a finished job's "
              "record is kept)")
@@ -168,7 +171,8 @@ def cmd_run(ra: config.RunArgs, run_argv: list[str]) -> int:
             state_dir=args.state_dir, node_id=node_id, guard=guard_config,
             gpu=gpu_override, manual_refresh_s=args.manual_refresh_s,
             status_poll_s=args.status_poll_s, fault=fault, drain_s=args.drain_s,
-            keep_jobs_s=args.keep_jobs_s, refresh_s=args.refresh_s))
+            keep_jobs_s=args.keep_jobs_s, refresh_s=args.refresh_s,
+            env_grace_s=args.env_grace_s))
         specs = [(p.resolve(), settings_for(p)) for p in args.modules or []]
         for msg in await agent.load_modules(specs):
             print(msg, file=sys.stderr)

@@ -43,6 +43,10 @@ def add_run_options(r: argparse.ArgumentParser | Recorder) -> None:
     r.add_argument("--keep-jobs-s", type=float, default=7 * 86400.0, metavar="S",
                    help="a finished job's record and workdirs are removed this long after it "
                         "finished (default 604800: 7 days)")
+    r.add_argument("--env-grace-s", type=float, default=3600.0, metavar="S",
+                   help="a module environment (<state>/envs) no loaded module uses is removed "
+                        "this long after it was first seen unused, at a --refresh-s sweep "
+                        "(default 3600)")
     r.add_argument("--log-file", type=Path, metavar="PATH",
                    help="write the agent's log here instead of stderr, rotated by size")
     r.add_argument("--log-max-mb", type=float, default=logsetup.DEFAULT_MAX_MB, metavar="MB",
