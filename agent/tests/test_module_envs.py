@@ -5,6 +5,7 @@ pip, real wheels (a pure-Python library and numpy's binary wheel) from the machi
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import time
@@ -164,3 +165,17 @@ def test_a_removed_modules_environment_goes_after_the_grace_period(
                    what="the removed module's environment swept")
     assert (agent.state_dir / "envs" / new / ".ready").exists()
     assert "removed: no loaded module used it" in agent.log()
+
+
+def test_the_install_runs_only_inside_the_sandbox(
+        tmp_path: Path, start_agent: Callable[..., RunningAgent]) -> None:
+    """Every launcher refusing setup (the agent's test hook): the environment's first step
+    never runs unconfined, so the module is refused with the launcher's reason and no
+    environment is left; installing runs nothing of the module outside the sandbox."""
+    mod = probe_module(tmp_path / "mod", "test.env.walled", [wheel("six", "1.17.0")], ["six"])
+    env = dict(os.environ, OARBANK_SANDBOX_FAULT="seccomp")
+    agent = start_agent([mod], extra_args=["--sandbox", "required", "--allow-empty"], env=env)
+    why = agent.status()["modules_refused"]["test.env.walled"]
+    assert "cannot install its environment" in why and "venv failed (exit 70)" in why, why
+    assert "unconfined" in why, why  # the launcher's "refusing to run ... unconfined"
+    assert not [p for p in (agent.state_dir / "envs").iterdir() if p.is_dir()]
