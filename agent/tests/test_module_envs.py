@@ -179,3 +179,12 @@ def test_the_install_runs_only_inside_the_sandbox(
     assert "cannot install its environment" in why and "venv failed (exit 70)" in why, why
     assert "unconfined" in why, why  # the launcher's "refusing to run ... unconfined"
     assert not [p for p in (agent.state_dir / "envs").iterdir() if p.is_dir()]
+
+
+def test_status_names_the_environment_each_module_runs_in(
+        tmp_path: Path, start_agent: Callable[..., RunningAgent]) -> None:
+    mod = probe_module(tmp_path / "mod", "test.env.shown", [wheel("six", "1.17.0")], ["six"])
+    agent = start_agent([mod])
+    (digest,) = agent.status()["module_envs"]["test.env.shown"].values()
+    out = agent.cli("status", "--state-dir", str(agent.state_dir)).stdout
+    assert f"ENV test.env.shown requirements.txt: {agent.state_dir}/envs/{digest}" in out, out

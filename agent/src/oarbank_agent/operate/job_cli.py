@@ -127,6 +127,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     _table(cols, rows)
     for module, why in (st.get("modules_refused") or {}).items():  # loaded nothing of these
         print(f"REFUSED {module}: {why}")
+    for module, envs in (st.get("module_envs") or {}).items():  # its own environments
+        for req, digest in envs.items():
+            print(f"ENV {module} {req}: {st.get('state_dir', '<state>')}/envs/{digest}")
     for module, h in (st.get("runners") or {}).items():  # what a runner's doctor said, if not healthy
         if h.get("health") != "healthy":
             print(f"RUNNER {str(h.get('health')).upper()} {module}: {h.get('reason')}")
