@@ -116,7 +116,7 @@ def test_a_malformed_requirements_line_refuses_the_module_naming_the_line(
 
 def test_an_unused_environment_goes_after_its_grace_period(tmp_path: Path) -> None:
     """``Envs.sweep``: marked when first unused, removed once unused for ``grace_s``; one in
-    use is kept."""
+    use is kept, and its mark cleared (used again, its grace starts anew)."""
     from oarbank_agent.modules import envs
     from oarbank_agent.procs import ProcessRegistry
 
@@ -128,6 +128,11 @@ def test_an_unused_environment_goes_after_its_grace_period(tmp_path: Path) -> No
     assert box.sweep({"used"}, now + 59) == []
     assert box.sweep({"used"}, now + 61) == ["unused"]
     assert sorted(p.name for p in (tmp_path / "envs").iterdir()) == ["used"]
+    # used again: its grace starts anew once it is unused again
+    assert box.sweep({"used"}, now) == [] and box.sweep(set(), now + 10) == []
+    assert box.sweep(set(), now + 65) == []  # (marked at now + 10)
+    assert box.sweep({"used"}, now + 66) == [] and box.sweep(set(), now + 200) == []
+    assert box.sweep(set(), now + 261) == ["used"]
 
 
 def test_concurrent_module_adds_of_the_same_pins_build_one_environment(

@@ -1,7 +1,7 @@
 """Module environments (contract section 4): each ``requirements.txt`` a module's ``exec`` uses,
 installed once per node, offline, into ``<state>/envs/<digest>/``.
 
-The digest covers the interpreter (its path and version), the file's bytes and the sha256 of
+The digest covers the interpreter (its path, version and site folders), the file's bytes and the sha256 of
 every wheel in the bundle that serves one of its pins: modules with identical pins and wheels
 share one environment; one module's pins never change another's. Building it is two children of
 the agent (their argv and environment are the SDK's, ``manifest/requirements.py``: ``conform``
@@ -108,6 +108,7 @@ class Envs:
                               env, bundle, log_path, label, "pip install")
         except BaseException:
             shutil.rmtree(env, ignore_errors=True)
+            log_path.unlink(missing_ok=True)  # (its reason is in the refusal)
             raise
         shutil.rmtree(env / ".tmp", ignore_errors=True)
         (env / READY).write_text(json.dumps({"requirements": str(req), "built": time.time()}))
@@ -147,7 +148,10 @@ class Envs:
         now = time.time() if now is None else now
         removed = []
         for env in sorted(self.dir.iterdir()) if self.dir.is_dir() else []:
-            if not env.is_dir() or env.name in used or env.name in self._builds:
+            if not env.is_dir():
+                continue
+            if env.name in used or env.name in self._builds:
+                (env / UNUSED).unlink(missing_ok=True)  # in use again: its grace starts anew
                 continue
             mark = env / UNUSED
             try:

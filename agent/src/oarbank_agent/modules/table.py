@@ -78,6 +78,7 @@ class ModuleTable:
         # module id -> what its runner's `doctor --json` said last (runnerhealth.py)
         self.runner_health = queue.runner_health
         self.envs = envs.Envs(state_dir, registry)  # module environments (envs.py)
+        self._loading: list[ModuleCtx] = []  # modules whose environments are being installed
 
     async def load_added(self) -> None:
         """The modules added at run time before a restart (module add; modules.json), unless
@@ -168,22 +169,26 @@ class ModuleTable:
         on ``ctx``; the reason it could not be, or None."""
         m = ctx.manifest
         execs = ([m.runner.exec] if m.runner is not None else []) + [s.exec for s in m.services]
-        for argv in execs:
-            req = requirements.requirements_for(argv, m.bundle)
-            if req is None or str(req) in ctx.envs:
-                continue
-            try:
-                ctx.envs[str(req)] = await self.envs.ensure(req, m.bundle.resolve(), ctx.id)
-            except envs.EnvError as exc:
-                ctx.envs.clear()
-                return f"cannot install its environment ({req.name}): {exc}"
-            log.info("%s: environment %s for %s", ctx.id, ctx.envs[str(req)].name, req)
-        self.sweep_envs()
+        self._loading.append(ctx)  # its envs count as used meanwhile (sweep_envs)
+        try:
+            for argv in execs:
+                req = requirements.requirements_for(argv, m.bundle)
+                if req is None or str(req) in ctx.envs:
+                    continue
+                try:
+                    ctx.envs[str(req)] = await self.envs.ensure(req, m.bundle.resolve(), ctx.id)
+                except envs.EnvError as exc:
+                    ctx.envs.clear()
+                    return f"cannot install its environment ({req.name}): {exc}"
+                log.info("%s: environment %s for %s", ctx.id, ctx.envs[str(req)].name, req)
+        finally:
+            self._loading.remove(ctx)
         return None
 
     def sweep_envs(self) -> None:
         """Environments no loaded module uses go once unused for the grace period."""
-        used = {env.name for ctx in self.modules.values() for env in ctx.envs.values()}
+        used = {env.name for ctx in [*self.modules.values(), *self._loading]
+                for env in ctx.envs.values()}
         for name in self.envs.sweep(used):
             log.info("environment %s removed: no loaded module used it", name)
 
