@@ -40,6 +40,7 @@ def rows(agent: RunningAgent, module: str, job: dict[str, Any]) -> dict[str, dic
     return {r["what"]: r for r in found}
 
 
+@pytest.mark.linux_only("runs under --sandbox required: the Linux launcher's walls")
 def test_a_module_runs_its_service_and_runner_in_its_own_environment(
         tmp_path: Path, start_agent: Callable[..., RunningAgent]) -> None:
     """six (pure Python) and numpy (a binary wheel), neither of which the agent has: the ops,
@@ -71,6 +72,7 @@ def test_a_module_runs_its_service_and_runner_in_its_own_environment(
     assert job["result"]["payload"]["libs"]["six"][0] == version_of(six)
 
 
+@pytest.mark.linux_only("runs under --sandbox required: the Linux launcher's walls")
 def test_two_modules_pinning_different_versions_run_side_by_side(
         tmp_path: Path, start_agent: Callable[..., RunningAgent]) -> None:
     """six 1.16.0 and 1.17.0 on one node, each module its own; a third module with the first
@@ -172,6 +174,7 @@ def test_a_removed_modules_environment_goes_after_the_grace_period(
     assert "removed: no loaded module used it" in agent.log()
 
 
+@pytest.mark.linux_only("runs under --sandbox required: the Linux launcher's walls")
 def test_the_install_runs_only_inside_the_sandbox(
         tmp_path: Path, start_agent: Callable[..., RunningAgent]) -> None:
     """Every launcher refusing setup (the agent's test hook): the environment's first step
