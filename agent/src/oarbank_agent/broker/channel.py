@@ -149,6 +149,10 @@ class Channel:
             # an end of file: the service closed its channel all the same (it died under a
             # `connection` or `ended` it had not read yet).
             reason = advice.channel_closed("reset: it closed with messages unread")
+        elif "Broken pipe" in reason:
+            # A send that finds the service's end closed: the same death, seen from the
+            # writing side first (which side the loop sees first is the selector's order).
+            reason = advice.channel_closed("broken pipe: it closed while the agent was sending")
         elif reason.startswith("peer is not reading"):
             reason = "the service is not reading its endpoint channel" + reason[len("peer is not reading") :]
         self._fail(reason)
