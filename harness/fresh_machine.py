@@ -48,23 +48,29 @@ def _log(msg: str) -> None:
     print(f"[fresh] {msg}", file=sys.stderr, flush=True)
 
 
-def _noxfile_test_deps() -> list[str]:
-    """TEST_DEPS as the noxfile spells them (read, not imported: nox need not be installed)."""
+def _noxfile_list(name: str) -> list[str]:
+    """A list the noxfile spells out (``TEST_DEPS``, ``PACKAGES``): read, not imported (nox
+    need not be installed)."""
     import ast
 
     tree = ast.parse((REPO / "noxfile.py").read_text())
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(
-                isinstance(t, ast.Name) and t.id == "TEST_DEPS" for t in node.targets):
+                isinstance(t, ast.Name) and t.id == name for t in node.targets):
             return [str(v) for v in ast.literal_eval(node.value)]
-    raise RuntimeError("noxfile.py has no TEST_DEPS list")
+    raise RuntimeError(f"noxfile.py has no {name} list")
+
+
+def _our_packages() -> list[str]:
+    """Our packages as the noxfile installs them, extras included (``sdk[web]``), as paths."""
+    return [str(REPO / p) for p in _noxfile_list("PACKAGES") if p != "-e"]
 
 
 def wheelhouse() -> Path:
     """Every distribution the two commands install, downloaded once for this machine's Python
     (the image's python3 is the same minor version: checked by the caller)."""
-    reqs = [*WANTED, *_noxfile_test_deps()]
-    key = hashlib.sha256("\n".join([*reqs, *(
+    reqs = [*WANTED, *_noxfile_list("TEST_DEPS")]
+    key = hashlib.sha256("\n".join([*reqs, *_noxfile_list("PACKAGES"), *(
         (REPO / d / "pyproject.toml").read_text() for d in ("sdk", "agent", "ui-pages"))]
     ).encode()).hexdigest()[:12]
     out = cache_dir() / "wheels" / f"fresh-{key}"
@@ -74,7 +80,7 @@ def wheelhouse() -> Path:
     out.mkdir(parents=True)
     _log(f"downloading the wheelhouse into {out}")
     subprocess.run([sys.executable, "-m", "pip", "download", "-q", "-d", str(out), *reqs,
-                    *(str(REPO / d) for d in ("sdk", "agent", "ui-pages"))], check=True)
+                    *_our_packages()], check=True)
     for p in out.glob("oarbank*"):  # ours are built from the clone, never from here
         p.unlink() if p.is_file() else shutil.rmtree(p)
     (out / ".done").write_text("ok")
