@@ -42,6 +42,9 @@ ROOT_CAPS = ["SYS_ADMIN", "NET_ADMIN", "SYS_PTRACE"]
 CHECKOUT = "/root/oarbank"  # where the clone is in the container
 # What `nox -s tests` and `nox -s demo` install, and what builds our editable packages.
 WANTED = ("nox", "setuptools>=61", "wheel")
+# The wheels the module-environment tests fetch from the index (agent/tests/test_module_envs.py,
+# sdk/tests/test_module_requirements.py): offline in the container, the wheelhouse is the index.
+TEST_WHEELS = ("six==1.16.0", "six==1.17.0", "numpy")
 
 
 def _log(msg: str) -> None:
@@ -70,7 +73,7 @@ def wheelhouse() -> Path:
     """Every distribution the two commands install, downloaded once for this machine's Python
     (the image's python3 is the same minor version: checked by the caller)."""
     reqs = [*WANTED, *_noxfile_list("TEST_DEPS")]
-    key = hashlib.sha256("\n".join([*reqs, *_noxfile_list("PACKAGES"), *(
+    key = hashlib.sha256("\n".join([*reqs, *TEST_WHEELS, *_noxfile_list("PACKAGES"), *(
         (REPO / d / "pyproject.toml").read_text() for d in ("sdk", "agent", "ui-pages"))]
     ).encode()).hexdigest()[:12]
     out = cache_dir() / "wheels" / f"fresh-{key}"
@@ -81,6 +84,8 @@ def wheelhouse() -> Path:
     _log(f"downloading the wheelhouse into {out}")
     subprocess.run([sys.executable, "-m", "pip", "download", "-q", "-d", str(out), *reqs,
                     *_our_packages()], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--only-binary", ":all:",
+                    "--no-deps", "-d", str(out), *TEST_WHEELS], check=True)
     for p in out.glob("oarbank*"):  # ours are built from the clone, never from here
         p.unlink() if p.is_file() else shutil.rmtree(p)
     (out / ".done").write_text("ok")
