@@ -84,8 +84,9 @@ def wheelhouse() -> Path:
     _log(f"downloading the wheelhouse into {out}")
     subprocess.run([sys.executable, "-m", "pip", "download", "-q", "-d", str(out), *reqs,
                     *_our_packages()], check=True)
-    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--only-binary", ":all:",
-                    "--no-deps", "-d", str(out), *TEST_WHEELS], check=True)
+    for spec in TEST_WHEELS:  # one at a time: two versions of one name never resolve together
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--only-binary", ":all:",
+                        "--no-deps", "-d", str(out), spec], check=True)
     for p in out.glob("oarbank*"):  # ours are built from the clone, never from here
         p.unlink() if p.is_file() else shutil.rmtree(p)
     (out / ".done").write_text("ok")
