@@ -160,6 +160,16 @@ class RunningAgent:
     def log(self) -> str:
         return (self.root / "agent.log").read_text(errors="replace")
 
+    def why(self, job: dict[str, Any]) -> str:
+        """A failed job, for an assertion's message: its reason, the end of each attempt's
+        runner log, then the agent's log (a string: pytest shows it whole, a tuple cut short)."""
+        parts = [f"state={job.get('state')} reason={job.get('reason')!r}"]
+        for log in sorted((self.state_dir / "jobs" / str(job.get("job_id"))).glob("a*/runner.log")):
+            parts.append(f"--- {log.parent.name}/runner.log\n"
+                         f"{log.read_text(errors='replace')[-3000:]}")
+        parts.append(f"--- agent.log\n{self.log()[-3000:]}")
+        return "\n".join(parts)
+
     def module_data(self, module_id: str = "test.agent.echo") -> Path:
         return self.state_dir / "modules" / module_id / "data"
 

@@ -220,7 +220,7 @@ def test_a_factory_killed_under_a_job_releases_it_and_the_job_runs_again(
     agent.wait_for(runner_started, timeout=60, what="the runner forked by the factory")
     os.kill(first["pid"], signal.SIGKILL)
     job = agent.wait(job_id, timeout=120)
-    assert job["state"] == "succeeded", (job, agent.log()[-3000:])
+    assert job["state"] == "succeeded", agent.why(job)
     job = json.loads((agent.state_dir / "jobs" / job_id / "job.json").read_text())
     outcomes = [h["outcome"] for h in job["history"]]
     assert outcomes == ["released", "succeeded"], job["history"]
@@ -273,7 +273,7 @@ def test_a_modules_own_libraries_win_over_what_the_factory_holds(
     seen: dict[str, dict[str, Any]] = {}
     for mode, agent in _both(start_agent, mod).items():
         job = agent.run_job("echo", {}, module=MODULE)
-        assert job["state"] == "succeeded", (job, agent.log()[-3000:])
+        assert job["state"] == "succeeded", agent.why(job)
         agent.stop()  # its stop op too
         rows = [r for where in (agent.module_data(MODULE), agent.state_dir / "jobs" /
                                 job["job_id"] / "a1", agent.state_dir / "run" / "doctor" / MODULE)

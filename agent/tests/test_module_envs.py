@@ -53,7 +53,7 @@ def test_a_module_runs_its_service_and_runner_in_its_own_environment(
     mod = probe_module(tmp_path / "mod", "test.env.one", [six, numpy], ["six", "numpy"])
     agent = start_agent([mod], extra_args=["--sandbox", "required"])
     job = agent.run_job("echo", {}, module="test.env.one")
-    assert job["state"] == "succeeded", (job, agent.log()[-3000:])
+    assert job["state"] == "succeeded", agent.why(job)
     envs = agent.status()["module_envs"]["test.env.one"]
     (digest,) = envs.values()
     assert list(envs) == ["requirements.txt"]
@@ -85,7 +85,7 @@ def test_two_modules_pinning_different_versions_run_side_by_side(
     versions = {}
     for m in ("test.env.a", "test.env.b", "test.env.c"):
         job = agent.run_job("echo", {}, module=m)
-        assert job["state"] == "succeeded", (job, agent.log()[-3000:])
+        assert job["state"] == "succeeded", agent.why(job)
         versions[m] = job["result"]["payload"]["libs"]["six"][0]
     assert versions == {"test.env.a": "1.16.0", "test.env.b": "1.17.0", "test.env.c": "1.16.0"}
     envs = agent.status()["module_envs"]

@@ -37,7 +37,7 @@ def test_openai_client_jobs_reach_the_fastapi_service_and_survive_its_restart(
         start_agent: Callable[..., RunningAgent], module: Path) -> None:
     agent = start_agent([module], SETTINGS)
     first = agent.run_job("chat", {"prompts": PROMPTS}, module="openai-compatible")
-    assert first["state"] == "succeeded", (first, agent.log()[-3000:])
+    assert first["state"] == "succeeded", agent.why(first)
     assert first["result"]["payload"]["texts"] == [_expected(p) for p in PROMPTS]
     (served_by,) = first["result"]["provenance"]["service"]  # one process, loaded once
     assert served_by.endswith("-loads-1"), served_by
@@ -58,7 +58,7 @@ def test_openai_client_jobs_reach_the_fastapi_service_and_survive_its_restart(
     os.kill(pid, signal.SIGKILL)
     agent.wait_for(lambda: not alive(pid), 10, "the daemon gone")
     again = agent.run_job("chat", {"prompts": PROMPTS[:2]}, module="openai-compatible")
-    assert again["state"] == "succeeded", (again, agent.log()[-3000:])
+    assert again["state"] == "succeeded", agent.why(again)
     assert again["result"]["payload"]["texts"] == [_expected(p) for p in PROMPTS[:2]]
     (after,) = again["result"]["provenance"]["service"]
     assert after != served_by and after.endswith("-loads-1"), (served_by, after)
@@ -84,7 +84,7 @@ def test_every_web_client_in_a_sandboxed_attempt_and_a_restart_mid_pool(
         start_agent: Callable[..., RunningAgent], battery_module: Path) -> None:
     agent = start_agent([battery_module], SETTINGS)
     job = agent.run_job("chat", {}, module="openai-compatible")
-    assert job["state"] == "succeeded", (job, agent.log()[-3000:])
+    assert job["state"] == "succeeded", agent.why(job)
     r = job["result"]["payload"]
     first = r["pid_before"]
     assert r["thread_pids"] == [first] and r["task_pids"] == [first]  # threads and tasks
