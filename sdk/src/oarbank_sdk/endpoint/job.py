@@ -150,7 +150,8 @@ def _after_fork_in_child() -> None:
     _connectors = {key: c.for_child() for key, c in _connectors.items()}
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+if hasattr(os, "register_at_fork"):  # not on Windows, where nothing forks
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _connector(service: str) -> _Connector:

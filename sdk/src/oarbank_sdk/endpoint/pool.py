@@ -126,4 +126,5 @@ def _after_fork_in_child() -> None:
             conn.close()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+if hasattr(os, "register_at_fork"):  # not on Windows, where nothing forks
+    os.register_at_fork(after_in_child=_after_fork_in_child)
