@@ -5,11 +5,12 @@ cannot prove over are left alone. The pure choice first, then a real agent."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 from agent_helpers import read_jsonl, write_module
 
-from oarbank_agent.services.ownedwatch import to_destroy
+from oarbank_agent.services.ownedwatch import DEBOUNCE_S, to_destroy
 
 
 def test_only_objects_of_attempts_that_are_over_are_destroyed() -> None:
@@ -43,3 +44,28 @@ def test_objects_of_an_ended_attempt_are_destroyed_with_force(start_agent,
     agent.wait_for(lambda: "destroyed owned object scratch-1 (its attempt is over)" in agent.log(),
                    timeout=30, what="the agent's log line for the destroy")
     assert [o["id"] for o in json.loads(owned.read_text())] == ["not-yet", "whose"]
+
+
+def test_a_burst_of_attempt_ends_is_one_round_of_list_owned(start_agent, tmp_path: Path) -> None:
+    """Attempts ending together fold into one reaping round (the reaper's short debounce),
+    not a `list_owned` op each (each op is a process start)."""
+    agent = start_agent([write_module(tmp_path / "m")])
+    agent.run_job("echo", {"requests": 1})  # the service is up; its first round is done
+
+    def listed() -> int:
+        return sum(1 for e in read_jsonl(agent.module_data() / "events.jsonl")
+                   if e["event"] == "op" and e["op"] == "list_owned")
+
+    agent.wait_for(lambda: listed() >= 1, timeout=30, what="the first round")
+    before = listed()
+    jobs = [agent.submit("echo", {"requests": 1}) for _ in range(6)]
+    for j in jobs:
+        assert agent.wait(j)["state"] == "succeeded"
+    agent.wait_for(lambda: listed() > before, timeout=30, what="a round after the burst")
+    time.sleep(1.0)  # any further round would have run by now
+    rows = {j["job_id"]: j for j in agent.status()["jobs"]}
+    ends = sorted(rows[j]["finished_at"] for j in jobs)
+    spread = ends[-1] - ends[0]
+    rounds = listed() - before
+    # Six ends within one debounce are one round (a second one only for ends after it began).
+    assert rounds <= 2 + int(spread / DEBOUNCE_S), (rounds, spread)

@@ -29,9 +29,14 @@ from oarbank_agent.services import ops
 if TYPE_CHECKING:
     from oarbank_agent.services.supervisor import Supervisor
 
-__all__ = ["INTERVAL_S", "Reaper", "destroy_all", "owned_ids", "to_destroy"]
+__all__ = ["DEBOUNCE_S", "INTERVAL_S", "Reaper", "destroy_all", "owned_ids", "to_destroy"]
 
 log = logging.getLogger("oarbank_agent.services.ownedwatch")
+
+# After an attempt ends, the reaper waits this long before its round: the attempts that end in
+# the meantime (a burst of jobs finishing together) are folded into that one round of
+# `list_owned` ops instead of one round each (each op is a process start).
+DEBOUNCE_S = 0.25
 
 INTERVAL_S = 60.0
 
@@ -92,10 +97,12 @@ class Reaper:
     ``poke``d (an attempt ended)."""
 
     def __init__(self, sup: Supervisor, attempts: Callable[[], tuple[set[int], int]],
-                 interval_s: float = INTERVAL_S) -> None:
+                 interval_s: float = INTERVAL_S, debounce_s: float = DEBOUNCE_S) -> None:
         self.sup = sup
         self.attempts = attempts
         self.interval_s = interval_s
+        self.debounce_s = debounce_s
+        self.rounds = 0  # rounds run (each: one list_owned per service)
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -112,8 +119,12 @@ class Reaper:
 
     async def _loop(self) -> None:
         while True:
-            await wait_event(self._wake, self.interval_s)
+            if await wait_event(self._wake, self.interval_s):
+                # Poked: the attempt ends of the next debounce_s fold into this round (the
+                # event is cleared only after the wait, so their pokes set it to no effect).
+                await asyncio.sleep(self.debounce_s)
             self._wake.clear()
+            self.rounds += 1
             for rt in list(self.sup.services.values()):
                 # A service with no GPU API here runs no op at all, and a manual one is its
                 # operator's: the agent only fingerprints it (contract 2.3).
