@@ -27,6 +27,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import threading
 import zipfile
 from pathlib import Path
 
@@ -38,7 +39,7 @@ WINE_LOADERS = ("/usr/lib/wine/wine64", "wine64")
 # What the SDK's tests import on Windows (psutil: the conformance kit; hypothesis: the wire's
 # property tests; the rest: oarbank_sdk.web's tests).
 WHEELS = ["pytest>=7", "pytest-timeout", "hypothesis", "psutil>=5.9", "tomli-w",
-          "uvicorn>=0.30,<1", "h11>=0.14", "httpx>=0.27,<1", "requests", "fastapi"]
+          "uvicorn>=0.30,<1", "h11>=0.14", "httpx>=0.27,<1", "requests", "fastapi", "openai"]
 WHEELS_KEY = "\n".join(WHEELS)
 
 
@@ -207,6 +208,11 @@ def prepare() -> tuple[list[str], dict[str, str]]:
     env = wine_env(loader)
     ensure_prefix(loader, env)
     start_wineserver(loader, env)
+    # Wine's services (winedevice.exe) start with the first program run and inherit its
+    # stdio: let them have /dev/null, not the pipes of the run that follows.
+    subprocess.run([loader, str(home / "python.exe"), "-c", "pass"], env=env, timeout=120,
+                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL, check=False)
     env["PYTHONDONTWRITEBYTECODE"] = "1"  # no Windows .pyc next to the Linux ones
     env["PYTHONUTF8"] = "1"
     return [loader, str(home / "python.exe")], env
@@ -214,24 +220,33 @@ def prepare() -> tuple[list[str], dict[str, str]]:
 
 def run_python(args: list[str], *, cwd: Path = REPO, timeout: float | None = None) -> int:
     """Run Windows' python.exe with ``args``; its output comes through a pipe (never a regular
-    file: python.exe dies at start on one) and is copied to ours."""
+    file: python.exe dies at start on one) and is copied to ours. The copy stops at its exit,
+    not at end of file: a Wine service (winedevice.exe) started on its behalf may hold the
+    pipe's write end for as long as the wineserver lives."""
     cmd, env = prepare()
     proc = subprocess.Popen([*cmd, *args], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     assert proc.stdout is not None
-    try:
-        for line in iter(proc.stdout.readline, b""):
-            sys.stdout.buffer.write(line.replace(b"\r\n", b"\n"))
+    out = proc.stdout
+
+    def copy() -> None:
+        for chunk in iter(lambda: out.read1(65536), b""):
+            sys.stdout.buffer.write(chunk.replace(b"\r\n", b"\n"))
             sys.stdout.buffer.flush()
+
+    copier = threading.Thread(target=copy, daemon=True)
+    copier.start()
+    try:
         return proc.wait(timeout=timeout)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-        proc.stdout.close()
+        copier.join(timeout=2.0)  # what it wrote last, then leave the pipe to whoever holds it
 
 
-SDK_TESTS = ["-m", "pytest", "-p", "no:cacheprovider", "-q", "sdk/tests"]
+SDK_TESTS = ["-m", "pytest", "-p", "no:cacheprovider", "-q", "-rfE",
+             "--continue-on-collection-errors", "sdk/tests"]
 
 
 def main(argv: list[str]) -> int:

@@ -18,7 +18,6 @@ import os
 import subprocess
 import sys
 import time
-import venv
 from pathlib import Path
 
 import pytest
@@ -40,6 +39,8 @@ def upstream_python(tmp_path_factory) -> str:
     """An interpreter whose ``oarbank_sdk`` is the stand-in: a venv without our packages (nor
     the system's), the stand-in's folder on its path through a .pth file (read under -I too)."""
     root = tmp_path_factory.mktemp("upstream-sdk-venv")
+    import venv  # here: Windows' embeddable CPython has none (the module skips there)
+
     venv.EnvBuilder(with_pip=False, symlinks=os.name != "nt").create(root)
     python = str(root / "bin" / "python")
     purelib = subprocess.run([python, "-I", "-c", "import sysconfig; print(sysconfig.get_paths()"

@@ -1,8 +1,9 @@
 """How handles travel: the one seam between the endpoint protocol and the operating system.
 
 On Linux and macOS a handle value is ``fd:<n>``; streams are ``socketpair(AF_UNIX,
-SOCK_STREAM)`` ends and descriptors ride along a message with SCM_RIGHTS. Windows (``handle:<n>``,
-duplicated pipe handles) plugs in here as another ``Transport`` without touching callers.
+SOCK_STREAM)`` ends and descriptors ride along a message with SCM_RIGHTS. On Windows it is
+``handle:<n>``: streams are synchronous duplex pipes, and the sender duplicates a handle into
+the receiver and names it in the message (``carried``); ``_winpipe.py`` holds that transport.
 
 Everything that makes a pair (``pair``), names a handle for a child's environment (``format``)
 or hands handles to a child (``inheritable_kwargs``) goes through here: the agent, the
@@ -16,10 +17,11 @@ from __future__ import annotations
 import array
 import os
 import socket
+import stat
 import sys
 from typing import Protocol
 
-__all__ = ["Transport", "PosixTransport", "current", "UnsupportedHandle"]
+__all__ = ["Transport", "PosixTransport", "current", "UnsupportedHandle", "parse_scheme"]
 
 # How many descriptors one receive may carry. The protocol attaches at most one per message,
 # but a hostile peer may attach more: room for several lets us receive and close them all
@@ -62,7 +64,29 @@ class Transport(Protocol):
 
     def inheritable_kwargs(self, *handles: int) -> dict:
         """``subprocess.Popen`` keyword arguments that pass ``handles`` (and nothing else) to
-        a child."""
+        a child: ``pass_fds`` on POSIX, a ``startupinfo`` with a ``handle_list`` on Windows."""
+
+    def carried(self, msg: object) -> int | None:
+        """The handle a parsed message names in its own fields (Windows: ``"handle"``, already
+        duplicated into us); None where handles ride out of band (POSIX)."""
+
+    def close_handle(self, handle: int) -> None:
+        """Close a received handle nobody will use."""
+
+    def is_stream(self, handle: int) -> bool:
+        """Whether ``handle`` is a stream this transport opens. Raises ``OSError`` when it is
+        not open at all."""
+
+
+def parse_scheme(scheme: str, value: str, what: str) -> int:
+    """``<scheme>:<n>`` -> n. Raises ``UnsupportedHandle``."""
+    prefix = scheme + ":"
+    if not isinstance(value, str) or not value.startswith(prefix):
+        raise UnsupportedHandle(f"handle {value!r} is not of the form '{prefix}<n>'")
+    digits = value[len(prefix) :]
+    if not digits.isdigit():
+        raise UnsupportedHandle(f"handle {value!r}: '{digits}' is not a {what}")
+    return int(digits)
 
 
 class PosixTransport:
@@ -77,13 +101,7 @@ class PosixTransport:
         return ours, theirs
 
     def parse(self, value: str) -> int:
-        prefix = self.scheme + ":"
-        if not isinstance(value, str) or not value.startswith(prefix):
-            raise UnsupportedHandle(f"handle {value!r} is not of the form '{prefix}<n>'")
-        digits = value[len(prefix) :]
-        if not digits.isdigit():
-            raise UnsupportedHandle(f"handle {value!r}: '{digits}' is not a descriptor number")
-        return int(digits)
+        return parse_scheme(self.scheme, value, "descriptor number")
 
     def format(self, handle: int) -> str:
         return f"{self.scheme}:{handle}"
@@ -136,9 +154,27 @@ class PosixTransport:
     def inheritable_kwargs(self, *handles: int) -> dict:
         return {"pass_fds": tuple(handles), "close_fds": True}
 
+    def carried(self, msg: object) -> int | None:
+        return None  # descriptors ride with SCM_RIGHTS; a number in a message names nothing
+
+    def close_handle(self, handle: int) -> None:
+        os.close(handle)
+
+    def is_stream(self, handle: int) -> bool:
+        return stat.S_ISSOCK(os.fstat(handle).st_mode)
+
+
+_CURRENT: Transport | None = None
+
 
 def current() -> Transport:
     """The transport of this operating system."""
-    if sys.platform == "win32":  # pragma: no cover - the Windows transport is a later issue
-        raise NotImplementedError("Windows pipe handles are not implemented yet")
-    return PosixTransport()
+    global _CURRENT
+    if _CURRENT is None:
+        if sys.platform == "win32":
+            from oarbank_sdk._winpipe import WindowsTransport
+
+            _CURRENT = WindowsTransport()  # type: ignore[assignment]
+        else:
+            _CURRENT = PosixTransport()
+    return _CURRENT

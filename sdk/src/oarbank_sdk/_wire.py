@@ -151,14 +151,21 @@ class Received:
 
 @dataclass(frozen=True)
 class Ok:
-    """connector, agent -> job: ``{"ok": true, "conn": n}``, the job's end attached."""
+    """connector, agent -> job: ``{"ok": true, "conn": n}``, the job's end attached
+    (Windows: ``"handle": h``, the end already duplicated into the job's process)."""
 
     conn: int
+    handle: int | None = None
 
     def to_wire(self) -> dict[str, Any]:
-        return {"ok": True, "conn": self.conn}
+        out: dict[str, Any] = {"ok": True, "conn": self.conn}
+        if self.handle is not None:
+            out["handle"] = self.handle
+        return out
 
     def line(self) -> bytes:
+        if self.handle is not None:
+            return b'{"ok":true,"conn":%d,"handle":%d}\n' % (self.conn, self.handle)
         return b'{"ok":true,"conn":%d}\n' % self.conn
 
 
@@ -191,16 +198,21 @@ class Hello:
 
 @dataclass(frozen=True)
 class Connection:
-    """channel, agent -> service: ``{"op": "connection", "conn": n, "attempt": id}``."""
+    """channel, agent -> service: ``{"op": "connection", "conn": n, "attempt": id}``
+    (Windows: ``"handle": h``, the service's end already duplicated into its process)."""
 
     conn: int
     attempt: int | str
+    handle: int | None = None
 
     def to_wire(self) -> dict[str, Any]:
-        return {"op": "connection", "conn": self.conn, "attempt": self.attempt}
+        out: dict[str, Any] = {"op": "connection", "conn": self.conn, "attempt": self.attempt}
+        if self.handle is not None:
+            out["handle"] = self.handle
+        return out
 
     def line(self) -> bytes:
-        if isinstance(self.attempt, int):
+        if isinstance(self.attempt, int) and self.handle is None:
             return b'{"op":"connection","conn":%d,"attempt":%d}\n' % (self.conn, self.attempt)
         return encode(self.to_wire())  # a string id: JSON's escaping
 
@@ -255,6 +267,11 @@ def _int_field(msg: dict[str, Any], key: str, what: str) -> int:
     if value < 0:
         raise WireError(f"{what}: field {key!r} must not be negative")
     return value
+
+
+def _handle_field(msg: dict[str, Any], what: str) -> int | None:
+    """Windows' ``"handle"``: absent (None) or a non-negative integer."""
+    return _int_field(msg, "handle", what) if "handle" in msg else None
 
 
 def _attempt_field(msg: dict[str, Any], what: str) -> int | str:
@@ -322,7 +339,7 @@ def parse_reply_to_job(msg: dict[str, Any]) -> Ok | Refusal:
     """The agent's answer to a ``connect``."""
     ok = msg.get("ok")
     if ok is True:
-        return Ok(_int_field(msg, "conn", "ok reply"))
+        return Ok(_int_field(msg, "conn", "ok reply"), _handle_field(msg, "ok reply"))
     if ok is False:
         # A refusal that names no code (the field missing, null or empty) is `refused`, as
         # upstream's SDK reads it; a code of another type is a broken reply.
@@ -338,7 +355,8 @@ def parse_to_service(msg: dict[str, Any]) -> Connection | Ended:
     """A channel message from the agent."""
     op = _op(msg)
     if op == "connection":
-        return Connection(_int_field(msg, "conn", "connection"), _attempt_field(msg, "connection"))
+        return Connection(_int_field(msg, "conn", "connection"), _attempt_field(msg, "connection"),
+                          _handle_field(msg, "connection"))
     if op == "ended":
         return Ended(_attempt_field(msg, "ended"))
     raise WireError(f"unknown op {op!r} from the agent (expected 'connection' or 'ended')")

@@ -23,7 +23,6 @@ import http.client
 import json
 import os
 import socket
-import stat
 import threading
 import time
 from collections.abc import Mapping
@@ -131,12 +130,12 @@ class _Connector:
         try:
             self.stream.send(Received(msg.conn))
         except ChannelClosed:
-            os.close(fd)
+            current().close_handle(fd)
             raise
         try:
             return current().open_stream(fd)
         except UnsupportedHandle as exc:
-            os.close(fd)
+            current().close_handle(fd)
             raise EndpointError("bad_message", f"the agent sent an unusable descriptor: {exc}")
 
 
@@ -196,12 +195,11 @@ def available(service: str) -> bool:
     value = os.environ.get(env_name(service))
     if not value:
         return False
+    transport = current()
     try:
-        fd = current().parse(value)
-        mode = os.fstat(fd).st_mode
+        return transport.is_stream(transport.parse(value))
     except (UnsupportedHandle, OSError):
         return False
-    return stat.S_ISSOCK(mode)
 
 
 def connect(service: str, timeout: float | None = None) -> socket.socket:
@@ -224,7 +222,8 @@ def connect(service: str, timeout: float | None = None) -> socket.socket:
 
 def inherit_connector(service: str) -> dict[str, Any]:
     """``subprocess.Popen`` keyword arguments that pass ``service``'s connector to a child:
-    ``pass_fds``, ``close_fds=True`` and ``env`` (a copy of ``os.environ`` naming it).
+    ``pass_fds`` (Windows: a ``startupinfo`` whose ``handle_list`` holds it), ``close_fds=True``
+    and ``env`` (a copy of ``os.environ`` naming it).
 
     Merge them with your own ``pass_fds``/``env`` when passing several. Parent and child then
     share one stream: do not ``connect`` in both at the same moment. Raises ``EndpointError``

@@ -38,7 +38,11 @@ class Reusable(Protocol):
 def readable_now(sock: socket.socket) -> bool:
     """Whether reading ``sock`` would not block now (data, end of file or an error waits).
     A poll with no timeout: a socket with a timeout set would wait in ``recv`` even with
-    MSG_DONTWAIT (Python polls for it first)."""
+    MSG_DONTWAIT (Python polls for it first). A Windows pipe stream peeks instead (select
+    takes only sockets there)."""
+    peek = getattr(sock, "readable_now", None)
+    if peek is not None:
+        return bool(peek())
     if hasattr(select, "poll"):
         p = select.poll()
         p.register(sock, select.POLLIN)

@@ -82,7 +82,7 @@ def _channel_fd(channel: str | None) -> int:
         )
     try:
         fd = current().parse(value)
-        os.fstat(fd)
+        current().is_stream(fd)  # OSError: not open
     except (UnsupportedHandle, OSError) as exc:
         raise EndpointError("bad_endpoint", f"{CHANNEL_ENV}={value!r} is not usable: {exc}") from None
     return fd
@@ -90,7 +90,8 @@ def _channel_fd(channel: str | None) -> int:
 
 def inherit_channel() -> dict[str, Any]:
     """``subprocess.Popen`` keyword arguments that pass the endpoint channel to the daemon
-    ``start`` leaves running: ``pass_fds=(n,)`` and ``close_fds=True``. The environment
+    ``start`` leaves running: ``pass_fds=(n,)`` and ``close_fds=True`` (Windows: a
+    ``startupinfo`` whose ``handle_list`` holds the channel's handle, and ``close_fds=True``). The environment
     variable is inherited as is (if you pass ``env=``, keep ``OARBANK_ENDPOINT_CHANNEL`` in it).
 
     Raises ``EndpointError``: ``no_channel`` when the variable is unset, ``bad_endpoint`` when
@@ -236,15 +237,18 @@ class Acceptor:
         try:
             self._send(Accepted(msg.conn))
         except ChannelClosed:
-            os.close(fd)
+            current().close_handle(fd)
             raise
         try:
             plain = current().open_stream(fd)
         except UnsupportedHandle as exc:
-            os.close(fd)
+            current().close_handle(fd)
             self._malformed(f"ignoring connection {msg.conn}: {exc}")
             return None
-        conn = EndpointSocket(plain.family, plain.type, plain.proto, fileno=plain.detach())
+        if isinstance(plain, socket.socket):
+            conn = EndpointSocket(plain.family, plain.type, plain.proto, fileno=plain.detach())
+        else:  # a Windows pipe stream: forgets itself on close too (its own attributes)
+            conn = plain
         conn.attempt = msg.attempt
         self._track(conn, msg.attempt)
         return conn

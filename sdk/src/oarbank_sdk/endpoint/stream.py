@@ -104,6 +104,8 @@ class MessageStream:
         fd = None
         if not isinstance(msg, WireError) and wants_fd(msg):
             fd = self._take_fd(start)
+            if fd is None:  # Windows: the handle is named in the message itself
+                fd = self._t.carried(msg)
         self._drop_fds_before(end)
         return msg, fd
 

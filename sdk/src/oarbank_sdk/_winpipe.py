@@ -1,0 +1,367 @@
+"""Windows pipe handles (``handle:<n>``): the transport ``_transport.current()`` gives there.
+
+On Windows a connection is one end of a synchronous duplex byte pipe. The agent duplicates
+each end straight into the process that gets it (``DuplicateHandle``) and names the new
+handle in the message itself (``{"ok": true, "conn": n, "handle": h}``, ``{"op":
+"connection", ..., "handle": h}``): nothing rides out of band as with SCM_RIGHTS, so
+``send`` refuses an ``attach`` and ``recv`` never returns handles.
+
+``PipeStream`` is the socket-shaped object callers get (``recv``, ``send``, ``sendall``,
+``makefile``, ``settimeout``, ``shutdown``, ``close``), so ``http.client`` and
+``http.server`` run over it unchanged.
+
+**One thread at a time.** Windows serialises I/O on a synchronous handle: a write from one
+thread waits while another thread's read is blocked in the kernel. So a read never blocks
+there: it peeks (``PeekNamedPipe``) until bytes, end of file or its deadline come, backing
+off from 0 to 20 ms between peeks, and only then reads what is waiting. Even so, use a
+stream from one thread at a time (or one reader and one writer, as the endpoint's
+connector and channel do under their locks). A write is not bounded by the timeout: it
+returns once the pipe's buffer (64 KiB) took the bytes.
+
+``pair()`` (the agent and the conformance kit make connections with it) is a duplex pipe
+nobody else can open by name: a random name, first instance only, one instance, remote
+clients rejected, opened at once with ``CreateFile``, then the server end checked with
+``GetNamedPipeClientProcessId`` to be our own client (another opener gets error 231).
+
+Standard library only (``_winapi``; ``ctypes`` for the one call ``_winapi`` lacks, in
+``pair`` only, which the service side never calls).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import secrets
+import socket
+import sys
+import threading
+import time
+from typing import Any
+
+__all__ = ["PipeStream", "WindowsTransport"]
+
+if sys.platform == "win32":  # imported on Windows only (``_transport.current``)
+    import _winapi
+
+_FILE_TYPE_PIPE = 3
+_PIPE_REJECT_REMOTE_CLIENTS = 0x8
+_FILE_FLAG_FIRST_PIPE_INSTANCE = 0x00080000
+_BUFFER = 65536
+_MAX_BACKOFF_S = 0.02
+
+
+class PipeStream:
+    """A socket-shaped stream over one synchronous pipe handle (owned: ``close`` closes it).
+
+    One thread at a time (see the module's docstring). Timeouts bound reads only.
+    ``attempt`` and the acceptor's bookkeeping are set on connections a service accepts."""
+
+    family = None
+    type = None
+    proto = 0
+    attempt: int | str | None = None
+    _forget: Any = None
+
+    def __init__(self, handle: int) -> None:
+        self._handle: int | None = handle
+        self._timeout: float | None = None
+        self._io_refs = 0
+        self._closed = False
+        self._shut_read = False  # shutdown(SHUT_RD/RDWR): reads see end of file
+        self._use = threading.Lock()  # a read's peek+read, and close, never overlap
+
+    # --- socket's surface ---------------------------------------------------------------------
+
+    def fileno(self) -> int:
+        return -1 if self._handle is None else self._handle
+
+    def gettimeout(self) -> float | None:
+        return self._timeout
+
+    def settimeout(self, timeout: float | None) -> None:
+        if timeout is not None and timeout < 0:
+            raise ValueError("Timeout value out of range")
+        self._timeout = timeout
+
+    def setblocking(self, flag: bool) -> None:
+        self._timeout = None if flag else 0.0
+
+    def setsockopt(self, *args: Any) -> None:
+        """Nothing to set on a pipe (``http.server`` may ask for TCP_NODELAY)."""
+
+    def getpeername(self) -> str:
+        return "pipe"
+
+    getsockname = getpeername
+
+    def readable_now(self) -> bool:
+        """Whether a read would not wait: bytes, end of file or a broken pipe."""
+        with self._use:
+            return self._peek() != 0
+
+    def recv(self, bufsize: int, flags: int = 0) -> bytes:
+        deadline = None if self._timeout is None else time.monotonic() + self._timeout
+        delay = 0.0
+        while True:
+            with self._use:
+                avail = self._peek()
+                if avail < 0:
+                    return b""
+                if avail > 0:
+                    size = min(bufsize, avail)
+                    if flags & socket.MSG_PEEK:
+                        return _winapi.PeekNamedPipe(self._live(), size)[0]
+                    return self._read(size)
+            if deadline is not None and time.monotonic() >= deadline:
+                if self._timeout == 0.0:
+                    raise BlockingIOError("no bytes waiting on the pipe")
+                raise TimeoutError("timed out")
+            time.sleep(delay)
+            delay = min(max(delay * 2, 0.0002), _MAX_BACKOFF_S)
+
+    def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
+        view = memoryview(buffer).cast("B")
+        data = self.recv(nbytes or len(view), flags)
+        view[: len(data)] = data
+        return len(data)
+
+    def send(self, data: Any, flags: int = 0) -> int:
+        view = memoryview(data).cast("B")
+        if not view:
+            return 0
+        written, _err = _winapi.WriteFile(self._live(), bytes(view[:_BUFFER]))
+        return written
+
+    def sendall(self, data: Any, flags: int = 0) -> None:
+        view = memoryview(data).cast("B")
+        while view:
+            view = view[self.send(view):]
+
+    def makefile(self, mode: str = "r", buffering: int | None = None, *,
+                 encoding: str | None = None, errors: str | None = None,
+                 newline: str | None = None) -> Any:
+        """As ``socket.makefile``: the stream stays open until every file made is closed."""
+        reading, writing = "r" in mode, "w" in mode
+        raw = _PipeIO(self, ("r" if reading else "") + ("w" if writing else ""))
+        self._io_refs += 1
+        if buffering is None:
+            buffering = -1
+        if buffering < 0:
+            buffering = io.DEFAULT_BUFFER_SIZE
+        if buffering == 0:
+            if "b" not in mode:
+                raise ValueError("unbuffered streams must be binary")
+            return raw
+        buffered: Any
+        if reading and writing:
+            buffered = io.BufferedRWPair(raw, raw, buffering)
+        elif reading:
+            buffered = io.BufferedReader(raw, buffering)
+        else:
+            buffered = io.BufferedWriter(raw, buffering)
+        if "b" in mode:
+            return buffered
+        text = io.TextIOWrapper(buffered, encoding, errors, newline)
+        text.mode = mode  # type: ignore[misc]
+        return text
+
+    def shutdown(self, how: int) -> None:
+        """``SHUT_RD``/``SHUT_RDWR``: reads here see end of file at once (a thread waiting in
+        one wakes). A pipe cannot be half-closed, so the peer sees the end only at ``close``."""
+        if self._handle is None:
+            raise OSError("the pipe is closed")
+        if how in (socket.SHUT_RD, socket.SHUT_RDWR):
+            self._shut_read = True
+
+    def detach(self) -> int:
+        handle, self._handle = self._handle, None
+        self._closed = True
+        return -1 if handle is None else handle
+
+    def close(self) -> None:
+        forget, self._forget = self._forget, None
+        if forget is not None:
+            forget()
+        self._closed = True
+        self._shut_read = True
+        if self._io_refs <= 0:
+            self._real_close()
+
+    def __enter__(self) -> PipeStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<PipeStream handle={self.fileno()}>"
+
+    # --- internals ----------------------------------------------------------------------------
+
+    def _decref_io(self) -> None:
+        self._io_refs -= 1
+        if self._closed and self._io_refs <= 0:
+            self._real_close()
+
+    def _real_close(self) -> None:
+        with self._use:
+            handle, self._handle = self._handle, None
+        if handle is not None:
+            try:
+                _winapi.CloseHandle(handle)
+            except OSError:
+                pass
+
+    def _live(self) -> int:
+        if self._handle is None:
+            raise OSError(9, "the pipe is closed")  # EBADF, as a closed socket says
+        return self._handle
+
+    def _peek(self) -> int:
+        """Bytes waiting (> 0), none yet (0), or end of file / broken (-1). Under ``_use``."""
+        if self._shut_read:
+            return -1
+        try:
+            avail, _left = _winapi.PeekNamedPipe(self._live())
+        except (BrokenPipeError, ConnectionResetError):
+            return -1
+        return avail
+
+    def _read(self, size: int) -> bytes:
+        try:
+            data, _err = _winapi.ReadFile(self._live(), size)
+        except (BrokenPipeError, ConnectionResetError):
+            return b""
+        return data
+
+
+class _PipeIO(io.RawIOBase):
+    """What ``PipeStream.makefile`` buffers: reads and writes go to the stream."""
+
+    def __init__(self, stream: PipeStream, mode: str) -> None:
+        super().__init__()
+        self._stream = stream
+        self._mode = mode
+
+    def readable(self) -> bool:
+        return "r" in self._mode
+
+    def writable(self) -> bool:
+        return "w" in self._mode
+
+    def readinto(self, b: Any) -> int:
+        return self._stream.recv_into(b)
+
+    def write(self, b: Any) -> int:
+        return self._stream.send(b)
+
+    def fileno(self) -> int:
+        return self._stream.fileno()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        super().close()
+        self._stream._decref_io()
+
+
+class WindowsTransport:
+    """``handle:<n>``: the ``_transport.Transport`` of Windows."""
+
+    scheme = "handle"
+
+    def pair(self, *, child: bool = False) -> tuple[PipeStream, PipeStream]:
+        name = rf"\\.\pipe\oarbank-{os.getpid()}-{secrets.token_hex(16)}"
+        server = _winapi.CreateNamedPipe(
+            name,
+            _winapi.PIPE_ACCESS_DUPLEX | _FILE_FLAG_FIRST_PIPE_INSTANCE,
+            _winapi.PIPE_WAIT | _PIPE_REJECT_REMOTE_CLIENTS,  # byte type, byte read mode
+            1, _BUFFER, _BUFFER, 0, _winapi.NULL)
+        try:
+            client = _winapi.CreateFile(
+                name, _winapi.GENERIC_READ | _winapi.GENERIC_WRITE, 0, _winapi.NULL,
+                _winapi.OPEN_EXISTING, 0, _winapi.NULL)
+        except OSError:
+            _winapi.CloseHandle(server)
+            raise
+        try:
+            opener = _client_pid(server)
+            if opener != os.getpid():
+                raise OSError(f"pipe {name} was opened by process {opener}, not by us")
+        except BaseException:
+            _winapi.CloseHandle(client)
+            _winapi.CloseHandle(server)
+            raise
+        if child:
+            os.set_handle_inheritable(client, True)
+        return PipeStream(server), PipeStream(client)
+
+    def parse(self, value: str) -> int:
+        from oarbank_sdk._transport import parse_scheme
+
+        return parse_scheme(self.scheme, value, "handle number")
+
+    def format(self, handle: int) -> str:
+        return f"{self.scheme}:{handle}"
+
+    def open_stream(self, handle: int) -> PipeStream:
+        from oarbank_sdk._transport import UnsupportedHandle
+
+        try:
+            kind = _winapi.GetFileType(handle)
+        except OSError as exc:
+            raise UnsupportedHandle(f"handle {handle} is not open ({exc})") from None
+        if kind != _FILE_TYPE_PIPE:
+            raise UnsupportedHandle(f"handle {handle} is not a pipe (file type {kind})")
+        os.set_handle_inheritable(handle, False)
+        return PipeStream(handle)
+
+    def is_stream(self, handle: int) -> bool:
+        return _winapi.GetFileType(handle) == _FILE_TYPE_PIPE  # OSError: not open
+
+    def carried(self, msg: Any) -> int | None:
+        """The handle a message names (already ours: the agent duplicated it into us)."""
+        return getattr(msg, "handle", None)
+
+    def close_handle(self, handle: int) -> None:
+        _winapi.CloseHandle(handle)
+
+    def send(self, sock: Any, data: bytes, attach: int | None = None) -> int:
+        if attach is not None:
+            raise _no_attach()
+        return sock.send(data)
+
+    def send_handles(self, sock: Any, data: bytes, handles: list[int]) -> int:
+        if handles:
+            raise _no_attach()
+        return sock.send(data)
+
+    def recv(self, sock: Any, bufsize: int) -> tuple[bytes, list[int]]:
+        return sock.recv(bufsize), []
+
+    def inheritable_kwargs(self, *handles: int) -> dict:
+        import subprocess
+
+        for handle in handles:
+            os.set_handle_inheritable(handle, True)
+        info = subprocess.STARTUPINFO()  # type: ignore[attr-defined]  # Windows only
+        info.lpAttributeList = {"handle_list": list(handles)}
+        return {"startupinfo": info, "close_fds": True}
+
+
+def _no_attach() -> ValueError:
+    from oarbank_sdk._transport import UnsupportedHandle
+
+    return UnsupportedHandle("on Windows a handle does not ride along a message: the sender "
+                             "duplicates it into the receiver and names it in the message")
+
+
+def _client_pid(server: int) -> int:
+    import ctypes
+    from ctypes import wintypes
+
+    kernel32 = ctypes.WinDLL("kernel32", use_last_error=True)  # type: ignore[attr-defined]
+    pid = wintypes.ULONG()
+    if not kernel32.GetNamedPipeClientProcessId(wintypes.HANDLE(server), ctypes.byref(pid)):
+        raise ctypes.WinError(ctypes.get_last_error())  # type: ignore[attr-defined]
+    return pid.value
