@@ -17,8 +17,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
-AGENT_FOLDERS = ("broker", "host", "jobs", "modules", "operate", "platform", "protection",
-                 "reporting", "sandbox", "services")
+AGENT_FOLDERS = ("broker", "host", "jobs", "keep", "modules", "operate", "platform",
+                 "protection", "reporting", "sandbox", "services")
 # README -> (the folder its table describes, subfolders described elsewhere).
 LAYOUTS = {
     "sdk/README.md": ("sdk/src/oarbank_sdk", ("sandbox",)),
@@ -27,6 +27,7 @@ LAYOUTS = {
     "agent/src/oarbank_agent/broker/README.md": ("agent/src/oarbank_agent/broker", ()),
     "agent/src/oarbank_agent/host/README.md": ("agent/src/oarbank_agent/host", ()),
     "agent/src/oarbank_agent/jobs/README.md": ("agent/src/oarbank_agent/jobs", ()),
+    "agent/src/oarbank_agent/keep/README.md": ("agent/src/oarbank_agent/keep", ()),
     "agent/src/oarbank_agent/modules/README.md": ("agent/src/oarbank_agent/modules", ()),
     "agent/src/oarbank_agent/operate/README.md": ("agent/src/oarbank_agent/operate", ()),
     "agent/src/oarbank_agent/platform/README.md": ("agent/src/oarbank_agent/platform",

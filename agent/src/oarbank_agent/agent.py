@@ -30,6 +30,7 @@ from oarbank_agent.host import gpuapis
 from oarbank_agent.jobs.admission import Admission
 from oarbank_agent.jobs.queue import JobQueue
 from oarbank_agent.jobs.store import JobRecord, JobStore
+from oarbank_agent.keep.adopt import Keeping
 from oarbank_agent.modules.loaded import ModuleCtx, NodeInfo
 from oarbank_agent.modules.table import ModuleSpec, ModuleTable
 from oarbank_agent.operate import answers, control, drain, reload
@@ -71,6 +72,9 @@ class AgentConfig:
     # Running services are fingerprinted again this often, and once right after each becomes
     # ready (runningwatch; --refresh-s).
     refresh_s: float = runningwatch.DEFAULT_INTERVAL_S
+    # Endpoint services outlive the agent, their channels held by a keeper (keep/;
+    # --keep-services); off: the contract's rule, each is stopped at a restart.
+    keep_services: bool = False
 
 
 class Agent:
@@ -90,6 +94,8 @@ class Agent:
         self.supervisor = Supervisor(self.node, self.registry, channels=channels,
                                      status_poll_s=config.status_poll_s)
         self.broker = Broker(self.supervisor, channels=channels)
+        self.keeping = Keeping(self.state_dir, self.supervisor, self.registry,
+                               enabled=config.keep_services)
         self.admission = Admission()
         self.modules: dict[str, ModuleCtx] = {}  # the module table's; the job queue reads it
         self._stop = asyncio.Event()
@@ -212,18 +218,21 @@ class Agent:
         self.table.limits_known = True
         for ctx in self.modules.values():
             self.table.warn_unmet_limits(ctx)
+        spare = self.keeping.take()  # channels a keeper held across the restart (keep/)
         if self.fault == faults.KEEP_PREDECESSOR_GROUPS:
             kept: dict[str, procs.GroupRecord] = {}  # fault injection: nothing is ended
         else:
             # A previous agent's groups: ended, except services that may be adopted (recovery.py)
-            kept = await recovery.end_leftovers(self.registry, self.supervisor)
+            kept = await recovery.end_leftovers(self.registry, self.supervisor, spare=spare)
         await self.table.load_added()  # modules added before a restart (module add)
         self.gpu = await apply.place_gpu_services(self.supervisor, self.gpu)
         self.admission.budget_gb = apply.memory_budget_gb(self.guard.config)
         await asyncio.gather(self.check_runners(),
                              *(self.supervisor.fingerprint(rt)
                                for rt in self.supervisor.services.values()))
-        await recovery.adopt_running(self.registry, self.supervisor, kept)
+        readopted = await self.keeping.readopt()  # the kept ones proven the same
+        await recovery.adopt_running(self.registry, self.supervisor, kept, readopted=readopted)
+        self.keeping.start()  # --keep-services: a keeper holds every ready service's channel
         self.queue.recover()
         await self.control.start()
         # The host rules an operator set before a restart hold again (hostrules.py).
@@ -300,9 +309,11 @@ class Agent:
         for job_id in left:  # drain step 3: an interrupted attempt is given back at once
             if recovery.uncharge_interrupted(self.jobs[job_id]):
                 self.store.save(self.jobs[job_id])
+        self.keeping.let_go()  # --keep-services: what the keeper holds goes on running
         log.info("stopping %d service(s)", sum(1 for rt in self.supervisor.services.values()
                                                  if rt.st.state is not lc.State.STOPPED))
         await self.supervisor.shutdown()
+        self.keeping.close()
         await self.broker.aclose()
         containment.current().close()  # every group is ended: what held them is empty
         log.info("stopped: every service and job process ended; exiting")

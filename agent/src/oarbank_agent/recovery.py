@@ -5,7 +5,7 @@ Rules:
 
 - Every recorded process group (``<state>/procs``) is ended: ops, runners (their jobs are
   requeued) and endpoint services, which are **never adopted** (their channel died with the old
-  agent: nothing could reach them). The one exception: the group of a loaded, non-endpoint,
+  agent: nothing could reach them), unless a keeper kept their channel (``--keep-services``). The one exception: the group of a loaded, non-endpoint,
   non-manual service is kept until its ``fingerprint`` has been asked.
 - A non-endpoint service whose ``fingerprint.running`` is true is **adopted**: it is ready as
   it is (never started twice) and its group, if recorded, is watched from now on. If it is not
@@ -13,6 +13,8 @@ Rules:
 - An endpoint service whose ``fingerprint`` still says running after its group was ended (its
   daemon escaped the group, or the record was lost in the crash) gets its ``stop`` op, so that
   the one started anew when a job needs it is the only one.
+- With ``--keep-services`` (``keep/``): the group of an endpoint service whose channel came
+  back from the keeper is spared here; ``keep/adopt.py`` then adopts it or stops it.
 - Where containment holds groups firmly, what left a recorded group is ended with it, and so
   is whatever the predecessor left that no record names (``Groups.sweep``: a group made just
   before a crash has no record yet).
@@ -52,15 +54,21 @@ def _service_of(rec: procs.GroupRecord) -> str | None:
 
 
 async def end_leftovers(registry: procs.ProcessRegistry, sup: Supervisor,
-                        grace_s: float = 2.0) -> dict[str, procs.GroupRecord]:
+                        grace_s: float = 2.0, spare: frozenset[str] = frozenset(),
+                        ) -> dict[str, procs.GroupRecord]:
     """End the predecessor's groups; return the kept ones (service key -> record) of
-    non-endpoint services that may be adopted once fingerprinted."""
+    non-endpoint services that may be adopted once fingerprinted. ``spare``: service keys
+    whose channel the keeper gave back (their groups are decided on by ``keep/adopt.py``)."""
     kept: dict[str, procs.GroupRecord] = {}
+    spared: list[procs.GroupRecord] = []
     for rec in registry.records():
         if not rec.group.alive():
             registry.remove(rec.group)  # gone already (or another boot: a reused number)
             continue
         key = _service_of(rec)
+        if key is not None and key in spare:
+            spared.append(rec)
+            continue
         rt = sup.services.get(key) if key else None
         if (rt is not None and key not in kept and not rt.svc.endpoint
                 and rt.svc.lifecycle != "manual"):
@@ -73,16 +81,19 @@ async def end_leftovers(registry: procs.ProcessRegistry, sup: Supervisor,
         await rec.group.end(grace_s)
         registry.remove(rec.group)
     # What was left without a (live) record, e.g. made just before the crash: ended too.
-    await platform.current().groups.sweep([r.group for r in kept.values()], grace_s)
+    await platform.current().groups.sweep([r.group for r in [*kept.values(), *spared]],
+                                          grace_s)
     return kept
 
 
 async def adopt_running(registry: procs.ProcessRegistry, sup: Supervisor,
-                        kept: dict[str, procs.GroupRecord], grace_s: float = 2.0) -> None:
-    """After the first fingerprints: adopt running non-endpoint services, end the rest."""
+                        kept: dict[str, procs.GroupRecord], grace_s: float = 2.0,
+                        readopted: frozenset[str] = frozenset()) -> None:
+    """After the first fingerprints: adopt running non-endpoint services, end the rest.
+    ``readopted``: endpoint services taken back with their kept channel (``keep/adopt.py``)."""
     for key, rt in sup.services.items():
         rec = kept.pop(key, None)
-        if rt.svc.lifecycle == "manual":
+        if rt.svc.lifecycle == "manual" or key in readopted:
             continue
         if rt.svc.endpoint:
             if rt.fp_running:

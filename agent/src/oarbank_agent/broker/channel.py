@@ -55,17 +55,28 @@ class Channel:
     ``closed`` resolves. ``close()`` by the agent resolves neither.
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, service_key: str) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, service_key: str, *,
+                 kept: tuple[socket.socket, int, bool] | None = None) -> None:
+        """``kept``: (our end, the hello's pid, whether it said ``ready``) of a channel kept
+        across an agent restart (``oarbank_agent/keep``): open and hello'd already."""
         self.service_key = service_key
-        # The child end goes to the service's `start` op (supervisor: transport.format and
-        # the op's inherited handles); ours stays here.
-        agent_end, child = current_transport().pair(child=True)
+        if kept is None:
+            # The child end goes to the service's `start` op (supervisor: transport.format
+            # and the op's inherited handles); ours stays here.
+            agent_end, child = current_transport().pair(child=True)
+        else:
+            agent_end, child = kept[0], None
         self._child: socket.socket | None = child
-        self.child_fd: int = child.fileno()
+        self.child_fd: int = child.fileno() if child is not None else -1
+        self.agent_fd: int = agent_end.fileno()  # what --keep-services hands to the keeper
         self.hello: asyncio.Future[int] = loop.create_future()
         self.closed: asyncio.Future[str] = loop.create_future()
         # The service said `ready` on the channel; ``on_ready`` (the supervisor's) runs then.
         self.ready_said: asyncio.Future[None] = loop.create_future()
+        if kept is not None:
+            self.hello.set_result(kept[1])
+            if kept[2]:
+                self.ready_said.set_result(None)
         self.on_ready: Callable[[], None] | None = None
         # conn -> (the service end we sent, its attempt's name), until `accepted`.
         self._pending: dict[int, tuple[socket.socket, str]] = {}
@@ -80,7 +91,11 @@ class Channel:
             max_out=CHANNEL_MAX_OUT,
         )
         self._stream.start()
-        log.info("channel %s: opened (child end fd %d)", service_key, self.child_fd)
+        if kept is None:
+            log.info("channel %s: opened (child end fd %d)", service_key, self.child_fd)
+        else:
+            log.info("channel %s: kept across the agent restart (hello from pid %d)",
+                     service_key, kept[1])
 
     @property
     def is_open(self) -> bool:
@@ -230,6 +245,15 @@ class Channels:
         if old is not None:
             old.close()
         ch = Channel(asyncio.get_running_loop(), service_key)
+        self._by_key[service_key] = ch
+        return ch
+
+    def adopt(self, service_key: str, end: socket.socket, pid: int, said_ready: bool) -> Channel:
+        """The channel of a service kept across an agent restart, from our end of it."""
+        old = self._by_key.pop(service_key, None)
+        if old is not None:
+            old.close()
+        ch = Channel(asyncio.get_running_loop(), service_key, kept=(end, pid, said_ready))
         self._by_key[service_key] = ch
         return ch
 

@@ -143,6 +143,10 @@ def cmd_run(ra: config.RunArgs, run_argv: list[str]) -> int:
     if not args.status_poll_s > 0:
         _err("--status-poll-s must be > 0")
         return 2
+    if args.keep_services and platform.current().keeper is None:
+        _err(f"--keep-services: not available on {platform.current().name} yet (no keeper "
+             "for the endpoint channels here)")
+        return 2
     settings = ra.settings
 
     def settings_for(path: Path) -> dict[str, Any] | None:
@@ -172,7 +176,7 @@ def cmd_run(ra: config.RunArgs, run_argv: list[str]) -> int:
             gpu=gpu_override, manual_refresh_s=args.manual_refresh_s,
             status_poll_s=args.status_poll_s, fault=fault, drain_s=args.drain_s,
             keep_jobs_s=args.keep_jobs_s, refresh_s=args.refresh_s,
-            env_grace_s=args.env_grace_s))
+            env_grace_s=args.env_grace_s, keep_services=args.keep_services))
         specs = [(p.resolve(), settings_for(p)) for p in args.modules or []]
         for msg in await agent.load_modules(specs):
             print(msg, file=sys.stderr)

@@ -40,6 +40,11 @@ def add_run_options(r: argparse.ArgumentParser | Recorder) -> None:
     r.add_argument("--refresh-s", type=float, default=20.0, metavar="S",
                    help="how often running services are fingerprinted again (health and pool "
                         "counts; also once right after each becomes ready; default 20)")
+    r.add_argument("--keep-services", action="store_true",
+                   help="endpoint services go on running when the agent stops or dies, their "
+                        "channels held by a keeper process; the next agent on this state dir "
+                        "takes each back when it is provably the same (no model reload). A "
+                        "reboot still reloads (default off: each is stopped at a restart)")
     r.add_argument("--keep-jobs-s", type=float, default=7 * 86400.0, metavar="S",
                    help="a finished job's record and workdirs are removed this long after it "
                         "finished (default 604800: 7 days)")

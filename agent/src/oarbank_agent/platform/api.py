@@ -26,7 +26,7 @@ __all__ = ["Backend", "FactoryLost", "FileLike", "Watchable", "Watcher", "Stream
            "ClientHandler", "Endpoint", "StateDirHost", "Requests", "Loops", "FactoryHost",
            "SandboxHost",
            "CONTAINMENT_MODES", "CONTAINMENT_HELP", "ContainmentUnavailable", "Group", "Slot",
-           "PopenOptions", "Containment", "Groups"]
+           "PopenOptions", "Containment", "Groups", "KeeperHost"]
 
 
 # -- the sandbox wrapper and its probe ----------------------------------------------------------
@@ -412,6 +412,35 @@ class Groups(Protocol):
 
 
 
+# -- the keeper of endpoint channels (--keep-services) ------------------------------------------
+
+
+class KeeperHost(Protocol):
+    """The keeper's socket (``oarbank_agent/keep``): reachable by its owner's user only, the
+    peer's user said by the system, a channel's end passed along with a message."""
+
+    def listen(self, path: Path) -> socket.socket:
+        """A listening socket at ``path``, reachable by this user only from the start."""
+
+    def connect(self, path: Path, timeout: float) -> socket.socket | None:
+        """A connection to the keeper at ``path``; None when none answers there."""
+
+    def peer_uid(self, sock: socket.socket) -> int | None:
+        """The user of the process at the other end, as the system says (None: unknown)."""
+
+    def send(self, sock: socket.socket, doc: dict[str, Any], fd: int | None = None) -> None:
+        """One message: ``doc``, and a duplicate of ``fd`` when given."""
+
+    def recv(self, sock: socket.socket) -> tuple[dict[str, Any], socket.socket | None]:
+        """One message and the end that came with it; ConnectionError at its end."""
+
+    def peer_gone(self, end: socket.socket) -> bool:
+        """The other side of a held end closed it (looked at without reading)."""
+
+    def started(self, pid: int) -> int | None:
+        """When ``pid`` started, as the system counts it; None where it cannot say."""
+
+
 @dataclass(frozen=True)
 class Backend:
     """The chosen backend: its name and its parts (fields added per part, one section each)."""
@@ -428,3 +457,5 @@ class Backend:
     factory: FactoryHost
     # process groups, their limits and containment
     groups: Groups
+    # endpoint channels kept across an agent restart (--keep-services); None: not here
+    keeper: KeeperHost | None = None

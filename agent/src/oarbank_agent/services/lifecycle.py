@@ -252,6 +252,12 @@ def set_users(s: ServiceState, users: int, now: float) -> ServiceState:
     return replace(s, users=0)
 
 
+def resume_idle(s: ServiceState, since: float) -> ServiceState:
+    """A service kept across an agent restart (``--keep-services``) with no users: its idle
+    clock runs on from when the previous agent saw its last user leave."""
+    return replace(s, idle_since=since) if s.users == 0 else s
+
+
 def set_held(s: ServiceState, reason: str | None) -> ServiceState:
     """Host protection holds it down (``reason``) or lifts its hold (None)."""
     return replace(s, held=reason)

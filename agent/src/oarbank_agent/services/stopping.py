@@ -106,6 +106,39 @@ class Stopping(SupervisorBase):
         rt.watch = asyncio.create_task(self._watch(rt, None), name=f"watch {rt.key}")
         self.poke(rt)
 
+    def adopt_endpoint(self, rt: ServiceRuntime, ch: Channel, group: Group | None,
+                       idle_since: float | None) -> None:
+        """Agent restart with ``--keep-services``: take back an endpoint service proven the
+        one the previous agent kept (``keep/decide.py``), with its kept channel; its idle
+        clock goes on from where it was (users come back with the jobs that use it)."""
+        rt.channel, rt.group = ch, group
+        rt.says_ready = ch.ready_said.done()
+        ch.on_ready = None  # it is ready already: a `ready` line now changes nothing
+        # STOPPED -> READY (adopted: its channel kept, proven the same process)
+        self._transition(rt, lc.Event.ADOPT)
+        if rt.st.users == 0 and idle_since is not None:
+            rt.st = lc.resume_idle(rt.st, idle_since)
+        rt.watch = asyncio.create_task(self._watch(rt, ch), name=f"watch {rt.key}")
+        self.poke(rt)
+
+    def let_go(self, rt: ServiceRuntime) -> None:
+        """Agent shutdown with ``--keep-services``: a ready endpoint service the keeper holds
+        the channel of goes on running; this agent forgets it (no stop order: nothing of it
+        is stopped, its group's record stays for the next agent)."""
+        if rt.watch is not None:
+            rt.watch.cancel()
+            rt.watch = None
+        if rt.timer is not None:
+            rt.timer.cancel()
+            rt.timer = None
+        self._resolve_waiters(rt, False)
+        if rt.channel is not None:
+            rt.channel.close()  # our end only: the keeper's copy keeps the channel open
+            rt.channel = None
+        rt.group = None
+        del self.services[rt.key]
+        log.info("%s: left running for the next agent (its channel is kept)", rt.key)
+
     async def _stop(self, rt: ServiceRuntime, reason: str) -> None:
         # READY -> STOPPING
         self._transition(rt, lc.Event.STOP, reason=reason)

@@ -7,12 +7,15 @@ first installs the tripwire (``linuxfree.py``), so that a Linux-only call fails,
 
 from __future__ import annotations
 
+import psutil
+
 from oarbank_agent.platform.api import Backend
 from oarbank_agent.platform.darwin import linuxfree
 from oarbank_agent.platform.darwin.sandboxhost import DarwinSandboxHost
 from oarbank_agent.platform.posix.endpoint import UnixEndpoint
 from oarbank_agent.platform.posix.factoryhost import PosixFactoryHost
 from oarbank_agent.platform.posix.groups import PosixGroups
+from oarbank_agent.platform.posix.keeper import PosixKeeperHost
 from oarbank_agent.platform.posix.loops import SelectorLoops
 from oarbank_agent.platform.posix.requests import SignalRequests
 from oarbank_agent.platform.posix.sessions import PosixSessions
@@ -32,4 +35,13 @@ def backend() -> Backend:
                    requests=SignalRequests(), loops=SelectorLoops(),
                    factory=PosixFactoryHost(),
                    # process groups only: no limits, polled (psutil's process table)
-                   groups=PosixGroups(system="darwin"))
+                   groups=PosixGroups(system="darwin"),
+                   keeper=PosixKeeperHost(shortcut=False, started=_started))
+
+
+def _started(pid: int) -> int | None:
+    """A process's start time in milliseconds (psutil's), None once it is gone."""
+    try:
+        return int(psutil.Process(pid).create_time() * 1000)
+    except psutil.Error:
+        return None

@@ -18,11 +18,13 @@ def backend() -> Backend:
     # Imported here, not above: the process factory (``linux/factory/``) imports this
     # package on its way and must not load the agent's side of the backend.
     from oarbank_agent.platform.api import Backend
+    from oarbank_agent.platform.linux import proctable
     from oarbank_agent.platform.linux.factoryhost import LinuxFactoryHost
     from oarbank_agent.platform.linux.groups import LinuxGroups
     from oarbank_agent.platform.linux.sandboxhost import LinuxSandboxHost
     from oarbank_agent.platform.linux.sessions import LinuxSessions
     from oarbank_agent.platform.posix.endpoint import UnixEndpoint
+    from oarbank_agent.platform.posix.keeper import PosixKeeperHost
     from oarbank_agent.platform.posix.loops import SelectorLoops
     from oarbank_agent.platform.posix.requests import SignalRequests
     from oarbank_agent.platform.posix.statedir import PosixStateDir
@@ -36,4 +38,5 @@ def backend() -> Backend:
                    requests=SignalRequests(), loops=SelectorLoops(),
                    factory=LinuxFactoryHost(),
                    # process groups, their limits and containment
-                   groups=LinuxGroups())
+                   groups=LinuxGroups(),
+                   keeper=PosixKeeperHost(shortcut=True, started=proctable.start_ticks))

@@ -1,0 +1,186 @@
+"""``--keep-services``: an endpoint service outlives its agent (its channel held by the keeper)
+and the next agent on the same state dir takes it back only when it is provably the same; the
+model is not loaded again. Without the flag, the contract's rule: it is stopped and started
+anew. Real agents, real daemons, real descriptors; no orphan (the keeper exits)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from agent_helpers import alive, processes_referencing, read_jsonl, write_module
+
+from oarbank_agent.keep.keeper import SOCKET_NAME
+
+KEEP = ["--keep-services"]
+
+
+@pytest.fixture(autouse=True)
+def no_orphans(tmp_path: Path) -> Iterator[None]:
+    """Every process of the test (daemons, the keeper) is gone at its end; a failing test's
+    are ended here so they do not outlive it."""
+    yield
+    left = [line for line in processes_referencing(tmp_path)
+            if int(line.split(":", 1)[0]) != os.getpid()]
+    for line in left:
+        try:
+            os.kill(int(line.split(":", 1)[0]), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert not left, "left behind:\n" + "\n".join(left)
+
+
+def hellos(agent: Any) -> list[int]:
+    return [e["pid"] for e in read_jsonl(agent.module_data() / "events.jsonl")
+            if e["event"] == "hello"]
+
+
+def loads(agent: Any) -> list[str]:
+    path = agent.module_data() / "loads"
+    return path.read_text().split() if path.exists() else []
+
+
+def keepers(tmp_path: Path) -> list[int]:
+    return [int(line.split(":", 1)[0]) for line in processes_referencing(tmp_path)
+            if "oarbank_agent.keep" in line]
+
+
+def served_by(agent: Any) -> set[int]:
+    job = agent.run_job("echo", {"requests": 2})
+    assert job["state"] == "succeeded", agent.why(job)
+    return set(job["result"]["payload"]["pids"])
+
+
+def sigterm(agent: Any) -> None:
+    """Stop the agent as an operator does; what it leaves running is the point here."""
+    agent.stopped = True
+    assert agent.proc.stop() == 0, agent.log()[-3000:]
+
+
+def end_with_a_plain_agent(start_agent: Any, mod: Path, first: Any, tmp_path: Path,
+                           settings: dict[str, Any]) -> Any:
+    """The last agent runs without the flag: it takes what the keeper holds and stops it."""
+    last = start_agent([mod], settings, state_dir=first.state_dir)
+    last.stop()
+    assert not keepers(tmp_path)
+    return last
+
+
+def test_kill_9_the_service_stays_warm_and_serves_the_next_agent(start_agent,
+                                                                tmp_path: Path) -> None:
+    mod = write_module(tmp_path / "m")
+    settings = {"echo": {"load_s": 0.3}}
+    first = start_agent([mod], settings, extra_args=KEEP)
+    before = served_by(first)
+    (daemon,) = hellos(first)
+    assert before == {daemon} and loads(first) == [str(daemon)]
+    first.wait_for(lambda: len(keepers(tmp_path)) == 1, what="the keeper")
+    first.kill()
+    # The gap: no agent runs; the daemon and the keeper do.
+    time.sleep(0.5)
+    assert alive(daemon) and len(keepers(tmp_path)) == 1
+    second = start_agent([mod], settings, state_dir=first.state_dir, extra_args=KEEP)
+    row = second.service_row()
+    assert (row["ready"], row["running"]) == (True, True), row
+    assert served_by(second) == {daemon}
+    assert loads(second) == [str(daemon)], "the model was loaded again"
+    assert hellos(second) == [daemon]
+    log = second.log()
+    assert "taken back after the agent restart: the same process" in log, log[-3000:]
+    # The old keeper handed over and exited; the second agent owns a new one.
+    assert len(keepers(tmp_path)) == 1
+    second.kill()
+    end_with_a_plain_agent(start_agent, mod, first, tmp_path, settings)
+    assert not alive(daemon)
+
+
+def test_sigterm_and_start_keeps_it_too(start_agent, tmp_path: Path) -> None:
+    mod = write_module(tmp_path / "m")
+    settings = {"echo": {"load_s": 0.3}}
+    first = start_agent([mod], settings, extra_args=KEEP)
+    (daemon,) = served_by(first)
+    first.wait_for(lambda: len(keepers(tmp_path)) == 1, what="the keeper")
+    sigterm(first)
+    assert alive(daemon), first.log()[-2000:]
+    assert "left running for the next agent" in first.log()
+    second = start_agent([mod], settings, state_dir=first.state_dir, extra_args=KEEP)
+    assert served_by(second) == {daemon}
+    assert loads(second) == [str(daemon)]
+    sigterm(second)
+    end_with_a_plain_agent(start_agent, mod, first, tmp_path, settings)
+    assert not alive(daemon)
+
+
+def test_changed_settings_stop_the_kept_service_at_readoption(start_agent,
+                                                             tmp_path: Path) -> None:
+    mod = write_module(tmp_path / "m")
+    first = start_agent([mod], {"echo": {"load_s": 0.3}}, extra_args=KEEP)
+    (daemon,) = served_by(first)
+    first.wait_for(lambda: len(keepers(tmp_path)) == 1, what="the keeper")
+    first.kill()
+    changed = {"echo": {"load_s": 0.3, "slots": 3}}
+    second = start_agent([mod], changed, state_dir=first.state_dir, extra_args=KEEP)
+    # Stopped at re-adoption, before anything could use it: not later.
+    assert not alive(daemon)
+    assert "kept across the agent restart, now stopped: its settings changed" in second.log()
+    (new,) = served_by(second)
+    assert new != daemon and loads(second) == [str(daemon), str(new)]
+    second.kill()
+    end_with_a_plain_agent(start_agent, mod, first, tmp_path, changed)
+
+
+def test_without_the_flag_the_contracts_rule(start_agent, tmp_path: Path) -> None:
+    mod = write_module(tmp_path / "m")
+    settings = {"echo": {"load_s": 0.3}}
+    first = start_agent([mod], settings)
+    (daemon,) = served_by(first)
+    assert not keepers(tmp_path)
+    first.kill()
+    second = start_agent([mod], settings, state_dir=first.state_dir)
+    (new,) = served_by(second)
+    assert new != daemon and not alive(daemon)
+    assert loads(second) == [str(daemon), str(new)]
+
+
+def test_kept_then_flag_off_stops_it_and_the_keeper_exits(start_agent, tmp_path: Path) -> None:
+    mod = write_module(tmp_path / "m")
+    settings = {"echo": {"load_s": 0.3}}
+    first = start_agent([mod], settings, extra_args=KEEP)
+    (daemon,) = served_by(first)
+    first.wait_for(lambda: len(keepers(tmp_path)) == 1, what="the keeper")
+    first.kill()
+    second = start_agent([mod], settings, state_dir=first.state_dir)
+    assert not alive(daemon) and not keepers(tmp_path)
+    assert ("kept across the agent restart, now stopped: this agent runs without "
+            "--keep-services") in second.log()
+    (new,) = served_by(second)
+    assert new != daemon
+
+
+def test_the_keeper_serves_only_its_user_and_state_dir(start_agent, tmp_path: Path) -> None:
+    """Another state dir's agent is refused; the socket is its user's alone (mode 0600)."""
+    from oarbank_agent import platform
+
+    mod = write_module(tmp_path / "m")
+    first = start_agent([mod], {}, extra_args=KEEP)
+    served_by(first)
+    first.wait_for(lambda: len(keepers(tmp_path)) == 1, what="the keeper")
+    path = first.state_dir / SOCKET_NAME
+    assert (path.stat().st_mode & 0o777) == 0o600
+    host = platform.current().keeper
+    assert host is not None
+    first.kill()
+    sock = host.connect(path, 5.0)
+    assert sock is not None
+    with sock:
+        host.send(sock, {"op": "take", "state_dir": str(tmp_path / "elsewhere")})
+        reply, end = host.recv(sock)
+    assert end is None and reply["ok"] is False and "this keeper is for" in reply["why"]
+    assert psutil.pid_exists(keepers(tmp_path)[0])  # still holding, for the right agent
+    end_with_a_plain_agent(start_agent, mod, first, tmp_path, {})
