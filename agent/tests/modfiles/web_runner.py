@@ -21,6 +21,22 @@ from oarbank_sdk import web
 URL = "http://model"
 
 
+def pool_of(c: httpx.Client):  # httpcore's pool inside web.HTTPTransport (a test may look)
+    return c._transport._pool  # type: ignore[attr-defined]
+
+
+def pool_sees_a_close(c: httpx.Client, pooled: int, timeout: float = 20) -> None:
+    """uvicorn closes a connection whose app raised, after its 500 went out (with keep-alive:
+    HTTP/1.1's race). A fixed sleep lost that race under CI's load; wait until the pool has
+    dropped the connection or sees it closed, which is what the next request relies on."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        conns = pool_of(c).connections
+        if len(conns) < pooled or any(conn.has_expired() for conn in conns):
+            return
+        time.sleep(0.05)
+
+
 def battery() -> dict:
     out: dict = {}
     with httpx.Client(transport=web.HTTPTransport("model"), base_url=URL, timeout=60) as c:
@@ -44,8 +60,9 @@ def battery() -> dict:
         out["digest_expected"] = {"length": 100 << 20,
                                   "sha256": hashlib.sha256(chunk * 100).hexdigest()}
 
+        pooled = len(pool_of(c).connections)
         out["boom_status"] = c.get("/boom").status_code
-        time.sleep(0.3)  # uvicorn closes a connection whose app raised: let the pool see it
+        pool_sees_a_close(c, pooled)
         out["after_boom"] = c.get("/info").status_code
 
         sock = ep.connect("model", timeout=30)  # a client that vanishes mid-stream
