@@ -25,6 +25,7 @@ protocol given at construction.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import socket
 from collections import deque
@@ -128,6 +129,8 @@ class Connector:
         self.child: socket.socket | None = child
         self.child_fd = child.fileno()
         self.bucket = TokenBucket(rate_burst, rate_per_s, loop.time())
+        # Made once: `decide` asks it on every connect.
+        self._ready_now: Callable[[], bool] = functools.partial(board.ready_now, service_key)
         # Work answered in order: a Connect to hand over, or the bytes of a refusal decided
         # when its line arrived but queued behind a connect still waiting for its service.
         self.queue: deque[wire.Connect | bytes] = deque()
@@ -243,7 +246,7 @@ class Connector:
             return
         verdict = decide(unreceived=len(self.pending), bucket=self.bucket, now=self._loop.time(),
                          queued=self.worker is not None or bool(self.queue),
-                         ready_now=lambda: self._board.ready_now(self.service_key))
+                         ready_now=self._ready_now)
         if verdict.action == "refuse":
             assert verdict.code is not None and verdict.detail is not None
             self._refuse(verdict.code, verdict.detail)

@@ -102,6 +102,8 @@ class Broker:
     def __init__(self, gate: ServiceGate, *, channels: Channels | None = None,
                  rate_burst: int = 64, rate_per_s: float = 32.0):
         self._gate = gate
+        # The gate's optional synchronous check, looked up once (it is asked on every connect).
+        self._gate_ready_now = getattr(gate, "ready_now", None)
         self.rate_burst = rate_burst
         self.rate_per_s = rate_per_s
         # The channel table the supervisor opens channels in (its own one when none is given).
@@ -128,7 +130,7 @@ class Broker:
         return bool(ready)
 
     def ready_now(self, service_key: str) -> bool:
-        ready_now = getattr(self._gate, "ready_now", None)
+        ready_now = self._gate_ready_now
         if ready_now is None:
             return False  # a gate without the optional check: always the waited path
         try:

@@ -158,13 +158,17 @@ class MessageStream:
         except wire.WireError as exc:
             self._on_overlong(exc.detail)
             return
+        if len(lines) == 1 and not self._lines and not self._paused:
+            # The hot path (one line a read: a connect, a receipt): no queue, no re-arm.
+            self._on_line(lines[0])
+            return
         self._lines.extend(lines)
         self._deliver()
 
     def _deliver(self) -> None:
         while self._lines and not self._paused and not self.closed:
             self._on_line(self._lines.popleft())
-        if not self._paused and not self.closed:
+        if not self._reading and not self._paused and not self.closed:
             self._set_reading(True)
 
     # --- writing ------------------------------------------------------------------------------
@@ -176,6 +180,21 @@ class MessageStream:
         """
         if self.closed:
             return False
+        if not self._out:
+            # Nothing waits ahead (the usual case): one send, no queue. ``attach`` is open here
+            # (the caller just made it); the queued path re-checks that for later sends.
+            try:
+                n = self._transport.send(self._sock, data,
+                                         attach=None if attach is None else attach.fileno())
+            except (BlockingIOError, InterruptedError):
+                n = 0
+            except OSError as exc:
+                self._on_broken(f"send failed ({exc.strerror or exc})")
+                return False
+            if n == len(data):
+                return True
+            # The descriptor went with the first byte; the rest follows without it.
+            data, attach = data[n:], (attach if n == 0 else None)
         self._out.append((data, attach))
         self.out_bytes += len(data)
         if not self._writing:
