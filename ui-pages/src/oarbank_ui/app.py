@@ -40,9 +40,9 @@ from oarbank_sdk.manifest import UiEntry
 
 from . import uicontract
 from .components.shape import Shaping
-from .heartbeat import HeartbeatError, parse_heartbeat
 from .hosts import HostCheck
 from .html import Templates, clock_text
+from .ingest_http import HeartbeatIngest
 from .metrics import CONTENT_TYPE as METRICS_TYPE
 from .metrics import PortalMetrics
 from .modules import PageFileError, PortalModule, find_module
@@ -137,6 +137,15 @@ class Portal:
         self.hosts = HostCheck(allowed_hosts) if allowed_hosts is not None else None
         self.metrics = PortalMetrics(lambda: self.store.summary(now=self.clock()))
         self._refusal_log = _RefusalLog()
+        self._ingest: HeartbeatIngest | None = None
+        self.ingest_options: dict[str, Any] = {}  # HeartbeatIngest's bound_s, retry_after_s
+
+    @property
+    def ingest(self) -> HeartbeatIngest:
+        """The heartbeat path past its headers (made on first use, in the serving process)."""
+        if self._ingest is None:
+            self._ingest = HeartbeatIngest(self, **self.ingest_options)
+        return self._ingest
 
     # -- dispatch --------------------------------------------------------------------------
 
@@ -174,6 +183,11 @@ class Portal:
                                "one with `oarbank-portal token issue NODE_ID`)", challenge)
         if not lookup:
             return Admission("")
+        return self.check_token(token)
+
+    def check_token(self, token: str) -> Admission | Response:
+        """The node ``token`` names, asked of the store, or the refusal."""
+        challenge = {"WWW-Authenticate": 'Bearer realm="oarbank-portal"'}
         try:
             node = self.store.node_for_token(token)
         except Exception:  # the store is away: the agent retries a 5xx, not a 4xx
@@ -275,23 +289,12 @@ class Portal:
     # -- heartbeats and queries ------------------------------------------------------------
 
     def heartbeat(self, body: bytes, node_id: str) -> Response:
-        """A report from the node ``node_id`` (its token's); stored when it is that node's."""
-        received_at = self.clock()  # the order of reports is the order they arrived here
-        try:
-            doc = json.loads(body)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            return self.refuse("malformed", 400, f"heartbeat: not JSON ({e})")
-        try:
-            hb = parse_heartbeat(doc)
-        except HeartbeatError as e:
-            return self.refuse("malformed", 400, f"heartbeat: {e}")
-        if hb.node_id != node_id:
-            return self.refuse("wrong_node", 403, f"heartbeat: the token is node {node_id!r}'s; "
-                               f"this report is for {hb.node_id!r}")
-        result = self.store.record(hb, received_at=received_at)
-        (self.metrics.accepted if result.applied else self.metrics.not_applied).inc()
-        return _json(200, {"ok": True, "applied": result.applied, "reason": result.reason or None,
-                           "node_id": hb.node_id, "services": len(hb.services)})
+        """A report from the node ``node_id`` (its token's), stored in its own transaction
+        (in-process callers; the server queues reports for group commit: ingest_http.py)."""
+        report = self.ingest.prepare(body, node_id, None)
+        if isinstance(report, Response):
+            return report
+        return self.ingest.answer(report, self.ingest.record_now(report))
 
     def healthz(self) -> Response:
         try:

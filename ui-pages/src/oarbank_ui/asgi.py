@@ -120,6 +120,9 @@ def build_app(portal: Portal, *, read_timeout_s: float = 10.0) -> Starlette:
                 # Nobody is left to read an answer; the refusal is counted and logged.
                 portal.refuse("truncated", 400, f"heartbeat: body cut short, not parsed ({e})")
                 return Response(b"", status_code=400, headers={"Connection": "close"})
+        if is_heartbeat and method == "POST":
+            # group commit: parsed here, stored with others, answered after the commit
+            return _to_starlette(await portal.ingest.post(headers, body))
         r = await run_in_threadpool(portal.handle, method, path, query, body, headers, None,
                                     False)
         return _to_starlette(r)

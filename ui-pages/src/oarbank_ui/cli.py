@@ -64,6 +64,11 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--metrics-retention-h", type=float, default=168.0, metavar="H",
                    help="hours of node metrics history kept for node_metrics (default 168: "
                         "a week; 5-minute samples for 6 hours, then hourly)")
+    s.add_argument("--ingest-bound-s", type=float, default=1.0, metavar="S",
+                   help="no heartbeat waits longer than S seconds for its answer: past half of "
+                        "it reports are refused 503 with Retry-After (default 1)")
+    s.add_argument("--retry-after-s", type=int, default=10, metavar="S",
+                   help="the Retry-After of a refused heartbeat (default 10: a period)")
     s.add_argument("-v", "--verbose", action="store_true", help="log every request")
     t = sub.add_parser("token", help="node credentials: issue, list, revoke")
     tsub = t.add_subparsers(dest="token_cmd", required=True)
@@ -153,6 +158,8 @@ def _serve_in(args: argparse.Namespace) -> int:
 
     if args.refresh_s <= 0:
         return _fail("--refresh-s must be > 0")
+    if args.ingest_bound_s <= 0 or args.retry_after_s < 1:
+        return _fail("--ingest-bound-s must be > 0 and --retry-after-s >= 1")
     if args.read_timeout_s <= 0 or args.max_connections < 1 or args.pool_size < 1:
         return _fail("--read-timeout-s, --max-connections and --pool-size must be > 0")
     if bool(args.tls_cert) != bool(args.tls_key):
@@ -183,11 +190,12 @@ def _serve_in(args: argparse.Namespace) -> int:
             def make_portal() -> Portal:
                 own = open_store(args.db, history=_history(args),
                                  **(pool if is_postgres_url(args.db) else {}))
-                return Portal(own, modules, refresh_s=args.refresh_s, allowed_hosts=bound.hosts)
+                return _with_ingest(Portal(own, modules, refresh_s=args.refresh_s,
+                                           allowed_hosts=bound.hosts), args)
 
             return serve_workers(make_portal, bound, opts, args.workers)
-        portal = Portal(store, modules, refresh_s=args.refresh_s,
-                        allowed_hosts=bound.hosts)
+        portal = _with_ingest(Portal(store, modules, refresh_s=args.refresh_s,
+                                     allowed_hosts=bound.hosts), args)
         try:
             serve(portal, bound, opts)
         except (OSError, ValueError) as e:  # e.g. a TLS file that cannot be read
@@ -195,6 +203,11 @@ def _serve_in(args: argparse.Namespace) -> int:
     finally:
         store.close()
     return 0
+
+
+def _with_ingest(portal: Any, args: argparse.Namespace) -> Any:
+    portal.ingest_options = {"bound_s": args.ingest_bound_s, "retry_after_s": args.retry_after_s}
+    return portal
 
 
 def _bad_node_id(node_id: str) -> str | None:

@@ -11,11 +11,18 @@ same): ``metrics`` beside ``services`` with the node's ``mem_used_bytes``,
 ``gpu_mem_used_bytes`` and ``gpu_mem_total_bytes`` (null where the node cannot tell); on each
 service row ``rss_bytes`` (its processes' resident memory) and ``loads`` (how many times the
 agent started it). Each is a whole number >= 0 or null.
+
+A short "still alive" (``StillAlive``): ``node_id``, ``hostname``, ``time``, ``heartbeat_s``
+and ``alive`` (the digest the portal answered the node's last stored full report with) and no
+``services``: the node says nothing changed since that report. A node sends it only to a
+portal whose answer carried such a digest (an older portal never offers one, and would refuse
+a report without ``services``).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +31,7 @@ from oarbank_sdk.manifest import LIFECYCLES, SERVICE_NAME
 from oarbank_sdk.servicerow import BOOL_FIELDS, ServiceRow
 
 __all__ = ["NODE_METRICS", "SERVICE_METRICS", "Heartbeat", "HeartbeatError", "ServiceRow",
-           "parse_heartbeat", "service_metrics"]
+           "StillAlive", "parse_heartbeat", "parse_report", "service_metrics"]
 
 NODE_METRICS = ("mem_used_bytes", "mem_reserved_bytes", "mem_total_bytes", "gpu_mem_used_bytes",
                 "gpu_mem_total_bytes")
@@ -50,6 +57,18 @@ class Heartbeat:
     heartbeat_s: float = DEFAULT_HEARTBEAT_S
     agent_stopped: bool = False
     metrics: dict[str, int | None] | None = None  # NODE_METRICS, when the report has them
+
+
+@dataclass(frozen=True)
+class StillAlive:
+    node_id: str
+    hostname: str
+    time: float
+    digest: str  # the stored report it repeats (``alive``)
+    heartbeat_s: float = DEFAULT_HEARTBEAT_S
+
+
+_DIGEST = re.compile(r"^[0-9a-f]{64}$")
 
 
 def _count(value: Any, where: str) -> int | None:
@@ -159,3 +178,33 @@ def parse_heartbeat(doc: Any) -> Heartbeat:
         metrics = {k: _count(metrics.get(k), f"metrics.{k}") for k in NODE_METRICS}
     return Heartbeat(node_id=node_id, hostname=hostname, time=float(t), services=rows,
                      heartbeat_s=float(period), agent_stopped=stopped, metrics=metrics)
+
+
+def _head(doc: dict[str, Any]) -> tuple[str, str, float, float]:
+    for key in ("node_id", "hostname", "time"):
+        if key not in doc:
+            raise HeartbeatError(f"{key}: missing")
+    node_id = _text(doc["node_id"], "node_id")
+    hostname = _text(doc["hostname"], "hostname")
+    assert node_id is not None and hostname is not None
+    t = doc["time"]
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+        raise HeartbeatError(f"time: must be unix seconds (a number >= 0), got {t!r}")
+    period = doc.get("heartbeat_s", DEFAULT_HEARTBEAT_S)
+    if (isinstance(period, bool) or not isinstance(period, (int, float))
+            or not math.isfinite(period) or not 0 < period <= MAX_HEARTBEAT_S):
+        raise HeartbeatError(f"heartbeat_s: must be seconds in (0, {MAX_HEARTBEAT_S:g}], "
+                             f"got {period!r}")
+    return node_id, hostname, float(t), float(period)
+
+
+def parse_report(doc: Any) -> Heartbeat | StillAlive:
+    """A full heartbeat, or a still-alive (``alive`` and no ``services``)."""
+    if isinstance(doc, dict) and "alive" in doc and "services" not in doc:
+        node_id, hostname, t, period = _head(doc)
+        digest = doc["alive"]
+        if not isinstance(digest, str) or not _DIGEST.match(digest):
+            raise HeartbeatError("alive: must be the digest the portal answered the last "
+                                 "report with (64 hex digits)")
+        return StillAlive(node_id, hostname, t, digest, period)
+    return parse_heartbeat(doc)

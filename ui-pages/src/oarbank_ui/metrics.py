@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -26,7 +26,8 @@ __all__ = ["CONTENT_TYPE", "PortalMetrics", "REFUSAL_CAUSES"]
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # Why a report was refused (the ``cause`` label; the agent logs the same words).
 REFUSAL_CAUSES = ("host", "content_type", "unauthenticated", "wrong_node", "malformed",
-                  "too_large", "truncated", "read_timeout", "store_error")
+                  "too_large", "truncated", "read_timeout", "store_error", "overloaded",
+                  "alive_unknown")
 
 
 class _FleetCollector(Collector):
@@ -68,7 +69,22 @@ class PortalMetrics:
         self.latency = Histogram("oarbank_portal_request_seconds", "Time to answer a request, "
                                  "by route", ["route"], registry=own,
                                  buckets=(.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5))
+        # the group commit (ingest.py): how old its queue is (the highest of the live
+        # workers'), and how many batches and reports it committed
+        self.queue_age = Gauge("oarbank_portal_ingest_queue_age_seconds", "How long the oldest "
+                               "report not yet committed has waited (after each batch)",
+                               registry=own, multiprocess_mode="livemax")
+        self.batches = Counter("oarbank_portal_ingest_batches", "Transactions of the group "
+                               "commit", registry=own)
+        self.batched = Counter("oarbank_portal_ingest_batched_reports", "Reports committed by "
+                               "the group commit (over batches: reports per transaction)",
+                               registry=own)
         self.registry.register(_FleetCollector(summary))
+
+    def batch_done(self, reports: int, seconds: float, queue_age: float) -> None:
+        self.batches.inc()
+        self.batched.inc(reports)
+        self.queue_age.set(queue_age)
 
     def observe(self, route: str, started: float) -> None:
         self.latency.labels(route).observe(time.perf_counter() - started)

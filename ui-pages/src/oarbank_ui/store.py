@@ -119,52 +119,65 @@ class HeartbeatStore:
     def record(self, hb: Heartbeat, *, received_at: float | None = None) -> RecordResult:
         """Store a node's snapshot in one transaction (all or nothing)."""
         now = time.time() if received_at is None else received_at
-        stopped = int(hb.agent_stopped)
-        m = hb.metrics or {}
         # pipelined: the rows and the commit go to PostgreSQL in one round trip
         with self.backend.write(pipelined=True) as tx:
-            won = tx.one(
-                "INSERT INTO nodes (node_id, hostname, reported_at, received_at, heartbeat_s,"
-                " agent_stopped, mem_used_bytes, mem_reserved_bytes, mem_total_bytes,"
-                " gpu_mem_used_bytes, gpu_mem_total_bytes) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?,"
-                " ?, ?) ON CONFLICT (node_id) DO UPDATE SET"
-                " hostname = excluded.hostname, reported_at = excluded.reported_at,"
-                " received_at = excluded.received_at, heartbeat_s = excluded.heartbeat_s,"
-                " agent_stopped = excluded.agent_stopped,"
-                " mem_used_bytes = excluded.mem_used_bytes,"
-                " mem_reserved_bytes = excluded.mem_reserved_bytes,"
-                " mem_total_bytes = excluded.mem_total_bytes,"
-                " gpu_mem_used_bytes = excluded.gpu_mem_used_bytes,"
-                " gpu_mem_total_bytes = excluded.gpu_mem_total_bytes"
-                " WHERE nodes.received_at <= excluded.received_at RETURNING node_id",
-                (hb.node_id, hb.hostname, hb.time, now, hb.heartbeat_s, stopped,
-                 m.get("mem_used_bytes"), m.get("mem_reserved_bytes"), m.get("mem_total_bytes"),
-                 m.get("gpu_mem_used_bytes"), m.get("gpu_mem_total_bytes")))
-            if won is None:
-                prev = tx.one("SELECT received_at FROM nodes WHERE node_id = ?", (hb.node_id,))
-                at = iso_utc(prev["received_at"]) if prev else "?"
-                return RecordResult(False, f"a report of {hb.node_id} received later "
-                                           f"({at}) is already stored")
-            tx.run("DELETE FROM service_rows WHERE node_id = ?", (hb.node_id,))
-            rows = [
-                (r.module, hb.node_id, r.service, hb.hostname, r.health, int(r.running),
-                 int(r.ready), int(r.accepting), r.error, r.held, int(r.disabled),
-                 int(r.withdrawn), int(r.gpu_api_missing), r.lifecycle, r.users,
-                 int(r.endpoint), hb.time, json.dumps(r.raw, sort_keys=True), now,
-                 hb.heartbeat_s, stopped, *service_metrics(r).values())
-                for r in hb.services
-            ]
-            for i in range(0, len(rows), _ROWS_PER_INSERT):
-                chunk = rows[i:i + _ROWS_PER_INSERT]
-                tx.run(_ROW_SQL + ", ".join([_ROW_VALUES] * len(chunk)),
-                       [v for row in chunk for v in row])
-            store_metrics.record_samples(tx, self.kind, hb, now, self.history)
+            refused = self.write_full(tx, hb, now, None)
+        self.after_write(now)
+        return RecordResult(True) if refused is None else RecordResult(False, refused.reason)
+
+    def write_full(self, tx: Any, hb: Heartbeat, now: float, digest: str | None) -> Any:
+        """Inside a write: replace the node's rows with ``hb``'s, keep ``digest`` as the
+        node's (store_batch.py). None when stored; else the ``not_applied`` Outcome."""
+        from .store_batch import Outcome
+
+        stopped = int(hb.agent_stopped)
+        m = hb.metrics or {}
+        won = tx.one(
+            "INSERT INTO nodes (node_id, hostname, reported_at, received_at, heartbeat_s,"
+            " agent_stopped, mem_used_bytes, mem_reserved_bytes, mem_total_bytes,"
+            " gpu_mem_used_bytes, gpu_mem_total_bytes, rows_digest) VALUES (?, ?, ?, ?, ?, ?,"
+            " ?, ?, ?, ?, ?, ?) ON CONFLICT (node_id) DO UPDATE SET"
+            " hostname = excluded.hostname, reported_at = excluded.reported_at,"
+            " received_at = excluded.received_at, heartbeat_s = excluded.heartbeat_s,"
+            " agent_stopped = excluded.agent_stopped,"
+            " mem_used_bytes = excluded.mem_used_bytes,"
+            " mem_reserved_bytes = excluded.mem_reserved_bytes,"
+            " mem_total_bytes = excluded.mem_total_bytes,"
+            " gpu_mem_used_bytes = excluded.gpu_mem_used_bytes,"
+            " gpu_mem_total_bytes = excluded.gpu_mem_total_bytes,"
+            " rows_digest = excluded.rows_digest"
+            " WHERE nodes.received_at <= excluded.received_at RETURNING node_id",
+            (hb.node_id, hb.hostname, hb.time, now, hb.heartbeat_s, stopped,
+             m.get("mem_used_bytes"), m.get("mem_reserved_bytes"), m.get("mem_total_bytes"),
+             m.get("gpu_mem_used_bytes"), m.get("gpu_mem_total_bytes"), digest))
+        if won is None:
+            prev = tx.one("SELECT received_at FROM nodes WHERE node_id = ?", (hb.node_id,))
+            at = iso_utc(prev["received_at"]) if prev else "?"
+            return Outcome("not_applied", f"a report of {hb.node_id} received later "
+                                          f"({at}) is already stored")
+        tx.run("DELETE FROM service_rows WHERE node_id = ?", (hb.node_id,))
+        rows = [
+            (r.module, hb.node_id, r.service, hb.hostname, r.health, int(r.running),
+             int(r.ready), int(r.accepting), r.error, r.held, int(r.disabled),
+             int(r.withdrawn), int(r.gpu_api_missing), r.lifecycle, r.users,
+             int(r.endpoint), hb.time, json.dumps(r.raw, sort_keys=True), now,
+             hb.heartbeat_s, stopped, *service_metrics(r).values())
+            for r in hb.services
+        ]
+        for i in range(0, len(rows), _ROWS_PER_INSERT):
+            chunk = rows[i:i + _ROWS_PER_INSERT]
+            tx.run(_ROW_SQL + ", ".join([_ROW_VALUES] * len(chunk)),
+                   [v for row in chunk for v in row])
+        store_metrics.record_samples(tx, self.kind, hb, now, self.history)
         if self._sample_modules is not None:
             self._sample_modules.update(r.module for r in hb.services)
+        return None
+
+    def after_write(self, now: float) -> None:
+        """After a report's commit: the history's roll-up, at most once a minute."""
         if now - self._compacted_at >= self.history.compact_every_s:
             self._compacted_at = now
             self.compact(now=now)
-        return RecordResult(True)
 
     def compact(self, *, now: float | None = None) -> dict[str, int]:
         """Roll aged samples up and drop expired ones (``store_metrics.compact``)."""

@@ -46,7 +46,7 @@ from .metrics_cache import BucketCache
 from .services_query import QueryError, derive_state, iso_utc
 
 __all__ = ["MAX_SCAN", "History", "NODES_PARAMS", "METRICS_PARAMS", "compact", "node_metrics",
-           "nodes_query", "record_samples"]
+           "nodes_query", "record_samples", "sample_conflict"]
 
 MAX_SCAN = 100_000
 NODES_PARAMS = ("node_id", "hostname", "state", "online")
@@ -85,24 +85,33 @@ def _greatest(kind: str, a: str, b: str) -> str:
     return f"max({a}, {b})" if kind == "sqlite" else f"GREATEST({a}, {b})"
 
 
+_SAMPLE_INSERT = ("INSERT INTO node_samples (module, node_id, service, res_s, t, hostname,"
+                  " running, ready, users, rss_bytes, loads, mem_used_bytes,"
+                  " mem_reserved_bytes, gpu_mem_used_bytes, samples)")
+
+
+def sample_conflict(kind: str) -> str:
+    """How a sample folds into its bucket's: the latest state, the highest figures."""
+    g = lambda c: _greatest(kind, f"node_samples.{c}", f"excluded.{c}")  # noqa: E731
+    return (" ON CONFLICT (module, node_id, service, res_s, t) DO UPDATE SET"
+            " hostname = excluded.hostname, running = excluded.running,"
+            f" ready = excluded.ready, users = {g('users')},"
+            f" rss_bytes = COALESCE({g('rss_bytes')}, excluded.rss_bytes),"
+            " loads = excluded.loads,"
+            f" mem_used_bytes = COALESCE({g('mem_used_bytes')}, excluded.mem_used_bytes),"
+            " mem_reserved_bytes = excluded.mem_reserved_bytes,"
+            f" gpu_mem_used_bytes = COALESCE({g('gpu_mem_used_bytes')},"
+            " excluded.gpu_mem_used_bytes), samples = node_samples.samples + 1")
+
+
 def record_samples(tx: Any, kind: str, hb: Heartbeat, now: float, h: History) -> None:
     """Fold one stored report into its fine buckets (inside the report's transaction)."""
     if not hb.services:
         return
     bucket = float(int(now // h.fine_s) * h.fine_s)
     m = hb.metrics or {}
-    g = lambda c: _greatest(kind, f"node_samples.{c}", f"excluded.{c}")  # noqa: E731
-    sql = ("INSERT INTO node_samples (module, node_id, service, res_s, t, hostname, running,"
-           " ready, users, rss_bytes, loads, mem_used_bytes, mem_reserved_bytes,"
-           " gpu_mem_used_bytes, samples) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1)"
-           " ON CONFLICT (module, node_id, service, res_s, t) DO UPDATE SET"
-           " hostname = excluded.hostname, running = excluded.running, ready = excluded.ready,"
-           f" users = {g('users')}, rss_bytes = COALESCE({g('rss_bytes')}, excluded.rss_bytes),"
-           " loads = excluded.loads,"
-           f" mem_used_bytes = COALESCE({g('mem_used_bytes')}, excluded.mem_used_bytes),"
-           " mem_reserved_bytes = excluded.mem_reserved_bytes,"
-           f" gpu_mem_used_bytes = COALESCE({g('gpu_mem_used_bytes')}, excluded.gpu_mem_used_bytes),"
-           " samples = node_samples.samples + 1")
+    sql = (_SAMPLE_INSERT + " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1)"
+           + sample_conflict(kind))
     stopped = hb.agent_stopped
     tx.many(sql, [
         (r.module, hb.node_id, r.service, h.fine_s, bucket, hb.hostname,

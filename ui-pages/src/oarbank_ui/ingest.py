@@ -1,0 +1,177 @@
+"""Group commit with a queue bounded in time: the portal's one writer of heartbeats.
+
+Requests hand their checked report to ``GroupCommit.submit``; one thread per portal process
+takes every report waiting (distinct nodes, at most ``max_batch``), stores them in one
+transaction (``store_batch.record_batch``) and only then settles each report's future: a
+report is answered after its commit, never before. While a batch is written the next one
+gathers, so the busier the portal, the more reports share a commit.
+
+The queue is measured in time, not count: ``age()`` is how long the oldest report not yet
+committed has waited (the one being written included). Past ``admit_fraction`` of the bound a
+new report is refused before it is parsed (``overloaded()``: the portal answers 503 with
+Retry-After); one that waited past ``drop_fraction`` of it when its batch starts is answered
+the same way, unwritten. So no answer waits much past the bound, and a refused report loses
+nothing: the node's next report is its whole snapshot.
+
+States of a report: queued --(taken in time)--> written --(commit)--> settled with its
+Outcome; queued --(taken too late)--> settled ``overloaded``; a batch whose transaction fails
+is written again one report per transaction, so one bad report fails only itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .store_batch import Outcome, Report, record_batch
+
+__all__ = ["GroupCommit", "admits"]
+
+log = logging.getLogger("oarbank_ui.ingest")
+
+Future = asyncio.Future[Outcome] | concurrent.futures.Future[Outcome]
+
+
+def admits(age_s: float, bound_s: float, fraction: float) -> bool:
+    """Whether a report joins a queue whose oldest entry has waited ``age_s``."""
+    return age_s < bound_s * fraction
+
+
+@dataclass
+class _Pending:
+    report: Report
+    queued: float  # monotonic
+    future: Future
+    loop: asyncio.AbstractEventLoop | None  # None: a concurrent future (a blocking caller)
+
+
+class GroupCommit:
+    def __init__(self, store: Any, *, bound_s: float = 1.0, max_batch: int = 1000,
+                 admit_fraction: float = 0.5, drop_fraction: float = 0.8,
+                 on_batch: Callable[[int, float], None] | None = None) -> None:
+        self.store = store
+        self.bound_s = bound_s
+        self.max_batch = max_batch
+        self.admit_fraction = admit_fraction
+        self.drop_fraction = drop_fraction
+        self._on_batch = on_batch  # (reports committed, seconds the batch took)
+        self._cond = threading.Condition()
+        self._queue: deque[_Pending] = deque()
+        self._writing_since: float | None = None  # the oldest report of the batch being written
+        self._closing = False
+        self._thread: threading.Thread | None = None
+
+    # -- the requests' side ----------------------------------------------------------------
+
+    def age(self) -> float:
+        with self._cond:
+            return self._age(time.monotonic())
+
+    def _age(self, now: float) -> float:
+        oldest = [t for t in (self._writing_since,
+                              self._queue[0].queued if self._queue else None) if t is not None]
+        return now - min(oldest) if oldest else 0.0
+
+    def overloaded(self) -> bool:
+        return not admits(self.age(), self.bound_s, self.admit_fraction)
+
+    def submit(self, report: Report, future: Future,
+               loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """Queue ``report``; ``future`` gets its Outcome (on ``loop`` when given)."""
+        with self._cond:
+            if self._closing:
+                raise RuntimeError("the portal is stopping")
+            if self._thread is None:  # started here, in the serving process (after a fork)
+                self._thread = threading.Thread(target=self._run, name="group-commit",
+                                                daemon=True)
+                self._thread.start()
+            self._queue.append(_Pending(report, time.monotonic(), future, loop))
+            self._cond.notify()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closing = True
+            self._cond.notify()
+            thread = self._thread
+        if thread is not None:
+            thread.join(10)
+
+    # -- the writer ------------------------------------------------------------------------
+
+    def _take(self) -> tuple[list[_Pending], list[_Pending]] | None:
+        """The next batch (distinct nodes, oldest first) and the reports taken too late."""
+        with self._cond:
+            while not self._queue and not self._closing:
+                self._cond.wait()
+            if not self._queue:
+                return None
+            now = time.monotonic()
+            batch: list[_Pending] = []
+            late: list[_Pending] = []
+            nodes: set[str] = set()
+            while self._queue and len(batch) < self.max_batch:
+                p = self._queue[0]
+                if p.report.node_id in nodes:
+                    break  # a node's second report waits for the next batch: order kept
+                self._queue.popleft()
+                if now - p.queued > self.bound_s * self.drop_fraction:
+                    late.append(p)
+                    continue
+                nodes.add(p.report.node_id)
+                batch.append(p)
+            self._writing_since = batch[0].queued if batch else None
+            return batch, late
+
+    def _run(self) -> None:
+        while (taken := self._take()) is not None:
+            batch, late = taken
+            over = Outcome("overloaded", f"waited over {self.bound_s * self.drop_fraction:g} s "
+                                         "for the store")
+            _settle([(p, over) for p in late])
+            if batch:
+                started = time.monotonic()
+                _settle(list(zip(batch, self._write(batch), strict=True)))
+                with self._cond:
+                    self._writing_since = None
+                if self._on_batch is not None:
+                    self._on_batch(len(batch), time.monotonic() - started)
+
+    def _write(self, batch: list[_Pending]) -> list[Outcome]:
+        try:
+            return record_batch(self.store, [p.report for p in batch])
+        except Exception as e:
+            if len(batch) == 1:
+                log.exception("heartbeat of %s: the store refused it", batch[0].report.node_id)
+                return [Outcome("store_error", f"{type(e).__name__}: {e}")]
+            log.warning("a batch of %d reports failed (%s: %s); writing them one by one",
+                        len(batch), type(e).__name__, e)
+            return [self._write([p])[0] for p in batch]
+
+
+def _settle(done: list[tuple[_Pending, Outcome]]) -> None:
+    """Give each report its outcome: one wake-up per event loop, not one per report."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Future, Outcome]]] = {}
+    for p, outcome in done:
+        if p.loop is None:
+            if not p.future.done():
+                p.future.set_result(outcome)
+        else:
+            by_loop.setdefault(p.loop, []).append((p.future, outcome))
+    for loop, items in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_settle_on_loop, items)
+        except RuntimeError:  # the loop closed: nobody waits for these answers any more
+            pass
+
+
+def _settle_on_loop(items: list[tuple[Future, Outcome]]) -> None:
+    for fut, outcome in items:
+        if not fut.done():  # a request that gave up (its client went away) is cancelled
+            fut.set_result(outcome)

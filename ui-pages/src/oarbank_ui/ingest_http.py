@@ -1,0 +1,155 @@
+"""``POST /v1/heartbeat`` past its headers: the token, the report, its answer.
+
+- The token: node ids by token hash, cached in the process (a lookup per report was a third of
+  the store's work). The cache is only a hint: every write checks the token again inside its
+  transaction (store_batch.py), and a report whose token was revoked or replaced meanwhile is
+  answered 401 and its entry dropped. A token not in the cache is looked up in the thread pool.
+- The report: parsed on the event loop (a thread hop costs about as much as the parsing),
+  a full heartbeat or a still-alive (heartbeat.py), its node's own.
+- Backpressure: when the group commit's queue is older than its admission limit
+  (``GroupCommit.overloaded``) the report is answered 503 with ``Retry-After`` before it is
+  parsed, and one that waited too long in the queue the same way; a report's answer never
+  waits past ``bound_s``.
+- The answer to a stored full report carries ``alive``: the digest a still-alive may name
+  next (an agent that does not know the key ignores it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from starlette.concurrency import run_in_threadpool
+
+from .heartbeat import Heartbeat, HeartbeatError, StillAlive, parse_report
+from .ingest import GroupCommit
+from .store_batch import Outcome, Report, record_batch, report_digest
+from .tokens import bearer_token, token_hash
+
+if TYPE_CHECKING:
+    from .app import Portal, Response
+
+__all__ = ["HeartbeatIngest"]
+
+log = logging.getLogger("oarbank_ui.ingest")
+
+_MAX_CACHED = 200_000  # tokens; past it the cache starts over (a fleet's worth and more)
+
+
+class HeartbeatIngest:
+    def __init__(self, portal: Portal, *, bound_s: float = 1.0, retry_after_s: int = 10,
+                 max_batch: int = 1000) -> None:
+        self.portal = portal
+        self.bound_s = bound_s
+        self.retry_after_s = retry_after_s
+        m = portal.metrics
+        self.writer = GroupCommit(portal.store, bound_s=bound_s, max_batch=max_batch,
+                                  on_batch=lambda n, s: m.batch_done(n, s, self.writer.age()))
+        self._nodes: dict[str, str] = {}  # token hash -> node id
+
+    # -- the event loop's path (asgi.py) ---------------------------------------------------
+
+    async def post(self, headers: Mapping[str, str], body: bytes) -> Response:
+        if self.writer.overloaded():
+            return self._overloaded("the portal's store is behind")
+        token = bearer_token(headers.get("authorization"))
+        assert token is not None  # admit(lookup=False) refused a report without one
+        h = token_hash(token)
+        node = self._nodes.get(h)
+        if node is None:
+            found = await run_in_threadpool(self._lookup, token)
+            if not isinstance(found, str):
+                return found
+            node = found
+        report = self.prepare(body, node, h)
+        if not isinstance(report, Report):
+            return report
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Outcome] = loop.create_future()
+        try:
+            self.writer.submit(report, fut, loop)
+        except RuntimeError:
+            return self._overloaded("the portal is stopping")
+        try:
+            outcome = await asyncio.wait_for(asyncio.shield(fut), self.bound_s)
+        except asyncio.TimeoutError:
+            # still queued or being written: it may yet be stored; the node's next report
+            # says the same again, so answering "send it again" loses nothing
+            fut.cancel()
+            return self._overloaded(f"not stored within {self.bound_s:g} s")
+        return self.answer(report, outcome)
+
+    def _lookup(self, token: str) -> str | Response:
+        from .app import Admission
+
+        with self.portal.store.session():
+            got = self.portal.check_token(token)
+        if not isinstance(got, Admission):
+            return got
+        if len(self._nodes) >= _MAX_CACHED:
+            self._nodes.clear()
+        self._nodes[token_hash(token)] = got.node_id
+        return str(got.node_id)
+
+    # -- shared with the in-process path (Portal.heartbeat) --------------------------------
+
+    def prepare(self, body: bytes, node_id: str, token_h: str | None) -> Report | Response:
+        """The checked report of ``node_id``, or the refusal to answer."""
+        portal = self.portal
+        received_at = portal.clock()  # the order of reports is the order they arrived here
+        try:
+            doc = json.loads(body)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            return portal.refuse("malformed", 400, f"heartbeat: not JSON ({e})")
+        try:
+            what = parse_report(doc)
+        except HeartbeatError as e:
+            return portal.refuse("malformed", 400, f"heartbeat: {e}")
+        if what.node_id != node_id:
+            return portal.refuse("wrong_node", 403, f"heartbeat: the token is node {node_id!r}'s;"
+                                 f" this report is for {what.node_id!r}")
+        digest = what.digest if isinstance(what, StillAlive) else report_digest(doc)
+        return Report(what, digest, received_at, token_h)
+
+    def record_now(self, report: Report) -> Outcome:
+        """Store one report in its own transaction (the in-process path; no queue)."""
+        return record_batch(self.portal.store, [report])[0]
+
+    def answer(self, report: Report, outcome: Outcome) -> Response:
+        from .app import _json
+
+        portal = self.portal
+        if outcome.status == "revoked":
+            if report.token_hash is not None:
+                self._nodes.pop(report.token_hash, None)
+            return portal.refuse("unauthenticated", 401, "heartbeat: the token is not one this "
+                                 "portal issued, or it was revoked",
+                                 {"WWW-Authenticate": 'Bearer realm="oarbank-portal"'})
+        if outcome.status == "send_full":
+            return portal.refuse("alive_unknown", 409, f"heartbeat: {outcome.reason}",
+                                 {"X-Oarbank-Send": "full"})
+        if outcome.status == "overloaded":
+            return self._overloaded(outcome.reason)
+        if outcome.status == "store_error":
+            return portal.refuse("store_error", 503, "heartbeat: the portal could not store it "
+                                 "(see the portal's log); send it again")
+        (portal.metrics.accepted if outcome.applied else portal.metrics.not_applied).inc()
+        doc: dict[str, Any] = {"ok": True, "applied": outcome.applied,
+                               "reason": outcome.reason or None, "node_id": report.node_id}
+        if isinstance(report.what, Heartbeat):
+            doc["services"] = len(report.what.services)
+        if outcome.digest is not None:
+            doc["alive"] = outcome.digest
+        return _json(200, doc)
+
+    def _overloaded(self, why: str) -> Response:
+        return self.portal.refuse("overloaded", 503, f"heartbeat: {why}; send the whole report "
+                                  f"again after {self.retry_after_s} s",
+                                  {"Retry-After": str(self.retry_after_s)})
+
+    def close(self) -> None:
+        self.writer.close()
+
