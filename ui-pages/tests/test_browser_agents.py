@@ -186,8 +186,10 @@ def test_two_agents_on_one_portal(start_portal, browser_page, read_table, screen
         expect(row_cells(page, node).nth(STATE)).to_have_text("stopped")
 
     b.submit(hold_s=1)  # one short job on B: its service starts, then idles out
+    # Three overlapping jobs on A, long enough to outlast B's 1 s job + IDLE_S + a heartbeat
+    # even when A's service comes up seconds before B's (8 s was too short once under load).
     for _ in range(3):
-        a.submit(hold_s=8)  # three overlapping jobs on A
+        a.submit(hold_s=12)
 
     # Watched without reloading: B's service comes up for its job, A's for its three.
     # (Generous: a service start under a loaded CI machine took more than 5 s. B's stays ready
