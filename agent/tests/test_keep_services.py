@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +19,7 @@ import pytest
 from agent_helpers import alive, processes_referencing, read_jsonl, write_module
 
 from oarbank_agent.keep.keeper import SOCKET_NAME
+from testsupport.privilege import require_root
 
 KEEP = ["--keep-services"]
 
@@ -180,7 +183,40 @@ def test_the_keeper_serves_only_its_user_and_state_dir(start_agent, tmp_path: Pa
     assert sock is not None
     with sock:
         host.send(sock, {"op": "take", "state_dir": str(tmp_path / "elsewhere")})
-        reply, end = host.recv(sock)
-    assert end is None and reply["ok"] is False and "this keeper is for" in reply["why"]
+        reply, fd = host.recv(sock)
+    assert fd is None and reply["ok"] is False and "this keeper is for" in reply["why"]
+    sock = host.connect(path, 5.0)
+    assert sock is not None
+    with sock:  # the right state dir, without the lock file's descriptor
+        host.send(sock, {"op": "take", "state_dir": str(first.state_dir)})
+        reply, fd = host.recv(sock)
+    assert fd is None and reply == {"ok": False, "why": "no proof of this state dir's lock"}
     assert psutil.pid_exists(keepers(tmp_path)[0])  # still holding, for the right agent
+    end_with_a_plain_agent(start_agent, mod, first, tmp_path, {})
+
+
+@pytest.mark.linux_only("the peer's uid comes from SO_PEERCRED; the darwin profile on Linux "
+                        "cannot ask it the macOS way (the lock-file proof stands there)")
+def test_another_user_is_refused_even_when_the_socket_lets_it_in(start_agent,
+                                                                 tmp_path: Path) -> None:
+    require_root("connects to the keeper as another user")
+    mod = write_module(tmp_path / "m")
+    first = start_agent([mod], {}, extra_args=KEEP)
+    served_by(first)
+    first.wait_for(lambda: len(keepers(tmp_path)) == 1, what="the keeper")
+    path = first.state_dir / SOCKET_NAME
+    first.kill()
+    os.chmod(path, 0o666)  # as if the mode were lost: the kernel's word on the peer remains
+    os.chmod(first.state_dir, 0o711)
+    # From inside the state dir (the folders above it are root's alone), then as nobody.
+    script = ("import os, socket\n"
+              "os.setgid(65534); os.setuid(65534)\n"
+              f"s = socket.socket(socket.AF_UNIX); s.connect({SOCKET_NAME!r})\n"
+              "print(repr(s.recv(100)))\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=30, cwd=first.state_dir)
+    os.chmod(first.state_dir, 0o700)
+    assert out.stdout.strip() == "b''", out  # closed on it, nothing said
+    log = (first.state_dir / "keeper.log").read_text()
+    assert "refused a connection of uid 65534" in log, log
     end_with_a_plain_agent(start_agent, mod, first, tmp_path, {})

@@ -9,8 +9,9 @@ States (one process per state dir, started by an agent with ``--keep-services``)
   the ends, so their services see no end of file, until an agent asks to ``take`` them.
 - **handed over**: every end and record was sent to the asking agent; it exits.
 
-A connection is served only when the system says its peer is this keeper's user, and only
-for this keeper's state dir. Held ends whose service closed its side are dropped; it exits
+A connection is served only when the system says its peer is this keeper's user (where it
+can say), the peer shows an open descriptor of this state dir's lock file, and only for this
+keeper's state dir. Held ends whose service closed its side are dropped; it exits
 once it holds nothing and has no agent (nothing to keep warm).
 """
 
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from oarbank_agent import platform
+from oarbank_agent.operate.statedir import LOCK_NAME
 
 __all__ = ["main", "SOCKET_NAME", "LOG_NAME"]
 
@@ -77,7 +79,7 @@ class Keeper:
     def _from_owner(self) -> None:
         assert self.owner is not None
         try:
-            doc, end = self.host.recv(self.owner)
+            doc, fd = self.host.recv(self.owner)
         except (ConnectionError, OSError, ValueError) as exc:
             # owned -> waiting (or done, holding nothing)
             _say(f"its agent went away ({exc}); holding {len(self.held)} end(s)")
@@ -86,15 +88,15 @@ class Keeper:
             return
         op, record = doc.get("op"), doc.get("record")
         key = str(record.get("key")) if isinstance(record, dict) else str(doc.get("key"))
-        if op == "keep" and end is not None and isinstance(record, dict):
+        if op == "keep" and fd is not None and isinstance(record, dict):
             old = self.held.pop(key, None)
             if old is not None:
                 old[1].close()
-            self.held[key] = (record, end)
+            self.held[key] = (record, socket.socket(fileno=fd))
             _say(f"keeps the channel end of {key}")
             return
-        if end is not None:
-            end.close()
+        if fd is not None:
+            os.close(fd)
         if op == "note" and isinstance(record, dict) and key in self.held:
             self.held[key] = (record, self.held[key][1])
         elif op == "drop" and key in self.held:
@@ -111,15 +113,19 @@ class Keeper:
         try:
             conn.settimeout(5.0)
             uid = self.host.peer_uid(conn)
-            if uid != self.uid:
+            if uid is not None and uid != self.uid:
                 _say(f"refused a connection of uid {uid} (not {self.uid})")
                 conn.close()
                 return
-            doc, end = self.host.recv(conn)
-            if end is not None:
-                end.close()
+            doc, fd = self.host.recv(conn)
             if os.path.realpath(str(doc.get("state_dir"))) != os.path.realpath(self.state_dir):
+                if fd is not None:
+                    os.close(fd)
                 self.host.send(conn, {"ok": False, "why": f"this keeper is for {self.state_dir}"})
+                conn.close()
+                return
+            if not self._proven(fd):
+                self.host.send(conn, {"ok": False, "why": "no proof of this state dir's lock"})
                 conn.close()
                 return
             if self.owner is not None and self.host.peer_gone(self.owner):
@@ -140,6 +146,21 @@ class Keeper:
         except (ConnectionError, OSError, ValueError) as exc:
             _say(f"a connection failed: {exc}")
             conn.close()
+
+    def _proven(self, fd: int | None) -> bool:
+        """The peer passed an open descriptor of this state dir's lock file, ours: only a
+        process of this user (the state dir is its alone) could open it. Checked on every
+        system, also where the peer's uid cannot be asked (the darwin profile)."""
+        if fd is None:
+            return False
+        try:
+            have, ref = os.fstat(fd), os.stat(self.state_dir / LOCK_NAME)
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
+        return ((have.st_dev, have.st_ino) == (ref.st_dev, ref.st_ino)
+                and have.st_uid == self.uid)
 
     def _hand_over(self, conn: socket.socket) -> None:
         """waiting -> handed over: every record with its end, then nothing is held. The socket

@@ -9,6 +9,7 @@ once and no longer used (its services are then stopped by the next agent, as wit
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from pathlib import Path
 from oarbank_agent import platform
 from oarbank_agent.keep.keeper import LOG_NAME, SOCKET_NAME
 from oarbank_agent.keep.record import KeptService
+from oarbank_agent.operate.statedir import LOCK_NAME
 
 __all__ = ["Taken", "take_over", "KeeperLink"]
 
@@ -30,12 +32,18 @@ Taken = dict[str, tuple[KeptService | None, socket.socket]]
 
 
 def _hello(sock: socket.socket, op: str, state_dir: Path) -> dict[str, object]:
+    """``op`` (own | take) for ``state_dir``, with the proof the keeper asks: an open
+    descriptor of the state dir's lock file."""
     host = platform.current().keeper
     assert host is not None
-    host.send(sock, {"op": op, "state_dir": str(state_dir)})
-    reply, end = host.recv(sock)
-    if end is not None:
-        end.close()
+    proof = os.open(state_dir / LOCK_NAME, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        host.send(sock, {"op": op, "state_dir": str(state_dir)}, proof)
+    finally:
+        os.close(proof)
+    reply, fd = host.recv(sock)
+    if fd is not None:
+        os.close(fd)
     if reply.get("ok") is not True:
         raise ConnectionError(str(reply.get("why", "refused")))
     return reply
@@ -56,9 +64,10 @@ def take_over(state_dir: Path) -> Taken:
     with sock:
         count = int(_hello(sock, "take", state_dir).get("count", 0))  # type: ignore[call-overload]
         for _ in range(count):
-            doc, end = host.recv(sock)
-            if end is None:
+            doc, fd = host.recv(sock)
+            if fd is None:
                 continue
+            end = socket.socket(fileno=fd)
             raw = doc.get("record")
             try:
                 rec = KeptService.from_doc(raw if isinstance(raw, dict) else {})

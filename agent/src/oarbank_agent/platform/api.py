@@ -431,8 +431,9 @@ class KeeperHost(Protocol):
     def send(self, sock: socket.socket, doc: dict[str, Any], fd: int | None = None) -> None:
         """One message: ``doc``, and a duplicate of ``fd`` when given."""
 
-    def recv(self, sock: socket.socket) -> tuple[dict[str, Any], socket.socket | None]:
-        """One message and the end that came with it; ConnectionError at its end."""
+    def recv(self, sock: socket.socket) -> tuple[dict[str, Any], int | None]:
+        """One message and the descriptor that came with it (the caller's to close);
+        ConnectionError at its end."""
 
     def peer_gone(self, end: socket.socket) -> bool:
         """The other side of a held end closed it (looked at without reading)."""

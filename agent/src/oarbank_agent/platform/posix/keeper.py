@@ -1,5 +1,7 @@
-"""the keeper's socket on POSIX: a unix socket, mode 0600, whose peer's uid the kernel says;
-messages of one JSON document each, an endpoint channel's end passed with it (SCM_RIGHTS)."""
+"""the keeper's socket on POSIX: a unix socket, mode 0600, whose peer's uid the kernel says
+(Linux: ``SO_PEERCRED``; macOS: ``LOCAL_PEERCRED``, getpeereid's source; the darwin profile on
+Linux cannot ask it the macOS way: unknown there); messages of one JSON document each, a
+descriptor passed with it (SCM_RIGHTS)."""
 
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ def _peer_uid(sock: socket.socket) -> int | None:
         _version, uid = struct.unpack_from("=II", raw)
         return int(uid)
     creds = getattr(socket, "SO_PEERCRED", None)
-    if creds is None:
+    if creds is None:  # the darwin profile on Linux: removed, macOS has no such option
         return None
     _pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, creds,
                                                           struct.calcsize("3i")))
@@ -96,10 +98,10 @@ class PosixKeeperHost:
         if sent < len(data):
             sock.sendall(data[sent:])
 
-    def recv(self, sock: socket.socket) -> tuple[dict[str, Any], socket.socket | None]:
-        """One document and the end that came with it. Raises ConnectionError at EOF."""
+    def recv(self, sock: socket.socket) -> tuple[dict[str, Any], int | None]:
+        """One document and the descriptor that came with it (the caller's to close).
+        Raises ConnectionError at EOF or on anything not of the keeper's protocol."""
         head, fds, _flags, _addr = socket.recv_fds(sock, _HEADER.size, 4)
-        ends = [socket.socket(fileno=fd) for fd in fds]
         try:
             if not head:
                 raise ConnectionError("the peer closed the keeper's socket")
@@ -108,13 +110,13 @@ class PosixKeeperHost:
             if n > _MAX_DOC:
                 raise ConnectionError(f"a message of {n} bytes: not the keeper's protocol")
             doc = json.loads(_recv_exact(sock, n))
-            if not isinstance(doc, dict) or len(ends) > 1:
+            if not isinstance(doc, dict) or len(fds) > 1:
                 raise ConnectionError("not the keeper's protocol")
         except BaseException:
-            for e in ends:
-                e.close()
+            for fd in fds:
+                os.close(fd)
             raise
-        return doc, (ends[0] if ends else None)
+        return doc, (fds[0] if fds else None)
 
     def peer_gone(self, end: socket.socket) -> bool:
         """The service closed its side of a held channel end (looked at without reading)."""
