@@ -1,0 +1,89 @@
+"""One connection on Windows: a pipe pair, one end duplicated into the service's daemon and
+the other into the job process the connect named, once that pid is known to be in the
+attempt's job object (else ``bad_pid``).
+
+The pair is the SDK's (``oarbank_sdk._winpipe``): a duplex pipe nobody can open by name
+(random name, first and only instance, remote clients refused, opened at once and its client
+checked to be us). Duplication order: the service's end first, then the job's; if the job's
+fails, the service's copy is closed in the service again, so a refused or failed handover
+leaves no handle behind anywhere. The agent keeps its own two ends until the receipts
+(``received``, ``accepted``) arrive, as on POSIX: ``Handover.close_ours``.
+"""
+
+from __future__ import annotations
+
+import _winapi
+from dataclasses import dataclass
+
+from oarbank_agent.platform.windows import winapi
+from oarbank_agent.platform.windows.jobobjects import JobObject
+from oarbank_sdk._winpipe import PipeStream, WindowsTransport
+
+__all__ = ["BadPid", "Handover", "hand_over", "duplicate_into", "close_in"]
+
+_DUPLICATE_CLOSE_SOURCE = 0x1
+_DUPLICATE_SAME_ACCESS = 0x2
+
+
+class BadPid(Exception):
+    """The connect's pid is not a process of the attempt (the refusal code ``bad_pid``)."""
+
+    code = "bad_pid"
+
+
+@dataclass
+class Handover:
+    job_handle: int  # a handle value in the job's process: the connector's "handle"
+    service_handle: int  # a handle value in the service's daemon: the channel's "handle"
+    ours: tuple[PipeStream, PipeStream]
+
+    def close_ours(self) -> None:
+        for end in self.ours:
+            end.close()
+
+
+def duplicate_into(pid: int, handle: int) -> int:
+    """A copy of our ``handle`` in process ``pid`` (not inheritable there); its value."""
+    target = winapi.open_process(pid, winapi.PROCESS_DUP_HANDLE)
+    try:
+        return _winapi.DuplicateHandle(_winapi.GetCurrentProcess(), handle, target, 0, False,
+                                       _DUPLICATE_SAME_ACCESS)
+    finally:
+        winapi.close(target)
+
+
+def close_in(pid: int, handle: int) -> None:
+    """Close ``handle`` inside process ``pid`` (a copy we put there and nobody was told of)."""
+    try:
+        target = winapi.open_process(pid, winapi.PROCESS_DUP_HANDLE)
+    except OSError:
+        return  # gone: its handles went with it
+    try:
+        dup = _winapi.DuplicateHandle(target, handle, _winapi.GetCurrentProcess(), 0, False,
+                                      _DUPLICATE_CLOSE_SOURCE | _DUPLICATE_SAME_ACCESS)
+        _winapi.CloseHandle(dup)
+    except OSError:
+        pass
+    finally:
+        winapi.close(target)
+
+
+def hand_over(connect_pid: int, attempt: JobObject, service_pid: int) -> Handover:
+    """A fresh connection between the job process ``connect_pid`` and the service's daemon.
+    Raises ``BadPid`` when ``connect_pid`` is not in ``attempt``, ``OSError`` when a
+    duplication fails (a process gone meanwhile)."""
+    if not attempt.contains(connect_pid):
+        raise BadPid(f"pid {connect_pid} is not a process of this attempt")
+    job_end, service_end = WindowsTransport().pair()
+    try:
+        service_handle = duplicate_into(service_pid, service_end.fileno())
+        try:
+            job_handle = duplicate_into(connect_pid, job_end.fileno())
+        except BaseException:
+            close_in(service_pid, service_handle)
+            raise
+    except BaseException:
+        job_end.close()
+        service_end.close()
+        raise
+    return Handover(job_handle, service_handle, (job_end, service_end))
