@@ -72,7 +72,7 @@ async def _read_body(request: Request, length: int) -> bytes:
     return b"".join(chunks)
 
 
-def build_app(portal: Portal, *, read_timeout_s: float = 10.0) -> Starlette:
+def build_app(portal: Portal, *, read_timeout_s: float = 10.0) -> Any:
     async def endpoint(request: Request) -> Response:
         started = time.perf_counter()
         try:
@@ -127,4 +127,15 @@ def build_app(portal: Portal, *, read_timeout_s: float = 10.0) -> Starlette:
                                     False)
         return _to_starlette(r)
 
-    return Starlette(routes=[Route("/{path:path}", endpoint, methods=_METHODS)])
+    routed = Starlette(routes=[Route("/{path:path}", endpoint, methods=_METHODS)])
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        # a heartbeat skips Starlette's router and middleware (a tenth of its CPU per report)
+        if (scope["type"] == "http" and scope["method"] == "POST"
+                and scope["path"].rstrip("/") == "/v1/heartbeat"):
+            response = await endpoint(Request(scope, receive))
+            await response(scope, receive, send)
+            return
+        await routed(scope, receive, send)
+
+    return app

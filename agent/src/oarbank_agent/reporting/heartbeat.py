@@ -19,6 +19,11 @@
   did not apply (``applied: false``) is logged and kept the same way.
 - Every report carries ``heartbeat_s`` (the portal judges staleness by it) and the node's
   token (``Authorization: Bearer``, from ``--portal-token-file``) when there is one.
+- An overloaded portal answers 503 (or 429) with ``Retry-After``: the sender waits that long
+  plus up to half again (alive.py), changes or not, then posts its whole current snapshot.
+- Still alive: to a portal that offers it (``alive`` in its answer), a report that says
+  nothing new goes as a short still-alive, the whole snapshot at least every ``full_every``
+  posts (alive.py).
 - ``send_last()``: the agent is stopping; one last report says so (``agent_stopped``, every
   service stopped), bounded by ``timeout_s``, so the portal shows "agent stopped" instead of
   a node that went quiet.
@@ -35,6 +40,7 @@ import contextlib
 import json
 import logging
 import os
+import random
 import ssl
 import stat
 import time
@@ -43,6 +49,8 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from oarbank_agent import platform
+
+from .alive import AliveState, retry_after_s
 
 __all__ = ["HeartbeatSender", "PortalURL", "read_token_file"]
 
@@ -131,7 +139,8 @@ class HeartbeatSender:
     def __init__(self, url: str, report: Callable[[], dict[str, Any]], period_s: float = 10.0,
                  *, timeout_s: float = 5.0, debounce_s: float = 0.25, retries: int = 3,
                  backoff_initial_s: float = 0.5, backoff_max_s: float = 8.0,
-                 token: str | None = None, ca_file: str | None = None) -> None:
+                 token: str | None = None, ca_file: str | None = None,
+                 full_every: int = 6) -> None:
         if period_s <= 0:
             raise ValueError(f"heartbeat period must be > 0 seconds, got {period_s}")
         self.url = PortalURL(url)
@@ -149,6 +158,10 @@ class HeartbeatSender:
         self.retries = retries
         self.backoff_initial_s = backoff_initial_s
         self.backoff_max_s = backoff_max_s
+        self._alive = AliveState(full_every)
+        self._rng = random.Random()
+        self._hold_s: float | None = None  # a portal's Retry-After, jittered: wait, then post
+        self.deferred = 0  # posts the portal asked to come back later (Retry-After)
         self._changed = asyncio.Event()
         self._closing = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -167,6 +180,7 @@ class HeartbeatSender:
         return {"portal": self.url.text, "period_s": self.period_s,
                 "token": self._token is not None, "posts_ok": self.posts_ok,
                 "posts_failed": self.posts_failed, "last_error": self.last_error,
+                "deferred": self.deferred,
                 "down_for_s": (round(time.monotonic() - self.down_since, 1)
                                if self.down_since is not None else None),
                 "refused": [{"cause": c} | v for c, v in self.refusals.items()]}
@@ -225,6 +239,10 @@ class HeartbeatSender:
             await self._post_newest()
             if self._closing:
                 break
+            hold, self._hold_s = self._hold_s, None
+            if hold is not None:  # the portal asked for this pause: changes wait too
+                await asyncio.sleep(hold)
+                continue
             if not await self._wait_change(self.period_s):
                 continue  # the period is up: post again
             # A change: let the rest of its burst arrive, then post once for all of it.
@@ -247,7 +265,9 @@ class HeartbeatSender:
             doc["agent_stopped"] = True
             for row in doc.get("services", []):
                 row.update(running=False, ready=False, accepting=False, users=0)
-        return json.dumps(doc).encode()
+            self._alive.forget()
+            return json.dumps(doc).encode()
+        return json.dumps(self._alive.body(doc)).encode()
 
     async def send_last(self) -> bool:
         """Stop the loop, then post one last report: the agent stopped, its services with it.
@@ -255,7 +275,7 @@ class HeartbeatSender:
         await self.aclose()
         try:
             body = self._body(last=True)
-            status, reply = await _bounded(self._post(body), self.timeout_s)
+            status, reply, _ = await _bounded(self._post(body), self.timeout_s)
         except Exception as e:  # a stopping agent logs and goes on stopping
             log.warning("heartbeat: the last report (agent stopped) did not reach %s: %s",
                         self.url.text, str(e) or type(e).__name__)
@@ -274,8 +294,9 @@ class HeartbeatSender:
             except Exception:  # the report is the agent's; a bug there must not end heartbeats
                 log.exception("heartbeat: building the node report failed; skipping this post")
                 return
+            short = self._alive.last_was_short
             try:
-                status, reply = await _bounded(self._post(body), self.timeout_s)
+                status, reply, retry_after = await _bounded(self._post(body), self.timeout_s)
             except asyncio.TimeoutError:
                 error = f"no answer within {self.timeout_s:g} s"
             except (OSError, _BadReply) as e:
@@ -284,10 +305,22 @@ class HeartbeatSender:
                 if 200 <= status < 300:
                     self._delivered()
                     applied, why = _applied(reply)
+                    self._alive.answered(_doc(reply))
                     if not applied:
                         self._refused(f"not applied: {why}")
                     return
+                self._alive.forget()  # whatever went wrong, the next post is whole
+                if status == 409 and short:
+                    continue  # the portal lost what the still-alive named: send it whole
                 reason = _reason(reply)
+                hold = retry_after_s(retry_after, self._rng) if status in (429, 503) else None
+                if hold is not None:
+                    # overloaded: come back when asked, with the whole snapshot
+                    self.deferred += 1
+                    self._hold_s = hold
+                    self._failed(f"HTTP {status}: {reason}", retrying=False,
+                                 then=f"next try in {hold:.1f} s (Retry-After)")
+                    return
                 if 400 <= status < 500:
                     # Sending the same report again would be refused again: count it, log its
                     # cause once, wait for the next period or change.
@@ -296,6 +329,7 @@ class HeartbeatSender:
                     self._refused(self.last_error)
                     return
                 error = f"HTTP {status}: {reason}"
+            self._alive.forget()
             self._failed(error, retrying=attempt < self.retries)
             if attempt < self.retries:
                 await asyncio.sleep(backoff)
@@ -310,12 +344,12 @@ class HeartbeatSender:
         self.down_since = None
         self.last_error = None
 
-    def _failed(self, error: str, *, retrying: bool) -> None:
+    def _failed(self, error: str, *, retrying: bool, then: str | None = None) -> None:
         self.posts_failed += 1
         self.last_error = error
         now = time.monotonic()
-        then = ("retrying" if retrying
-                else f"next try in {self.period_s:g} s or on the next service change")
+        then = then or ("retrying" if retrying
+                        else f"next try in {self.period_s:g} s or on the next service change")
         if self.down_since is None:
             # outage begins
             self.down_since = now
@@ -331,7 +365,8 @@ class HeartbeatSender:
 
     # -- one HTTP post ---------------------------------------------------------------------
 
-    async def _post(self, body: bytes) -> tuple[int, bytes]:
+    async def _post(self, body: bytes) -> tuple[int, bytes, str | None]:
+        """(status, body, Retry-After)."""
         u = self.url
         if u.unix_path is not None:
             reader, writer = await platform.current().endpoint.open(u.unix_path)
@@ -354,6 +389,7 @@ class HeartbeatSender:
             if len(fields) < 2 or not fields[0].startswith(b"HTTP/") or not fields[1].isdigit():
                 raise _BadReply(f"not an HTTP reply: {status_line[:80]!r}")
             length = None
+            retry_after = None
             while True:
                 line = await reader.readline()
                 if line in (b"\r\n", b"\n", b""):
@@ -361,6 +397,8 @@ class HeartbeatSender:
                 name, _, value = line.partition(b":")
                 if name.strip().lower() == b"content-length" and value.strip().isdigit():
                     length = int(value.strip())
+                elif name.strip().lower() == b"retry-after":
+                    retry_after = value.strip().decode("latin-1")
             if length is not None:
                 reply = await reader.read(min(length, _MAX_REPLY))
             else:
@@ -373,7 +411,7 @@ class HeartbeatSender:
         writer.close()
         with contextlib.suppress(OSError):
             await writer.wait_closed()
-        return int(fields[1]), reply
+        return int(fields[1]), reply, retry_after
 
 
 async def _bounded(coro: Coroutine[Any, Any, _T], timeout: float) -> _T:
@@ -389,6 +427,13 @@ async def _bounded(coro: Coroutine[Any, Any, _T], timeout: float) -> _T:
         task.cancel()  # its own cleanup (dropping the connection) runs on the next loop turn
         raise asyncio.TimeoutError
     return task.result()
+
+
+def _doc(reply: bytes) -> Any:
+    try:
+        return json.loads(reply)
+    except ValueError:
+        return None
 
 
 def _applied(reply: bytes) -> tuple[bool, str]:
