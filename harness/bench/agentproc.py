@@ -21,9 +21,10 @@ from typing import Any
 
 from oarbank_agent.operate import control
 
-__all__ = ["Agent", "BENCH_MODULE", "JobFailed"]
+__all__ = ["Agent", "BENCH_MODULE", "JobFailed", "PYSPY_RATE"]
 
 BENCH_MODULE = Path(__file__).resolve().parent / "modules" / "bench"
+PYSPY_RATE = int(os.environ.get("BENCH_PYSPY_RATE", "500"))  # samples a second
 
 
 class JobFailed(RuntimeError):
@@ -61,13 +62,18 @@ class Agent:
         if profile is not None:
             self._profile(profile)
 
+    def profile_to(self, out: Path) -> None:
+        """From now on the profile goes to ``out`` (the one before is written and closed)."""
+        self._stop_spy()
+        self._profile(out)
+
     def _profile(self, out: Path) -> None:
         """py-spy on the agent (collapsed stacks, idle frames left out) until ``stop``."""
-        spy = shutil.which("py-spy")
+        spy = shutil.which("py-spy") or shutil.which("py-spy", path=os.path.dirname(sys.executable))
         if spy is None:
             raise RuntimeError("--profile needs py-spy (pip install py-spy)")
         out.parent.mkdir(parents=True, exist_ok=True)
-        rate = os.environ.get("BENCH_PYSPY_RATE", "500")  # samples a second
+        rate = str(PYSPY_RATE)
         # --gil: only samples holding the GIL, i.e. the agent's own CPU, not its waits.
         self._spy = subprocess.Popen([spy, "record", "--pid", str(self.pid), "--rate", rate,
                                       "--gil", "--nonblocking", "--format", "raw",
@@ -96,7 +102,7 @@ class Agent:
     def pid(self) -> int:
         return self.proc.pid
 
-    def stop(self, timeout: float = 60.0) -> None:
+    def _stop_spy(self) -> None:
         if self._spy is not None:
             self._spy.send_signal(signal.SIGINT)  # py-spy writes its file and exits
             try:
@@ -105,6 +111,9 @@ class Agent:
                 self._spy.kill()
                 self._spy.wait()
             self._spy = None
+
+    def stop(self, timeout: float = 60.0) -> None:
+        self._stop_spy()
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:

@@ -18,7 +18,7 @@ from typing import Any
 from .config import FULL, QUICK, REPO
 from .context import Bench
 from .figures import FIGURES
-from .report import table, write_results
+from .report import table, where_time_goes, write_results
 
 __all__ = ["main", "run_bench"]
 
@@ -69,8 +69,12 @@ def run_bench(quick: bool, only: list[str], keep: bool = False,
                 continue
             t0 = time.monotonic()
             print(f"bench: {fig.TITLE} ...", file=sys.stderr, flush=True)
+            bench.begin_figure(key)
             try:
                 out = fig.run(bench)
+                prof = bench.figure_profile(key)
+                if prof is not None:
+                    out["profile"] = prof
             except Exception as exc:
                 bench.failed = True
                 traceback.print_exc()
@@ -116,6 +120,10 @@ def main(argv: list[str] | None = None) -> int:
     results = run_bench(args.quick, only, args.keep, args.profile)
     write_results(args.out, results)
     print(table(results))
+    where = where_time_goes(results)
+    if where:
+        print("\nwhere the time goes, for each figure that missed a target:")
+        print("\n".join(where))
     print(f"\n{'quick' if args.quick else 'full'} bench: {results['seconds']:.1f}s; "
           f"results in {args.out}")
     return 1 if any(f.get("error") for f in results["figures"].values()) else 0

@@ -10,8 +10,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .agentproc import BENCH_MODULE, Agent
+from .agentproc import BENCH_MODULE, PYSPY_RATE, Agent
 from .config import Params
+from .profile import summarize
 
 __all__ = ["Bench", "MODULE_ID"]
 
@@ -28,6 +29,7 @@ class Bench:
         # /tmp, not the repo: unix socket paths (the control socket) must stay short.
         self.tmp = Path(tempfile.mkdtemp(prefix="oarbank-bench-"))
         self._agent: Agent | None = None
+        self.figure = "bench"  # the figure running now (names its profile file)
         self._baseline: subprocess.Popen[str] | None = None
         self._addrs: dict[str, Any] | None = None
         self.failed = False
@@ -39,8 +41,22 @@ class Bench:
             self._agent = Agent(self.tmp / "state", [BENCH_MODULE],
                                 {"bench": {"slots": 64,
                                            "probe_load_s": self.params.ready_load_s}},
-                                profile=self.profile_path("bench-agent"))
+                                profile=self.profile_path(f"{self.figure}-bench-agent"))
         return self._agent
+
+    def begin_figure(self, key: str) -> None:
+        """With ``--profile``: the agent's profile of this figure goes to its own file."""
+        self.figure = key
+        if self._agent is not None and self.profile is not None:
+            self._agent.profile_to(self.profile / f"{key}-bench-agent.txt")
+
+    def figure_profile(self, key: str) -> dict[str, Any] | None:
+        """With ``--profile``: the summary of what the agent did during figure ``key``."""
+        if self.profile is None:
+            return None
+        if self._agent is not None:
+            self._agent.profile_to(self.profile / "between-figures-bench-agent.txt")  # flushes
+        return summarize(sorted(self.profile.glob(f"{key}-*.txt")), PYSPY_RATE)
 
     def profile_path(self, name: str) -> Path | None:
         return None if self.profile is None else self.profile / f"{name}.txt"

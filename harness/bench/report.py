@@ -7,7 +7,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["table", "write_results"]
+from .profile import lines as profile_lines
+
+__all__ = ["table", "where_time_goes", "write_results"]
 
 COLUMNS = ["figure", "metric", "unit", "median", "p99", "baseline", "ratio", "target", "ok"]
 
@@ -54,6 +56,24 @@ def table(results: dict[str, Any]) -> str:
     lines = ["  ".join(c.upper().ljust(w) for c, w in zip(COLUMNS, widths, strict=True)).rstrip()]
     lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in body]
     return "\n".join(lines)
+
+
+def where_time_goes(results: dict[str, Any]) -> list[str]:
+    """For each figure with a missed target: its missed metrics and the agent's profile of it
+    (``--profile``), else how to get one."""
+    out: list[str] = []
+    for key, fig in results["figures"].items():
+        missed = [n for n, m in fig.get("metrics", {}).items() if m.get("ok") is False]
+        if not missed:
+            continue
+        out.append(f"- {fig.get('title', key)}: missed {', '.join(missed)}")
+        extra = fig.get("where") or []
+        out += [f"  {line}" for line in extra]
+        if fig.get("profile"):
+            out += [f"  {line}" for line in profile_lines(key, fig["profile"])]
+        else:
+            out.append(f"  (run with --profile DIR --only {key} for the agent's profile)")
+    return out
 
 
 def write_results(path: Path, results: dict[str, Any]) -> None:

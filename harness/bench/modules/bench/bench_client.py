@@ -11,13 +11,15 @@ baseline process run the very same code; only the way a connection is made diffe
 Run as ``python -I bench_client.py '<json args>'`` for the baselines: prints one JSON object.
 ``{"mode": "requests", "tcp_nodelay": port, "tcp_naive": port, "unix": path, "per_request": n,
 "keepalive": n, "warmup": n}`` or ``{"mode": "connect", "port": p, "count": n, "ready_dir": d,
-"go_file": f}``.
+"go_file": f}`` (``"mode": "pairs"``, without ``port``: the kernel's part of a hand-over,
+``kernel_pairs``).
 
 Standard library only.
 """
 
 from __future__ import annotations
 
+import array
 import http.client
 import json
 import os
@@ -172,12 +174,34 @@ def loopback_connects(args: dict) -> dict:
     return {"latencies_s": lat, "first": first, "last": last}
 
 
+def kernel_pairs(args: dict) -> dict:
+    """The kernel's part of one hand-over, nothing else: a socketpair, one end sent over a unix
+    stream with SCM_RIGHTS and received, every descriptor closed (issue 29's floor)."""
+    here, there = socket.socketpair()
+
+    def connect() -> socket.socket:
+        a, b = socket.socketpair()
+        here.sendmsg([b"c"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [b.fileno()]))])
+        _, anc, _, _ = there.recvmsg(1, socket.CMSG_SPACE(4))
+        fds = array.array("i")
+        fds.frombytes(anc[0][2])
+        b.close()
+        os.close(fds[0])
+        return a
+
+    barrier(args["ready_dir"], f"pairs-{os.getpid()}", args["go_file"])
+    lat, first, last = connect_loop(connect, args["count"])
+    return {"latencies_s": lat, "first": first, "last": last}
+
+
 def main(argv: list[str]) -> int:
     args = json.loads(argv[0])
     if args["mode"] == "requests":
         result = loopback_requests(args)
     elif args["mode"] == "connect":
         result = loopback_connects(args)
+    elif args["mode"] == "pairs":
+        result = kernel_pairs(args)
     else:
         print(f"bench_client.py: unknown mode {args['mode']!r}", file=sys.stderr)
         return 2
