@@ -5,6 +5,7 @@ anew. Real agents, real daemons, real descriptors; no orphan (the keeper exits).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -42,6 +43,10 @@ def no_orphans(tmp_path: Path) -> Iterator[None]:
 def hellos(agent: Any) -> list[int]:
     return [e["pid"] for e in read_jsonl(agent.module_data() / "events.jsonl")
             if e["event"] == "hello"]
+
+
+def runs(agent: Any) -> list[dict[str, Any]]:
+    return read_jsonl(agent.module_data() / "runs.jsonl")
 
 
 def loads(agent: Any) -> list[str]:
@@ -84,11 +89,20 @@ def test_kill_9_the_service_stays_warm_and_serves_the_next_agent(start_agent,
     (daemon,) = hellos(first)
     assert before == {daemon} and loads(first) == [str(daemon)]
     first.wait_for(lambda: len(keepers(tmp_path)) == 1, what="the keeper")
+    # A job at work when the agent dies: its attempt is given back, the next one is served
+    # by the same daemon.
+    job = first.submit("echo", {"requests": 2, "sleep_s": 3.0, "sleep_below_attempt": 2})
+    first.wait_for(lambda: any(r["event"] == "sleep" for r in runs(first)), what="the runner")
     first.kill()
     # The gap: no agent runs; the daemon and the keeper do.
-    time.sleep(0.5)
+    time.sleep(1.0)
     assert alive(daemon) and len(keepers(tmp_path)) == 1
     second = start_agent([mod], settings, state_dir=first.state_dir, extra_args=KEEP)
+    rec = second.wait(job)
+    assert rec["state"] == "succeeded", second.why(rec)
+    assert set(rec["result"]["payload"]["pids"]) == {daemon}
+    on_disk = json.loads((second.state_dir / "jobs" / job / "job.json").read_text())
+    assert (on_disk["attempts"], on_disk["released"]) == (1, 1), on_disk
     row = second.service_row()
     assert (row["ready"], row["running"]) == (True, True), row
     assert served_by(second) == {daemon}
@@ -219,4 +233,41 @@ def test_another_user_is_refused_even_when_the_socket_lets_it_in(start_agent,
     assert out.stdout.strip() == "b''", out  # closed on it, nothing said
     log = (first.state_dir / "keeper.log").read_text()
     assert "refused a connection of uid 65534" in log, log
+    end_with_a_plain_agent(start_agent, mod, first, tmp_path, {})
+
+
+def test_the_idle_clock_goes_on_from_where_the_dead_agent_left_it(start_agent,
+                                                                   tmp_path: Path) -> None:
+    mod = write_module(tmp_path / "m", service={"idle_timeout_s": 30})
+    first = start_agent([mod], {}, extra_args=KEEP)
+    (daemon,) = served_by(first)
+    idle_from = time.time()  # the job is over: no users from here on
+    first.wait_for(lambda: len(keepers(tmp_path)) == 1, what="the keeper")
+    first.kill()
+    time.sleep(2.0)
+    second = start_agent([mod], {}, state_dir=first.state_dir, extra_args=KEEP)
+    (row,) = [r for r in second.status()["services"] if r["service"] == "echo"]
+    # A clock started at the adoption would say about 30 s; this one lost the gap too.
+    assert row["ready"] and row["idle_stop_in_s"] is not None, row
+    assert row["idle_stop_in_s"] <= 30 - (time.time() - idle_from) + 0.5, row
+    second.kill()
+    end_with_a_plain_agent(start_agent, mod, first, tmp_path, {})
+    assert not alive(daemon)
+
+
+def test_a_new_module_version_stops_the_kept_service_at_readoption(start_agent,
+                                                                  tmp_path: Path) -> None:
+    mod = write_module(tmp_path / "m")
+    first = start_agent([mod], {}, extra_args=KEEP)
+    (daemon,) = served_by(first)
+    first.wait_for(lambda: len(keepers(tmp_path)) == 1, what="the keeper")
+    first.kill()
+    toml = mod / "oarbank-module.toml"
+    toml.write_text(toml.read_text().replace('version = "0.0.1"', 'version = "0.0.2"'))
+    second = start_agent([mod], {}, state_dir=first.state_dir, extra_args=KEEP)
+    assert not alive(daemon)
+    assert ("now stopped: its module's version changed (0.0.1 -> 0.0.2)") in second.log()
+    (new,) = served_by(second)
+    assert new != daemon
+    second.kill()
     end_with_a_plain_agent(start_agent, mod, first, tmp_path, {})
