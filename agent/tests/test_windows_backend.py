@@ -8,12 +8,15 @@ objects, real duplicated handles; the test plays only the agent's part of callin
 Wine does not show, so these tests cannot either: ``IsProcessInJob`` with only
 ``PROCESS_QUERY_LIMITED_INFORMATION`` (the backend asks for ``PROCESS_QUERY_INFORMATION``),
 job memory limits (accepted there, not enforced), Windows serialising a synchronous pipe's
-I/O.
+I/O, ``FILE_FLAG_FIRST_PIPE_INSTANCE`` refusing a second first instance, and a DACL refusing
+another user (one user per prefix).
 """
 
 from __future__ import annotations
 
 import os
+import re
+import secrets
 import subprocess
 import sys
 
@@ -41,6 +44,12 @@ g = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
 print(g.pid, flush=True)
 time.sleep(120)
 """
+
+
+def under_wine() -> bool:
+    import ctypes
+
+    return hasattr(ctypes.WinDLL("ntdll"), "wine_get_version")
 
 
 def _waitable(pid: int) -> int:
@@ -181,3 +190,31 @@ def test_pair_ends_are_pipes_nobody_else_holds() -> None:
     finally:
         a.close()
         b.close()
+
+
+def test_the_control_pipe_admits_only_its_user_the_administrators_and_system() -> None:
+    """Read back from the kernel object. Wine runs one user per prefix, so it cannot show
+    another user refused (ERROR_ACCESS_DENIED): the windows-latest job can."""
+    from oarbank_agent.platform.windows import controlpipe
+
+    name = rf"\\.\pipe\oarbank-test-{os.getpid()}-{secrets.token_hex(8)}"
+    server = controlpipe.create_instance(name, first=True, overlapped=False)
+    try:
+        sid = controlpipe.user_sid()
+        assert re.fullmatch(r"S-1-5-[0-9-]+", sid), sid
+        dacl = controlpipe.dacl_of(server)
+        assert dacl.startswith("D:P"), dacl  # protected: nothing inherited
+        trustees = sorted(ace.split(";")[-1] for ace in re.findall(r"\(([^)]*)\)", dacl))
+        assert trustees == sorted([sid, "BA", "SY"]), dacl
+        if under_wine():
+            # Wine does not enforce FILE_FLAG_FIRST_PIPE_INSTANCE: a second "first" instance
+            # is made there. On Windows it is refused (checked below, on Windows only).
+            _winapi.CloseHandle(controlpipe.create_instance(name, first=True, overlapped=False))
+        else:
+            with pytest.raises(OSError):  # first instance only: nobody squatted the name
+                controlpipe.create_instance(name, first=True, overlapped=False)
+        client = _winapi.CreateFile(name, _winapi.GENERIC_READ | _winapi.GENERIC_WRITE, 0,
+                                    _winapi.NULL, _winapi.OPEN_EXISTING, 0, _winapi.NULL)
+        _winapi.CloseHandle(client)  # its own user gets in
+    finally:
+        _winapi.CloseHandle(server)

@@ -5,8 +5,9 @@ Written (each tested with Windows' own CPython under Wine, ``nox -s windows``):
 ``jobobjects.py`` (a kill-on-close job object, no breakaway, per op, daemon and runner; a
 process started suspended, assigned, resumed) and ``handover.py`` (a connection's pipe pair,
 duplicated into the service's daemon and into the job process the connect names once that pid
-is in the attempt's job object, else ``bad_pid``). Still to write, the rest of ``api.Backend``:
-the control pipe with an owner-only DACL, ``LockFileEx`` for the state dir, control commands
+is in the attempt's job object, else ``bad_pid``), ``controlpipe.py`` (the control pipe's
+instances under a protected DACL: the agent's user, administrators, SYSTEM). Still to write,
+the rest of ``api.Backend``: the control pipe's serving loop, ``LockFileEx`` for the state dir, control commands
 for stop and reload, the proactor loop, the process table, the sandbox's walls.
 """
 

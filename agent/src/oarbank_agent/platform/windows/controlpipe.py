@@ -1,0 +1,120 @@
+"""The control endpoint's pipe on Windows: a named pipe whose DACL admits only the agent's own
+user, the administrators and SYSTEM, set when the first instance is created (so there is no
+moment when anyone else may open it), remote clients refused.
+
+The DACL is protected (``P``: nothing inherited) and lists exactly three allow entries; a
+client outside them gets ERROR_ACCESS_DENIED from ``CreateFile``. The serving loop around it
+(the proactor's overlapped ``ConnectNamedPipe``) is part of the backend still to be written.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+from ctypes import wintypes
+
+if sys.platform != "win32":  # pragma: no cover - imported only by the Windows backend
+    raise ImportError("oarbank_agent.platform.windows.controlpipe is Windows only")
+
+__all__ = ["user_sid", "owner_only_sddl", "create_instance", "dacl_of"]
+
+_PIPE_ACCESS_DUPLEX = 0x3
+_FILE_FLAG_FIRST_PIPE_INSTANCE = 0x00080000
+_FILE_FLAG_OVERLAPPED = 0x40000000
+_PIPE_REJECT_REMOTE_CLIENTS = 0x8
+_PIPE_UNLIMITED_INSTANCES = 255
+_TOKEN_QUERY = 0x0008
+_TOKEN_USER = 1
+_SDDL_REVISION_1 = 1
+_SE_KERNEL_OBJECT = 6
+_DACL_SECURITY_INFORMATION = 0x4
+_INVALID_HANDLE = ctypes.c_void_p(-1).value
+
+_k32 = ctypes.WinDLL("kernel32", use_last_error=True)  # type: ignore[attr-defined]
+_adv = ctypes.WinDLL("advapi32", use_last_error=True)  # type: ignore[attr-defined]
+
+
+class _SecurityAttributes(ctypes.Structure):
+    _fields_ = [("nLength", wintypes.DWORD), ("lpSecurityDescriptor", ctypes.c_void_p),
+                ("bInheritHandle", wintypes.BOOL)]
+
+
+def _fail(call: str) -> OSError:
+    err = ctypes.get_last_error()
+    return OSError(None, f"{call}: {ctypes.FormatError(err)}", None, err)  # type: ignore[attr-defined]
+
+
+def user_sid() -> str:
+    """This process's user as a SID string (``S-1-5-21-...``)."""
+    token = wintypes.HANDLE()
+    process = _k32.GetCurrentProcess()
+    if not _adv.OpenProcessToken(wintypes.HANDLE(process), _TOKEN_QUERY, ctypes.byref(token)):
+        raise _fail("OpenProcessToken")
+    try:
+        size = wintypes.DWORD()
+        _adv.GetTokenInformation(token, _TOKEN_USER, None, 0, ctypes.byref(size))
+        buf = ctypes.create_string_buffer(size.value)
+        if not _adv.GetTokenInformation(token, _TOKEN_USER, buf, size, ctypes.byref(size)):
+            raise _fail("GetTokenInformation")
+        sid = ctypes.c_void_p.from_buffer(buf).value  # TOKEN_USER.User.Sid, its first field
+        text = ctypes.c_wchar_p()
+        if not _adv.ConvertSidToStringSidW(ctypes.c_void_p(sid), ctypes.byref(text)):
+            raise _fail("ConvertSidToStringSidW")
+        try:
+            return str(text.value)
+        finally:
+            _k32.LocalFree(text)
+    finally:
+        _k32.CloseHandle(token)
+
+
+def owner_only_sddl(sid: str) -> str:
+    """Protected DACL: full access for ``sid``, the administrators (BA) and SYSTEM (SY)."""
+    return f"D:P(A;;GA;;;{sid})(A;;GA;;;BA)(A;;GA;;;SY)"
+
+
+def create_instance(name: str, *, first: bool, overlapped: bool = True) -> int:
+    """One server instance of the pipe ``name`` (``\\\\.\\pipe\\...``) under the owner-only
+    DACL. ``first``: fail if the name exists already (another process squatting it)."""
+    descriptor = ctypes.c_void_p()
+    if not _adv.ConvertStringSecurityDescriptorToSecurityDescriptorW(
+            owner_only_sddl(user_sid()), _SDDL_REVISION_1, ctypes.byref(descriptor), None):
+        raise _fail("ConvertStringSecurityDescriptorToSecurityDescriptorW")
+    try:
+        attrs = _SecurityAttributes(ctypes.sizeof(_SecurityAttributes), descriptor.value, False)
+        mode = _PIPE_ACCESS_DUPLEX | (_FILE_FLAG_FIRST_PIPE_INSTANCE if first else 0)
+        if overlapped:
+            mode |= _FILE_FLAG_OVERLAPPED
+        create = _k32.CreateNamedPipeW
+        create.restype = wintypes.HANDLE
+        create.argtypes = [wintypes.LPCWSTR, wintypes.DWORD, wintypes.DWORD, wintypes.DWORD,
+                           wintypes.DWORD, wintypes.DWORD, wintypes.DWORD, ctypes.c_void_p]
+        handle = create(name, mode, _PIPE_REJECT_REMOTE_CLIENTS, _PIPE_UNLIMITED_INSTANCES,
+                        65536, 65536, 0, ctypes.byref(attrs))
+        if handle is None or handle == _INVALID_HANDLE:
+            raise _fail(f"CreateNamedPipeW({name})")
+        return int(handle)
+    finally:
+        _k32.LocalFree(descriptor)
+
+
+def dacl_of(handle: int) -> str:
+    """The DACL of a kernel object as SDDL (what ``create_instance`` set, read back)."""
+    descriptor = ctypes.c_void_p()
+    err = _adv.GetSecurityInfo(wintypes.HANDLE(handle), _SE_KERNEL_OBJECT,
+                               _DACL_SECURITY_INFORMATION, None, None, None, None,
+                               ctypes.byref(descriptor))
+    if err:
+        raise OSError(None, f"GetSecurityInfo: {ctypes.FormatError(err)}", None, err)  # type: ignore[attr-defined]
+    try:
+        text = ctypes.c_wchar_p()
+        if not _adv.ConvertSecurityDescriptorToStringSecurityDescriptorW(
+                descriptor, _SDDL_REVISION_1, _DACL_SECURITY_INFORMATION, ctypes.byref(text),
+                None):
+            raise _fail("ConvertSecurityDescriptorToStringSecurityDescriptorW")
+        try:
+            return str(text.value)
+        finally:
+            _k32.LocalFree(text)
+    finally:
+        _k32.LocalFree(descriptor)
