@@ -137,6 +137,8 @@ class HeartbeatIngest:
             return portal.refuse("store_error", 503, "heartbeat: the portal could not store it "
                                  "(see the portal's log); send it again")
         (portal.metrics.accepted if outcome.applied else portal.metrics.not_applied).inc()
+        if outcome.applied and isinstance(report.what, StillAlive):
+            portal.metrics.still_alive.inc()
         doc: dict[str, Any] = {"ok": True, "applied": outcome.applied,
                                "reason": outcome.reason or None, "node_id": report.node_id}
         if isinstance(report.what, Heartbeat):
@@ -146,6 +148,7 @@ class HeartbeatIngest:
         return _json(200, doc)
 
     def _overloaded(self, why: str) -> Response:
+        self.portal.metrics.queue_age.set(self.writer.age())  # no batch ends while it is stuck
         return self.portal.refuse("overloaded", 503, f"heartbeat: {why}; send the whole report "
                                   f"again after {self.retry_after_s} s",
                                   {"Retry-After": str(self.retry_after_s)})

@@ -62,6 +62,8 @@ class PortalMetrics:
                                 registry=own)
         self.not_applied = Counter("oarbank_portal_reports_not_applied", "Reports accepted but "
                                    "older than the node's stored one", registry=own)
+        self.still_alive = Counter("oarbank_portal_reports_still_alive", "Reports stored that "
+                                   "were a short still-alive (no rows sent)", registry=own)
         self.refused = Counter("oarbank_portal_reports_refused", "Reports refused, by cause",
                                ["cause"], registry=own)
         for cause in REFUSAL_CAUSES:

@@ -1,0 +1,227 @@
+"""The heartbeat path under load, on real portal processes over SQLite and a real PostgreSQL:
+group commit (an answer means committed; many reports share a transaction), backpressure
+(a store that cannot keep up: 503 + Retry-After within the bound, nothing lost), still-alive
+reports keeping a node fresh, and a new agent's sender against the portal as it was before
+still-alive existed (its code from git, run as a process)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import select
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+from collections.abc import Iterator
+from io import BytesIO
+from pathlib import Path
+from typing import Any
+
+import pytest
+from portal_helpers import MODULE_ID, auth, heartbeat, service_row
+
+from conftest import PortalProc, request
+
+REPO = Path(__file__).resolve().parents[2]
+# the last commit before still-alive reports and group commit (issue 33)
+OLD_PORTAL = "7ef512b"
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    want = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    pat = "^" + re.escape(name) + (r"\{" + re.escape(want) + r"\}" if want else "") + r" (\S+)$"
+    m = re.search(pat, text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def posts_at_once(p: PortalProc, docs: list[dict[str, Any]],
+                  after: Any = None) -> list[tuple[int, float, dict[str, str], Any]]:
+    """Post every doc from its own thread, all released together: (status, seconds, headers,
+    what ``after(doc)`` saw right after the answer)."""
+    tokens = [p.token(d["node_id"]) for d in docs]
+    gate = threading.Barrier(len(docs))
+    out: list[Any] = [None] * len(docs)
+
+    def one(i: int) -> None:
+        gate.wait()
+        t0 = time.monotonic()
+        r = request(p.url, "POST", "/v1/heartbeat", docs[i], headers=auth(tokens[i]),
+                    timeout=30)
+        took = time.monotonic() - t0
+        out[i] = (r.status, took, r.headers, after(docs[i]) if after and r.status == 200
+                  else r.json())
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(docs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return out
+
+
+def test_each_answer_follows_its_commit_and_reports_share_transactions(
+        start_portal: Any, store_url: str) -> None:
+    p = start_portal(db=store_url)
+    docs = [heartbeat(f"n{i:02d}", service_row(users=i)) for i in range(48)]
+
+    def seen(doc: dict[str, Any]) -> Any:  # read at once, on another connection
+        rows = p.services(node_id=doc["node_id"])
+        return [(r["users"], r["reported_at"]) for r in rows]
+
+    got = posts_at_once(p, docs, seen)
+    assert [g[0] for g in got] == [200] * len(docs), got
+    assert [g[3] for g in got] == [[(d["services"][0]["users"], d["time"])] for d in docs]
+    text = p.get("/metrics").text
+    batches = metric(text, "oarbank_portal_ingest_batches_total")
+    assert metric(text, "oarbank_portal_ingest_batched_reports_total") == len(docs)
+    assert 1 <= batches < len(docs), f"{batches} transactions for {len(docs)} reports"
+
+
+@contextlib.contextmanager
+def store_held(store_url: str) -> Iterator[None]:
+    """Another client holds the heartbeat tables' write lock: the portal's writes wait."""
+    if store_url.startswith("postgresql"):
+        import psycopg
+
+        with psycopg.connect(store_url) as conn:
+            conn.execute("LOCK TABLE nodes IN EXCLUSIVE MODE")  # reads go on; writes wait
+            yield
+            conn.rollback()
+        return
+    db = sqlite3.connect(store_url, isolation_level=None, timeout=5)
+    try:
+        db.execute("BEGIN IMMEDIATE")
+        yield
+        db.execute("ROLLBACK")
+    finally:
+        db.close()
+
+
+def test_a_store_that_cannot_keep_up_is_answered_503_within_the_bound(
+        start_portal: Any, store_url: str) -> None:
+    bound = 0.5
+    p = start_portal(db=store_url, args=("--ingest-bound-s", str(bound), "--retry-after-s",
+                                         "3"))
+    docs = [heartbeat(f"n{i:02d}", service_row()) for i in range(24)]
+    assert [r[0] for r in posts_at_once(p, docs)] == [200] * len(docs)
+    with store_held(store_url):
+        got = posts_at_once(p, [heartbeat(d["node_id"], service_row(users=7)) for d in docs])
+        text = p.get("/metrics").text
+    statuses = [g[0] for g in got]
+    assert set(statuses) == {503}, statuses
+    assert all(g[2].get("retry-after") == "3" for g in got)
+    assert all("send the whole report again" in g[3]["error"] for g in got)
+    slowest = max(g[1] for g in got)
+    assert slowest < bound + 0.5, f"an answer took {slowest:.2f} s (bound {bound} s)"
+    assert metric(text, "oarbank_portal_reports_refused_total", cause="overloaded") == len(docs)
+    assert metric(text, "oarbank_portal_ingest_queue_age_seconds") > 0
+    # the store is back: the refused nodes' next reports are stored, nothing is missing
+    deadline = time.monotonic() + 30
+    while True:
+        again = posts_at_once(p, [heartbeat(d["node_id"], service_row(users=8)) for d in docs])
+        if all(g[0] == 200 for g in again) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)  # the batch that waited on the lock is still finishing
+    assert [g[0] for g in again] == [200] * len(docs)
+    assert [(r["node_id"], r["users"]) for r in p.services()] == [
+        (d["node_id"], 8) for d in docs]
+
+
+def test_still_alive_keeps_a_node_fresh_without_its_rows(start_portal: Any,
+                                                         store_url: str) -> None:
+    p = start_portal(db=store_url)
+    doc = heartbeat("n1", service_row(users=2)) | {"heartbeat_s": 0.4}
+    first = p.post_heartbeat(doc)
+    digest = first.json()["alive"]
+    assert re.fullmatch(r"[0-9a-f]{64}", digest)
+    # nothing new, sent whole again: the same digest (and the rows only get fresh times)
+    assert p.post_heartbeat(doc | {"time": time.time()}).json()["alive"] == digest
+    t_end = time.monotonic() + 2.0  # five periods: a node silent that long is stale
+    last = 0.0
+    while time.monotonic() < t_end:
+        last = time.time()
+        short = {"node_id": "n1", "hostname": doc["hostname"], "time": last,
+                 "heartbeat_s": 0.4, "alive": digest}
+        r = p.post_heartbeat(short)
+        assert r.status == 200 and r.json()["applied"] is True, r.text
+        time.sleep(0.2)
+    (row,) = p.services()
+    assert (row["state"], row["users"], row["reported_at"]) == ("ready", 2, last)
+    assert metric(p.get("/metrics").text, "oarbank_portal_reports_still_alive_total") >= 5
+    # a still-alive naming a report the portal does not hold: send the whole snapshot
+    r = p.post_heartbeat(short | {"alive": "0" * 64})
+    assert r.status == 409 and r.headers.get("x-oarbank-send") == "full", r.text
+    # something changed: the whole report, a new digest; the old one is no longer held
+    r = p.post_heartbeat(doc | {"time": time.time(), "services": [service_row(users=5)]})
+    assert r.status == 200 and r.json()["alive"] != digest
+    assert p.post_heartbeat(short | {"time": time.time()}).status == 409
+    assert p.services()[0]["users"] == 5
+    # bad forms are named
+    r = p.post_heartbeat(short | {"alive": "yes"})
+    assert r.status == 400 and "alive: must be the digest" in r.json()["error"]
+    time.sleep(1.5)  # no report for over 3 periods: stale, as before
+    assert p.services()[0]["state"] == "unknown"
+
+
+@pytest.fixture(scope="module")
+def old_portal_src(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The portal package as it was before this change, from git."""
+    if shutil.which("git") is None or subprocess.run(
+            ["git", "-C", str(REPO), "cat-file", "-e", OLD_PORTAL],
+            capture_output=True).returncode != 0:
+        pytest.fail(f"the old portal's commit {OLD_PORTAL} is not in this checkout")
+    out = tmp_path_factory.mktemp("old-portal")
+    tar = subprocess.run(["git", "-C", str(REPO), "archive", OLD_PORTAL, "ui-pages/src"],
+                         capture_output=True, check=True).stdout
+    with tarfile.open(fileobj=BytesIO(tar)) as t:
+        t.extractall(out, filter="data")
+    return out / "ui-pages" / "src"
+
+
+def test_a_new_agent_sends_an_old_portal_only_whole_reports(tmp_path: Path,
+                                                            old_portal_src: Path) -> None:
+    from oarbank_agent.reporting.heartbeat import HeartbeatSender
+
+    db = tmp_path / "old.db"
+    env = os.environ | {"PYTHONPATH": str(old_portal_src)}
+    proc = subprocess.Popen([sys.executable, "-m", "oarbank_ui.cli", "serve", "--db", str(db),
+                             "--listen", "127.0.0.1:0"], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        line = b""
+        deadline = time.monotonic() + 30
+        while not line.endswith(b"\n") and time.monotonic() < deadline:
+            if select.select([proc.stdout], [], [], 1)[0]:
+                line += os.read(proc.stdout.fileno(), 1)
+        url = line.decode().split()[-1]
+        token = subprocess.run([sys.executable, "-m", "oarbank_ui.cli", "token", "issue", "n1",
+                                "--db", str(db)], env=env, capture_output=True, text=True,
+                               check=True).stdout.strip()
+        assert request(url, "GET", "/healthz").json()["schema"] == 3  # the old schema
+
+        async def run() -> HeartbeatSender:
+            s = HeartbeatSender(url, lambda: heartbeat("n1", service_row()), period_s=0.1,
+                                token=token)
+            s.start()
+            await asyncio.sleep(1.5)
+            await s.aclose()
+            return s
+
+        s = asyncio.run(run())
+        assert s.posts_ok >= 5 and s.posts_failed == 0 and s.refusals == {}, s.status()
+        rows = json.loads(request(url, "GET", f"/v1/queries/services?module={MODULE_ID}").body)
+        assert [r["node_id"] for r in rows] == ["n1"]
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(20)
+        if proc.stdout:
+            proc.stdout.close()
