@@ -133,7 +133,9 @@ class JobQueue:
             move(rec, jobs.Event.ADMIT)
             if (rec.reason or "").startswith(waiting.WAITING):
                 rec.reason = None  # no longer waiting for its service
-            self.store.save(rec)
+            # Not saved here: a restart reads `admitted` as it reads `queued` (both requeued,
+            # nothing charged), so the write would tell a crash nothing. The record is next
+            # written as `running` (or final), with what changed here.
             self.runs.start(rec, self.modules[rec.module])
         self._update_users()
         for job_id in self.admission.waiting():

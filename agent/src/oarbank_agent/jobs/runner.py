@@ -148,7 +148,7 @@ async def _run(ctx: ModuleCtx, node: NodeInfo, stage: mf.Stage, *, job_id: str,
     for d in (workdir, workdir / "tmp", workdir / "home"):
         d.mkdir(parents=True, exist_ok=True)
     spec = {"job_id": job_id, "attempt_id": attempt_id, "stage": stage.name, "payload": payload}
-    (workdir / "spec.json").write_text(json.dumps(spec, indent=1), encoding="utf-8")
+    (workdir / "spec.json").write_text(json.dumps(spec), encoding="utf-8")  # no indent: C encoder
     argv = ctx.exec_argv(runner.exec) + [
         "run", "--spec", str(workdir / "spec.json"), "--workdir", str(workdir),
         "--out", str(workdir / "result.json")]
