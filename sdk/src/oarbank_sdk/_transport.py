@@ -89,6 +89,13 @@ def parse_scheme(scheme: str, value: str, what: str) -> int:
     return int(digits)
 
 
+# Made once, as plain ints (the hot path; ``socket``'s flags are enum members, and mixing
+# them with an int builds a new enum member on every receive).
+_RECV_FLAGS = int(getattr(socket, "MSG_CMSG_CLOEXEC", 0))
+_RECV_ANC = socket.CMSG_SPACE(_MAX_FDS_PER_RECV * array.array("i").itemsize) \
+    if hasattr(socket, "CMSG_SPACE") else 0
+
+
 class PosixTransport:
     scheme = "fd"
 
@@ -132,10 +139,10 @@ class PosixTransport:
         return sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
 
     def recv(self, sock: socket.socket, bufsize: int) -> tuple[bytes, list[int]]:
-        flags = getattr(socket, "MSG_CMSG_CLOEXEC", 0)
-        data, ancdata, msg_flags, _ = sock.recvmsg(
-            bufsize, socket.CMSG_SPACE(_MAX_FDS_PER_RECV * array.array("i").itemsize), flags
-        )
+        flags = _RECV_FLAGS
+        data, ancdata, _msg_flags, _ = sock.recvmsg(bufsize, _RECV_ANC, flags)
+        if not ancdata:
+            return data, []  # the usual case (every message but ok/connection): no handles
         fds: list[int] = []
         for level, kind, payload in ancdata:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
@@ -146,9 +153,7 @@ class PosixTransport:
         if not flags:  # platforms without MSG_CMSG_CLOEXEC (macOS): set it right away
             for fd in fds:
                 os.set_inheritable(fd, False)
-        if msg_flags & getattr(socket, "MSG_CTRUNC", 0) and not fds:
-            # The kernel dropped descriptors it could not fit; nothing of ours leaked.
-            pass
+        # (MSG_CTRUNC: the kernel dropped descriptors it could not fit; nothing of ours leaked.)
         return data, fds
 
     def inheritable_kwargs(self, *handles: int) -> dict:
