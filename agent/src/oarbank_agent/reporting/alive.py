@@ -7,7 +7,10 @@ of what it stored). While the node's report is the same as that one, all but its
 the next post may be ``{node_id, hostname, time, heartbeat_s, alive}`` only: the portal keeps
 the node fresh without rewriting its rows. The whole snapshot goes when anything changed, at
 least every ``full_every`` posts, after any post that failed or was refused, and when the
-portal answers that it does not hold the named report (409). A portal that never answers
+portal answers that it does not hold the named report (409). Figures that drift on every
+report (the node's memory, each service's resident memory) do not count as new: they go with
+the whole snapshot at least every ``full_every`` posts (a minute at the default period; the
+portal's history keeps 5-minute buckets), a change of state at once. A portal that never answers
 ``alive`` (an older one) only ever gets whole snapshots.
 
 Retry-After (a 503 or 429 from an overloaded portal): the node waits that long plus up to
@@ -24,6 +27,8 @@ from typing import Any
 __all__ = ["AliveState", "retry_after_s"]
 
 MAX_RETRY_AFTER_S = 3600.0
+_DRIFTING = ("time", "metrics")
+_DRIFTING_ROW = ("rss_bytes",)
 
 
 def retry_after_s(value: str | None, rng: random.Random | None = None) -> float | None:
@@ -48,7 +53,13 @@ class AliveState:
 
     @staticmethod
     def _key(doc: dict[str, Any]) -> str:
-        return json.dumps({k: v for k, v in doc.items() if k != "time"}, sort_keys=True)
+        """The report as far as "something new" goes: no time, no drifting figures."""
+        rest = {k: v for k, v in doc.items() if k not in _DRIFTING}
+        rows = rest.get("services")
+        if isinstance(rows, list):
+            rest["services"] = [{k: v for k, v in r.items() if k not in _DRIFTING_ROW}
+                                if isinstance(r, dict) else r for r in rows]
+        return json.dumps(rest, sort_keys=True)
 
     def body(self, doc: dict[str, Any]) -> dict[str, Any]:
         """The document to post for the node's current report ``doc``."""
