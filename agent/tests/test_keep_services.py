@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from typing import Any
 
 import psutil
 import pytest
-from agent_helpers import alive, processes_referencing, read_jsonl, write_module
+from agent_helpers import EXAMPLE, alive, processes_referencing, read_jsonl, write_module
 
 from oarbank_agent.keep.keeper import SOCKET_NAME
 from testsupport.privilege import require_root
@@ -197,14 +198,14 @@ def test_the_keeper_serves_only_its_user_and_state_dir(start_agent, tmp_path: Pa
     assert sock is not None
     with sock:
         host.send(sock, {"op": "take", "state_dir": str(tmp_path / "elsewhere")})
-        reply, fd = host.recv(sock)
-    assert fd is None and reply["ok"] is False and "this keeper is for" in reply["why"]
+        reply, fds = host.recv(sock)
+    assert fds == [] and reply["ok"] is False and "this keeper is for" in reply["why"]
     sock = host.connect(path, 5.0)
     assert sock is not None
     with sock:  # the right state dir, without the lock file's descriptor
         host.send(sock, {"op": "take", "state_dir": str(first.state_dir)})
-        reply, fd = host.recv(sock)
-    assert fd is None and reply == {"ok": False, "why": "no proof of this state dir's lock"}
+        reply, fds = host.recv(sock)
+    assert fds == [] and reply == {"ok": False, "why": "no proof of this state dir's lock"}
     assert psutil.pid_exists(keepers(tmp_path)[0])  # still holding, for the right agent
     end_with_a_plain_agent(start_agent, mod, first, tmp_path, {})
 
@@ -271,3 +272,29 @@ def test_a_new_module_version_stops_the_kept_service_at_readoption(start_agent,
     assert new != daemon
     second.kill()
     end_with_a_plain_agent(start_agent, mod, first, tmp_path, {})
+
+
+def test_a_daemon_that_logs_to_stderr_keeps_serving_and_logging(start_agent,
+                                                                tmp_path: Path) -> None:
+    """The example writes a line to stderr (its service log, a pipe the agent reads) per
+    request: the keeper holds that pipe too, or the daemon's first line after the agent died
+    would be a broken pipe and its requests would fail."""
+    mod = tmp_path / "modelserver"
+    shutil.copytree(EXAMPLE, mod, ignore=shutil.ignore_patterns("__pycache__"))
+    settings = {"modelserver": {"load_s": 0.1}}
+    first = start_agent([mod], settings, extra_args=KEEP)
+    job = first.run_job("generate", {"prompts": ["a"]}, module="modelserver")
+    assert job["state"] == "succeeded", first.why(job)
+    (pid,) = job["result"]["provenance"]["service_pids"]
+    first.wait_for(lambda: len(keepers(tmp_path)) == 1, what="the keeper")
+    first.kill()
+    second = start_agent([mod], settings, state_dir=first.state_dir, extra_args=KEEP)
+    job = second.run_job("generate", {"prompts": ["b", "c"]}, module="modelserver")
+    assert job["state"] == "succeeded", second.why(job)
+    assert job["result"]["provenance"]["service_pids"] == [pid]
+    log = second.state_dir / "modules" / "dev.example.modelserver" / "logs" / "model.log"
+    second.wait_for(lambda: log.read_text().count("POST /v1/generate") == 3,
+                    what="each request's line in the service log")
+    second.kill()
+    end_with_a_plain_agent(start_agent, mod, first, tmp_path, settings)
+    assert not alive(pid)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from harness.scenarios import (
     agent_restart,
+    agent_upgrade,
     crash_loop,
     gpu_real,
     gpu_shared_start,
@@ -13,5 +14,5 @@ from harness.scenarios import (
     yield_,
 )
 
-__all__ = ["agent_restart", "crash_loop", "gpu_real", "gpu_shared_start", "idle_stop", "listener_refused",
-           "oom_limit", "yield_"]
+__all__ = ["agent_restart", "agent_upgrade", "crash_loop", "gpu_real", "gpu_shared_start",
+           "idle_stop", "listener_refused", "oom_limit", "yield_"]

@@ -11,6 +11,7 @@ contract's rule, and no keeper is left behind.
 from __future__ import annotations
 
 import logging
+import os
 import socket
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,6 +21,7 @@ from oarbank_agent.keep import decide as decision
 from oarbank_agent.keep.link import KeeperLink, Taken, take_over
 from oarbank_agent.keep.record import KeptService, manifest_digest, settings_digest
 from oarbank_agent.services import lifecycle as lc
+from oarbank_agent.services import servicelog
 
 if TYPE_CHECKING:
     from oarbank_agent.broker.channel import Channel
@@ -32,6 +34,10 @@ __all__ = ["Keeping"]
 log = logging.getLogger("oarbank_agent.keep")
 
 GRACE_S = 2.0  # a kept service that is not taken back: its group's grace, as for leftovers
+
+
+def _log_path(rt: ServiceRuntime) -> Path:
+    return rt.ctx.log_dir / f"{rt.svc.name}.log"
 
 
 class Keeping:
@@ -56,7 +62,7 @@ class Keeping:
             log.warning("keeper: could not take what it holds (%s): its services are "
                         "ended with the previous agent's groups", exc)
             self._taken = {}
-        return frozenset(k for k, (rec, _end) in self._taken.items() if rec is not None)
+        return frozenset(k for k, (rec, _end, _log) in self._taken.items() if rec is not None)
 
     def _group(self, rec: KeptService) -> procs.GroupRecord | None:
         """The group as the previous agent registered it when it started it (its leader's
@@ -85,25 +91,34 @@ class Keeping:
     async def readopt(self) -> frozenset[str]:
         """Adopt each taken service proven the same; stop the others. The adopted keys."""
         adopted: set[str] = set()
-        for key, (rec, end) in self._taken.items():
+        for key, (rec, end, log_fd) in self._taken.items():
             if rec is None:
                 end.close()  # unreadable: its group was not spared, it is ended already
+                if log_fd is not None:
+                    os.close(log_fd)
                 continue
             rt = self.sup.services.get(key)
             registered = self._group(rec)
             group = registered.group if registered is not None else None
             now = self._now(rec, rt, group, end)
-            log.info("%s: kept %s; observed now %s", key, rec, now)
+            log.debug("%s: kept %s; observed now %s", key, rec, now)
             verdict = decision.decide(rec, now)
             if verdict.adopt and rt is not None and group is not None:
                 log.warning("%s: taken back after the agent restart: %s", key, verdict.why)
                 platform.current().groups.adopt(group)
+                if log_fd is not None:  # its stderr reaches its log again
+                    servicelog.get(_log_path(rt)).resume(log_fd)
                 ch = self.sup.channels.adopt(key, end, rec.pid, rec.says_ready)
                 self.sup.adopt_endpoint(rt, ch, group, rec.idle_since)
                 adopted.add(key)
                 continue
             log.warning("%s: kept across the agent restart, now stopped: %s", key, verdict.why)
             end.close()  # the service sees its channel end
+            if log_fd is not None:
+                if rt is not None:  # its last words (a stop) still reach its log
+                    servicelog.get(_log_path(rt)).resume(log_fd)
+                else:
+                    os.close(log_fd)
             if group is not None:
                 await group.end(GRACE_S)
                 self.registry.remove(group)
@@ -151,7 +166,8 @@ class Keeping:
             else:
                 started = host.started(ch.hello.result()) if host is not None else None
                 rec = self._record(rt, ch, started)
-                self.link.keep(rec, ch.agent_fd)
+                reader = servicelog.get(_log_path(rt)).latest_reader()
+                self.link.keep(rec, (ch.agent_fd,) if reader is None else (ch.agent_fd, reader))
             self._held[key] = (ch, rec)
         elif held is not None:
             del self._held[key]

@@ -51,7 +51,8 @@ class Keeper:
         self.listener = host.listen(state_dir / SOCKET_NAME)
         self.owner: socket.socket | None = None
         self.ever_owned = False
-        self.held: dict[str, tuple[dict[str, Any], socket.socket]] = {}
+        # key -> (its record, its channel end, the rest: the read end of its log pipe)
+        self.held: dict[str, tuple[dict[str, Any], socket.socket, list[int]]] = {}
         self.started = time.monotonic()
 
     def run(self) -> None:
@@ -79,7 +80,7 @@ class Keeper:
     def _from_owner(self) -> None:
         assert self.owner is not None
         try:
-            doc, fd = self.host.recv(self.owner)
+            doc, fds = self.host.recv(self.owner)
         except (ConnectionError, OSError, ValueError) as exc:
             # owned -> waiting (or done, holding nothing)
             _say(f"its agent went away ({exc}); holding {len(self.held)} end(s)")
@@ -88,20 +89,25 @@ class Keeper:
             return
         op, record = doc.get("op"), doc.get("record")
         key = str(record.get("key")) if isinstance(record, dict) else str(doc.get("key"))
-        if op == "keep" and fd is not None and isinstance(record, dict):
-            old = self.held.pop(key, None)
-            if old is not None:
-                old[1].close()
-            self.held[key] = (record, socket.socket(fileno=fd))
-            _say(f"keeps the channel end of {key}")
+        if op == "keep" and fds and isinstance(record, dict):
+            self._forget(key)
+            self.held[key] = (record, socket.socket(fileno=fds[0]), fds[1:])
+            _say(f"keeps the channel end of {key}" + (" and its log" if fds[1:] else ""))
             return
-        if fd is not None:
+        for fd in fds:
             os.close(fd)
         if op == "note" and isinstance(record, dict) and key in self.held:
-            self.held[key] = (record, self.held[key][1])
+            self.held[key] = (record, *self.held[key][1:])
         elif op == "drop" and key in self.held:
-            self.held.pop(key)[1].close()
+            self._forget(key)
             _say(f"let go of {key}: its agent stopped it")
+
+    def _forget(self, key: str) -> None:
+        entry = self.held.pop(key, None)
+        if entry is not None:
+            entry[1].close()
+            for fd in entry[2]:
+                os.close(fd)
 
     # --- a new connection ---------------------------------------------------------------------
 
@@ -117,7 +123,10 @@ class Keeper:
                 _say(f"refused a connection of uid {uid} (not {self.uid})")
                 conn.close()
                 return
-            doc, fd = self.host.recv(conn)
+            doc, fds = self.host.recv(conn)
+            fd = fds.pop(0) if fds else None
+            for extra in fds:
+                os.close(extra)
             if os.path.realpath(str(doc.get("state_dir"))) != os.path.realpath(self.state_dir):
                 if fd is not None:
                     os.close(fd)
@@ -167,17 +176,16 @@ class Keeper:
         goes first, so the keeper the next agent starts is the only one there."""
         self._unlisten()
         self.host.send(conn, {"ok": True, "count": len(self.held)})
-        for key, (record, end) in list(self.held.items()):
-            self.host.send(conn, {"record": record}, end.fileno())
-            end.close()
-            del self.held[key]
+        for key, (record, end, rest) in list(self.held.items()):
+            self.host.send(conn, {"record": record}, (end.fileno(), *rest))
+            self._forget(key)
         conn.close()
         self.ever_owned = True
         _say("handed every channel end to the next agent")
 
     def _let_go_of_dead(self) -> None:
-        for key in [k for k, (_r, end) in self.held.items() if self.host.peer_gone(end)]:
-            self.held.pop(key)[1].close()
+        for key in [k for k, (_r, end, _rest) in self.held.items() if self.host.peer_gone(end)]:
+            self._forget(key)
             _say(f"let go of {key}: the service closed its channel")
 
     def _unlisten(self) -> None:
@@ -190,8 +198,8 @@ class Keeper:
             pass
 
     def _close(self) -> None:
-        for _r, end in self.held.values():
-            end.close()
+        for key in list(self.held):
+            self._forget(key)
         if self.owner is not None:
             self.owner.close()
         self._unlisten()

@@ -27,8 +27,9 @@ log = logging.getLogger("oarbank_agent.keep")
 
 START_S = 10.0  # a keeper not answering this long after it was started is a failed start
 
-# What came back from a previous agent's keeper: a record (None: unreadable) and its end.
-Taken = dict[str, tuple[KeptService | None, socket.socket]]
+# What came back from a previous agent's keeper: a record (None: unreadable), its channel end
+# and the read end of its log pipe (None: it had none).
+Taken = dict[str, tuple[KeptService | None, socket.socket, int | None]]
 
 
 def _hello(sock: socket.socket, op: str, state_dir: Path) -> dict[str, object]:
@@ -38,11 +39,11 @@ def _hello(sock: socket.socket, op: str, state_dir: Path) -> dict[str, object]:
     assert host is not None
     proof = os.open(state_dir / LOCK_NAME, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        host.send(sock, {"op": op, "state_dir": str(state_dir)}, proof)
+        host.send(sock, {"op": op, "state_dir": str(state_dir)}, (proof,))
     finally:
         os.close(proof)
-    reply, fd = host.recv(sock)
-    if fd is not None:
+    reply, fds = host.recv(sock)
+    for fd in fds:
         os.close(fd)
     if reply.get("ok") is not True:
         raise ConnectionError(str(reply.get("why", "refused")))
@@ -64,10 +65,12 @@ def take_over(state_dir: Path) -> Taken:
     with sock:
         count = int(_hello(sock, "take", state_dir).get("count", 0))  # type: ignore[call-overload]
         for _ in range(count):
-            doc, fd = host.recv(sock)
-            if fd is None:
+            doc, fds = host.recv(sock)
+            if not fds:
                 continue
-            end = socket.socket(fileno=fd)
+            end, log_fd = socket.socket(fileno=fds[0]), (fds[1] if len(fds) > 1 else None)
+            for extra in fds[2:]:
+                os.close(extra)
             raw = doc.get("record")
             try:
                 rec = KeptService.from_doc(raw if isinstance(raw, dict) else {})
@@ -75,7 +78,7 @@ def take_over(state_dir: Path) -> Taken:
             except ValueError as exc:
                 log.warning("keeper: %s: its service will be stopped", exc)
                 rec, key = None, str(raw.get("key") if isinstance(raw, dict) else "?")
-            taken[key] = (rec, end)
+            taken[key] = (rec, end, log_fd)
     log.info("keeper: took %d channel end(s) from the previous agent's keeper", len(taken))
     return taken
 
@@ -122,19 +125,20 @@ class KeeperLink:
         self._sock = sock
         log.info("keeper: pid %d keeps the endpoint channels across a restart", proc.pid)
 
-    def _send(self, doc: dict[str, object], fd: int | None = None) -> None:
+    def _send(self, doc: dict[str, object], fds: tuple[int, ...] = ()) -> None:
         host = platform.current().keeper
         if self._sock is None or host is None:
             return
         try:
-            host.send(self._sock, doc, fd)
+            host.send(self._sock, doc, fds)
         except OSError as exc:
             log.warning("keeper: lost (%s): services will not be kept across a restart", exc)
             self._sock.close()
             self._sock = None
 
-    def keep(self, rec: KeptService, fd: int) -> None:
-        self._send({"op": "keep", "record": rec.to_doc()}, fd)
+    def keep(self, rec: KeptService, fds: tuple[int, ...]) -> None:
+        """Keep a duplicate of each of ``fds``: the channel end, then its log pipe's."""
+        self._send({"op": "keep", "record": rec.to_doc()}, fds)
 
     def note(self, rec: KeptService) -> None:
         self._send({"op": "note", "record": rec.to_doc()})

@@ -428,11 +428,11 @@ class KeeperHost(Protocol):
     def peer_uid(self, sock: socket.socket) -> int | None:
         """The user of the process at the other end, as the system says (None: unknown)."""
 
-    def send(self, sock: socket.socket, doc: dict[str, Any], fd: int | None = None) -> None:
-        """One message: ``doc``, and a duplicate of ``fd`` when given."""
+    def send(self, sock: socket.socket, doc: dict[str, Any], fds: tuple[int, ...] = ()) -> None:
+        """One message: ``doc``, and a duplicate of each of ``fds``."""
 
-    def recv(self, sock: socket.socket) -> tuple[dict[str, Any], int | None]:
-        """One message and the descriptor that came with it (the caller's to close);
+    def recv(self, sock: socket.socket) -> tuple[dict[str, Any], list[int]]:
+        """One message and the descriptors that came with it (the caller's to close);
         ConnectionError at its end."""
 
     def peer_gone(self, end: socket.socket) -> bool:

@@ -63,6 +63,7 @@ class ServiceLog:
         self.total = 0  # bytes written through this object since the agent started
         self._tail = bytearray()
         self._readers: set[int] = set()  # read ends of the pipes of live daemons
+        self._latest: int | None = None  # the newest start's (--keep-services keeps it)
 
     # --- the pipe ---------------------------------------------------------------------------
 
@@ -72,10 +73,26 @@ class ServiceLog:
         writer is gone (EOF)."""
         streams = platform.current().streams
         r, w = streams.pipe()
+        self._watch(r)
+        self._latest = r
+        return w
+
+    def _watch(self, r: int) -> None:
         os.set_blocking(r, False)
         self._readers.add(r)
-        streams.watcher(asyncio.get_running_loop()).on_readable(r, self._readable, r)
-        return w
+        platform.current().streams.watcher(asyncio.get_running_loop()).on_readable(
+            r, self._readable, r)
+
+    def latest_reader(self) -> int | None:
+        """The read end of the newest start's pipe while it is open (its daemon's stderr):
+        what a keeper holds across an agent restart (``--keep-services``)."""
+        return self._latest if self._latest in self._readers else None
+
+    def resume(self, r: int) -> None:
+        """Read a kept daemon's stderr again: the read end a keeper held while no agent ran
+        (what the daemon wrote meanwhile waited in the pipe). Ours to close from now on."""
+        self._watch(r)
+        self._latest = r
 
     def _readable(self, r: int) -> None:
         try:

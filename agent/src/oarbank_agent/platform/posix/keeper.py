@@ -21,6 +21,7 @@ __all__ = ["PosixKeeperHost"]
 
 _HEADER = struct.Struct("!I")
 _MAX_DOC = 1 << 20  # a record is a few hundred bytes: anything near this is not ours
+_MAX_FDS = 4  # a service's channel end and its log pipe; more is not the keeper's protocol
 
 
 def _peer_uid(sock: socket.socket) -> int | None:
@@ -90,18 +91,17 @@ class PosixKeeperHost:
     def peer_uid(self, sock: socket.socket) -> int | None:
         return _peer_uid(sock)
 
-    def send(self, sock: socket.socket, doc: dict[str, Any], fd: int | None = None) -> None:
+    def send(self, sock: socket.socket, doc: dict[str, Any], fds: tuple[int, ...] = ()) -> None:
         body = json.dumps(doc).encode()
         data = _HEADER.pack(len(body)) + body
-        fds = [fd] if fd is not None else []
-        sent = socket.send_fds(sock, [data], fds)
+        sent = socket.send_fds(sock, [data], list(fds))
         if sent < len(data):
             sock.sendall(data[sent:])
 
-    def recv(self, sock: socket.socket) -> tuple[dict[str, Any], int | None]:
-        """One document and the descriptor that came with it (the caller's to close).
+    def recv(self, sock: socket.socket) -> tuple[dict[str, Any], list[int]]:
+        """One document and the descriptors that came with it (the caller's to close).
         Raises ConnectionError at EOF or on anything not of the keeper's protocol."""
-        head, fds, _flags, _addr = socket.recv_fds(sock, _HEADER.size, 4)
+        head, fds, _flags, _addr = socket.recv_fds(sock, _HEADER.size, _MAX_FDS)
         try:
             if not head:
                 raise ConnectionError("the peer closed the keeper's socket")
@@ -110,13 +110,13 @@ class PosixKeeperHost:
             if n > _MAX_DOC:
                 raise ConnectionError(f"a message of {n} bytes: not the keeper's protocol")
             doc = json.loads(_recv_exact(sock, n))
-            if not isinstance(doc, dict) or len(fds) > 1:
+            if not isinstance(doc, dict):
                 raise ConnectionError("not the keeper's protocol")
         except BaseException:
             for fd in fds:
                 os.close(fd)
             raise
-        return doc, (fds[0] if fds else None)
+        return doc, list(fds)
 
     def peer_gone(self, end: socket.socket) -> bool:
         """The service closed its side of a held channel end (looked at without reading)."""
