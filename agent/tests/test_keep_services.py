@@ -118,7 +118,7 @@ def test_kill_9_the_service_stays_warm_and_serves_the_next_agent(start_agent,
     assert not alive(daemon)
 
 
-def test_sigterm_and_start_keeps_it_too(start_agent, tmp_path: Path) -> None:
+def test_sigterm_and_start_keeps_it_too_and_so_does_the_config_key(start_agent, tmp_path: Path) -> None:
     mod = write_module(tmp_path / "m")
     settings = {"echo": {"load_s": 0.3}}
     first = start_agent([mod], settings, extra_args=KEEP)
@@ -127,7 +127,10 @@ def test_sigterm_and_start_keeps_it_too(start_agent, tmp_path: Path) -> None:
     sigterm(first)
     assert alive(daemon), first.log()[-2000:]
     assert "left running for the next agent" in first.log()
-    second = start_agent([mod], settings, state_dir=first.state_dir, extra_args=KEEP)
+    cfg = tmp_path / "agent.toml"  # the config key, as an operator sets it for good
+    cfg.write_text("keep_services = true\n")
+    second = start_agent([mod], settings, state_dir=first.state_dir,
+                         extra_args=["--config", str(cfg)])
     assert served_by(second) == {daemon}
     assert loads(second) == [str(daemon)]
     sigterm(second)
@@ -298,3 +301,22 @@ def test_a_daemon_that_logs_to_stderr_keeps_serving_and_logging(start_agent,
     second.kill()
     end_with_a_plain_agent(start_agent, mod, first, tmp_path, settings)
     assert not alive(pid)
+
+
+def test_a_kept_service_that_dies_after_it_is_taken_back_is_seen_and_restarted(
+        start_agent, tmp_path: Path) -> None:
+    mod = write_module(tmp_path / "m")
+    first = start_agent([mod], {}, extra_args=KEEP)
+    (daemon,) = served_by(first)
+    first.wait_for(lambda: len(keepers(tmp_path)) == 1, what="the keeper")
+    first.kill()
+    second = start_agent([mod], {}, state_dir=first.state_dir, extra_args=KEEP)
+    assert served_by(second) == {daemon}
+    os.kill(daemon, signal.SIGKILL)
+    second.wait_for(lambda: not second.service_row()["ready"], what="the death to be seen")
+    (new,) = served_by(second)
+    assert new != daemon
+    assert "the service closed its channel" in second.log()
+    second.kill()
+    end_with_a_plain_agent(start_agent, mod, first, tmp_path, {})
+    assert not alive(new)
