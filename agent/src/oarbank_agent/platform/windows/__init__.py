@@ -7,8 +7,9 @@ process started suspended, assigned, resumed) and ``handover.py`` (a connection'
 duplicated into the service's daemon and into the job process the connect names once that pid
 is in the attempt's job object, else ``bad_pid``), ``controlpipe.py`` (the control pipe's
 instances under a protected DACL: the agent's user, administrators, SYSTEM). Still to write,
-the rest of ``api.Backend``: the control pipe's serving loop, ``LockFileEx`` for the state dir, control commands
-for stop and reload, the proactor loop, the process table, the sandbox's walls.
+the rest of ``api.Backend``: the control pipe's serving loop, ``LockFileEx`` for the state
+dir, control commands for stop and reload, the proactor loop, the process table, the
+sandbox's walls.
 """
 
 from __future__ import annotations

@@ -10,11 +10,9 @@ client outside them gets ERROR_ACCESS_DENIED from ``CreateFile``. The serving lo
 from __future__ import annotations
 
 import ctypes
-import sys
+import functools
 from ctypes import wintypes
-
-if sys.platform != "win32":  # pragma: no cover - imported only by the Windows backend
-    raise ImportError("oarbank_agent.platform.windows.controlpipe is Windows only")
+from typing import Any
 
 __all__ = ["user_sid", "owner_only_sddl", "create_instance", "dacl_of"]
 
@@ -30,8 +28,13 @@ _SE_KERNEL_OBJECT = 6
 _DACL_SECURITY_INFORMATION = 0x4
 _INVALID_HANDLE = ctypes.c_void_p(-1).value
 
-_k32 = ctypes.WinDLL("kernel32", use_last_error=True)  # type: ignore[attr-defined]
-_adv = ctypes.WinDLL("advapi32", use_last_error=True)  # type: ignore[attr-defined]
+_ct: Any = ctypes  # WinDLL, get_last_error, FormatError: Windows only (imports everywhere)
+
+
+@functools.cache
+def _dlls() -> tuple[Any, Any]:
+    return (_ct.WinDLL("kernel32", use_last_error=True),
+            _ct.WinDLL("advapi32", use_last_error=True))
 
 
 class _SecurityAttributes(ctypes.Structure):
@@ -40,12 +43,13 @@ class _SecurityAttributes(ctypes.Structure):
 
 
 def _fail(call: str) -> OSError:
-    err = ctypes.get_last_error()
-    return OSError(None, f"{call}: {ctypes.FormatError(err)}", None, err)  # type: ignore[attr-defined]
+    err = _ct.get_last_error()
+    return OSError(None, f"{call}: {_ct.FormatError(err)}", None, err)
 
 
 def user_sid() -> str:
     """This process's user as a SID string (``S-1-5-21-...``)."""
+    _k32, _adv = _dlls()
     token = wintypes.HANDLE()
     process = _k32.GetCurrentProcess()
     if not _adv.OpenProcessToken(wintypes.HANDLE(process), _TOKEN_QUERY, ctypes.byref(token)):
@@ -76,6 +80,7 @@ def owner_only_sddl(sid: str) -> str:
 def create_instance(name: str, *, first: bool, overlapped: bool = True) -> int:
     """One server instance of the pipe ``name`` (``\\\\.\\pipe\\...``) under the owner-only
     DACL. ``first``: fail if the name exists already (another process squatting it)."""
+    _k32, _adv = _dlls()
     descriptor = ctypes.c_void_p()
     if not _adv.ConvertStringSecurityDescriptorToSecurityDescriptorW(
             owner_only_sddl(user_sid()), _SDDL_REVISION_1, ctypes.byref(descriptor), None):
@@ -100,12 +105,13 @@ def create_instance(name: str, *, first: bool, overlapped: bool = True) -> int:
 
 def dacl_of(handle: int) -> str:
     """The DACL of a kernel object as SDDL (what ``create_instance`` set, read back)."""
+    _k32, _adv = _dlls()
     descriptor = ctypes.c_void_p()
     err = _adv.GetSecurityInfo(wintypes.HANDLE(handle), _SE_KERNEL_OBJECT,
                                _DACL_SECURITY_INFORMATION, None, None, None, None,
                                ctypes.byref(descriptor))
     if err:
-        raise OSError(None, f"GetSecurityInfo: {ctypes.FormatError(err)}", None, err)  # type: ignore[attr-defined]
+        raise OSError(None, f"GetSecurityInfo: {_ct.FormatError(err)}", None, err)
     try:
         text = ctypes.c_wchar_p()
         if not _adv.ConvertSecurityDescriptorToStringSecurityDescriptorW(

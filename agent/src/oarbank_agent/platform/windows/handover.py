@@ -12,8 +12,10 @@ leaves no handle behind anywhere. The agent keeps its own two ends until the rec
 
 from __future__ import annotations
 
-import _winapi
+import importlib
+import sys
 from dataclasses import dataclass
+from typing import Any
 
 from oarbank_agent.platform.windows import winapi
 from oarbank_agent.platform.windows.jobobjects import JobObject
@@ -21,6 +23,8 @@ from oarbank_sdk._winpipe import PipeStream, WindowsTransport
 
 __all__ = ["BadPid", "Handover", "hand_over", "duplicate_into", "close_in"]
 
+# Windows only; reached as Any so that this module imports (and type-checks) everywhere.
+_winapi: Any = importlib.import_module("_winapi") if sys.platform == "win32" else None
 _DUPLICATE_CLOSE_SOURCE = 0x1
 _DUPLICATE_SAME_ACCESS = 0x2
 

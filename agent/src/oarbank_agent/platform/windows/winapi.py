@@ -1,17 +1,17 @@
 """kernel32 and ntdll calls the Windows backend makes that ``_winapi`` lacks (ctypes).
 
-Each wrapper raises ``OSError`` (``ctypes.WinError``) on failure, naming the call. Loaded on
-Windows only: importing this module elsewhere raises ``ImportError``.
+Each wrapper raises ``OSError`` on failure, naming the call. The module imports on every
+system (the agent's tests import all its modules); the DLLs load at the first call, which only
+Windows can make. Windows-only parts of ``ctypes`` are reached as ``Any`` for that reason.
 """
 
 from __future__ import annotations
 
 import ctypes
-import sys
+import functools
 from ctypes import wintypes
-
-if sys.platform != "win32":  # pragma: no cover - imported only by the Windows backend
-    raise ImportError("oarbank_agent.platform.windows.winapi is Windows only")
+from types import SimpleNamespace
+from typing import Any
 
 __all__ = [
     "PROCESS_DUP_HANDLE", "PROCESS_QUERY_INFORMATION", "PROCESS_SET_QUOTA", "PROCESS_TERMINATE",
@@ -34,8 +34,7 @@ _BASIC_PROCESS_ID_LIST = 3
 _EXTENDED_LIMIT_INFORMATION = 9
 _MAX_PIDS = 1024
 
-_k32 = ctypes.WinDLL("kernel32", use_last_error=True)  # type: ignore[attr-defined]
-_ntdll = ctypes.WinDLL("ntdll")  # type: ignore[attr-defined]
+_ct: Any = ctypes  # WinDLL, get_last_error, FormatError: Windows only
 
 
 class _IoCounters(ctypes.Structure):
@@ -71,40 +70,41 @@ class _PidList(ctypes.Structure):
                 ("ProcessIdList", ctypes.c_size_t * _MAX_PIDS)]
 
 
-def _sig(fn, restype, *argtypes):  # type: ignore[no-untyped-def]
+def _sig(fn: Any, restype: Any, *argtypes: Any) -> Any:
     fn.restype, fn.argtypes = restype, list(argtypes)
     return fn
 
 
-_CreateJobObjectW = _sig(_k32.CreateJobObjectW, wintypes.HANDLE, ctypes.c_void_p,
-                         wintypes.LPCWSTR)
-_SetInformationJobObject = _sig(_k32.SetInformationJobObject, wintypes.BOOL, wintypes.HANDLE,
-                                ctypes.c_int, ctypes.c_void_p, wintypes.DWORD)
-_QueryInformationJobObject = _sig(_k32.QueryInformationJobObject, wintypes.BOOL,
-                                  wintypes.HANDLE, ctypes.c_int, ctypes.c_void_p,
-                                  wintypes.DWORD, ctypes.POINTER(wintypes.DWORD))
-_AssignProcessToJobObject = _sig(_k32.AssignProcessToJobObject, wintypes.BOOL,
-                                 wintypes.HANDLE, wintypes.HANDLE)
-_IsProcessInJob = _sig(_k32.IsProcessInJob, wintypes.BOOL, wintypes.HANDLE, wintypes.HANDLE,
-                       ctypes.POINTER(wintypes.BOOL))
-_TerminateJobObject = _sig(_k32.TerminateJobObject, wintypes.BOOL, wintypes.HANDLE,
-                           wintypes.UINT)
-_OpenProcess = _sig(_k32.OpenProcess, wintypes.HANDLE, wintypes.DWORD, wintypes.BOOL,
-                    wintypes.DWORD)
-_CloseHandle = _sig(_k32.CloseHandle, wintypes.BOOL, wintypes.HANDLE)
-_GetNamedPipeClientProcessId = _sig(_k32.GetNamedPipeClientProcessId, wintypes.BOOL,
-                                    wintypes.HANDLE, ctypes.POINTER(wintypes.ULONG))
-_NtResumeProcess = _sig(_ntdll.NtResumeProcess, ctypes.c_long, wintypes.HANDLE)
+@functools.cache
+def _api() -> SimpleNamespace:
+    k32 = _ct.WinDLL("kernel32", use_last_error=True)
+    ntdll = _ct.WinDLL("ntdll")
+    h, dword, boolean = wintypes.HANDLE, wintypes.DWORD, wintypes.BOOL
+    return SimpleNamespace(
+        CreateJobObjectW=_sig(k32.CreateJobObjectW, h, ctypes.c_void_p, wintypes.LPCWSTR),
+        SetInformationJobObject=_sig(k32.SetInformationJobObject, boolean, h, ctypes.c_int,
+                                     ctypes.c_void_p, dword),
+        QueryInformationJobObject=_sig(k32.QueryInformationJobObject, boolean, h, ctypes.c_int,
+                                       ctypes.c_void_p, dword, ctypes.POINTER(dword)),
+        AssignProcessToJobObject=_sig(k32.AssignProcessToJobObject, boolean, h, h),
+        IsProcessInJob=_sig(k32.IsProcessInJob, boolean, h, h, ctypes.POINTER(boolean)),
+        TerminateJobObject=_sig(k32.TerminateJobObject, boolean, h, wintypes.UINT),
+        OpenProcess=_sig(k32.OpenProcess, h, dword, boolean, dword),
+        CloseHandle=_sig(k32.CloseHandle, boolean, h),
+        GetNamedPipeClientProcessId=_sig(k32.GetNamedPipeClientProcessId, boolean, h,
+                                         ctypes.POINTER(wintypes.ULONG)),
+        NtResumeProcess=_sig(ntdll.NtResumeProcess, ctypes.c_long, h),
+    )
 
 
 def _check(ok: object, call: str) -> None:
     if not ok:
-        err = ctypes.get_last_error()
-        raise OSError(None, f"{call}: {ctypes.FormatError(err)}", None, err)  # type: ignore[attr-defined]
+        err = _ct.get_last_error()
+        raise OSError(None, f"{call}: {_ct.FormatError(err)}", None, err)
 
 
 def create_job() -> int:
-    handle = _CreateJobObjectW(None, None)
+    handle = _api().CreateJobObjectW(None, None)
     _check(handle, "CreateJobObjectW")
     return int(handle)
 
@@ -114,49 +114,49 @@ def set_job_limits(job: int, flags: int, active_processes: int = 0) -> None:
     info = _ExtendedLimits()
     info.BasicLimitInformation.LimitFlags = flags
     info.BasicLimitInformation.ActiveProcessLimit = active_processes
-    _check(_SetInformationJobObject(job, _EXTENDED_LIMIT_INFORMATION, ctypes.byref(info),
+    _check(_api().SetInformationJobObject(job, _EXTENDED_LIMIT_INFORMATION, ctypes.byref(info),
                                     ctypes.sizeof(info)), "SetInformationJobObject")
 
 
 def assign(job: int, process: int) -> None:
-    _check(_AssignProcessToJobObject(job, process), "AssignProcessToJobObject")
+    _check(_api().AssignProcessToJobObject(job, process), "AssignProcessToJobObject")
 
 
 def is_in_job(process: int, job: int) -> bool:
     result = wintypes.BOOL()
-    _check(_IsProcessInJob(process, job, ctypes.byref(result)), "IsProcessInJob")
+    _check(_api().IsProcessInJob(process, job, ctypes.byref(result)), "IsProcessInJob")
     return bool(result.value)
 
 
 def terminate_job(job: int, exit_code: int) -> None:
-    _check(_TerminateJobObject(job, exit_code), "TerminateJobObject")
+    _check(_api().TerminateJobObject(job, exit_code), "TerminateJobObject")
 
 
 def job_pids(job: int) -> list[int]:
     info = _PidList()
-    _check(_QueryInformationJobObject(job, _BASIC_PROCESS_ID_LIST, ctypes.byref(info),
+    _check(_api().QueryInformationJobObject(job, _BASIC_PROCESS_ID_LIST, ctypes.byref(info),
                                       ctypes.sizeof(info), None), "QueryInformationJobObject")
     return [int(info.ProcessIdList[i]) for i in range(info.NumberOfProcessIdsInList)]
 
 
 def open_process(pid: int, access: int) -> int:
-    handle = _OpenProcess(access, False, pid)
+    handle = _api().OpenProcess(access, False, pid)
     _check(handle, f"OpenProcess({pid})")
     return int(handle)
 
 
 def close(handle: int) -> None:
-    _CloseHandle(handle)
+    _api().CloseHandle(handle)
 
 
 def resume_process(process: int) -> None:
-    status = _NtResumeProcess(process)
+    status = _api().NtResumeProcess(process)
     if status != 0:
         raise OSError(None, f"NtResumeProcess: NTSTATUS {status & 0xFFFFFFFF:#x}")
 
 
 def pipe_client_pid(server_end: int) -> int:
     pid = wintypes.ULONG()
-    _check(_GetNamedPipeClientProcessId(server_end, ctypes.byref(pid)),
+    _check(_api().GetNamedPipeClientProcessId(server_end, ctypes.byref(pid)),
            "GetNamedPipeClientProcessId")
     return int(pid.value)
