@@ -49,6 +49,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "2-core machine the targets are for)")
     p.add_argument("--portal-stores", default="sqlite,postgresql", metavar="LIST",
                    help="with --portal: which stores (default sqlite,postgresql)")
+    p.add_argument("--portal-sweep", default="", metavar="RATES",
+                   help="with --portal: instead, in steady state, each of these rates "
+                        "(e.g. 250,500,1000), the highest held with p99 <= 100 ms, 2x it "
+                        "(backpressure) and, on PostgreSQL, one vs two portal processes "
+                        "(harness/bench/portal_sweep.py); results in .bench/portal_sweep.json")
     return p
 
 
@@ -95,6 +100,20 @@ def _portal(args: argparse.Namespace) -> int:
     if not stores or set(stores) - {"sqlite", "postgresql"}:
         print("bench: --portal-stores takes sqlite, postgresql or both", file=sys.stderr)
         return 2
+    if args.portal_sweep:
+        import json
+
+        from .portal_sweep import run_portal_sweep
+
+        rates = [float(x) for x in args.portal_sweep.split(",") if x.strip()]
+        out = args.out.with_name("portal_sweep.json")
+        swept = run_portal_sweep(nodes=args.portal_nodes, rates=rates,
+                                 seconds=args.portal_seconds, workers=args.portal_workers,
+                                 stores=stores)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(swept, indent=2) + "\n")
+        print(json.dumps(swept, indent=2))
+        return 0
     out = args.out.with_name("portal.json")
     results = run_portal_bench(nodes=args.portal_nodes, seconds=args.portal_seconds,
                                stores=stores, workers=args.portal_workers, out=out)

@@ -131,13 +131,15 @@ async def _load(host: str, port: int, tokens: list[tuple[str, str]], rate: float
                 seconds: float) -> dict[str, Any]:
     queue: asyncio.Queue[tuple[float, int] | None] = asyncio.Queue()
     latencies: list[float] = []
+    answers: list[float] = []  # from the request's write to its answer (the portal's part)
     statuses: dict[str, int] = {}
+    retry_after = 0
     not_applied = 0
     lost = 0
     host_header = f"{host}:{port}"
 
     async def worker() -> None:
-        nonlocal not_applied, lost
+        nonlocal not_applied, lost, retry_after
         conn: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
         while (item := await queue.get()) is not None:
             due, k = item
@@ -151,8 +153,10 @@ async def _load(host: str, port: int, tokens: list[tuple[str, str]], rate: float
             try:
                 if conn is None:
                     conn = await asyncio.open_connection(host, port)
+                sent = time.perf_counter()
                 conn[1].write(req)
                 status, reply = await asyncio.wait_for(_read_reply(conn[0]), ANSWER_TIMEOUT_S)
+                answers.append(time.perf_counter() - sent)
             except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError, ValueError):
                 lost += 1
                 if conn is not None:
@@ -163,6 +167,8 @@ async def _load(host: str, port: int, tokens: list[tuple[str, str]], rate: float
             statuses[str(status)] = statuses.get(str(status), 0) + 1
             if status == 200 and b'"applied": false' in reply:
                 not_applied += 1
+            if status in (429, 503) and b"again after" in reply:
+                retry_after += 1  # the portal's backpressure answer (with its Retry-After)
         if conn is not None:
             conn[1].close()
 
@@ -186,7 +192,10 @@ async def _load(host: str, port: int, tokens: list[tuple[str, str]], rate: float
             "rate": round(ok / elapsed, 1),
             "p50_ms": round((percentile(latencies, 50) or 0) * 1000, 2),
             "p99_ms": round((percentile(latencies, 99) or 0) * 1000, 2),
-            "max_ms": round(max(latencies, default=0) * 1000, 2)}
+            "max_ms": round(max(latencies, default=0) * 1000, 2),
+            "answer_p99_ms": round((percentile(answers, 99) or 0) * 1000, 2),
+            "answer_max_ms": round(max(answers, default=0) * 1000, 2),
+            "refused_retry_after": retry_after}
 
 
 async def _queries(host: str, port: int, path: str, n: int) -> dict[str, Any]:
