@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -160,11 +161,21 @@ class Keeping:
                 and ch is not None and ch.usable and rt.group is not None):
             host = platform.current().keeper
             if held is not None and held[0] is ch:
-                rec = self._record(rt, ch, held[1].pid_started)
+                # Where it stands changed (users, idle clock); what it runs is what it was
+                # started with: a settings file reloaded since does not make it the new one.
+                rec = replace(self._record(rt, ch, held[1].pid_started),
+                              settings_digest=held[1].settings_digest,
+                              manifest_digest=held[1].manifest_digest,
+                              version=held[1].version)
                 if rec != held[1]:
                     self.link.note(rec)
             else:
-                started = host.started(ch.hello.result()) if host is not None else None
+                pid = ch.hello.result()
+                if not rt.group.owns(pid):  # its hello named a pid: the system's word on it
+                    log.info("%s: not kept across a restart: its hello's pid %d is not in its "
+                             "process group", key, pid)
+                    return
+                started = host.started(pid) if host is not None else None
                 rec = self._record(rt, ch, started)
                 reader = servicelog.get(_log_path(rt)).latest_reader()
                 self.link.keep(rec, (ch.agent_fd,) if reader is None else (ch.agent_fd, reader))

@@ -5,7 +5,8 @@ wrote), and carried by the keeper, never by the state dir.
 - identity: which process group (its record in ``<state>/procs``, written by the agent when
   it started it, says its leader's start time and the boot), and the daemon's pid with its
   start time as the system counts it (read by the agent when it keeps it);
-- what it runs: the module's id and version, digests of its manifest and its settings;
+- what it runs: the module's id and version, digests of its manifest and its settings, as
+  they were when it was first kept (its start: a reload since does not change what it runs);
 - where it stood: whether it says ``ready`` on its channel, its users and idle clock.
 """
 
@@ -44,7 +45,7 @@ class KeptService:
     settings_digest: str
     manifest_digest: str
     group: str  # Group.key of its start op's group (its record in <state>/procs says the rest)
-    pid: int  # the daemon: the pid its hello named, found in its group by the agent
+    pid: int  # the daemon: the pid its hello named, found in its group by the agent then
     pid_started: int | None  # that pid's start time as the system counts it
     says_ready: bool
     users: int
