@@ -158,6 +158,17 @@ def write_pth(home: Path, site: Path) -> None:
     pth.write_text("\r\n".join(lines) + "\r\n")
 
 
+# What pip would put beside python.exe for our packages' console scripts (the sources are on
+# sys.path through the ._pth file, not installed): a .cmd each, found by shutil.which.
+SCRIPTS = {"oarbank-sdk": "oarbank_sdk.cli", "oarbank-agent": "oarbank_agent.operate.cli"}
+
+
+def write_scripts(home: Path) -> None:
+    for name, module in SCRIPTS.items():
+        (home / f"{name}.cmd").write_text(
+            f'@"%~dp0python.exe" -c "import sys, {module} as m; sys.exit(m.main())" %*\r\n')
+
+
 def wine_env(loader: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update(WINEPREFIX=str(CACHE / "prefix"), WINEDEBUG="-all", WINEARCH="win64",
@@ -221,6 +232,7 @@ def prepare() -> tuple[list[str], dict[str, str]]:
         home = ensure_python()
         site = ensure_wheels()
         write_pth(home, site)
+        write_scripts(home)
         env = wine_env(loader)
         ensure_prefix(loader, env)
     start_wineserver(loader, env)

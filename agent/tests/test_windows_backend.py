@@ -32,7 +32,7 @@ if sys.platform == "win32":
 
     from oarbank_agent.platform.windows.handover import BadPid, hand_over
     from oarbank_agent.platform.windows.jobobjects import JobObject, start_in_job
-    from oarbank_sdk._transport import current
+    from oarbank_sdk.protocol import current_transport as current
 
 SYNCHRONIZE = 0x00100000
 WAIT_OBJECT_0 = 0

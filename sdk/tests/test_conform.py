@@ -16,12 +16,16 @@ from pathlib import Path
 
 import psutil
 import pytest
+from platform_marks import conform_kit  # sdk/tests
 
 from oarbank_sdk import advice, conform
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "modelserver"
 BROKEN = Path(__file__).resolve().parent / "broken_modules"
+
+
+pytestmark = conform_kit
 
 
 def sandbox_available() -> bool:

@@ -10,6 +10,7 @@ import re
 import shutil
 
 import pytest
+from platform_marks import conform_kit  # sdk/tests
 from test_conform_catches import EXAMPLE, run
 
 from oarbank_sdk.conform.doctor import judge_answer
@@ -17,6 +18,9 @@ from oarbank_sdk.conform.report import FAIL, OK, WARN
 
 HEALTHY = {"runner_protocol": {"supported": [1]}, "health": "healthy", "capabilities": [],
            "checks": [{"name": "python", "ok": True}]}
+
+
+pytestmark = conform_kit
 
 
 def test_the_verdict_on_each_answer() -> None:

@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from platform_marks import conform_kit  # sdk/tests
+
 from oarbank_sdk import conform
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,6 +27,9 @@ UPSTREAM_GOLDEN = {
     "stages": [{"name": "generate"}],
     "expected": {"digest": "sha256:2cf24dba5fb0a30e26e83b2ac5b9e29e", "digest_version": 2},
 }
+
+
+pytestmark = conform_kit
 
 
 def example(tmp_path: Path, conformance: dict | None = None) -> Path:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+from platform_marks import conform_kit  # sdk/tests
+
 from oarbank_sdk.conform.listeners import listeners, related_pids, split_gpu_driver
 
 _HOLDER = r"""
@@ -22,6 +24,9 @@ held.extend(socket.socketpair()); held.append(socket.socket())
 print("ready", s.getsockname()[1], t.getsockname()[1], flush=True)
 time.sleep(60)
 """
+
+
+pytestmark = conform_kit
 
 
 def test_listeners_sees_udp_abstract_unix_and_tcp6_in_another_process():

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from platform_marks import conform_kit  # sdk/tests
 
 from oarbank_sdk.conform import listeners as kit
 
@@ -31,6 +32,9 @@ held.extend(socket.socketpair()); held.append(socket.socket())
 print("ready", s.getsockname()[1], t.getsockname()[1], t4.getsockname()[1], flush=True)
 time.sleep(60)
 """
+
+
+pytestmark = conform_kit
 
 
 @pytest.fixture

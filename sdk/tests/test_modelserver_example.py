@@ -16,12 +16,16 @@ import time
 import pytest
 from modelserver_helpers import BUNDLE, EndpointHTTP, Service, argvs, post  # sdk/tests
 from modelserver_helpers import run_job as _run_job
+from platform_marks import conform_kit  # sdk/tests
 
 from oarbank_sdk import doctorform
 from oarbank_sdk.conform import host
 
 SERVICE_ARGV, RUNNER_ARGV = argvs()
 LOAD_S = 0.6
+
+
+pytestmark = conform_kit
 
 
 def open_fds() -> int:

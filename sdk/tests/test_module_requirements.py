@@ -6,9 +6,11 @@ file and wheels that pass, with real pip against this machine's configured index
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 from pathlib import Path
 
 import pytest
+from platform_marks import conform_kit  # sdk/tests
 
 from oarbank_sdk import cli
 from oarbank_sdk.manifest import requirements as reqs
@@ -101,6 +103,9 @@ def test_parse_reads_continuations_and_comments(tmp_path: Path) -> None:
     assert pins[0].hashes == (SHA, "0" * 64)
 
 
+@pytest.mark.skipif(importlib.util.find_spec("pip") is None,
+                    reason="needs pip in this interpreter (Windows' embeddable CPython under Wine "
+                           "has none)")
 def test_deps_compile_and_bundle_wheels_make_a_module_that_checks(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Real pip against this machine's configured index, for both listed platforms: the file
@@ -143,6 +148,7 @@ if sys.argv[1:3] == ["doctor", "--json"]:
 '''
 
 
+@conform_kit
 @pytest.mark.parametrize("with_env", [True, False], ids=["in-its-env", "without-it"])
 def test_conform_runs_the_module_in_its_environment(tmp_path: Path, with_env: bool,
                                                     capsys: pytest.CaptureFixture[str]) -> None:

@@ -10,8 +10,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+from platform_marks import conform_kit  # sdk/tests
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "openai-compatible"
+
+
+pytestmark = conform_kit
 
 
 def _sdk(*args: str) -> subprocess.CompletedProcess[str]:

@@ -20,6 +20,10 @@ from sandbox_helpers import run_in_own_group
 
 from oarbank_sdk import sandbox
 
+pytestmark = pytest.mark.skipif(
+    sys.platform == "win32", reason="the GPU walls are the Linux launcher's (seccomp, abstract "
+                                    "sockets, /proc, process groups)")
+
 # The driver's own calls (an abstract SOCK_SEQPACKET listener, a write under
 # /proc/self/task/<tid>), then every way out a GPU child must still not have.
 DRIVER_AND_ESCAPES = textwrap.dedent(r"""

@@ -9,9 +9,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+from platform_marks import conform_kit  # sdk/tests
+
 from oarbank_sdk import conform, manifest
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+pytestmark = conform_kit
 
 
 def sdk(*args: str) -> subprocess.CompletedProcess[str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -17,6 +18,10 @@ import pytest
 
 from oarbank_sdk import sandbox
 from oarbank_sdk.sandbox import _linux, _policy, _seatbelt, launch
+
+# The profile's paths are compared with the Linux launcher's grants, which are POSIX paths.
+POSIX_PATHS = pytest.mark.skipif(sys.platform == "win32", reason="the Seatbelt profile and the "
+                                 "Linux launcher's grants are POSIX paths (macOS's and Linux's)")
 
 policy = pytest.importorskip("oarbank_agent.sandbox.policy")
 
@@ -126,6 +131,7 @@ def check_common(request: _policy.LaunchRequest, forms: list, module: SimpleName
         assert p not in ("/", "/tmp", "/private/tmp", "/private/var", "/Users"), p
 
 
+@POSIX_PATHS
 def test_a_runner_writes_its_workdir_and_nothing_else(module: SimpleNamespace) -> None:
     walls = policy.runner_walls(module.ctx, module.workdir)
     request, forms = generated(walls)
@@ -135,6 +141,7 @@ def test_a_runner_writes_its_workdir_and_nothing_else(module: SimpleNamespace) -
         <= paths(forms, "file-read*", "subpath")
 
 
+@POSIX_PATHS
 def test_a_service_writes_its_data_dir_and_nothing_else(module: SimpleNamespace) -> None:
     walls = policy.service_walls(module.ctx, module.node)
     request, forms = generated(walls)

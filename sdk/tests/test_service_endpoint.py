@@ -17,9 +17,12 @@ import warnings
 
 import endpoint_helpers as H  # sdk/tests (conftest.py puts it on the path)
 import pytest
+from platform_marks import fake_agent  # sdk/tests
 
 from oarbank_sdk import service_endpoint as ep
 from oarbank_sdk.endpoint import job as endpoint_job
+
+pytestmark = fake_agent
 
 
 @pytest.fixture

@@ -20,9 +20,12 @@ from pathlib import Path
 
 import endpoint_helpers as H  # sdk/tests (conftest.py puts it on the path)
 import pytest
+from platform_marks import fake_agent  # sdk/tests
 
 from oarbank_sdk import service_endpoint as ep
 from oarbank_sdk.endpoint import job as endpoint_job
+
+pytestmark = fake_agent
 
 
 def _read_line(stream, timeout: float) -> str:

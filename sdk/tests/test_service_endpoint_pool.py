@@ -21,11 +21,14 @@ from pathlib import Path
 
 import endpoint_helpers as H  # sdk/tests (conftest.py puts it on the path)
 import pytest
+from platform_marks import fake_agent  # sdk/tests
 
 from oarbank_sdk import service_endpoint as ep
 from oarbank_sdk.endpoint import job as endpoint_job
 from oarbank_sdk.endpoint import pool as pools
 from oarbank_sdk.endpoint import service as service_side
+
+pytestmark = fake_agent
 
 
 @pytest.fixture

@@ -11,8 +11,11 @@ import threading
 
 import endpoint_helpers as H  # sdk/tests (conftest.py puts it on the path)
 import pytest
+from platform_marks import fake_agent  # sdk/tests
 
 from oarbank_sdk import service_endpoint as ep
+
+pytestmark = fake_agent
 
 
 @pytest.fixture

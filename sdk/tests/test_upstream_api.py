@@ -31,6 +31,7 @@ from pathlib import Path
 
 import endpoint_helpers as H  # sdk/tests (conftest.py puts it on the path)
 import pytest
+from platform_marks import fake_agent  # sdk/tests
 
 from oarbank_sdk import service_endpoint as ep
 from oarbank_sdk.conform import host
@@ -40,6 +41,8 @@ from oarbank_sdk.endpoint import job as endpoint_job
 HERE = Path(__file__).resolve().parent
 UPSTREAM = json.loads((HERE / "upstream_service_endpoint.json").read_text(encoding="utf-8"))
 README = HERE.parent / "README.md"
+
+pytestmark = fake_agent
 
 # A service written against upstream's API: keywords as upstream names them.
 SERVICE = r'''

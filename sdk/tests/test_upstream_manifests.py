@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from platform_marks import conform_kit  # sdk/tests
 
 UPSTREAM = Path(__file__).parent / "manifests" / "upstream"
 MODULES = ("gpuinfo", "modelserver", "reel", "taskbench", "toy")
@@ -76,6 +77,9 @@ EXPECTED: dict[str, list[tuple[str, str]]] = {
     ],
 }
 _NOTE = re.compile(r"^note (.+?): (accepted, not acted on: .+)$")
+
+
+pytestmark = conform_kit
 
 
 def sdk(*args: str) -> subprocess.CompletedProcess[str]:

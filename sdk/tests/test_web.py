@@ -28,14 +28,17 @@ from pathlib import Path
 
 import endpoint_helpers as H  # sdk/tests (conftest.py puts it on the path)
 import httpx
-import openai
 import pytest
 import requests
+from platform_marks import fake_agent  # sdk/tests
 
 from oarbank_sdk import web
 from oarbank_sdk.endpoint import job as endpoint_job
 
 HELPER = Path(__file__).resolve().parent / "web_helpers.py"
+
+
+pytestmark = fake_agent
 
 
 def _read_line(stream, timeout: float) -> str:
@@ -303,6 +306,8 @@ def test_httpx_read_timeout(svc):
 
 
 def test_the_openai_client_through_the_agent(svc):
+    import openai  # here: its pydantic_core does not load under Wine, where the module skips
+
     http_client = httpx.Client(transport=web.HTTPTransport("model"))
     client = openai.OpenAI(base_url="http://model/v1", api_key="unused", http_client=http_client)
     try:

@@ -45,6 +45,7 @@ __all__ = ["PipeStream", "WindowsTransport"]
 # its calls need Windows (``_transport.current`` picks it there).
 _winapi: Any = importlib.import_module("_winapi") if sys.platform == "win32" else None
 _set_handle_inheritable: Any = getattr(os, "set_handle_inheritable", None)
+_get_handle_inheritable: Any = getattr(os, "get_handle_inheritable", None)
 
 _FILE_TYPE_PIPE = 3
 _PIPE_REJECT_REMOTE_CLIENTS = 0x8
@@ -88,6 +89,15 @@ class PipeStream:
 
     def setblocking(self, flag: bool) -> None:
         self._timeout = None if flag else 0.0
+
+    def getblocking(self) -> bool:
+        return self._timeout != 0.0
+
+    def get_inheritable(self) -> bool:
+        return bool(_get_handle_inheritable(self._live()))
+
+    def set_inheritable(self, inheritable: bool) -> None:
+        _set_handle_inheritable(self._live(), inheritable)
 
     def setsockopt(self, *args: Any) -> None:
         """Nothing to set on a pipe (``http.server`` may ask for TCP_NODELAY)."""

@@ -2,9 +2,9 @@
 the other into the job process the connect named, once that pid is known to be in the
 attempt's job object (else ``bad_pid``).
 
-The pair is the SDK's (``oarbank_sdk._winpipe``): a duplex pipe nobody can open by name
-(random name, first and only instance, remote clients refused, opened at once and its client
-checked to be us). Duplication order: the service's end first, then the job's; if the job's
+The pair is the SDK transport's (``current_transport().pair()``): a duplex pipe nobody can
+open by name (random name, first and only instance, remote clients refused, opened at once
+and its client checked to be us). Duplication order: the service's end first, then the job's; if the job's
 fails, the service's copy is closed in the service again, so a refused or failed handover
 leaves no handle behind anywhere. The agent keeps its own two ends until the receipts
 (``received``, ``accepted``) arrive, as on POSIX: ``Handover.close_ours``.
@@ -19,7 +19,7 @@ from typing import Any
 
 from oarbank_agent.platform.windows import winapi
 from oarbank_agent.platform.windows.jobobjects import JobObject
-from oarbank_sdk._winpipe import PipeStream, WindowsTransport
+from oarbank_sdk.protocol import current_transport
 
 __all__ = ["BadPid", "Handover", "hand_over", "duplicate_into", "close_in"]
 
@@ -39,7 +39,7 @@ class BadPid(Exception):
 class Handover:
     job_handle: int  # a handle value in the job's process: the connector's "handle"
     service_handle: int  # a handle value in the service's daemon: the channel's "handle"
-    ours: tuple[PipeStream, PipeStream]
+    ours: tuple[Any, Any]  # the agent's two pipe streams (oarbank_sdk's, socket-shaped)
 
     def close_ours(self) -> None:
         for end in self.ours:
@@ -78,7 +78,7 @@ def hand_over(connect_pid: int, attempt: JobObject, service_pid: int) -> Handove
     duplication fails (a process gone meanwhile)."""
     if not attempt.contains(connect_pid):
         raise BadPid(f"pid {connect_pid} is not a process of this attempt")
-    job_end, service_end = WindowsTransport().pair()
+    job_end, service_end = current_transport().pair()  # Windows: a duplex pipe pair
     try:
         service_handle = duplicate_into(service_pid, service_end.fileno())
         try:
