@@ -235,3 +235,33 @@ def test_a_new_agent_sends_an_old_portal_only_whole_reports(tmp_path: Path,
         proc.wait(20)
         if proc.stdout:
             proc.stdout.close()
+
+
+def test_a_database_outage_is_answered_503_at_once_and_outlived(
+        start_portal: Any, system_package: Any) -> None:
+    from pgcluster import PgCluster
+
+    system_package("postgresql")
+    cluster = PgCluster()  # its own server: this test stops it
+    try:
+        p = start_portal(db=cluster.create_database())
+        docs = [heartbeat(f"n{i}", service_row()) for i in range(6)]
+        assert [g[0] for g in posts_at_once(p, docs)] == [200] * len(docs)
+        cluster.stop_server()
+        got = posts_at_once(p, [heartbeat(d["node_id"], service_row(users=3)) for d in docs])
+        assert {g[0] for g in got} == {503}, got
+        # within the bound (1 s) and a margin for the loaded machine
+        assert max(g[1] for g in got) < 2.5, [round(g[1], 2) for g in got]
+        assert all("again" in g[3]["error"] for g in got)
+        cluster.start_server()
+        deadline = time.monotonic() + 30
+        while True:
+            again = posts_at_once(p, [heartbeat(d["node_id"], service_row(users=4))
+                                      for d in docs])
+            if all(g[0] == 200 for g in again) or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert [g[0] for g in again] == [200] * len(docs)
+        assert {r["users"] for r in p.services()} == {4}
+    finally:
+        cluster.stop()

@@ -15,7 +15,8 @@ nothing: the node's next report is its whole snapshot.
 
 States of a report: queued --(taken in time)--> written --(commit)--> settled with its
 Outcome; queued --(taken too late)--> settled ``overloaded``; a batch whose transaction fails
-is written again one report per transaction, so one bad report fails only itself.
+is written again one report per transaction, so one bad report fails only itself (unless the
+first of them fails too: then the store is down, and all are answered 503 at once).
 """
 
 from __future__ import annotations
@@ -147,12 +148,16 @@ class GroupCommit:
         try:
             return record_batch(self.store, [p.report for p in batch])
         except Exception as e:
+            failed = Outcome("store_error", f"{type(e).__name__}: {e}")
             if len(batch) == 1:
                 log.exception("heartbeat of %s: the store refused it", batch[0].report.node_id)
-                return [Outcome("store_error", f"{type(e).__name__}: {e}")]
+                return [failed]
             log.warning("a batch of %d reports failed (%s: %s); writing them one by one",
                         len(batch), type(e).__name__, e)
-            return [self._write([p])[0] for p in batch]
+        out = [self._write(batch[:1])[0]]
+        if out[0].status == "store_error":  # the store itself is failing: do not try each
+            return out + [failed] * (len(batch) - 1)
+        return out + [self._write([p])[0] for p in batch[1:]]
 
 
 def _settle(done: list[tuple[_Pending, Outcome]]) -> None:
