@@ -26,6 +26,7 @@ Standard library only.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import os
@@ -70,6 +71,9 @@ CONNECTIONS_PER_ATTEMPT = 64
 MAX_PER_ATTEMPT = CONNECTIONS_PER_ATTEMPT  # upstream's name for the same cap
 
 log = logging.getLogger("oarbank_sdk.service_endpoint")
+
+_AF_UNIX = int(getattr(socket, "AF_UNIX", 1))
+_SOCK_STREAM = int(socket.SOCK_STREAM)
 
 
 def _channel_fd(channel: str | None) -> int:
@@ -246,7 +250,9 @@ class Acceptor:
             self._malformed(f"ignoring connection {msg.conn}: {exc}")
             return None
         if isinstance(plain, socket.socket):
-            conn = EndpointSocket(plain.family, plain.type, plain.proto, fileno=plain.detach())
+            # open_stream checked it is a unix stream: said as plain ints, not read back
+            # through socket's enum properties (two enum lookups a connection).
+            conn = EndpointSocket(_AF_UNIX, _SOCK_STREAM, 0, fileno=plain.detach())
         else:  # a Windows pipe stream: forgets itself on close too (its own attributes)
             conn = plain
         conn.attempt = msg.attempt
@@ -267,12 +273,15 @@ class Acceptor:
                 # The cap: the oldest open connection of this attempt makes room.
                 cut.append(conns.pop(next(iter(conns))))
             key = next(self._keys)
-            conns[key] = weakref.ref(conn, lambda _r: self._forget(attempt, key))
-            conn._forget = lambda: self._forget(attempt, key)
+            # One callable for both ways a connection goes (closed, or dropped: the weakref
+            # passes itself, which _forget ignores).
+            forget = functools.partial(self._forget, attempt, key)
+            conns[key] = weakref.ref(conn, forget)
+            conn._forget = forget
         for ref in cut:
             _cut(ref)
 
-    def _forget(self, attempt: int | str, key: int) -> None:
+    def _forget(self, attempt: int | str, key: int, _ref: object = None) -> None:
         with self._track_lock:
             conns = self._open.get(attempt)
             if conns is not None:
