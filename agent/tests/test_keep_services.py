@@ -60,6 +60,13 @@ def keepers(tmp_path: Path) -> list[int]:
             if "oarbank_agent.keep" in line]
 
 
+def wait_kept(agent: Any) -> None:
+    """Until the agent's keeper holds the service's channel (the keeper says so)."""
+    log = agent.state_dir / "keeper.log"
+    agent.wait_for(lambda: log.exists() and "keeps the channel end of" in log.read_text(),
+                   what="the keeper to hold the channel")
+
+
 def served_by(agent: Any) -> set[int]:
     job = agent.run_job("echo", {"requests": 2})
     assert job["state"] == "succeeded", agent.why(job)
@@ -89,10 +96,10 @@ def test_kill_9_the_service_stays_warm_and_serves_the_next_agent(start_agent,
     before = served_by(first)
     (daemon,) = hellos(first)
     assert before == {daemon} and loads(first) == [str(daemon)]
-    first.wait_for(lambda: len(keepers(tmp_path)) == 1, what="the keeper")
+    wait_kept(first)
     # A job at work when the agent dies: its attempt is given back, the next one is served
     # by the same daemon.
-    job = first.submit("echo", {"requests": 2, "sleep_s": 3.0, "sleep_below_attempt": 2})
+    job = first.submit("echo", {"requests": 2, "sleep_s": 30.0, "sleep_below_attempt": 2})
     first.wait_for(lambda: any(r["event"] == "sleep" for r in runs(first)), what="the runner")
     first.kill()
     # The gap: no agent runs; the daemon and the keeper do.
@@ -112,7 +119,7 @@ def test_kill_9_the_service_stays_warm_and_serves_the_next_agent(start_agent,
     log = second.log()
     assert "taken back after the agent restart: the same process" in log, log[-3000:]
     # The old keeper handed over and exited; the second agent owns a new one.
-    assert len(keepers(tmp_path)) == 1
+    second.wait_for(lambda: len(keepers(tmp_path)) == 1, what="one keeper, the new one")
     second.kill()
     end_with_a_plain_agent(start_agent, mod, first, tmp_path, settings)
     assert not alive(daemon)
@@ -123,7 +130,7 @@ def test_sigterm_and_start_keeps_it_too_and_so_does_the_config_key(start_agent, 
     settings = {"echo": {"load_s": 0.3}}
     first = start_agent([mod], settings, extra_args=KEEP)
     (daemon,) = served_by(first)
-    first.wait_for(lambda: len(keepers(tmp_path)) == 1, what="the keeper")
+    wait_kept(first)
     sigterm(first)
     assert alive(daemon), first.log()[-2000:]
     assert "left running for the next agent" in first.log()
@@ -143,7 +150,7 @@ def test_changed_settings_stop_the_kept_service_at_readoption(start_agent,
     mod = write_module(tmp_path / "m")
     first = start_agent([mod], {"echo": {"load_s": 0.3}}, extra_args=KEEP)
     (daemon,) = served_by(first)
-    first.wait_for(lambda: len(keepers(tmp_path)) == 1, what="the keeper")
+    wait_kept(first)
     first.kill()
     changed = {"echo": {"load_s": 0.3, "slots": 3}}
     second = start_agent([mod], changed, state_dir=first.state_dir, extra_args=KEEP)
@@ -174,7 +181,7 @@ def test_kept_then_flag_off_stops_it_and_the_keeper_exits(start_agent, tmp_path:
     settings = {"echo": {"load_s": 0.3}}
     first = start_agent([mod], settings, extra_args=KEEP)
     (daemon,) = served_by(first)
-    first.wait_for(lambda: len(keepers(tmp_path)) == 1, what="the keeper")
+    wait_kept(first)
     first.kill()
     second = start_agent([mod], settings, state_dir=first.state_dir)
     assert not alive(daemon) and not keepers(tmp_path)
@@ -191,7 +198,7 @@ def test_the_keeper_serves_only_its_user_and_state_dir(start_agent, tmp_path: Pa
     mod = write_module(tmp_path / "m")
     first = start_agent([mod], {}, extra_args=KEEP)
     served_by(first)
-    first.wait_for(lambda: len(keepers(tmp_path)) == 1, what="the keeper")
+    wait_kept(first)
     path = first.state_dir / SOCKET_NAME
     assert (path.stat().st_mode & 0o777) == 0o600
     host = platform.current().keeper
@@ -221,7 +228,7 @@ def test_another_user_is_refused_even_when_the_socket_lets_it_in(start_agent,
     mod = write_module(tmp_path / "m")
     first = start_agent([mod], {}, extra_args=KEEP)
     served_by(first)
-    first.wait_for(lambda: len(keepers(tmp_path)) == 1, what="the keeper")
+    wait_kept(first)
     path = first.state_dir / SOCKET_NAME
     first.kill()
     os.chmod(path, 0o666)  # as if the mode were lost: the kernel's word on the peer remains
@@ -246,7 +253,7 @@ def test_the_idle_clock_goes_on_from_where_the_dead_agent_left_it(start_agent,
     first = start_agent([mod], {}, extra_args=KEEP)
     (daemon,) = served_by(first)
     idle_from = time.time()  # the job is over: no users from here on
-    first.wait_for(lambda: len(keepers(tmp_path)) == 1, what="the keeper")
+    wait_kept(first)
     first.kill()
     time.sleep(2.0)
     second = start_agent([mod], {}, state_dir=first.state_dir, extra_args=KEEP)
@@ -264,7 +271,7 @@ def test_a_new_module_version_stops_the_kept_service_at_readoption(start_agent,
     mod = write_module(tmp_path / "m")
     first = start_agent([mod], {}, extra_args=KEEP)
     (daemon,) = served_by(first)
-    first.wait_for(lambda: len(keepers(tmp_path)) == 1, what="the keeper")
+    wait_kept(first)
     first.kill()
     toml = mod / "oarbank-module.toml"
     toml.write_text(toml.read_text().replace('version = "0.0.1"', 'version = "0.0.2"'))
@@ -289,7 +296,7 @@ def test_a_daemon_that_logs_to_stderr_keeps_serving_and_logging(start_agent,
     job = first.run_job("generate", {"prompts": ["a"]}, module="modelserver")
     assert job["state"] == "succeeded", first.why(job)
     (pid,) = job["result"]["provenance"]["service_pids"]
-    first.wait_for(lambda: len(keepers(tmp_path)) == 1, what="the keeper")
+    wait_kept(first)
     first.kill()
     second = start_agent([mod], settings, state_dir=first.state_dir, extra_args=KEEP)
     job = second.run_job("generate", {"prompts": ["b", "c"]}, module="modelserver")
@@ -308,7 +315,7 @@ def test_a_kept_service_that_dies_after_it_is_taken_back_is_seen_and_restarted(
     mod = write_module(tmp_path / "m")
     first = start_agent([mod], {}, extra_args=KEEP)
     (daemon,) = served_by(first)
-    first.wait_for(lambda: len(keepers(tmp_path)) == 1, what="the keeper")
+    wait_kept(first)
     first.kill()
     second = start_agent([mod], {}, state_dir=first.state_dir, extra_args=KEEP)
     assert served_by(second) == {daemon}

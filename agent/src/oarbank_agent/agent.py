@@ -232,7 +232,6 @@ class Agent:
                                for rt in self.supervisor.services.values()))
         readopted = await self.keeping.readopt()  # the kept ones proven the same
         await recovery.adopt_running(self.registry, self.supervisor, kept, readopted=readopted)
-        self.keeping.start()  # --keep-services: a keeper holds every ready service's channel
         self.queue.recover()
         await self.control.start()
         # The host rules an operator set before a restart hold again (hostrules.py).
@@ -251,6 +250,9 @@ class Agent:
         if ready:
             ready()
         try:
+            # --keep-services: from now on a keeper holds every ready endpoint service's
+            # channel (started once the agent serves: its interpreter's start delays nothing).
+            await self.keeping.start()
             await self._stop.wait()
             await drain.wait_running(self.queue.runs, self.jobs, self.config.drain_s,
                                      self.stop_reason or "stop", self._hurry)

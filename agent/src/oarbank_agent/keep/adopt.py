@@ -126,12 +126,12 @@ class Keeping:
         self._taken = {}
         return frozenset(adopted)
 
-    def start(self) -> None:
+    async def start(self) -> None:
         """Own a keeper and tell it of every ready endpoint service from now on."""
         if not self.enabled:
             return
         try:
-            self.link.start()
+            await self.link.start()
         except OSError as exc:
             log.warning("keeper: %s: services will not be kept across a restart", exc)
             return

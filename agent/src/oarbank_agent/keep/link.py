@@ -8,6 +8,7 @@ once and no longer used (its services are then stopped by the next agent, as wit
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
@@ -95,7 +96,7 @@ class KeeperLink:
     def up(self) -> bool:
         return self._sock is not None
 
-    def start(self) -> None:
+    async def start(self) -> None:
         """Start the keeper (a session of its own: neither a signal to the agent's group nor
         the agent's death reaches it) and own it. Raises OSError when it does not answer."""
         host = platform.current().keeper
@@ -115,7 +116,7 @@ class KeeperLink:
                 break
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise OSError(f"the keeper did not start (see {self.state_dir / LOG_NAME})")
-            time.sleep(0.02)
+            await asyncio.sleep(0.02)  # its interpreter starting: the agent serves meanwhile
         try:
             _hello(sock, "own", self.state_dir)
         except BaseException:
