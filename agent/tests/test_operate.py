@@ -219,7 +219,9 @@ def test_node_id_is_kept_and_a_rename_must_be_asked(tmp_path: Path, echo_module:
 
 def test_sigterm_drains_a_running_attempt_to_its_end(start_agent, echo_module: Path) -> None:
     a = start_agent([echo_module], extra_args=["--drain-s", "30"])  # the default
-    job = a.submit("plain", {"sleep_s": 3})
+    # 8 s: the drain must outlast a CLI's start on a loaded machine (with 3 s the agent had
+    # finished before the first refused submit ran, at a load average of 30).
+    job = a.submit("plain", {"sleep_s": 8})
     a.wait_for(lambda: a.status()["jobs"][0]["state"] == "running", 30, "running")
     t0 = time.monotonic()
     os.kill(a.pid, signal.SIGTERM)

@@ -185,15 +185,17 @@ def test_two_agents_on_one_portal(start_portal, browser_page, read_table, screen
     for node in ("node-a", "node-b"):
         expect(row_cells(page, node).nth(STATE)).to_have_text("stopped")
 
-    b.submit(hold_s=1)  # one short job on B: its service starts, then idles out
-    # Three overlapping jobs on A, long enough to outlast B's 1 s job + IDLE_S + a heartbeat
-    # even when A's service comes up seconds before B's (8 s was too short once under load).
+    # One short job on B: its service starts, then idles out. 3 s: B is ready for 3 s + IDLE_S,
+    # which a page refreshed each 0.5 s from 1 s heartbeats sees even under heavy load (with
+    # 1 s, a load average of 30 hid it). Three overlapping jobs on A, long enough to outlast
+    # B's job + IDLE_S + a heartbeat even when A's service comes up seconds before B's.
+    b.submit(hold_s=3)
     for _ in range(3):
-        a.submit(hold_s=12)
+        a.submit(hold_s=16)
 
     # Watched without reloading: B's service comes up for its job, A's for its three.
     # (Generous: a service start under a loaded CI machine took more than 5 s. B's stays ready
-    # for its 1 s job plus IDLE_S, and the page refreshes every 0.5 s.)
+    # for its 3 s job plus IDLE_S, and the page refreshes every 0.5 s.)
     expect(row_cells(page, "node-b").nth(STATE)).to_have_text("ready", timeout=30_000)
     expect(row_cells(page, "node-a").nth(STATE)).to_have_text("ready", timeout=30_000)
     page.wait_for_function(
