@@ -26,9 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from portal_helpers import MODULE_ID, auth, heartbeat, service_row
-
-from conftest import PortalProc, request
+from portal_helpers import MODULE_ID, heartbeat, service_row
 
 REPO = Path(__file__).resolve().parents[2]
 # the last commit before still-alive reports and group commit (issue 33)
@@ -42,7 +40,7 @@ def metric(text: str, name: str, **labels: str) -> float:
     return float(m.group(1)) if m else 0.0
 
 
-def posts_at_once(p: PortalProc, docs: list[dict[str, Any]],
+def posts_at_once(p: Any, docs: list[dict[str, Any]],
                   after: Any = None) -> list[tuple[int, float, dict[str, str], Any]]:
     """Post every doc from its own thread, all released together: (status, seconds, headers,
     what ``after(doc)`` saw right after the answer)."""
@@ -53,8 +51,7 @@ def posts_at_once(p: PortalProc, docs: list[dict[str, Any]],
     def one(i: int) -> None:
         gate.wait()
         t0 = time.monotonic()
-        r = request(p.url, "POST", "/v1/heartbeat", docs[i], headers=auth(tokens[i]),
-                    timeout=30)
+        r = p.post_heartbeat(docs[i], token=tokens[i])
         took = time.monotonic() - t0
         out[i] = (r.status, took, r.headers, after(docs[i]) if after and r.status == 200
                   else r.json())
@@ -196,8 +193,8 @@ def old_portal_src(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out / "ui-pages" / "src"
 
 
-def test_a_new_agent_sends_an_old_portal_only_whole_reports(tmp_path: Path,
-                                                            old_portal_src: Path) -> None:
+def test_a_new_agent_sends_an_old_portal_only_whole_reports(
+        tmp_path: Path, old_portal_src: Path, http_request: Any) -> None:
     from oarbank_agent.reporting.heartbeat import HeartbeatSender
 
     db = tmp_path / "old.db"
@@ -216,7 +213,7 @@ def test_a_new_agent_sends_an_old_portal_only_whole_reports(tmp_path: Path,
         token = subprocess.run([sys.executable, "-m", "oarbank_ui.cli", "token", "issue", "n1",
                                 "--db", str(db)], env=env, capture_output=True, text=True,
                                check=True).stdout.strip()
-        assert request(url, "GET", "/healthz").json()["schema"] == 3  # the old schema
+        assert http_request(url, "GET", "/healthz").json()["schema"] == 3  # the old schema
 
         async def run() -> HeartbeatSender:
             s = HeartbeatSender(url, lambda: heartbeat("n1", service_row()), period_s=0.1,
@@ -228,7 +225,8 @@ def test_a_new_agent_sends_an_old_portal_only_whole_reports(tmp_path: Path,
 
         s = asyncio.run(run())
         assert s.posts_ok >= 5 and s.posts_failed == 0 and s.refusals == {}, s.status()
-        rows = json.loads(request(url, "GET", f"/v1/queries/services?module={MODULE_ID}").body)
+        rows = json.loads(http_request(url, "GET",
+                                       f"/v1/queries/services?module={MODULE_ID}").body)
         assert [r["node_id"] for r in rows] == ["n1"]
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
