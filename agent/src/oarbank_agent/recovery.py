@@ -5,8 +5,9 @@ Rules:
 
 - Every recorded process group (``<state>/procs``) is ended: ops, runners (their jobs are
   requeued) and endpoint services, which are **never adopted** (their channel died with the old
-  agent: nothing could reach them), unless a keeper kept their channel (``--keep-services``). The one exception: the group of a loaded, non-endpoint,
-  non-manual service is kept until its ``fingerprint`` has been asked.
+  agent: nothing could reach them), unless a keeper kept their channel (``--keep-services``).
+  The one exception: the group of a loaded, non-endpoint, non-manual service is kept until
+  its ``fingerprint`` has been asked.
 - A non-endpoint service whose ``fingerprint.running`` is true is **adopted**: it is ready as
   it is (never started twice) and its group, if recorded, is watched from now on. If it is not
   running, its kept group is ended too.
