@@ -91,6 +91,11 @@ class Node(ABC):
     def cleanup(self) -> None:
         """End whatever is left of the node (processes, container). Idempotent."""
 
+    def install_agent(self, version: str) -> str | None:
+        """Install agent ``version`` on the node, as an upgrade would: the next starts run it.
+        None once done; else why this backend cannot (the scenario says so)."""
+        return f"the {type(self).__name__} cannot install another agent version yet"
+
     # --- the agent's life -------------------------------------------------------------------
 
     def start_agent(self, *flags: str, wait_s: float = 60.0) -> None:

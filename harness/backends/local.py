@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import procs
+from harness.agentbuild import install_agent_version
 from harness.backends.base import Backend, CliResult, Node, copy_modules
 
 __all__ = ["LocalBackend", "LocalNode", "agent_command"]
@@ -32,12 +33,20 @@ def agent_command() -> list[str] | None:
 class LocalNode(Node):
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     past_agents: list[int] = field(default_factory=list, repr=False)
+    installed: list[str] | None = None  # an agent version installed since (install_agent)
 
     def host_to_node(self, path: Path) -> str:
         return str(path)
 
+    def _command(self) -> list[str] | None:
+        return self.installed or agent_command()
+
+    def install_agent(self, version: str) -> str | None:
+        self.installed = [str(install_agent_version(self.root / f"agent-{version}", version))]
+        return None
+
     def _spawn_agent(self, argv: list[str]) -> None:
-        cmd = agent_command()
+        cmd = self._command()
         assert cmd is not None
         with open(self.root / "agent.log", "ab") as log:
             kwargs: dict[str, Any] = {}
@@ -72,7 +81,7 @@ class LocalNode(Node):
             self.proc.send_signal(signal.SIGTERM)
 
     def cli(self, *args: str, timeout_s: float = 120.0) -> CliResult:
-        cmd = agent_command()
+        cmd = self._command()
         assert cmd is not None
         try:
             r = subprocess.run([*cmd, *args], capture_output=True, text=True,

@@ -1,7 +1,8 @@
 """agent-upgrade: with `--keep-services` the model stays warm across an agent restart. `kill -9`
-of the agent while jobs use the service, then SIGTERM + start: the same service process
-serves the jobs after each restart and the model is never loaded again; without the flag,
-the contract's rule (the next agent stops the kept service and a new one loads)."""
+of the agent while jobs use the service, then a newer agent version installed and SIGTERM +
+start (the newer one): the same service process serves the jobs after each restart and the
+model is never loaded again; without the flag, the contract's rule (the next agent stops the
+kept service and a new one loads)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,12 @@ def _model_pids(node: Node) -> set[int]:
     return {p.pid for p in node.processes() if "model_service.py" in p.cmdline}
 
 
+def _bumped(version: str) -> str:
+    """The next patch version: 0.1.0 -> 0.1.1."""
+    parts = version.split(".")
+    return ".".join([*parts[:-1], str(int(parts[-1]) + 1)])
+
+
 def _served(ctx: Ctx, node: Node, tag: str, n: int = 2) -> set[int]:
     recs = submit_all(node, FAST, "generate", [{"prompts": [f"{tag}{i}"]} for i in range(n)])
     ctx.check(all(r["state"] == "succeeded" for r in recs),
@@ -23,9 +30,10 @@ def _served(ctx: Ctx, node: Node, tag: str, n: int = 2) -> set[int]:
     return {p for r in recs for p in service_pids(r)}
 
 
-@scenario("agent-upgrade", "with --keep-services, kill -9 and SIGTERM + start of the agent "
-          "keep the model warm: 0 extra loads, the same service pid, jobs after each restart "
-          "served by it; without the flag the restarted agent loads it again",
+@scenario("agent-upgrade", "with --keep-services, kill -9, then a newer agent installed and "
+          "SIGTERM + start keep the model warm: 0 extra loads, the same service pid, jobs "
+          "after each restart served by it; without the flag the restarted agent loads it "
+          "again",
           needs_portal=True)
 def agent_upgrade(ctx: Ctx) -> None:
     node = ctx.node("upgrade-a", ["fastmodel"], settings={FAST: {"load_s": 0.3, "slots": 4}},
@@ -56,15 +64,29 @@ def agent_upgrade(ctx: Ctx) -> None:
     ctx.check(loads(node) == [str(pid)], f"model.loads after the kill: {loads(node)}")
     ctx.note(f"after kill -9: jobs served by the same pid {pid}; loads {loads(node)}")
 
-    # 2. SIGTERM and start: the agent stops, the service does not.
+    # 2. A newer agent is installed, then SIGTERM and start: the agent stops, the service
+    # does not, and the newer agent takes it back (nothing in re-adoption reads the agent's
+    # own version; the module's version, settings and manifest are what must match).
+    before = str(node.status().get("agent_version"))
+    newer = _bumped(before)
+    why_not = node.install_agent(newer)
+    if why_not is None:
+        ctx.note(f"agent {newer} installed next to the running {before}")
+    else:
+        ctx.note(f"no newer agent on this backend ({why_not}): the same version restarts")
     rc = node.stop_agent()
     ctx.check(rc == 0, f"the agent exited {rc} on SIGTERM")
     ctx.check(pid in _model_pids(node), "the model service did not outlive the stopped agent")
     ctx.start(node, *keep)
+    running = str(node.status().get("agent_version"))
+    if why_not is None:
+        ctx.check(running == newer, f"the restarted agent says version {running}, not {newer}")
     after_stop = _served(ctx, node, "t")
-    ctx.check(after_stop == {pid}, f"jobs after SIGTERM + start saw {after_stop}, not {pid}")
+    ctx.check(after_stop == {pid}, f"jobs after SIGTERM + start of agent {running} saw "
+              f"{after_stop}, not {pid}")
     ctx.check(loads(node) == [str(pid)], f"model.loads after SIGTERM + start: {loads(node)}")
-    ctx.note(f"after SIGTERM + start: the same pid {pid}; loads {loads(node)}")
+    ctx.note(f"after SIGTERM + start of agent {running}: the same pid {pid}; "
+             f"loads {loads(node)}")
 
     # 3. Without the flag: the contract's rule; the keeper gives everything back and exits.
     node.stop_agent()

@@ -1,0 +1,41 @@
+"""An upgrade's agent (harness/agentbuild.py): a wheel of this checkout's agent at another
+version, installed in a venv of its own, is the agent a local node runs once installed."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from harness_test_helpers import ECHO, ECHO_ID
+
+from harness.agentbuild import install_agent_version
+from harness.backends.local import LocalBackend
+
+
+def test_the_installed_version_is_the_one_that_runs(tmp_path: Path) -> None:
+    exe = install_agent_version(tmp_path / "up", "9.8.7")
+    r = subprocess.run([str(exe), "--version"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.startswith("oarbank-agent 9.8.7 "), r
+    # Its own copy, not this checkout's editable one.
+    r = subprocess.run([str(exe.parent / "python"), "-I", "-c",
+                        "import oarbank_agent; print(oarbank_agent.__file__)"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.stdout.strip().startswith(str(tmp_path / "up" / "venv")), r
+
+
+def test_a_local_node_runs_the_installed_agent(tmp_path: Path) -> None:
+    backend = LocalBackend()
+    node = backend.make_node("up1", tmp_path / "up1", [ECHO], {}, None)
+    try:
+        node.start_agent()
+        assert node.status()["agent_version"] != "9.8.8"
+        assert node.install_agent("9.8.8") is None
+        assert node.stop_agent() == 0
+        node.start_agent()
+        assert node.status()["agent_version"] == "9.8.8"
+        rec = node.submit(ECHO_ID, "echo", {"x": 1}, wait=True, timeout_s=60)
+        assert rec["state"] == "succeeded", rec
+        assert node.stop_agent() == 0
+    finally:
+        node.cleanup()
+    assert backend.leftovers() == []
