@@ -249,6 +249,7 @@ class Agent:
         self.queue.admit()
         if ready:
             ready()
+        self._tell_manager({"READY": "1", "STATUS": "serving"})  # the control socket answers
         try:
             # --keep-services: from now on a keeper holds every ready endpoint service's
             # channel (started once the agent serves: its interpreter's start delays nothing).
@@ -259,10 +260,23 @@ class Agent:
         finally:
             await self.shutdown()
 
+    @staticmethod
+    def _tell_manager(fields: dict[str, str]) -> None:
+        """systemd (``Type=notify``), where it runs the agent: READY once the control socket
+        answers, STOPPING when the drain begins."""
+        sm = platform.current().service_manager
+        if sm is None or not sm.active():
+            return
+        try:
+            sm.notify(fields)
+        except OSError as exc:
+            log.warning("could not tell the service manager %s: %s", ",".join(fields), exc)
+
     def request_stop(self, why: str = "stop") -> None:
         """Begin the drain (drain.py): nothing more is admitted from now on. Asked again
         while draining: the drain ends now (what still runs is released)."""
         if not self._stop.is_set():
+            self._tell_manager({"STOPPING": "1", "STATUS": f"draining ({why})"})
             self.stop_reason = why
             log.info("stop requested (%s): draining", why)
         elif not self._hurry.is_set():

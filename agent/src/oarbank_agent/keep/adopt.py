@@ -4,8 +4,11 @@ fingerprints: ``decide.py``), and while it runs, the keeper told of every ready 
 service and of every one that stops (``start``, ``changed``); at shutdown, the kept ones are
 left running (``let_go``).
 
-Without the flag the agent still takes what a keeper holds, and stops each service: the
-contract's rule, and no keeper is left behind.
+Under systemd (``$NOTIFY_SOCKET``) the service manager's descriptor store holds the ends
+instead of a keeper process (``fdstore.py``); what a keeper holds is taken as well.
+
+Without the flag the agent still takes what a keeper or the store holds, and stops each
+service: the contract's rule, and no keeper is left behind.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from oarbank_agent import platform, procs
 from oarbank_agent.keep import decide as decision
+from oarbank_agent.keep import fdstore
 from oarbank_agent.keep.link import KeeperLink, Taken, take_over
 from oarbank_agent.keep.record import KeptService, manifest_digest, settings_digest
 from oarbank_agent.services import lifecycle as lc
@@ -48,7 +52,10 @@ class Keeping:
         self.sup = sup
         self.registry = registry
         self.enabled = enabled
-        self.link = KeeperLink(state_dir)
+        self.manager = fdstore.manager()
+        self.link: KeeperLink | fdstore.FdStoreLink = (
+            fdstore.FdStoreLink(self.manager) if self.manager is not None
+            else KeeperLink(state_dir))
         self._taken: Taken = {}
         # service key -> (the channel the keeper holds a copy of, the record it has)
         self._held: dict[str, tuple[Channel, KeptService]] = {}
@@ -57,12 +64,22 @@ class Keeping:
 
     def take(self) -> frozenset[str]:
         """What a previous agent's keeper holds; the keys whose groups are spared for now."""
+        self._taken = {}
+        if self.manager is not None:
+            self._taken = fdstore.take_from_store(self.manager)
         try:
-            self._taken = take_over(self.state_dir)
+            from_keeper = take_over(self.state_dir)
         except (ConnectionError, OSError) as exc:
             log.warning("keeper: could not take what it holds (%s): its services are "
                         "ended with the previous agent's groups", exc)
-            self._taken = {}
+            from_keeper = {}
+        for key, (rec, end, log_fd) in from_keeper.items():
+            if key in self._taken:  # the store's is the newer: this agent's unit wrote it
+                end.close()
+                if log_fd is not None:
+                    os.close(log_fd)
+            else:
+                self._taken[key] = (rec, end, log_fd)
         return frozenset(k for k, (rec, _end, _log) in self._taken.items() if rec is not None)
 
     def _group(self, rec: KeptService) -> procs.GroupRecord | None:

@@ -12,7 +12,7 @@ requests, the event loop, the stream type behind the transport.
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict, TypeVar
 
@@ -26,7 +26,7 @@ __all__ = ["Backend", "FactoryLost", "FileLike", "Watchable", "Watcher", "Stream
            "ClientHandler", "Endpoint", "StateDirHost", "Requests", "Loops", "FactoryHost",
            "SandboxHost",
            "CONTAINMENT_MODES", "CONTAINMENT_HELP", "ContainmentUnavailable", "Group", "Slot",
-           "PopenOptions", "Containment", "Groups", "KeeperHost"]
+           "PopenOptions", "Containment", "Groups", "KeeperHost", "ServiceManager"]
 
 
 # -- the sandbox wrapper and its probe ----------------------------------------------------------
@@ -442,6 +442,27 @@ class KeeperHost(Protocol):
         """When ``pid`` started, as the system counts it; None where it cannot say."""
 
 
+class ServiceManager(Protocol):
+    """The system's service manager, where one runs the agent (systemd's notify protocol and
+    descriptor store): told when the agent is ready, it keeps descriptors across a restart
+    of the agent's unit and hands them back at the next start."""
+
+    def active(self) -> bool:
+        """Whether a service manager runs this agent and listens to it."""
+
+    def notify(self, fields: Mapping[str, str], fds: tuple[int, ...] = ()) -> bool:
+        """Tell it ``fields`` (with ``fds``); False when there is none."""
+
+    def handed_back(self) -> list[tuple[str, int]]:
+        """(name, fd) of each descriptor it handed back at this start (taken once)."""
+
+    def store_bytes(self, name: str, data: bytes) -> int:
+        """A descriptor holding ``data``, to be stored with it."""
+
+    def read_stored(self, fd: int, limit: int = 1 << 20) -> bytes:
+        """What such a descriptor holds."""
+
+
 @dataclass(frozen=True)
 class Backend:
     """The chosen backend: its name and its parts (fields added per part, one section each)."""
@@ -460,3 +481,5 @@ class Backend:
     groups: Groups
     # endpoint channels kept across an agent restart (--keep-services); None: not here
     keeper: KeeperHost | None = None
+    # the service manager running the agent (systemd); None: none is known here
+    service_manager: ServiceManager | None = None

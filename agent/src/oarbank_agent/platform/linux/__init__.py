@@ -22,6 +22,7 @@ def backend() -> Backend:
     from oarbank_agent.platform.linux.factoryhost import LinuxFactoryHost
     from oarbank_agent.platform.linux.groups import LinuxGroups
     from oarbank_agent.platform.linux.sandboxhost import LinuxSandboxHost
+    from oarbank_agent.platform.linux.servicemanager import SystemdManager
     from oarbank_agent.platform.linux.sessions import LinuxSessions
     from oarbank_agent.platform.posix.endpoint import UnixEndpoint
     from oarbank_agent.platform.posix.keeper import PosixKeeperHost
@@ -39,4 +40,5 @@ def backend() -> Backend:
                    factory=LinuxFactoryHost(),
                    # process groups, their limits and containment
                    groups=LinuxGroups(),
-                   keeper=PosixKeeperHost(shortcut=True, started=proctable.start_ticks))
+                   keeper=PosixKeeperHost(shortcut=True, started=proctable.start_ticks),
+                   service_manager=SystemdManager())
