@@ -130,7 +130,16 @@ def test_a_service_speaking_garbage_fails_alone(start_agent, tmp_path: Path) -> 
                    what="the bad service withdrawn")
     row = next(r for r in agent.status()["services"] if r["module"] == "test.agent.bad")
     assert "protocol violation" in row["error"], row
-    job = next(j for j in agent.status()["jobs"] if j["job_id"] == waiting)
+
+
+    def waiting_job() -> dict:
+        return next(j for j in agent.status()["jobs"] if j["job_id"] == waiting)
+
+    # The job admitted to it goes back to the queue (released, uncharged) once its wait for
+    # the service ends, a loop turn or more after the row says withdrawn: waited for, not
+    # raced (CI saw it still `admitted` in between).
+    agent.wait_for(lambda: waiting_job()["state"] != "admitted", 30, "the waiting job released")
+    job = waiting_job()
     assert job["state"] == "queued" and "withdrawn" in job["reason"], job
     assert agent.run_job("echo", {"requests": 3}, module="test.agent.good")["state"] == \
         "succeeded"
