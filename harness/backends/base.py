@@ -52,6 +52,9 @@ class Node(ABC):
     # What runs the agent, when something does (VM: "systemd", whose unit ends a crashed
     # agent's cgroup and restarts it); None: the harness alone.
     supervisor: ClassVar[str | None] = None
+    # What a config file a scenario gives the agent must also say on this backend (the VM:
+    # its log file, which the unit's own config file says and a --config replaces).
+    base_config: ClassVar[str] = ""
 
     @property
     def state_dir(self) -> Path:
@@ -90,6 +93,9 @@ class Node(ABC):
     @abstractmethod
     def cleanup(self) -> None:
         """End whatever is left of the node (processes, container). Idempotent."""
+
+    def push(self, path: Path) -> None:  # noqa: B027 - most backends share the node folder
+        """Make a file written under root since the node started visible to its agent."""
 
     def install_agent(self, version: str) -> str | None:
         """Install agent ``version`` on the node, as an upgrade would: the next starts run it.
@@ -151,6 +157,13 @@ class Node(ABC):
         self.signal_agent("KILL")
         raise NodeError(f"{self.node_id}: the agent did not stop within {timeout_s:.0f}s "
                         "of SIGTERM (killed)")
+
+    def restart_agent(self, *flags: str) -> int | None:
+        """Stop the agent and start it again with ``flags``, as a package upgrade does (under
+        systemd: ``systemctl restart``). The stopped agent's exit status."""
+        rc = self.stop_agent()
+        self.start_agent(*flags)
+        return rc
 
     def kill_agent(self) -> None:
         """`kill -9` the agent: nothing of it runs its shutdown."""

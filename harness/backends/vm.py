@@ -45,6 +45,9 @@ __all__ = ["VmBackend", "VmNode", "VM_RELEASES", "exec_start", "drop_in", "node_
 
 VM_RELEASES = ("bookworm",)
 DROP_IN = f"/etc/systemd/system/{AGENT_UNIT}.d/harness.conf"
+# --keep-services: the project's drop-in, installed as agent/README.md says (KillMode=process).
+KEEP_DROP_IN = f"/etc/systemd/system/{AGENT_UNIT}.d/keep-services.conf"
+KEEP_CONF = Path(__file__).resolve().parents[2] / "agent" / "systemd" / "keep-services.conf"
 CGROUP = f"/system.slice/{AGENT_UNIT}"
 START_WAIT_S = 300.0  # the agent's start under TCG (its sandbox probe, Python's imports)
 # Between two `status` calls: each is an interpreter start and the agent's imports, seconds of
@@ -101,8 +104,10 @@ def _show(text: str) -> dict[str, str]:
 @dataclass
 class VmNode(Node):
     supervisor: ClassVar[str | None] = "systemd"
+    base_config: ClassVar[str] = f'log_file = "{LOG_FILE}"\n'
     machine: Machine | None = field(default=None, repr=False)
     main_pid: int = 0  # the agent this node started (systemd's MainPID then)
+    _verb: str = "start"  # how systemctl brings the agent up: start, or restart
     _status_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _status_end: float = 0.0
 
@@ -128,7 +133,8 @@ class VmNode(Node):
                             "ActiveState,SubState,NRestarts", AGENT_UNIT)
         return _show(r.stdout)
 
-    def push(self, path: Path, *, mode: int = 0o644, owner: str | None = None) -> None:
+    def push(self, path: Path, *, mode: int = 0o644,  # type: ignore[override]
+             owner: str | None = None) -> None:
         """Copy a host file under the node's folder to where the agent sees it."""
         self._control().write(node_path(self.root, path), path.read_bytes(), mode=mode,
                               owner=owner)
@@ -153,18 +159,33 @@ class VmNode(Node):
         if token.is_file():
             self.push(token, mode=0o600, owner=AGENT_USER)  # the unit's user's, 0600
         self._control().write(DROP_IN, drop_in(argv).encode())
+        if "--keep-services" in argv:
+            self._control().write(KEEP_DROP_IN, KEEP_CONF.read_bytes())
+        else:
+            self._run(["rm", "-f", KEEP_DROP_IN])
         # Enabled as the agent README does: multi-user.target then wants it, so systemd keeps
         # the unit loaded after it stops, with its main process's exit status.
         for args in (("enable", "--no-reload", AGENT_UNIT), ("daemon-reload",)):
             r = self._systemctl(*args)
             if r.rc != 0:
                 raise NodeError(f"{self.node_id}: systemctl {' '.join(args)}: {r}")
-        r = self._systemctl("start", AGENT_UNIT)
+        r = self._systemctl(self._verb, AGENT_UNIT)
         if r.rc != 0:
-            raise NodeError(f"{self.node_id}: systemctl start {AGENT_UNIT}: {r}; "
+            raise NodeError(f"{self.node_id}: systemctl {self._verb} {AGENT_UNIT}: {r}; "
                             f"{self.log_tail()}")
         pid = self._unit().get("MainPID", "0")
         self.main_pid = int(pid) if pid.isdigit() else 0
+
+    def restart_agent(self, *flags: str) -> int | None:
+        """`systemctl restart` with the new flags: what a package upgrade does (the unit's
+        descriptor store is kept across it). None: the stopped agent's exit status is not
+        what `systemctl show` says after the restart (the new agent's is)."""
+        self._verb = "restart"
+        try:
+            self.start_agent(*flags)
+        finally:
+            self._verb = "start"
+        return None
 
     def agent_alive(self) -> bool:
         if not self.main_pid or self.machine is None or not self.machine.alive():

@@ -41,7 +41,8 @@ def agent_upgrade(ctx: Ctx) -> None:
     # fastmodel idles out after 3 s, and a kept service's idle clock goes on through the gap
     # (it would be stopped at once once taken back): a minute here, per node, as operators do.
     cfg = node.root / "agent.toml"
-    cfg.write_text(f'[services."{FAST}/model"]\nidle_timeout_s = 60\n')
+    cfg.write_text(f'{node.base_config}[services."{FAST}/model"]\nidle_timeout_s = 60\n')
+    node.push(cfg)
     keep = (KEEP, "--config", node.host_to_node(cfg))
     ctx.start(node, *keep)
     (pid,) = _served(ctx, node, "w", 1)
@@ -74,10 +75,17 @@ def agent_upgrade(ctx: Ctx) -> None:
         ctx.note(f"agent {newer} installed next to the running {before}")
     else:
         ctx.note(f"no newer agent on this backend ({why_not}): the same version restarts")
-    rc = node.stop_agent()
-    ctx.check(rc == 0, f"the agent exited {rc} on SIGTERM")
-    ctx.check(pid in _model_pids(node), "the model service did not outlive the stopped agent")
-    ctx.start(node, *keep)
+    if node.supervisor == "systemd":
+        # `systemctl restart`, as a package upgrade does: the unit's descriptor store is
+        # kept across it (a stop, then a start, flushes it on systemd before 254).
+        node.restart_agent(*keep, *ctx.agent_flags)
+        ctx.note(f"{node.node_id}: systemctl restart (start #{node.agent_starts})")
+    else:
+        rc = node.stop_agent()
+        ctx.check(rc == 0, f"the agent exited {rc} on SIGTERM")
+        ctx.check(pid in _model_pids(node),
+                  "the model service did not outlive the stopped agent")
+        ctx.start(node, *keep)
     running = str(node.status().get("agent_version"))
     if why_not is None:
         ctx.check(running == newer, f"the restarted agent says version {running}, not {newer}")
