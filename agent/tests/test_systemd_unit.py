@@ -19,7 +19,6 @@ UNIT = REPO / "agent" / "systemd" / "oarbank-agent.service"
 EXAMPLE_CONFIG = REPO / "agent" / "systemd" / "agent.toml"
 KEEP_DROP_IN = REPO / "agent" / "systemd" / "keep-services.conf"
 INSTALLED = "/opt/oarbank/venv/bin/oarbank-agent"
-VENV_PYTHON = "/opt/oarbank/venv/bin/python"
 
 
 def _service() -> dict[str, str]:
@@ -46,8 +45,7 @@ def test_systemd_analyze_verify_is_silent(system_package, tmp_path: Path) -> Non
     assert r.returncode == 0 and r.stdout + r.stderr == "", (r.stdout, r.stderr)
     # With the --keep-services drop-in (verify reads no drop-in folder here: the unit and
     # the drop-in in one file, the drop-in's lines last, as systemd applies them).
-    unit.write_text(text.replace(INSTALLED, str(exe)) + "\n" + KEEP_DROP_IN.read_text()
-                    .replace(VENV_PYTHON, sys.executable))
+    unit.write_text(text.replace(INSTALLED, str(exe)) + "\n" + KEEP_DROP_IN.read_text())
     r = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0 and r.stdout + r.stderr == "", (r.stdout, r.stderr)
@@ -95,9 +93,6 @@ def test_the_keep_services_drop_in_leaves_the_services_to_the_agent() -> None:
     p = configparser.ConfigParser(strict=False, interpolation=None)
     p.optionxform = str  # type: ignore[assignment,method-assign]
     p.read_string(KEEP_DROP_IN.read_text())
-    # Signals go to the agent alone; before each start, root gives the controllers back
-    # (cgroupreset.py), failures logged only; the rest of the unit stays as is.
-    assert dict(p["Service"]) == {
-        "KillMode": "process",
-        "ExecStartPre": f"+-{VENV_PYTHON} -I -m oarbank_agent.platform.linux.cgroupreset"}
+    # Only the kill mode: signals go to the agent alone; the rest of the unit stays as is.
+    assert dict(p["Service"]) == {"KillMode": "process"}
     assert p.sections() == ["Service"]

@@ -213,8 +213,14 @@ class Agent:
         if self.fault is not None:
             log.warning("!!! %s !!!", faults.describe(self.fault))
         box = containment.current()  # one line: which resource limits are enforced here
-        resourcelimits.install(resourcelimits.setup(box.base if box.enabled else None,
-                                                    box.note))
+        base, why = (box.base if box.enabled else None), box.note
+        if self.keeping.enabled and self.keeping.manager is not None:
+            # Kept services stay in the unit, where systemd puts the next agent; limits given
+            # out below the unit would make that start fail (agent/systemd/keep-services.conf
+            # says why; seen on the VM backend), so none are.
+            base, why = None, ("--keep-services under systemd: no limits below the unit, so "
+                               "that systemd can start the next agent in it")
+        resourcelimits.install(resourcelimits.setup(base, why))
         self.table.limits_known = True
         for ctx in self.modules.values():
             self.table.warn_unmet_limits(ctx)
