@@ -133,8 +133,7 @@ class VmNode(Node):
                             "ActiveState,SubState,NRestarts", AGENT_UNIT)
         return _show(r.stdout)
 
-    def push(self, path: Path, *, mode: int = 0o644,  # type: ignore[override]
-             owner: str | None = None) -> None:
+    def push(self, path: Path, *, mode: int = 0o644, owner: str | None = None) -> None:
         """Copy a host file under the node's folder to where the agent sees it."""
         self._control().write(node_path(self.root, path), path.read_bytes(), mode=mode,
                               owner=owner)
