@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -49,6 +50,18 @@ def processes_referencing(path: Path) -> list[str]:
         if needle in cmd or needle in env or cwd.startswith(needle):
             found.append(f"{p.pid}: {cmd.strip()[:200]}")
     return found
+
+
+def end_leftovers(path: Path) -> list[str]:
+    """A test's end: SIGKILL every process still referencing ``path`` (so a failing test's do
+    not outlive it) and return what was found, for the test to assert empty."""
+    left = processes_referencing(path)  # (never this process)
+    for line in left:
+        try:
+            os.kill(int(line.split(":", 1)[0]), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return left
 
 
 # --- modules ------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from typing import Any
 
 import psutil
 import pytest
-from agent_helpers import EXAMPLE, alive, processes_referencing, read_jsonl, write_module
+from agent_helpers import EXAMPLE, alive, end_leftovers, processes_referencing, read_jsonl, write_module
 
 from oarbank_agent.keep.keeper import SOCKET_NAME
 from testsupport.privilege import require_root
@@ -31,13 +31,7 @@ def no_orphans(tmp_path: Path) -> Iterator[None]:
     """Every process of the test (daemons, the keeper) is gone at its end; a failing test's
     are ended here so they do not outlive it."""
     yield
-    left = [line for line in processes_referencing(tmp_path)
-            if int(line.split(":", 1)[0]) != os.getpid()]
-    for line in left:
-        try:
-            os.kill(int(line.split(":", 1)[0]), signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    left = end_leftovers(tmp_path)
     assert not left, "left behind:\n" + "\n".join(left)
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_helpers import alive, processes_referencing, write_module
+from agent_helpers import alive, end_leftovers, processes_referencing, write_module
 
 from oarbank_agent.operate import control
 from oarbank_agent.platform.linux.servicemanager import parse_handed_back
@@ -156,13 +156,7 @@ def played(tmp_path: Path) -> Iterator[PlayedSystemd]:
     sd = PlayedSystemd()
     yield sd
     sd.close()
-    left = [line for line in processes_referencing(tmp_path)
-            if int(line.split(":", 1)[0]) != os.getpid()]
-    for line in left:
-        try:
-            os.kill(int(line.split(":", 1)[0]), signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    left = end_leftovers(tmp_path)
     assert not left, "left behind:\n" + "\n".join(left)
 
 
