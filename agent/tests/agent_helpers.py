@@ -3,14 +3,16 @@ dirs, test modules written into tmp dirs, leftover-process detection."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -141,6 +143,38 @@ def alive(pid: int) -> bool:
         return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
     except (psutil.Error, OSError):
         return False
+
+
+# --- a portal -----------------------------------------------------------------------------------
+
+PORTAL = [sys.executable, "-m", "oarbank_ui.cli"]
+
+
+@contextlib.contextmanager
+def running_portal(tmp_path: Path, *serve_args: str) -> Iterator[dict[str, Any]]:
+    """A real portal (``oarbank-portal serve``) on a loopback port with its SQLite store in
+    ``tmp_path``: ``{"url", "db"}``; ended (its session) at the end."""
+    db = tmp_path / "portal.db"
+    log = open(tmp_path / "portal.log", "wb")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen([*PORTAL, "serve", "--db", str(db), "--listen", "127.0.0.1:0",
+                             *serve_args],
+                            stdout=subprocess.PIPE, stderr=log, start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        line = b""
+        deadline = time.monotonic() + 60
+        while not line.endswith(b"\n"):
+            assert time.monotonic() < deadline and proc.poll() is None, "portal did not start"
+            if select.select([proc.stdout], [], [], 1)[0]:
+                line += os.read(proc.stdout.fileno(), 1)
+        yield {"url": line.decode().split()[-1], "db": db}
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(20)
+        assert proc.stdout is not None
+        proc.stdout.close()
+        log.close()
 
 
 # --- agents -------------------------------------------------------------------------------------

@@ -5,13 +5,9 @@ the agent's unchanged reports go as short still-alives that keep the node fresh.
 
 from __future__ import annotations
 
-import os
 import re
-import select
-import signal
 import sqlite3
 import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -19,35 +15,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_helpers import RunningAgent, write_module
+from agent_helpers import PORTAL, RunningAgent, running_portal, write_module
 
-PORTAL = [sys.executable, "-m", "oarbank_ui.cli"]
 RETRY_AFTER_S = 2
 
 
 @pytest.fixture
 def portal(tmp_path: Path) -> Iterator[dict[str, Any]]:
-    db = tmp_path / "portal.db"
-    log = open(tmp_path / "portal.log", "wb")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen([*PORTAL, "serve", "--db", str(db), "--listen", "127.0.0.1:0",
-                             "--ingest-bound-s", "0.3", "--retry-after-s", str(RETRY_AFTER_S)],
-                            stdout=subprocess.PIPE, stderr=log, start_new_session=True)
-    try:
-        assert proc.stdout is not None
-        line = b""
-        deadline = time.monotonic() + 60
-        while not line.endswith(b"\n"):
-            assert time.monotonic() < deadline and proc.poll() is None, "portal did not start"
-            if select.select([proc.stdout], [], [], 1)[0]:
-                line += os.read(proc.stdout.fileno(), 1)
-        yield {"url": line.decode().split()[-1], "db": db}
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(20)
-        assert proc.stdout is not None
-        proc.stdout.close()
-        log.close()
+    with running_portal(tmp_path, "--ingest-bound-s", "0.3",
+                        "--retry-after-s", str(RETRY_AFTER_S)) as p:
+        yield p
 
 
 def metric(url: str, name: str) -> float:

@@ -4,45 +4,21 @@ and shown in `status`."""
 
 from __future__ import annotations
 
-import os
 import re
-import select
-import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_helpers import RunningAgent, write_module
-
-PORTAL = [sys.executable, "-m", "oarbank_ui.cli"]
+from agent_helpers import PORTAL, RunningAgent, running_portal, write_module
 
 
 @pytest.fixture
 def portal(tmp_path: Path) -> Iterator[dict[str, Any]]:
-    db = tmp_path / "portal.db"
-    log = open(tmp_path / "portal.log", "wb")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen([*PORTAL, "serve", "--db", str(db), "--listen", "127.0.0.1:0"],
-                            stdout=subprocess.PIPE, stderr=log, start_new_session=True)
-    try:
-        assert proc.stdout is not None
-        line = b""
-        deadline = time.monotonic() + 60
-        while not line.endswith(b"\n"):
-            assert time.monotonic() < deadline and proc.poll() is None, "portal did not start"
-            if select.select([proc.stdout], [], [], 1)[0]:
-                line += os.read(proc.stdout.fileno(), 1)
-        yield {"url": line.decode().split()[-1], "db": db}
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(20)
-        assert proc.stdout is not None
-        proc.stdout.close()
-        log.close()
+    with running_portal(tmp_path) as p:
+        yield p
 
 
 def portal_cli(*args: str, db: Path) -> str:

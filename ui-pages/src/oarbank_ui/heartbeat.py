@@ -145,12 +145,7 @@ def parse_heartbeat(doc: Any) -> Heartbeat:
     for key in ("node_id", "hostname", "time", "services"):
         if key not in doc:
             raise HeartbeatError(f"{key}: missing")
-    node_id = _text(doc["node_id"], "node_id")
-    hostname = _text(doc["hostname"], "hostname")
-    assert node_id is not None and hostname is not None
-    t = doc["time"]
-    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
-        raise HeartbeatError(f"time: must be unix seconds (a number >= 0), got {t!r}")
+    node_id, hostname, t = _identity(doc)
     services = doc["services"]
     if not isinstance(services, list):
         raise HeartbeatError(f"services: must be a list, got {_kind(services)}")
@@ -163,11 +158,7 @@ def parse_heartbeat(doc: Any) -> Heartbeat:
         if pair in seen:
             raise HeartbeatError(f"services[{i}]: {row.module}/{row.service} reported twice")
         seen.add(pair)
-    period = doc.get("heartbeat_s", DEFAULT_HEARTBEAT_S)
-    if (isinstance(period, bool) or not isinstance(period, (int, float))
-            or not math.isfinite(period) or not 0 < period <= MAX_HEARTBEAT_S):
-        raise HeartbeatError(f"heartbeat_s: must be seconds in (0, {MAX_HEARTBEAT_S:g}], "
-                             f"got {period!r}")
+    period = _period(doc)
     stopped = doc.get("agent_stopped", False)
     if not isinstance(stopped, bool):
         raise HeartbeatError(f"agent_stopped: must be true or false, got {_kind(stopped)}")
@@ -176,26 +167,35 @@ def parse_heartbeat(doc: Any) -> Heartbeat:
         if not isinstance(metrics, dict):
             raise HeartbeatError(f"metrics: must be an object, got {_kind(metrics)}")
         metrics = {k: _count(metrics.get(k), f"metrics.{k}") for k in NODE_METRICS}
-    return Heartbeat(node_id=node_id, hostname=hostname, time=float(t), services=rows,
-                     heartbeat_s=float(period), agent_stopped=stopped, metrics=metrics)
+    return Heartbeat(node_id=node_id, hostname=hostname, time=t, services=rows,
+                     heartbeat_s=period, agent_stopped=stopped, metrics=metrics)
 
 
-def _head(doc: dict[str, Any]) -> tuple[str, str, float, float]:
-    for key in ("node_id", "hostname", "time"):
-        if key not in doc:
-            raise HeartbeatError(f"{key}: missing")
+def _identity(doc: dict[str, Any]) -> tuple[str, str, float]:
+    """``node_id``, ``hostname`` and ``time`` of a report (whole or still-alive), checked."""
     node_id = _text(doc["node_id"], "node_id")
     hostname = _text(doc["hostname"], "hostname")
     assert node_id is not None and hostname is not None
     t = doc["time"]
     if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
         raise HeartbeatError(f"time: must be unix seconds (a number >= 0), got {t!r}")
+    return node_id, hostname, float(t)
+
+
+def _period(doc: dict[str, Any]) -> float:
     period = doc.get("heartbeat_s", DEFAULT_HEARTBEAT_S)
     if (isinstance(period, bool) or not isinstance(period, (int, float))
             or not math.isfinite(period) or not 0 < period <= MAX_HEARTBEAT_S):
         raise HeartbeatError(f"heartbeat_s: must be seconds in (0, {MAX_HEARTBEAT_S:g}], "
                              f"got {period!r}")
-    return node_id, hostname, float(t), float(period)
+    return float(period)
+
+
+def _head(doc: dict[str, Any]) -> tuple[str, str, float, float]:
+    for key in ("node_id", "hostname", "time"):
+        if key not in doc:
+            raise HeartbeatError(f"{key}: missing")
+    return (*_identity(doc), _period(doc))
 
 
 def parse_report(doc: Any) -> Heartbeat | StillAlive:
