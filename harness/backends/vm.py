@@ -170,6 +170,12 @@ class VmNode(Node):
                 raise NodeError(f"{self.node_id}: systemctl {' '.join(args)}: {r}")
         r = self._systemctl(self._verb, AGENT_UNIT)
         if r.rc != 0:
+            props = self._unit()
+            if props.get("ExecMainPID", "0") != "0" and props.get("MainPID") == "0":
+                # Type=notify: `systemctl start` waits for READY=1, so an agent that exits on
+                # start fails the start itself; said as every backend says it.
+                raise NodeError(f"{self.node_id}: the agent exited ({exit_code(props)}) on "
+                                f"start: {self.log_tail()}")
             raise NodeError(f"{self.node_id}: systemctl {self._verb} {AGENT_UNIT}: {r}; "
                             f"{self.log_tail()}")
         pid = self._unit().get("MainPID", "0")
