@@ -34,7 +34,12 @@ def _served(ctx: Ctx, node: Node, tag: str, n: int = 2) -> set[int]:
           "SIGTERM + start keep the model warm: 0 extra loads, the same service pid, jobs "
           "after each restart served by it; without the flag the restarted agent loads it "
           "again",
-          needs_portal=True)
+          needs_portal=True,
+          # Opt-in until it holds on every backend: it passes on local (also under the darwin
+          # profile) and on vm:bookworm under the systemd unit, and fails on the container
+          # backend, where the kept service dies with the killed agent (issue 31, open).
+          opt_in="--keep-services: passes on local and vm:bookworm (systemd); fails on "
+                 "container backends (the kept service dies with the killed agent there)")
 def agent_upgrade(ctx: Ctx) -> None:
     node = ctx.node("upgrade-a", ["fastmodel"], settings={FAST: {"load_s": 0.3, "slots": 4}},
                     start=False)
