@@ -94,7 +94,10 @@ def test_kill_9_the_service_stays_warm_and_serves_the_next_agent(start_agent,
     # A job at work when the agent dies: its attempt is given back, the next one is served
     # by the same daemon.
     job = first.submit("echo", {"requests": 2, "sleep_s": 30.0, "sleep_below_attempt": 2})
-    first.wait_for(lambda: any(r["event"] == "sleep" for r in runs(first)), what="the runner")
+    # Its own sleep: every runner records one (the served_by job's with sleep_s 0), and a
+    # kill before this job's runner started left nothing to give back (flaky: 2 runs in 4).
+    first.wait_for(lambda: any(r["event"] == "sleep" and str(r["attempt"]).startswith(job)
+                               for r in runs(first)), what="the job's runner at work")
     first.kill()
     # The gap: no agent runs; the daemon and the keeper do.
     time.sleep(1.0)
