@@ -64,12 +64,18 @@ def user_sid() -> str:
         text = ctypes.c_wchar_p()
         if not _adv.ConvertSidToStringSidW(ctypes.c_void_p(sid), ctypes.byref(text)):
             raise _fail("ConvertSidToStringSidW")
-        try:
-            return str(text.value)
-        finally:
-            _k32.LocalFree(text)
+        return _take_local_text(_k32, text)
     finally:
         _k32.CloseHandle(token)
+
+
+def _take_local_text(k32: Any, text: ctypes.c_wchar_p) -> str:
+    """A string the system allocated for us (the SDDL converters' output), copied, then
+    given back with ``LocalFree``."""
+    try:
+        return str(text.value)
+    finally:
+        k32.LocalFree(text)
 
 
 def owner_only_sddl(sid: str) -> str:
@@ -118,9 +124,6 @@ def dacl_of(handle: int) -> str:
                 descriptor, _SDDL_REVISION_1, _DACL_SECURITY_INFORMATION, ctypes.byref(text),
                 None):
             raise _fail("ConvertSecurityDescriptorToStringSecurityDescriptorW")
-        try:
-            return str(text.value)
-        finally:
-            _k32.LocalFree(text)
+        return _take_local_text(_k32, text)
     finally:
         _k32.LocalFree(descriptor)
