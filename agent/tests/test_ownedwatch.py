@@ -4,13 +4,15 @@ cannot prove over are left alone. The pure choice first, then a real agent."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 from agent_helpers import read_jsonl, write_module
 
-from oarbank_agent.services.ownedwatch import DEBOUNCE_S, to_destroy
+from oarbank_agent.services.ownedwatch import DEBOUNCE_S, Reaper, to_destroy
 
 
 def test_only_objects_of_attempts_that_are_over_are_destroyed() -> None:
@@ -20,6 +22,31 @@ def test_only_objects_of_attempts_that_are_over_are_destroyed() -> None:
     assert to_destroy(objects, live={4}, last_given=5) == (["done"], None)
     assert to_destroy({"id": "x"}, set(), 5) == (
         [], "list_owned: 'objects' must be a list, got dict")
+
+
+def test_pokes_within_the_debounce_fold_into_one_round() -> None:
+    """The folding itself: six pokes 20 ms apart within a 0.5 s debounce are one round, a poke
+    after it is another. (A supervisor without services stands in for the agent's, so a round costs
+    nothing: with a real module each ``list_owned`` is a process start, and a slow start would
+    fold the pokes by itself and hide a missing debounce; the test with the real agent is below.)
+    """
+    async def main() -> tuple[int, int]:
+        sup = SimpleNamespace(services={}, shutting_down=False)
+        reaper = Reaper(sup, lambda: (set(), 0), interval_s=3600, debounce_s=0.5)  # type: ignore[arg-type]
+        reaper.start()
+        try:
+            for _ in range(6):
+                reaper.poke()
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(1.0)
+            burst = reaper.rounds
+            reaper.poke()
+            await asyncio.sleep(1.0)
+            return burst, reaper.rounds
+        finally:
+            await reaper.aclose()
+
+    assert asyncio.run(main()) == (1, 2)
 
 
 def test_objects_of_an_ended_attempt_are_destroyed_with_force(start_agent,
