@@ -21,6 +21,8 @@ import stat
 import sys
 from typing import Protocol
 
+from oarbank_sdk._handles import UnsupportedHandle, parse_scheme
+
 __all__ = ["Transport", "PosixTransport", "current", "UnsupportedHandle", "parse_scheme"]
 
 # How many descriptors one receive may carry. The protocol attaches at most one per message,
@@ -28,10 +30,6 @@ __all__ = ["Transport", "PosixTransport", "current", "UnsupportedHandle", "parse
 # rather than have the kernel truncate silently.
 _MAX_FDS_PER_RECV = 16
 MAX_HANDLES = _MAX_FDS_PER_RECV  # per message, ``send_handles``
-
-
-class UnsupportedHandle(ValueError):
-    """A handle value this platform cannot open (wrong scheme, not a number, not a socket)."""
 
 
 class Transport(Protocol):
@@ -76,17 +74,6 @@ class Transport(Protocol):
     def is_stream(self, handle: int) -> bool:
         """Whether ``handle`` is a stream this transport opens. Raises ``OSError`` when it is
         not open at all."""
-
-
-def parse_scheme(scheme: str, value: str, what: str) -> int:
-    """``<scheme>:<n>`` -> n. Raises ``UnsupportedHandle``."""
-    prefix = scheme + ":"
-    if not isinstance(value, str) or not value.startswith(prefix):
-        raise UnsupportedHandle(f"handle {value!r} is not of the form '{prefix}<n>'")
-    digits = value[len(prefix) :]
-    if not digits.isdigit():
-        raise UnsupportedHandle(f"handle {value!r}: '{digits}' is not a {what}")
-    return int(digits)
 
 
 # Made once, as plain ints (the hot path; ``socket``'s flags are enum members, and mixing

@@ -39,6 +39,8 @@ import threading
 import time
 from typing import Any
 
+from oarbank_sdk._handles import UnsupportedHandle, parse_scheme
+
 __all__ = ["PipeStream", "WindowsTransport"]
 
 # Windows only, reached as Any: the module imports (and type-checks) on every system; only
@@ -310,16 +312,12 @@ class WindowsTransport:
         return PipeStream(server), PipeStream(client)
 
     def parse(self, value: str) -> int:
-        from oarbank_sdk._transport import parse_scheme
-
         return parse_scheme(self.scheme, value, "handle number")
 
     def format(self, handle: int) -> str:
         return f"{self.scheme}:{handle}"
 
     def open_stream(self, handle: int) -> PipeStream:
-        from oarbank_sdk._transport import UnsupportedHandle
-
         try:
             kind = _winapi.GetFileType(handle)
         except OSError as exc:
@@ -364,8 +362,6 @@ class WindowsTransport:
 
 
 def _no_attach() -> ValueError:
-    from oarbank_sdk._transport import UnsupportedHandle
-
     return UnsupportedHandle("on Windows a handle does not ride along a message: the sender "
                              "duplicates it into the receiver and names it in the message")
 

@@ -138,6 +138,6 @@ def start(confined: bool, report: Report) -> bool:
 
 def probe() -> str | None:
     """None when a launch with a watch works here."""
-    from oarbank_sdk.sandbox import _notify
+    from oarbank_sdk import sandbox
 
-    return _notify.probe()
+    return sandbox.notify_probe()

@@ -265,10 +265,31 @@ def landlock_abi() -> int:
 
 def notify_probe() -> str | None:
     """None when network attempts of a confined child can be watched here (one real launch with
-    a watch), else why not: the filter still refuses them, nobody counts them."""
-    from ._notify import probe
+    a watch: one confined ``python -I -S -c pass``), else why not (the launcher's refusal, say on
+    a kernel without user notification): the filter still refuses them, nobody counts them."""
+    import subprocess
 
-    return probe()
+    from ._notify import Watch
+
+    w = Watch(name="oarbank-notify-probe")
+    child_fd = w.child_fd
+    assert child_fd is not None  # a new watch holds it until spawned()
+    try:
+        argv = wrap([sys.executable, "-I", "-S", "-c", "pass"], notify_fd=child_fd)
+        try:
+            done = subprocess.run(argv, pass_fds=(child_fd,), capture_output=True, text=True,
+                                  timeout=30, stdin=subprocess.DEVNULL, check=False)
+        finally:
+            w.spawned()
+        if done.returncode != 0:
+            return (done.stderr.strip() or f"exit {done.returncode}")[-300:]
+        if w.take():
+            return "the launcher's self-test was counted as an attempt"
+        return None
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    finally:
+        w.close()
 
 
 def notify_session(sock: socket.socket, record: Callable[[Attempt], None]) -> NotifySession:

@@ -380,32 +380,3 @@ class Watch:
                         self.listening.set()
                 elif not session.on_listener():
                     return  # no process uses the filter any more
-
-
-def probe() -> str | None:
-    """None when a launch with a watch works here (one confined ``python -I -S -c pass``),
-    else why not (the launcher's refusal, say on a kernel without user notification)."""
-    import subprocess
-    import sys
-
-    from oarbank_sdk import sandbox
-
-    w = Watch(name="oarbank-notify-probe")
-    child_fd = w.child_fd
-    assert child_fd is not None  # a new watch holds it until spawned()
-    try:
-        argv = sandbox.wrap([sys.executable, "-I", "-S", "-c", "pass"], notify_fd=child_fd)
-        try:
-            done = subprocess.run(argv, pass_fds=(child_fd,), capture_output=True, text=True,
-                                  timeout=30, stdin=subprocess.DEVNULL, check=False)
-        finally:
-            w.spawned()
-        if done.returncode != 0:
-            return (done.stderr.strip() or f"exit {done.returncode}")[-300:]
-        if w.take():
-            return "the launcher's self-test was counted as an attempt"
-        return None
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"{type(exc).__name__}: {exc}"
-    finally:
-        w.close()
