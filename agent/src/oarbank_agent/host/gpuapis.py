@@ -55,12 +55,13 @@ def from_override(value: str) -> Detection:
     return Detection(tuple(dict.fromkeys(names)), "override", {n: "override" for n in names})
 
 
-def _candidates() -> tuple[str, ...]:
-    if sys.platform == "darwin":
-        return ("metal", "vulkan", "opencl")
-    if sys.platform == "win32":
-        return ("directml", "cuda", "vulkan", "opencl")
-    return ("cuda", "rocm", "vulkan", "opencl")
+# What each backend's system can have (contract section 5's table), keyed by the backend's
+# name, not sys.platform: the darwin profile on Linux probes what a Mac would.
+_CANDIDATES = {
+    "darwin": ("metal", "vulkan", "opencl"),
+    "windows": ("directml", "cuda", "vulkan", "opencl"),
+    "linux": ("cuda", "rocm", "vulkan", "opencl"),
+}
 
 
 def detect(timeout_s: float = PROBE_TIMEOUT_S) -> Detection:
@@ -70,7 +71,7 @@ def detect(timeout_s: float = PROBE_TIMEOUT_S) -> Detection:
     sessions = backends.current().sessions
     children: dict[str, subprocess.Popen] = {}
     probes: dict[str, str] = {}
-    for api in _candidates():
+    for api in _CANDIDATES.get(backends.name(), _CANDIDATES["linux"]):
         try:
             children[api] = subprocess.Popen(
                 [sys.executable, "-I", "-m", "oarbank_agent.host.gpuapis", "--probe", api],
