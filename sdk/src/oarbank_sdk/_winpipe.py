@@ -41,7 +41,7 @@ from typing import Any
 
 from oarbank_sdk._handles import UnsupportedHandle, parse_scheme
 
-__all__ = ["PipeStream", "WindowsTransport"]
+__all__ = ["PipeStream", "WindowsTransport", "connected_pipe"]
 
 # Windows only, reached as Any: the module imports (and type-checks) on every system; only
 # its calls need Windows (``_transport.current`` picks it there).
@@ -286,27 +286,7 @@ class WindowsTransport:
     scheme = "handle"
 
     def pair(self, *, child: bool = False) -> tuple[PipeStream, PipeStream]:
-        name = rf"\\.\pipe\oarbank-{os.getpid()}-{secrets.token_hex(16)}"
-        server = _winapi.CreateNamedPipe(
-            name,
-            _winapi.PIPE_ACCESS_DUPLEX | _FILE_FLAG_FIRST_PIPE_INSTANCE,
-            _winapi.PIPE_WAIT | _PIPE_REJECT_REMOTE_CLIENTS,  # byte type, byte read mode
-            1, _BUFFER, _BUFFER, 0, _winapi.NULL)
-        try:
-            client = _winapi.CreateFile(
-                name, _winapi.GENERIC_READ | _winapi.GENERIC_WRITE, 0, _winapi.NULL,
-                _winapi.OPEN_EXISTING, 0, _winapi.NULL)
-        except OSError:
-            _winapi.CloseHandle(server)
-            raise
-        try:
-            opener = _client_pid(server)
-            if opener != os.getpid():
-                raise OSError(f"pipe {name} was opened by process {opener}, not by us")
-        except BaseException:
-            _winapi.CloseHandle(client)
-            _winapi.CloseHandle(server)
-            raise
+        server, client = connected_pipe()
         if child:
             _set_handle_inheritable(client, True)
         return PipeStream(server), PipeStream(client)
@@ -359,6 +339,36 @@ class WindowsTransport:
         info = win_subprocess.STARTUPINFO()
         info.lpAttributeList = {"handle_list": list(handles)}
         return {"startupinfo": info, "close_fds": True}
+
+
+def connected_pipe(*, overlapped_server: bool = False) -> tuple[int, int]:
+    """The handles ``(server, client)`` of a new duplex byte pipe nobody else can open by name
+    (``pair`` wraps them; the agent's Windows backend makes its own ends overlapped with
+    ``overlapped_server``, to read and write them through its event loop's completion port).
+    Neither handle is inheritable."""
+    name = rf"\\.\pipe\oarbank-{os.getpid()}-{secrets.token_hex(16)}"
+    server = _winapi.CreateNamedPipe(
+        name,
+        _winapi.PIPE_ACCESS_DUPLEX | _FILE_FLAG_FIRST_PIPE_INSTANCE
+        | (_winapi.FILE_FLAG_OVERLAPPED if overlapped_server else 0),
+        _winapi.PIPE_WAIT | _PIPE_REJECT_REMOTE_CLIENTS,  # byte type, byte read mode
+        1, _BUFFER, _BUFFER, 0, _winapi.NULL)
+    try:
+        client = _winapi.CreateFile(
+            name, _winapi.GENERIC_READ | _winapi.GENERIC_WRITE, 0, _winapi.NULL,
+            _winapi.OPEN_EXISTING, 0, _winapi.NULL)
+    except OSError:
+        _winapi.CloseHandle(server)
+        raise
+    try:
+        opener = _client_pid(server)
+        if opener != os.getpid():
+            raise OSError(f"pipe {name} was opened by process {opener}, not by us")
+    except BaseException:
+        _winapi.CloseHandle(client)
+        _winapi.CloseHandle(server)
+        raise
+    return server, client
 
 
 def _no_attach() -> ValueError:

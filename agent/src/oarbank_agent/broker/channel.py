@@ -25,9 +25,10 @@ import logging
 import socket
 from collections.abc import Callable
 
+from oarbank_agent import platform
 from oarbank_agent.broker.msgstream import MessageStream
 from oarbank_sdk import advice
-from oarbank_sdk.protocol import current_transport, wire
+from oarbank_sdk.protocol import wire
 
 __all__ = ["Channel", "Channels", "refusal", "CHANNEL_MAX_OUT", "FEATURES", "FEATURES_ENV"]
 
@@ -63,7 +64,7 @@ class Channel:
         if kept is None:
             # The child end goes to the service's `start` op (supervisor: transport.format
             # and the op's inherited handles); ours stays here.
-            agent_end, child = current_transport().pair(child=True)
+            agent_end, child = platform.current().streams.child_pair()
         else:
             agent_end, child = kept[0], None
         self._child: socket.socket | None = child

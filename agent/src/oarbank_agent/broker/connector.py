@@ -33,10 +33,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from oarbank_agent import platform
 from oarbank_agent.broker.channel import refusal
 from oarbank_agent.broker.msgstream import MessageStream
 from oarbank_agent.broker.ratelimit import TokenBucket
-from oarbank_sdk.protocol import current_transport, wire
+from oarbank_sdk.protocol import wire
 
 __all__ = ["Connector", "Switchboard", "Verdict", "decide", "CONNECTOR_MAX_OUT",
            "CONNECTOR_MAX_QUEUED", "CONNECTOR_MAX_UNRECEIVED"]
@@ -125,7 +126,7 @@ class Connector:
         self.service_key = service_key
         self.name = f"connector attempt={attempt_id} (wire {wire_id}) service={service_key}"
         # The child end goes to the attempt's runner (runner.py); ours stays here.
-        agent_end, child = current_transport().pair(child=True)
+        agent_end, child = platform.current().streams.child_pair()
         self.child: socket.socket | None = child
         self.child_fd = child.fileno()
         self.bucket = TokenBucket(rate_burst, rate_per_s, loop.time())

@@ -100,6 +100,11 @@ class Streams(Protocol):
     def watcher(self, loop: asyncio.AbstractEventLoop) -> Watcher:
         """Readiness on ``loop`` (the agent's loop, ``Loops.new``)."""
 
+    def child_pair(self) -> tuple[Any, Any]:
+        """A connected stream pair ``(ours, theirs)`` for a channel or connector: ours watched
+        on the agent's loop, theirs made inheritable for one child (passed with the
+        transport's ``inheritable_kwargs``; the caller closes it once the child runs)."""
+
     def pipe(self) -> tuple[int, int]:
         """A new pipe ``(read end, write end)``, neither inherited by children unless passed
         on explicitly."""

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from oarbank_agent.platform.api import Watchable
+from oarbank_sdk.protocol import current_transport
 
 __all__ = ["PosixStreams", "LoopWatcher"]
 
@@ -52,6 +53,9 @@ class PosixStreams:
 
     def watcher(self, loop: asyncio.AbstractEventLoop) -> LoopWatcher:
         return LoopWatcher(loop)
+
+    def child_pair(self) -> tuple[socket.socket, socket.socket]:
+        return current_transport().pair(child=True)
 
     def pipe(self) -> tuple[int, int]:
         if self.cloexec_pipe:
