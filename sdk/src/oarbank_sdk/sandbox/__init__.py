@@ -239,14 +239,19 @@ def available() -> bool:
     return all(caps[name] == ENFORCED for name in ("no_new_privs", "seccomp_listen", "seccomp_socket"))
 
 
-def preload(guard_pids: Iterable[int] = ()) -> None:
+def preload(guard_pids: Iterable[int] = (), launcher_sys_path: Iterable[str] | None = None) -> None:
     """For a process that forks children which then confine themselves (the agent's process
-    factory): import what a launch imports and build its seccomp filters for ``guard_pids`` now,
-    once; each child uses its inherited copy instead of doing both again."""
+    factory): import what a launch imports and export its seccomp programs for ``guard_pids``
+    now, once; each child loads its inherited copy instead of doing both again.
+    ``launcher_sys_path``: ``sys.path`` of a ``python -I -S`` start (the launcher's before its two
+    folders): the read list a child confining itself as that launcher would grants is resolved
+    now too."""
     if sys.platform.startswith("linux"):
         from . import _landlock, _linux, _notify, launch  # noqa: F401  (imported: that is the point)
 
-        _linux.prebuild(tuple(int(p) for p in guard_pids))
+        dirs = _import_dirs() if launcher_sys_path is not None else None
+        paths = () if dirs is None else ((dirs[0], *(launcher_sys_path or ()), dirs[1]),)
+        _linux.prebuild(tuple(int(p) for p in guard_pids), paths)
 
 
 def last_capability() -> int:

@@ -12,7 +12,9 @@
    kernel with it that refuses the ruleset is a setup failure.
 4. Capabilities: bounding set emptied (``PR_CAPBSET_DROP``), securebits locked so uid 0 never
    regains any, ambient cleared, ``capset`` permitted/effective/inheritable to 0.
-5. The seccomp filter of ``_policy`` (EPERM, never kill; clone3 ENOSYS), via libseccomp.
+5. The seccomp filter of ``_policy`` (EPERM, never kill; clone3 ENOSYS), built with libseccomp
+   and exported as its BPF program, which one ``seccomp(2)`` call loads. A forking parent
+   (``prebuild``) exports each program once; its children load their inherited copy.
 6. Verification: ``/proc/self/status`` must show ``NoNewPrivs: 1``, ``Seccomp: 2`` and no
    capability; a side-effect-free self-test must see ``listen(-1)`` refused with EPERM (EBADF
    without the filter), ``socket(AF_INET)`` refused, and (Landlock) ``/`` not openable.
@@ -56,8 +58,16 @@ class SetupError(RuntimeError):
     """Confinement could not be established; the child must not run."""
 
 
+_libc_handle: ctypes.CDLL | None = None
+
+
 def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(None, use_errno=True)
+    """The C library, opened once (a forked child uses its parent's handle)."""
+    global _libc_handle
+    if _libc_handle is None:
+        _libc_handle = ctypes.CDLL(None, use_errno=True)
+        _libc_handle.syscall.restype = ctypes.c_long
+    return _libc_handle
 
 
 def _set_no_new_privs(libc: ctypes.CDLL, fault: str | None) -> None:
@@ -131,12 +141,24 @@ def _import_pyseccomp():
     return pyseccomp
 
 
+_real_exe: dict[str, str] = {}
+
+
+def _real_executable() -> str:
+    """``sys.executable`` resolved, once per process and its forked children (a dozen lstat
+    calls, ~0.1 ms: the interpreter a process runs does not move under it)."""
+    exe = sys.executable
+    if exe not in _real_exe:
+        _real_exe[exe] = os.path.realpath(exe)
+    return _real_exe[exe]
+
+
 def _system_read(extra: tuple[str, ...]) -> list[str]:
     """What every sandboxed process reads: the system's folders, this Python installation
     (prefixes and every folder on the launcher's path: the SDK's and pyseccomp's) and the
     given paths."""
     paths = list(_policy.SYSTEM_READ)
-    exe = os.path.realpath(sys.executable)
+    exe = _real_executable()
     # The launcher runs without site (-S): sys.prefix is then the base installation, and a
     # venv is the folder above its bin/python (sys.executable, unresolved).
     paths += [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
@@ -147,12 +169,27 @@ def _system_read(extra: tuple[str, ...]) -> list[str]:
     return list(dict.fromkeys(paths))
 
 
+# The system part of ``_system_read`` by (interpreter, sys.path): a forking parent resolves it
+# for its children's sys.path (``prebuild``), so a child only appends its own ``--read`` paths.
+_read_cache: dict[tuple[str, ...], list[str]] = {}
+
+
+def _read_paths(extra: tuple[str, ...]) -> list[str]:
+    """``_system_read(extra)``, with the part that does not depend on ``extra`` resolved once
+    per interpreter and ``sys.path``."""
+    key = (sys.executable, *sys.path)
+    system = _read_cache.get(key)
+    if system is None:
+        system = _read_cache[key] = _system_read(())
+    return list(dict.fromkeys([*system, *extra])) if extra else list(system)
+
+
 def _landlock(request: _policy.LaunchRequest) -> str:
     """Apply the Landlock ruleset; "enforced"/"unavailable" (no Landlock in this kernel). A
     non-root ``--gpu`` child may also write /proc (``_policy.GPU_PROC_WRITE``)."""
     from . import _landlock
 
-    version = _landlock.abi()
+    version = _landlock_abi()
     if version < 1:
         return _policy.UNAVAILABLE
     scope = _landlock.SCOPE_ABSTRACT_UNIX_SOCKET
@@ -162,17 +199,23 @@ def _landlock(request: _policy.LaunchRequest) -> str:
         write = list(request.write)
         if request.gpu and os.geteuid() != 0:
             write.append(_policy.GPU_PROC_WRITE)
-        _landlock.restrict(version, _system_read(request.read), write,
+        _landlock.restrict(version, _read_paths(request.read), write,
                            [*_policy.SYSTEM_DEVICES, *request.devices], scope)
     except OSError as exc:
         raise SetupError(f"Landlock ruleset refused: {exc.strerror or exc}") from None
     return _policy.ENFORCED
 
 
-def _landlock_abi() -> int:
-    from . import _landlock
+_abi: list[int] = []
 
-    return _landlock.abi()
+
+def _landlock_abi() -> int:
+    """The kernel's Landlock ABI, asked once per process and its forked children."""
+    if not _abi:
+        from . import _landlock
+
+        _abi.append(_landlock.abi())
+    return _abi[0]
 
 
 def last_capability() -> int:
@@ -184,11 +227,21 @@ def last_capability() -> int:
         return 63
 
 
+_last_cap: list[int] = []
+
+
+def _last_capability() -> int:
+    """``last_capability()``, read once per process and its forked children."""
+    if not _last_cap:
+        _last_cap.append(last_capability())
+    return _last_cap[0]
+
+
 def _drop_capabilities(libc: ctypes.CDLL) -> None:
     """No capability survives into the child: bounding set, ambient, permitted, effective,
     inheritable. Without CAP_SETPCAP (a non-root agent) the bounding set cannot shrink; nothing
     can raise it either (no_new_privs), and the verification accepts it only for non-root."""
-    for cap in range(last_capability() + 1):
+    for cap in range(_last_capability() + 1):
         libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0)  # EPERM without CAP_SETPCAP: checked later
     libc.prctl(_PR_SET_SECUREBITS, _SECUREBITS, 0, 0, 0)  # same
     libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
@@ -262,16 +315,86 @@ def _build_filter(pyseccomp, notified: tuple[str, ...] = (), guard_pids: tuple[i
     return filt
 
 
-# Filters a forking parent built ahead (``prebuild``), by (notified syscalls, guarded pids,
-# gpu): a filter depends on nothing else, and building one is ~1.7 ms of libseccomp calls.
-_prebuilt: dict[tuple[tuple[str, ...], tuple[int, ...], bool], Any] = {}
+# seccomp(2) as libseccomp's seccomp_load calls it with its defaults (no TSYNC, LOG or
+# SPEC_ALLOW flag; NEW_LISTENER when a rule notifies, and the call returns the listener).
+_SECCOMP_SET_MODE_FILTER = 1
+_SECCOMP_FILTER_FLAG_NEW_LISTENER = 1 << 3
+_BPF_INSN = 8  # sizeof(struct sock_filter)
 
 
-def prebuild(guard_pids: tuple[int, ...]) -> None:
-    """Build both filters a launch guarding ``guard_pids`` may load (with and without
-    notification) in this process, for the children it forks (``load`` still compiles the
-    inherited copy to BPF in the child). No binding here: nothing is built, each launch fails
-    as it would have."""
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+class _Program:
+    """One filter as the BPF program libseccomp generates for it (``seccomp_export_bpf``: the
+    program ``seccomp_load`` would load), with ``seccomp(2)``'s number on this machine."""
+
+    __slots__ = ("bpf", "nr", "notifies", "_buf", "fprog")
+
+    def __init__(self, bpf: bytes, nr: int, notifies: bool) -> None:
+        self.bpf = bpf
+        self.nr = nr
+        self.notifies = notifies
+        self._buf = ctypes.create_string_buffer(bpf, len(bpf))
+        self.fprog = _SockFprog(len(bpf) // _BPF_INSN, ctypes.addressof(self._buf))
+
+
+def _export(pyseccomp, filt, notifies: bool) -> _Program | None:
+    """``filt`` as BPF; None where this machine cannot export it (no ``memfd_create``, no
+    number for ``seccomp(2)``): then libseccomp loads the filter itself, as before."""
+    try:
+        nr = int(pyseccomp.resolve_syscall(pyseccomp.system_arch(), "seccomp"))
+        fd = os.memfd_create("oarbank-seccomp", os.MFD_CLOEXEC)
+    except (AttributeError, OSError, ValueError, RuntimeError):
+        return None
+    try:
+        filt.export_bpf(types.SimpleNamespace(fileno=lambda: fd))
+        bpf = os.pread(fd, os.fstat(fd).st_size, 0)
+    except (OSError, ValueError, RuntimeError):
+        return None
+    finally:
+        os.close(fd)
+    if nr <= 0 or not bpf or len(bpf) % _BPF_INSN or len(bpf) // _BPF_INSN > 0xFFFF:
+        return None
+    return _Program(bpf, nr, notifies)
+
+
+def _load_program(libc: ctypes.CDLL, program: _Program) -> int:
+    """Install ``program`` on this process: one system call. Returns the listener (notifying
+    programs), else -1. Raises ``OSError``."""
+    flags = _SECCOMP_FILTER_FLAG_NEW_LISTENER if program.notifies else 0
+    rc = libc.syscall(ctypes.c_long(program.nr), ctypes.c_long(_SECCOMP_SET_MODE_FILTER),
+                      ctypes.c_long(flags), ctypes.byref(program.fprog))
+    if rc < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"seccomp(SECCOMP_SET_MODE_FILTER): {os.strerror(err)}")
+    return int(rc) if program.notifies else -1
+
+
+# Programs a forking parent exported ahead (``prebuild``), by (notified syscalls, guarded pids,
+# gpu): a filter depends on nothing else, and building one (~1.7 ms of libseccomp calls) and
+# generating its BPF (~1 ms) is then done once, not in every child.
+_programs: dict[tuple[tuple[str, ...], tuple[int, ...], bool], _Program] = {}
+
+
+def prebuild(guard_pids: tuple[int, ...], sys_paths: tuple[tuple[str, ...], ...] = ()) -> None:
+    """Export both programs a launch guarding ``guard_pids`` may load (with and without
+    notification) in this process, for the children it forks; also resolve once what the
+    other walls look up on every launch, and the read list of a child confining itself with
+    each of ``sys_paths`` as its ``sys.path``. No binding here: nothing is built, each launch
+    fails as it would have."""
+    _libc()
+    _real_executable()
+    saved = sys.path
+    try:
+        for path in sys_paths:
+            sys.path = list(path)
+            _read_paths(())
+    finally:
+        sys.path = saved
+    _landlock_abi()
+    _last_capability()
     try:
         pyseccomp = _import_pyseccomp()
         from ._notify import NOTIFIED_SYSCALLS
@@ -279,38 +402,49 @@ def prebuild(guard_pids: tuple[int, ...]) -> None:
         return
     for notified in ((), tuple(NOTIFIED_SYSCALLS)):
         key = (notified, tuple(guard_pids), False)
-        if key not in _prebuilt:
+        if key not in _programs:
             try:
-                _prebuilt[key] = _build_filter(pyseccomp, *key)
+                program = _export(pyseccomp, _build_filter(pyseccomp, *key), bool(notified))
             except Exception:  # noqa: BLE001  (an error is the launch's to report, when it builds)
-                pass
+                continue
+            if program is not None:
+                _programs[key] = program
 
 
 def _load_filter(fault: str | None, notify_fd: int | None = None,
                  guard_pids: tuple[int, ...] = (), gpu: bool = False) -> None:
     if fault == "seccomp":
         raise SetupError(f"seccomp filter not loaded: forced by {_policy.FAULT_ENV}=seccomp")
-    try:
-        pyseccomp = _import_pyseccomp()
-    except (ImportError, OSError) as exc:
-        raise SetupError(f"seccomp binding unavailable: {exc}") from None
     notified: tuple[str, ...] = ()
     if notify_fd is not None:  # imported only then: it costs every other launch nothing
         from ._notify import NOTIFIED_SYSCALLS as notified
-    filt = _prebuilt.get((tuple(notified), tuple(guard_pids), gpu))
-    if filt is None:
-        filt = _build_filter(pyseccomp, notified, guard_pids, gpu)
+    key = (tuple(notified), tuple(guard_pids), gpu)
+    program = _programs.get(key)
+    filt: Any = None
+    pyseccomp: Any = None
+    if program is None:  # not exported ahead (a launcher of its own): built and exported here
+        try:
+            pyseccomp = _import_pyseccomp()
+        except (ImportError, OSError) as exc:
+            raise SetupError(f"seccomp binding unavailable: {exc}") from None
+        filt = _build_filter(pyseccomp, *key)
+        program = _export(pyseccomp, filt, bool(notified))
     if fault == "verify":
         return  # pretend the load went fine: verification below must notice
+    listener = -1
     try:
-        filt.load()
+        if program is not None:
+            listener = _load_program(_libc(), program)
+        else:
+            filt.load()
     except OSError as exc:
         raise SetupError(f"seccomp filter load failed: {exc}") from None
     if notify_fd is not None:  # the supervisor answers from here on (the self-test included)
         from ._notify import hand_over, listener_fd
 
         try:
-            hand_over(notify_fd, listener_fd(pyseccomp, filt))
+            hand_over(notify_fd, listener if program is not None
+                      else listener_fd(pyseccomp, filt))
         except OSError as exc:
             raise SetupError(f"cannot hand the seccomp listener to the supervisor "
                              f"(--notify-fd {notify_fd}): {exc}") from None

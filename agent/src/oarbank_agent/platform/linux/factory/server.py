@@ -49,12 +49,13 @@ def _fresh_modules() -> frozenset[str]:
     return frozenset(out.stdout.split())
 
 
-def _preload(guard_pid: int) -> None:
-    """What children would each do again: imported (and the seccomp filter built) once here."""
+def _preload(guard_pid: int, launcher_sys_path: list[str]) -> None:
+    """What children would each do again: imported (and the seccomp programs and Landlock's
+    read list built, for the launcher's sys.path that ``child._confine`` gives) once here."""
     import pkgutil  # noqa: F401  (runpy.run_path imports it on each call otherwise)
     import runpy  # noqa: F401
 
-    sandbox.preload((guard_pid,))
+    sandbox.preload((guard_pid,), launcher_sys_path)
 
 
 class Factory:
@@ -160,7 +161,8 @@ def main(argv: list[str]) -> int:
     startup = child.capture(sandbox.LAUNCHER_BOOT, _launcher_sys_path())
     startup.sys_path = startup_path
     startup.fresh_modules = _fresh_modules()
-    _preload(os.getppid())  # the agent: every launch guards it (sandboxing.SandboxPolicy)
+    # The agent: every launch guards it (sandboxing.SandboxPolicy).
+    _preload(os.getppid(), startup.launcher_sys_path)
     if "--confine" in argv[1:]:
         selfconfine.confine()
     # else dumpable, as the agent is without the sandbox: a child whose parent is the factory
