@@ -1,7 +1,8 @@
 """Another version of the agent, built and installed as an operator upgrading a node would:
 this checkout's agent package with its version set to ``version``, built into a wheel and
 installed (not editable) into a venv of its own. The agent's dependencies (the SDK, psutil,
-pyseccomp) come from the harness's venv, so no index is needed."""
+pyseccomp) come from the harness's venv, so no index is needed. The wheel alone is what a
+container node installs over its own agent (it is pure Python)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
-__all__ = ["install_agent_version"]
+__all__ = ["build_agent_wheel", "install_agent_version"]
 
 AGENT = Path(__file__).resolve().parent.parent / "agent"
 
@@ -31,26 +32,35 @@ def _versioned_copy(dest: Path, version: str) -> Path:
     return src
 
 
-def install_agent_version(dest: Path, version: str, timeout_s: float = 300.0) -> Path:
-    """The ``oarbank-agent`` console script of agent ``version``, installed under ``dest``."""
+_PIP = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input"]
+
+
+def _run(cmd: list[str], timeout_s: float) -> None:
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
+                       stdin=subprocess.DEVNULL)
+    if r.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)}: exit {r.returncode}: {r.stderr[-1500:]}")
+
+
+def build_agent_wheel(dest: Path, version: str, timeout_s: float = 300.0) -> Path:
+    """This checkout's agent as a wheel of version ``version``, under ``dest``/wheels."""
     dest.mkdir(parents=True, exist_ok=True)
     src = _versioned_copy(dest, version)
     wheels = dest / "wheels"
-    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input"]
-
-    def run(cmd: list[str]) -> None:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
-                           stdin=subprocess.DEVNULL)
-        if r.returncode != 0:
-            raise RuntimeError(f"{' '.join(cmd)}: exit {r.returncode}: {r.stderr[-1500:]}")
-
-    run([*pip, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
-         "-w", str(wheels), str(src)])
+    _run([*_PIP, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
+          "-w", str(wheels), str(src)], timeout_s)
     (wheel,) = wheels.glob(f"oarbank_agent-{version}-*.whl")
+    return wheel
+
+
+def install_agent_version(dest: Path, version: str, timeout_s: float = 300.0) -> Path:
+    """The ``oarbank-agent`` console script of agent ``version``, installed under ``dest``."""
+    wheel = build_agent_wheel(dest, version, timeout_s)
     venv = dest / "venv"
-    run([sys.executable, "-m", "venv", "--without-pip", "--clear", str(venv)])
+    _run([sys.executable, "-m", "venv", "--without-pip", "--clear", str(venv)], timeout_s)
     py = venv / "bin" / "python"
-    run([*pip, "--python", str(py), "install", "--no-deps", "--no-index", "-q", str(wheel)])
+    _run([*_PIP, "--python", str(py), "install", "--no-deps", "--no-index", "-q", str(wheel)],
+         timeout_s)
     # The dependencies: the harness venv's site-packages after the new venv's own (so its
     # oarbank_agent, and its version's metadata, are the ones found first).
     site = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_path("

@@ -7,11 +7,17 @@ harness reads the node's files from the host. The agent runs as a `docker exec` 
 `oarbank-agent run` (so `kill -9` of the agent leaves the container and its orphans for the
 next agent to deal with, as on a real machine); PID 1 is a small reaper so orphans that die
 do not linger as zombies.
+
+A node's processes are listed from inside its container, so their pids are the ones the node
+itself uses (what its agent, its jobs' results and its services' files say): `docker top`
+would give the host's pids for the same processes, and a pid a job reported would never be
+found among them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import secrets
 import time
@@ -23,7 +29,7 @@ from harness.backends.base import Backend, CliResult, Node, NodeError, copy_modu
 from harness.engine import Engine, engine_available, start_engine
 from harness.procs import ProcInfo
 
-TOP_TRIES = 5  # docker top, before a failure is one
+LIST_TRIES = 5  # the in-container process listing, before a failure is one
 
 __all__ = ["ContainerBackend", "ContainerNode", "LABEL"]
 
@@ -45,6 +51,28 @@ while True:
             break
     if signal.sigwaitinfo(sigs).si_signo != signal.SIGCHLD:
         sys.exit(0)
+"""
+
+# Run in the container: every live process but PID 1 and this lister, as JSON [pid, pgid,
+# cmdline], from /proc (the image has no ps). A process that ends while it is read is left out.
+LIST = """
+import json, os
+out = []
+for name in os.listdir('/proc'):
+    if not name.isdigit() or int(name) in (1, os.getpid()):
+        continue
+    try:
+        with open(f'/proc/{name}/stat', 'rb') as f:
+            fields = f.read().rsplit(b')', 1)[1].split()
+        with open(f'/proc/{name}/cmdline', 'rb') as f:
+            argv = f.read().split(b'\\0')
+    except OSError:
+        continue
+    if fields[0] in (b'Z', b'X'):
+        continue
+    cmd = b' '.join(a for a in argv if a).decode(errors='replace')
+    out.append([int(name), int(fields[2]), cmd])
+print(json.dumps(out))
 """
 
 # Shared by the bookworm and trixie backends of one run.
@@ -74,7 +102,6 @@ class ContainerNode(Node):
     client: Any = field(default=None, repr=False)
     container: Any = field(default=None, repr=False)
     exec_id: str | None = None
-    init_pid: int | None = None  # PID 1's pid as the host sees it
 
     def host_to_node(self, path: Path) -> str:
         return "/node/" + path.resolve().relative_to(self.root.resolve()).as_posix()
@@ -120,6 +147,22 @@ class ContainerNode(Node):
         if rc != 0 and self.agent_alive():
             raise NodeError(f"{self.node_id}: kill -{sig} {pid} failed: {out!r}")
 
+    def install_agent(self, version: str) -> str | None:
+        """This checkout's agent as a wheel of ``version`` (built here: it is pure Python),
+        pip-installed over the container's own agent, as a package upgrade replaces the files
+        under a running agent; the next start runs it."""
+        from harness.agentbuild import build_agent_wheel
+        from harness.image import VENV
+
+        wheel = build_agent_wheel(self.root / f"agent-{version}", version)
+        rc, out = self.container.exec_run(
+            [f"{VENV}/bin/python", "-m", "pip", "install", "--disable-pip-version-check",
+             "--no-input", "--no-index", "--no-deps", "-q", self.host_to_node(wheel)])
+        if rc != 0:
+            raise NodeError(f"{self.node_id}: installing agent {version} failed ({rc}): "
+                            f"{out.decode(errors='replace')[-1500:]}")
+        return None
+
     def cli(self, *args: str, timeout_s: float = 120.0) -> CliResult:
         rc, (out, err) = self.container.exec_run(
             ["timeout", "-s", "KILL", str(int(timeout_s)), "oarbank-agent", *args], demux=True)
@@ -127,31 +170,27 @@ class ContainerNode(Node):
                          (err or b"").decode(errors="replace"))
 
     def processes(self) -> list[ProcInfo]:
+        """Every live process of the container but its PID 1, with the pids the node uses."""
         import docker.errors
 
-        for attempt in range(TOP_TRIES):
+        for attempt in range(LIST_TRIES):
             try:
-                top = self.container.top(ps_args="-eo pid,pgid,stat,args")
-                break
+                rc, out = self.container.exec_run(["python3", "-I", "-c", LIST])
             except docker.errors.NotFound:
                 return []  # the container is gone: so are its processes
-            except docker.errors.APIError:
-                # `docker top` runs ps against the container's pids and fails now and then
-                # when one exits meanwhile (jobs ending under load): not "no processes"
-                if attempt == TOP_TRIES - 1:
-                    raise
-                time.sleep(0.2)
-        titles = [t.upper() for t in top.get("Titles", [])]
-        out = []
-        for row in top.get("Processes") or []:
-            rec = dict(zip(titles, row, strict=False))
-            pid = int(rec.get("PID", 0))
-            if pid == self.init_pid or rec.get("STAT", "").startswith("Z"):
-                continue
-            pg = rec.get("PGID", "")
-            out.append(ProcInfo(pid, int(pg) if str(pg).isdigit() else None,
-                                str(rec.get("COMMAND", rec.get("ARGS", "")))))
-        return out
+            except docker.errors.APIError as exc:
+                if "is not running" in str(exc):
+                    return []
+                out, rc = str(exc).encode(), -1
+            if rc == 0:
+                return [ProcInfo(int(pid), int(pgid), str(cmd))
+                        for pid, pgid, cmd in json.loads(out)]
+            # an exec can fail now and then on a loaded engine: not "no processes"
+            if attempt == LIST_TRIES - 1:
+                raise NodeError(f"{self.node_id}: listing its processes failed ({rc}): "
+                                f"{out[-300:]!r}")
+            time.sleep(0.2)
+        raise AssertionError("unreachable")
 
     def cleanup(self) -> None:
         if self.container is not None:
@@ -212,12 +251,10 @@ class ContainerBackend(Backend):
             hostname=node_id, network_mode="none", volumes=volumes,
             labels={LABEL: self.run_id}, working_dir="/node",
         )
-        ctr.reload()
         return ContainerNode(node_id=node_id, root=root, modules=copies,
                              settings=dict(settings), portal_url=portal_url,
                              portal_token=portal.issue_token(node_id) if portal else None,
-                             client=self.engine.client, container=ctr,
-                             init_pid=ctr.attrs["State"]["Pid"])
+                             client=self.engine.client, container=ctr)
 
     def leftovers(self) -> list[str]:
         if self.engine is None:
