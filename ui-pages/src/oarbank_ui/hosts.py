@@ -32,14 +32,18 @@ class HostCheck:
         self.allowed = [a.strip() for a in allowed if a.strip()]
         self._any = "*" in self.allowed
         self._entries = [_split(a) for a in self.allowed if a != "*"]
+        self._seen: set[str] = set()  # Host values allowed already (few: a fleet sends one)
 
     def allows(self, host: str | None) -> bool:
-        if self._any:
+        if self._any or host in self._seen:
             return True
         if not host:
             return False
         name, port = _split(host)
-        return any(name == n and (p is None or p == port) for n, p in self._entries)
+        ok = any(name == n and (p is None or p == port) for n, p in self._entries)
+        if ok and len(self._seen) < 64:  # only allowed values: a stranger cannot grow it
+            self._seen.add(host)
+        return ok
 
     def refusal(self, host: str | None) -> str:
         if not host:

@@ -1,9 +1,10 @@
 """``POST /v1/heartbeat`` past its headers: the token, the report, its answer.
 
 - The token: node ids by token hash, cached in the process (a lookup per report was a third of
-  the store's work). The cache is only a hint: every write checks the token again inside its
-  transaction (store_batch.py), and a report whose token was revoked or replaced meanwhile is
-  answered 401 and its entry dropped. A token not in the cache is looked up in the thread pool.
+  the store's work), every issued token read at the first report. The cache is only a hint:
+  every write checks the token again inside its transaction (store_batch.py), and a report
+  whose token was revoked or replaced meanwhile is answered 401 and its entry dropped. A token
+  not in the cache is looked up in the thread pool.
 - The report: parsed on the event loop (a thread hop costs about as much as the parsing),
   a full heartbeat or a still-alive (heartbeat.py), its node's own.
 - Backpressure: when the group commit's queue is older than its admission limit
@@ -37,6 +38,12 @@ __all__ = ["HeartbeatIngest"]
 log = logging.getLogger("oarbank_ui.ingest")
 
 _MAX_CACHED = 200_000  # tokens; past it the cache starts over (a fleet's worth and more)
+_EXPIRED = Outcome("expired")  # a report's bound passed before its commit
+
+
+def _expire(fut: asyncio.Future[Outcome]) -> None:
+    if not fut.done():
+        fut.set_result(_EXPIRED)
 
 
 class HeartbeatIngest:
@@ -49,6 +56,7 @@ class HeartbeatIngest:
         self.writer = GroupCommit(portal.store, bound_s=bound_s, max_batch=max_batch,
                                   on_batch=lambda n, s: m.batch_done(n, s, self.writer.age()))
         self._nodes: dict[str, str] = {}  # token hash -> node id
+        self._preloaded = False
 
     # -- the event loop's path (asgi.py) ---------------------------------------------------
 
@@ -57,6 +65,9 @@ class HeartbeatIngest:
             return self._overloaded("the portal's store is behind")
         token = bearer_token(headers.get("authorization"))
         assert token is not None  # admit(lookup=False) refused a report without one
+        if not self._preloaded:
+            self._preloaded = True  # once; reports meanwhile look their token up alone
+            await run_in_threadpool(self._preload)
         h = token_hash(token)
         node = self._nodes.get(h)
         if node is None:
@@ -73,14 +84,29 @@ class HeartbeatIngest:
             self.writer.submit(report, fut, loop)
         except RuntimeError:
             return self._overloaded("the portal is stopping")
+        # the bound as a timer that settles the future (no task or shield per report)
+        timer = loop.call_later(self.bound_s, _expire, fut)
         try:
-            outcome = await asyncio.wait_for(asyncio.shield(fut), self.bound_s)
-        except asyncio.TimeoutError:
+            outcome = await fut
+        finally:
+            timer.cancel()
+        if outcome is _EXPIRED:
             # still queued or being written: it may yet be stored; the node's next report
             # says the same again, so answering "send it again" loses nothing
-            fut.cancel()
             return self._overloaded(f"not stored within {self.bound_s:g} s")
         return self.answer(report, outcome)
+
+    def _preload(self) -> None:
+        """Every issued token's node, read at once: without it each process of
+        ``--workers N`` looks up each node's token on its first report, a fleet's worth of
+        lookups in the first period."""
+        try:
+            with self.portal.store.session():
+                known = self.portal.store.token_nodes(limit=_MAX_CACHED)
+        except Exception:  # the cache is a hint: reports look their tokens up one by one
+            log.exception("reading the issued tokens failed; looking each up on its report")
+            return
+        self._nodes.update(known)
 
     def _lookup(self, token: str) -> str | Response:
         from .app import Admission

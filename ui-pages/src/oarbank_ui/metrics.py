@@ -81,6 +81,7 @@ class PortalMetrics:
         self.batched = Counter("oarbank_portal_ingest_batched_reports", "Reports committed by "
                                "the group commit (over batches: reports per transaction)",
                                registry=own)
+        self._routes: dict[str, Any] = {}  # the histogram's child per route
         self.registry.register(_FleetCollector(summary))
 
     def batch_done(self, reports: int, seconds: float, queue_age: float) -> None:
@@ -89,7 +90,10 @@ class PortalMetrics:
         self.queue_age.set(queue_age)
 
     def observe(self, route: str, started: float) -> None:
-        self.latency.labels(route).observe(time.perf_counter() - started)
+        child = self._routes.get(route)
+        if child is None:  # labels() takes a lock and builds a key: once per route
+            child = self._routes[route] = self.latency.labels(route)
+        child.observe(time.perf_counter() - started)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -36,6 +36,7 @@ except ImportError:  # pragma: no cover - pure-Python fallback, same behaviour
 
 from .app import Portal
 from .asgi import build_app
+from .asgi_heartbeat import is_heartbeat_post
 from .hosts import default_hosts
 
 __all__ = ["ServeOptions", "bind", "serve", "serve_workers"]
@@ -94,9 +95,56 @@ class _HeadDeadline:
         super().connection_lost(exc)  # type: ignore[misc]
 
 
+class _HeldHead:
+    """The transport a report's response cycle writes to: the status line and headers are held
+    and go out with the body, so the answer is one send (one syscall, one packet), where
+    uvicorn writes the head and the body apart. Anything else passes through."""
+
+    __slots__ = ("_head", "_transport")
+
+    def __init__(self, transport: Any) -> None:
+        self._transport = transport
+        self._head = b""
+
+    def write(self, data: bytes) -> None:
+        if not self._head and data.startswith(b"HTTP/1.1 ") and data.endswith(b"\r\n\r\n"):
+            self._head = data  # the body's write comes next, in the same send() of the app
+            return
+        if self._head:
+            data, self._head = self._head + data, b""
+        self._transport.write(data)
+
+    def close(self) -> None:  # a cycle that closes after its head (an app's error) sends it
+        if self._head:
+            self._transport.write(self._head)
+            self._head = b""
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+class _OneSend:
+    """Mixed into uvicorn's httptools protocol: a report's cycle writes through ``_HeldHead``.
+    Relies on the cycle keeping its ``transport`` and ``scope`` as attributes (uvicorn's do);
+    a request that waits for ``100 Continue`` is left as it is (that line must go alone)."""
+
+    cycle: Any
+    scope: Any
+
+    def on_headers_complete(self) -> None:
+        super().on_headers_complete()  # type: ignore[misc]
+        cycle = self.cycle
+        if (cycle is not None and cycle.scope is self.scope
+                and not getattr(cycle, "waiting_for_100_continue", True)
+                and is_heartbeat_post(cycle.scope)):
+            cycle.transport = _HeldHead(cycle.transport)
+
+
 def _protocol(head_timeout_s: float) -> type:
-    base = _Fast if _Fast is not None else H11Protocol
-    return type("Protocol", (_HeadDeadline, base), {"head_timeout_s": head_timeout_s})
+    bases = (_HeadDeadline, _OneSend, _Fast) if _Fast is not None else (_HeadDeadline,
+                                                                         H11Protocol)
+    return type("Protocol", bases, {"head_timeout_s": head_timeout_s})
 
 
 @dataclass

@@ -238,6 +238,12 @@ class HeartbeatStore:
                          (token_hash(token),))
         return None if row is None else str(row["node_id"])
 
+    def token_nodes(self, *, limit: int) -> dict[str, str]:
+        """Node ids by token hash, at most ``limit`` of them (the portal's token cache)."""
+        with self.backend.read(snapshot=False) as tx:
+            rows = tx.all("SELECT token_hash, node_id FROM node_tokens LIMIT ?", (limit,))
+        return {str(r["token_hash"]): str(r["node_id"]) for r in rows}
+
     # -- reading ---------------------------------------------------------------------------
 
     def services(self, modules: Iterable[str], *, node_id: str | None = None,
