@@ -5,11 +5,19 @@ Written (each tested with Windows' own CPython under Wine, ``nox -s windows``):
 ``jobobjects.py`` (a kill-on-close job object, no breakaway, per op, daemon and runner; a
 process started suspended, assigned, resumed) and ``handover.py`` (a connection's pipe pair,
 duplicated into the service's daemon and into the job process the connect names once that pid
-is in the attempt's job object, else ``bad_pid``), ``controlpipe.py`` (the control pipe's
-instances under a protected DACL: the agent's user, administrators, SYSTEM). Still to write,
-the rest of ``api.Backend``: the control pipe's serving loop, ``LockFileEx`` for the state
-dir, control commands for stop and reload, the proactor loop, the process table, the
-sandbox's walls.
+is in the attempt's job object, else ``bad_pid``), ``streams.py`` (the agent's overlapped
+pipe ends behind the broker's readiness calls); the control plane: ``loops.py`` (the proactor
+loop), ``endpoint.py`` with ``pipeserver.py`` and ``controlpipe.py`` (the control pipe:
+every instance under a protected DACL from its creation, its random name recorded in
+``<state>/control.sock``, the client checking the pipe's owner), ``statedir.py``
+(``LockFileEx`` on ``agent.lock``), ``requests.py`` (Ctrl-C and Ctrl-Break stop; reload is
+the ``reload`` command) and ``sessions.py`` (a new process group in a job object of its own).
+
+Still missing, so ``backend()`` refuses: the process side of ``api.Backend`` (``Groups`` on
+job objects, with the process table, limits and containment; the ``FactoryHost``; the
+``SandboxHost``'s walls) and, outside this package, a state dir ``operate/statedir.py`` can
+prepare here (it calls ``os.geteuid``, ``O_NOFOLLOW``, ``os.pread`` and ``os.fchmod``,
+which Windows' Python lacks, and a folder's ACL, not its mode, keeps others out here).
 """
 
 from __future__ import annotations
@@ -24,6 +32,8 @@ __all__ = ["backend"]
 def backend() -> NoReturn:
     raise BackendUnavailable(
         "the agent has no complete Windows backend yet (oarbank_agent/platform/windows/): job "
-        "objects and pipe-handle handovers are written, the control pipe, the state-dir lock, "
-        "stop and reload requests and the event loop are not; the SDK's job and service sides "
-        "do run on Windows")
+        "objects, pipe-handle handovers, the broker's pipe streams, the control pipe, the "
+        "state-dir lock, stop and reload requests, sessions and the event loop are written; "
+        "process groups on job objects (with the process table), the process factory's host "
+        "side and the sandbox's walls are not, nor a state dir prepared the Windows way; the "
+        "SDK's job and service sides do run on Windows")

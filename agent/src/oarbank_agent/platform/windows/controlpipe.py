@@ -3,8 +3,10 @@ user, the administrators and SYSTEM, set when the first instance is created (so 
 moment when anyone else may open it), remote clients refused.
 
 The DACL is protected (``P``: nothing inherited) and lists exactly three allow entries; a
-client outside them gets ERROR_ACCESS_DENIED from ``CreateFile``. The serving loop around it
-(the proactor's overlapped ``ConnectNamedPipe``) is part of the backend still to be written.
+client outside them gets ERROR_ACCESS_DENIED from ``CreateFile``. The owner is the agent's
+user, set explicitly (an elevated token would make it the administrators otherwise), so a
+client can tell the agent's pipe from one another user made under the same name
+(``owner_of``). The serving loop around it is ``pipeserver.py``.
 """
 
 from __future__ import annotations
@@ -14,7 +16,12 @@ import functools
 from ctypes import wintypes
 from typing import Any
 
-__all__ = ["user_sid", "owner_only_sddl", "create_instance", "dacl_of"]
+__all__ = ["user_sid", "owner_only_sddl", "create_instance", "dacl_of", "owner_of",
+           "TRUSTED_OWNERS"]
+
+# Owners a client trusts besides its own user: SYSTEM and the administrators (who can do
+# anything on the machine anyway); an ordinary other user cannot give away ownership.
+TRUSTED_OWNERS = ("SY", "BA", "S-1-5-18", "S-1-5-32-544")  # SDDL writes aliases
 
 _PIPE_ACCESS_DUPLEX = 0x3
 _FILE_FLAG_FIRST_PIPE_INSTANCE = 0x00080000
@@ -25,6 +32,7 @@ _TOKEN_QUERY = 0x0008
 _TOKEN_USER = 1
 _SDDL_REVISION_1 = 1
 _SE_KERNEL_OBJECT = 6
+_OWNER_SECURITY_INFORMATION = 0x1
 _DACL_SECURITY_INFORMATION = 0x4
 _INVALID_HANDLE = ctypes.c_void_p(-1).value
 
@@ -79,8 +87,9 @@ def _take_local_text(k32: Any, text: ctypes.c_wchar_p) -> str:
 
 
 def owner_only_sddl(sid: str) -> str:
-    """Protected DACL: full access for ``sid``, the administrators (BA) and SYSTEM (SY)."""
-    return f"D:P(A;;GA;;;{sid})(A;;GA;;;BA)(A;;GA;;;SY)"
+    """Owner ``sid``; protected DACL: full access for ``sid``, the administrators (BA) and
+    SYSTEM (SY)."""
+    return f"O:{sid}D:P(A;;GA;;;{sid})(A;;GA;;;BA)(A;;GA;;;SY)"
 
 
 def create_instance(name: str, *, first: bool, overlapped: bool = True) -> int:
@@ -111,18 +120,26 @@ def create_instance(name: str, *, first: bool, overlapped: bool = True) -> int:
 
 def dacl_of(handle: int) -> str:
     """The DACL of a kernel object as SDDL (what ``create_instance`` set, read back)."""
+    return _security_text(handle, _DACL_SECURITY_INFORMATION)
+
+
+def owner_of(handle: int) -> str:
+    """The owner of a kernel object as a SID string (``O:`` stripped)."""
+    text = _security_text(handle, _OWNER_SECURITY_INFORMATION)
+    return text[2:] if text.startswith("O:") else text
+
+
+def _security_text(handle: int, which: int) -> str:
     _k32, _adv = _dlls()
     descriptor = ctypes.c_void_p()
-    err = _adv.GetSecurityInfo(wintypes.HANDLE(handle), _SE_KERNEL_OBJECT,
-                               _DACL_SECURITY_INFORMATION, None, None, None, None,
-                               ctypes.byref(descriptor))
+    err = _adv.GetSecurityInfo(wintypes.HANDLE(handle), _SE_KERNEL_OBJECT, which, None, None,
+                               None, None, ctypes.byref(descriptor))
     if err:
         raise OSError(None, f"GetSecurityInfo: {_ct.FormatError(err)}", None, err)
     try:
         text = ctypes.c_wchar_p()
         if not _adv.ConvertSecurityDescriptorToStringSecurityDescriptorW(
-                descriptor, _SDDL_REVISION_1, _DACL_SECURITY_INFORMATION, ctypes.byref(text),
-                None):
+                descriptor, _SDDL_REVISION_1, which, ctypes.byref(text), None):
             raise _fail("ConvertSecurityDescriptorToStringSecurityDescriptorW")
         return _take_local_text(_k32, text)
     finally:

@@ -17,7 +17,8 @@ __all__ = [
     "PROCESS_DUP_HANDLE", "PROCESS_QUERY_INFORMATION", "PROCESS_SET_QUOTA", "PROCESS_TERMINATE",
     "PROCESS_SUSPEND_RESUME", "CREATE_SUSPENDED", "create_job", "set_job_limits", "assign",
     "is_in_job", "terminate_job", "job_pids", "resume_process", "open_process", "close",
-    "pipe_client_pid",
+    "pipe_client_pid", "lock_file", "long_paths", "terminate_process",
+    "send_ctrl_break", "has_console",
 ]
 
 PROCESS_TERMINATE = 0x0001
@@ -34,7 +35,18 @@ _BASIC_PROCESS_ID_LIST = 3
 _EXTENDED_LIMIT_INFORMATION = 9
 _MAX_PIDS = 1024
 
+_LOCKFILE_FAIL_IMMEDIATELY = 0x1
+_LOCKFILE_EXCLUSIVE_LOCK = 0x2
+_ERROR_LOCK_VIOLATION = 33
+_CTRL_BREAK_EVENT = 1
+
 _ct: Any = ctypes  # WinDLL, get_last_error, FormatError: Windows only
+
+
+class _Overlapped(ctypes.Structure):
+    _fields_ = [("Internal", ctypes.c_size_t), ("InternalHigh", ctypes.c_size_t),
+                ("Offset", wintypes.DWORD), ("OffsetHigh", wintypes.DWORD),
+                ("hEvent", wintypes.HANDLE)]
 
 
 class _IoCounters(ctypes.Structure):
@@ -89,11 +101,17 @@ def _api() -> SimpleNamespace:
         AssignProcessToJobObject=_sig(k32.AssignProcessToJobObject, boolean, h, h),
         IsProcessInJob=_sig(k32.IsProcessInJob, boolean, h, h, ctypes.POINTER(boolean)),
         TerminateJobObject=_sig(k32.TerminateJobObject, boolean, h, wintypes.UINT),
+        TerminateProcess=_sig(k32.TerminateProcess, boolean, h, wintypes.UINT),
+        GenerateConsoleCtrlEvent=_sig(k32.GenerateConsoleCtrlEvent, boolean, dword, dword),
+        GetConsoleCP=_sig(k32.GetConsoleCP, wintypes.UINT),
         OpenProcess=_sig(k32.OpenProcess, h, dword, boolean, dword),
         CloseHandle=_sig(k32.CloseHandle, boolean, h),
         GetNamedPipeClientProcessId=_sig(k32.GetNamedPipeClientProcessId, boolean, h,
                                          ctypes.POINTER(wintypes.ULONG)),
         NtResumeProcess=_sig(ntdll.NtResumeProcess, ctypes.c_long, h),
+        LockFileEx=_sig(k32.LockFileEx, boolean, h, dword, dword, dword, dword,
+                        ctypes.POINTER(_Overlapped)),
+        RtlAreLongPathsEnabled=getattr(ntdll, "RtlAreLongPathsEnabled", None),
     )
 
 
@@ -139,6 +157,22 @@ def job_pids(job: int) -> list[int]:
     return [int(info.ProcessIdList[i]) for i in range(info.NumberOfProcessIdsInList)]
 
 
+def terminate_process(process: int, exit_code: int) -> None:
+    _check(_api().TerminateProcess(process, exit_code), "TerminateProcess")
+
+
+def send_ctrl_break(group: int) -> None:
+    """Ctrl-Break to the console process group ``group`` (its leader's pid); OSError where
+    it shares no console with us."""
+    _check(_api().GenerateConsoleCtrlEvent(_CTRL_BREAK_EVENT, group),
+           f"GenerateConsoleCtrlEvent({group})")
+
+
+def has_console() -> bool:
+    """Whether this process is attached to a console (Ctrl-C/Ctrl-Break can reach it)."""
+    return bool(_api().GetConsoleCP())
+
+
 def open_process(pid: int, access: int) -> int:
     handle = _api().OpenProcess(access, False, pid)
     _check(handle, f"OpenProcess({pid})")
@@ -160,3 +194,27 @@ def pipe_client_pid(server_end: int) -> int:
     _check(_api().GetNamedPipeClientProcessId(server_end, ctypes.byref(pid)),
            "GetNamedPipeClientProcessId")
     return int(pid.value)
+
+
+def lock_file(file: int, offset: int) -> bool:
+    """An exclusive lock on the byte at ``offset`` of the open file ``file`` (a handle), not
+    waited for: True if taken, False if another handle holds it."""
+    ov = _Overlapped()
+    ov.Offset, ov.OffsetHigh = offset & 0xFFFFFFFF, offset >> 32
+    if _api().LockFileEx(file, _LOCKFILE_EXCLUSIVE_LOCK | _LOCKFILE_FAIL_IMMEDIATELY, 0, 1, 0,
+                         ctypes.byref(ov)):
+        return True
+    err = _ct.get_last_error()
+    if err == _ERROR_LOCK_VIOLATION:
+        return False
+    raise OSError(None, f"LockFileEx: {_ct.FormatError(err)}", None, err)
+
+
+def long_paths() -> bool:
+    """Whether paths over MAX_PATH work for this process (LongPathsEnabled, and our manifest
+    says longPathAware: CPython's does)."""
+    fn = _api().RtlAreLongPathsEnabled
+    if fn is None:
+        return False
+    fn.restype, fn.argtypes = ctypes.c_ubyte, []
+    return bool(fn())
