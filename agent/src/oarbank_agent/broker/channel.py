@@ -79,6 +79,9 @@ class Channel:
             if kept[2]:
                 self.ready_said.set_result(None)
         self.on_ready: Callable[[], None] | None = None
+        # Whether a pid is one of the service's processes (its start op's group, set once the
+        # op ran): where ends are duplicated into the hello's pid (Windows), it must be.
+        self.owns: Callable[[int], bool] | None = None
         # conn -> (the service end we sent, its attempt's name), until `accepted`.
         self._pending: dict[int, tuple[socket.socket, str]] = {}
         self._stopping = False  # set by expect_close: the agent is stopping this service
@@ -217,12 +220,15 @@ class Channel:
     # --- what the broker sends ------------------------------------------------------------------
 
     def send_connection(self, conn: int, attempt_id: str, wire_id: int,
-                        end: socket.socket) -> bool:
+                        end: socket.socket, handle: int | None = None) -> bool:
         """Hand ``end`` to the service as connection ``conn`` of attempt ``wire_id``; the
-        channel owns ``end`` until the service's ``accepted``. False if the channel broke
-        meanwhile."""
+        channel owns ``end`` until the service's ``accepted``. ``handle``: the end was
+        duplicated into the service already (Windows), named, not attached. False if the
+        channel broke meanwhile."""
         self._pending[conn] = (end, attempt_id)
-        return self._stream.send(wire.Connection(conn, wire_id).line(), end)
+        if handle is None:
+            return self._stream.send(wire.Connection(conn, wire_id).line(), end)
+        return self._stream.send(wire.Connection(conn, wire_id, handle).line())
 
     def send_ended(self, wire_id: int) -> None:
         """Tell the service the attempt ``wire_id`` is over."""

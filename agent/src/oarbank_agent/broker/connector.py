@@ -189,10 +189,14 @@ class Connector:
         """A line for the job now (the hand-over's own answer: nothing is queued ahead)."""
         self.stream.send(data)
 
-    def send_ok(self, conn: int, job_end: socket.socket) -> None:
-        """Hand ``job_end`` to the job as connection ``conn``; owned here until ``received``."""
+    def send_ok(self, conn: int, job_end: socket.socket, handle: int | None = None) -> None:
+        """Hand ``job_end`` to the job as connection ``conn``; owned here until ``received``.
+        ``handle``: the end was duplicated into the job already (Windows), named, not attached."""
         self.pending[conn] = job_end
-        self.stream.send(wire.Ok(conn).line(), job_end)
+        if handle is None:
+            self.stream.send(wire.Ok(conn).line(), job_end)
+        else:
+            self.stream.send(wire.Ok(conn, handle).line())
 
     # --- lines from the job -------------------------------------------------------------------
 

@@ -39,10 +39,11 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
+from oarbank_agent import platform
 from oarbank_agent.broker.channel import Channel, Channels, refusal
 from oarbank_agent.broker.connector import Connector
 from oarbank_sdk.protocol import current_transport, wire
@@ -94,6 +95,9 @@ class _Attempt:
     wire: int  # the attempt's id on the channel
     connectors: dict[str, Connector] = field(default_factory=dict)  # service key -> connector
     reached: dict[str, list[Channel]] = field(default_factory=dict)  # service key -> channels
+    # Whether a pid is one of the attempt's processes (its runner's group, once it runs):
+    # where ends are duplicated into the connect's pid (Windows), it must be (else bad_pid).
+    owns: Callable[[int], bool] | None = None
 
 
 class Broker:
@@ -110,6 +114,8 @@ class Broker:
         self.channels = channels if channels is not None else Channels()
         self._attempts: dict[str, _Attempt] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        # None: the ends ride along the messages (POSIX); else each is duplicated (Windows).
+        self._handovers = platform.current().handovers
 
     # --- services -----------------------------------------------------------------------------
 
@@ -201,6 +207,13 @@ class Broker:
             self.close_child_ends(attempt_id)  # a connector opened, the runner never ran
             self.end_attempt(attempt_id)
 
+    def own(self, attempt_id: str, owns: Callable[[int], bool]) -> None:
+        """The attempt's runner runs: ``owns(pid)`` says whether a pid is one of its processes
+        (asked of every connect where ends are duplicated into the connect's pid)."""
+        attempt = self._attempts.get(attempt_id)
+        if attempt is not None:
+            attempt.owns = owns
+
     def close_child_ends(self, attempt_id: str) -> None:
         """Close the agent's copies of the attempt's child ends (runner spawned or failed)."""
         attempt = self._attempts.get(attempt_id)
@@ -243,22 +256,56 @@ class Broker:
                 "restarting); retry later",
             ))
             return
-        number = next(_CONN_NUMBERS)
-        service_end, job_end = _TRANSPORT.pair()
         attempt = self._attempts.get(conn.attempt_id)
+        number = next(_CONN_NUMBERS)
+        if self._handovers is None:  # POSIX: the ends ride along the two messages
+            service_end, job_end = _TRANSPORT.pair()
+            job_handle = service_handle = None
+        else:
+            made = self._duplicated(conn, connect, ch, attempt)
+            if made is None:
+                return
+            job_end, service_end, job_handle, service_handle = made
         if attempt is not None:
             reached = attempt.reached.setdefault(conn.service_key, [])
             if ch not in reached:
                 reached.append(ch)
-        if not ch.send_connection(number, conn.attempt_id, conn.wire, service_end):
+        if not ch.send_connection(number, conn.attempt_id, conn.wire, service_end,
+                                  service_handle):
             job_end.close()
             conn.send_now(refusal(
                 "service_unavailable",
                 f"service {conn.service_key} failed while taking the connection; retry later",
             ))
             return
-        conn.send_ok(number, job_end)
+        conn.send_ok(number, job_end, job_handle)
         log.debug("%s: connection %d for pid %d", conn.name, number, connect.pid)
+
+    def _duplicated(self, conn: Connector, connect: wire.Connect, ch: Channel,
+                    attempt: _Attempt | None) -> tuple[Any, Any, int, int] | None:
+        """Windows: a connection whose ends are duplicated into the connect's pid and the
+        hello's pid, each checked to be a process of the attempt and of the service first;
+        None once a refusal was sent."""
+        assert self._handovers is not None
+        if attempt is None or attempt.owns is None or not attempt.owns(connect.pid):
+            conn.send_now(refusal(
+                "bad_pid", f"pid {connect.pid} is not a process of this attempt (its job "
+                "object): a connection goes only to a process of the attempt"))
+            return None
+        service_pid = ch.hello.result()
+        if ch.owns is None or not ch.owns(service_pid):
+            conn.send_now(refusal(
+                "service_unavailable",
+                f"service {conn.service_key} said hello from pid {service_pid}, which is not "
+                "one of its processes: no connection is handed to it"))
+            return None
+        try:
+            return self._handovers.duplicate(connect.pid, service_pid)
+        except OSError as exc:
+            conn.send_now(refusal(
+                "service_unavailable",
+                f"the connection could not be handed over ({exc}); retry later"))
+            return None
 
     # --- introspection and shutdown -----------------------------------------------------------
 

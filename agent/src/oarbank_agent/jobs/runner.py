@@ -177,6 +177,7 @@ async def _run(ctx: ModuleCtx, node: NodeInfo, stage: mf.Stage, *, job_id: str,
                                fault="host")
             finally:
                 broker.close_child_ends(attempt_id)  # only the runner holds them now
+        broker.own(attempt_id, procs.group_of(proc).owns)  # a connect's pid is checked by it
         (workdir / "started_at").write_text(f"{time.time():.6f}\n")
         timed_out = False
         # Not wait_for: on Python < 3.12 it may swallow a cancel (agent shutdown) that comes

@@ -6,15 +6,18 @@ arrives), never how an OS does it; a port writes its backend and touches nothing
 
 Parts (each section below): process groups (``Groups``, ``Group``), memory and CPU limits,
 the sandbox wrapper and its probe, the control endpoint, the state-dir lock, stop and reload
-requests, the event loop, the stream type behind the transport.
+requests, the event loop, the stream type behind the transport, connections by duplication;
+the keeper's socket and the service manager (``--keep-services``) are in ``keepapi.py``.
 """
 
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict, TypeVar
+
+from oarbank_agent.platform.keepapi import KeeperHost, ServiceManager
 
 if TYPE_CHECKING:
     import asyncio
@@ -26,7 +29,7 @@ __all__ = ["Backend", "FactoryLost", "FileLike", "Watchable", "Watcher", "Stream
            "ClientHandler", "Endpoint", "StateDirHost", "Requests", "Loops", "FactoryHost",
            "SandboxHost",
            "CONTAINMENT_MODES", "CONTAINMENT_HELP", "ContainmentUnavailable", "Group", "Slot",
-           "PopenOptions", "Containment", "Groups", "KeeperHost", "ServiceManager"]
+           "PopenOptions", "Containment", "Groups", "KeeperHost", "ServiceManager", "Handovers"]
 
 
 # -- the sandbox wrapper and its probe ----------------------------------------------------------
@@ -108,6 +111,23 @@ class Streams(Protocol):
     def pipe(self) -> tuple[int, int]:
         """A new pipe ``(read end, write end)``, neither inherited by children unless passed
         on explicitly."""
+
+
+# -- how a connection's ends reach the job and the service --------------------------------------
+# POSIX: they ride along the ``ok`` and ``connection`` messages (SCM_RIGHTS), and the backend
+# has no part for it (``Backend.handovers`` is None). Windows: nothing rides along a pipe; each
+# end is duplicated into the process that gets it and named in the message (``"handle"``).
+
+
+class Handovers(Protocol):
+    """Connections made by duplicating each end into its receiver (contract section 3)."""
+
+    def duplicate(self, job_pid: int, service_pid: int) -> tuple[Any, Any, int, int]:
+        """A new connection between ``job_pid`` and ``service_pid`` (the broker has checked
+        that each is a process of the attempt or the service): ``(job end, service end)``, the
+        agent's copies, kept until the receipts, then the handle values in the job and in the
+        service. Raises OSError when a duplication fails (a process gone); nothing is left in
+        either process then."""
 
 
 # -- the control endpoint ------------------------------------------------------------------------
@@ -243,7 +263,8 @@ class Sessions(Protocol):
 CONTAINMENT_MODES = ("auto", "cgroup", "process-group")  # ``oarbank-agent run --containment``
 CONTAINMENT_HELP = ("how an attempt's (and a service's) processes are ended: auto (default: a "
                     "cgroup each where cgroup v2 is usable, else the process group), cgroup "
-                    "(refuse to start without it), process-group")
+                    "(refuse to start without it), process-group (on Windows every group is a "
+                    "job object whatever is asked)")
 
 
 class ContainmentUnavailable(Exception):
@@ -299,6 +320,7 @@ class PopenOptions(TypedDict, total=False):
     """What starting a leader of a new group needs of ``asyncio.create_subprocess_exec``."""
 
     start_new_session: bool
+    creationflags: int  # Windows: started suspended, then placed in its job (``started``)
 
 
 class Slot(Protocol):
@@ -324,7 +346,7 @@ class Slot(Protocol):
 class Containment(Protocol):
     """How far a group reaches on this machine (``status``: containment, its note)."""
 
-    mode: str  # one of CONTAINMENT_MODES but auto
+    mode: str  # one of CONTAINMENT_MODES but auto; on Windows always "job-object"
     note: str  # why this mode, readable
 
     @property
@@ -417,57 +439,6 @@ class Groups(Protocol):
 
 
 
-# -- the keeper of endpoint channels (--keep-services) ------------------------------------------
-
-
-class KeeperHost(Protocol):
-    """The keeper's socket (``oarbank_agent/keep``): reachable by its owner's user only, the
-    peer's user said by the system, a channel's end passed along with a message."""
-
-    def listen(self, path: Path) -> socket.socket:
-        """A listening socket at ``path``, reachable by this user only from the start."""
-
-    def connect(self, path: Path, timeout: float) -> socket.socket | None:
-        """A connection to the keeper at ``path``; None when none answers there."""
-
-    def peer_uid(self, sock: socket.socket) -> int | None:
-        """The user of the process at the other end, as the system says (None: unknown)."""
-
-    def send(self, sock: socket.socket, doc: dict[str, Any], fds: tuple[int, ...] = ()) -> None:
-        """One message: ``doc``, and a duplicate of each of ``fds``."""
-
-    def recv(self, sock: socket.socket) -> tuple[dict[str, Any], list[int]]:
-        """One message and the descriptors that came with it (the caller's to close);
-        ConnectionError at its end."""
-
-    def peer_gone(self, end: socket.socket) -> bool:
-        """The other side of a held end closed it (looked at without reading)."""
-
-    def started(self, pid: int) -> int | None:
-        """When ``pid`` started, as the system counts it; None where it cannot say."""
-
-
-class ServiceManager(Protocol):
-    """The system's service manager, where one runs the agent (systemd's notify protocol and
-    descriptor store): told when the agent is ready, it keeps descriptors across a restart
-    of the agent's unit and hands them back at the next start."""
-
-    def active(self) -> bool:
-        """Whether a service manager runs this agent and listens to it."""
-
-    def notify(self, fields: Mapping[str, str], fds: tuple[int, ...] = ()) -> bool:
-        """Tell it ``fields`` (with ``fds``); False when there is none."""
-
-    def handed_back(self) -> list[tuple[str, int]]:
-        """(name, fd) of each descriptor it handed back at this start (taken once)."""
-
-    def store_bytes(self, name: str, data: bytes) -> int:
-        """A descriptor holding ``data``, to be stored with it."""
-
-    def read_stored(self, fd: int, limit: int = 1 << 20) -> bytes:
-        """What such a descriptor holds."""
-
-
 @dataclass(frozen=True)
 class Backend:
     """The chosen backend: its name and its parts (fields added per part, one section each)."""
@@ -488,3 +459,5 @@ class Backend:
     keeper: KeeperHost | None = None
     # the service manager running the agent (systemd); None: none is known here
     service_manager: ServiceManager | None = None
+    # connections by duplication (Windows); None: the ends ride along the messages (POSIX)
+    handovers: Handovers | None = None

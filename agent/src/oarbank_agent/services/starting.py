@@ -83,6 +83,8 @@ class Starting(SupervisorBase):
                                    after_spawn=ch.close_child_end if ch else None,
                                    keep_group=True)
             rt.group = res.group
+            if ch is not None and res.group is not None:
+                ch.owns = res.group.owns  # the hello's pid is checked by it (Windows)
             if not res.ok:
                 raise StartFailed("start failed" if self.bare_start_errors
                                   else res.error or "start failed")

@@ -21,7 +21,8 @@ from oarbank_agent.platform.windows import winapi
 from oarbank_agent.platform.windows.jobobjects import JobObject
 from oarbank_sdk.protocol import current_transport
 
-__all__ = ["BadPid", "Handover", "hand_over", "duplicate_into", "close_in"]
+__all__ = ["BadPid", "Handover", "hand_over", "duplicate_pair", "DuplicatingHandovers",
+           "duplicate_into", "close_in"]
 
 # Windows only; reached as Any so that this module imports (and type-checks) everywhere.
 _winapi: Any = importlib.import_module("_winapi") if sys.platform == "win32" else None
@@ -78,6 +79,21 @@ def hand_over(connect_pid: int, attempt: JobObject, service_pid: int) -> Handove
     duplication fails (a process gone meanwhile)."""
     if not attempt.contains(connect_pid):
         raise BadPid(f"pid {connect_pid} is not a process of this attempt")
+    return duplicate_pair(connect_pid, service_pid)
+
+
+class DuplicatingHandovers:
+    """``api.Handovers`` on Windows: the broker checks both pids (the attempt's and the
+    service's groups), this makes the pair and duplicates its ends."""
+
+    def duplicate(self, job_pid: int, service_pid: int) -> tuple[Any, Any, int, int]:
+        made = duplicate_pair(job_pid, service_pid)
+        return made.ours[0], made.ours[1], made.job_handle, made.service_handle
+
+
+def duplicate_pair(connect_pid: int, service_pid: int) -> Handover:
+    """A new pipe pair, the service's end duplicated into ``service_pid`` and the job's into
+    ``connect_pid``. Raises ``OSError`` when a duplication fails; nothing is left behind."""
     job_end, service_end = current_transport().pair()  # Windows: a duplex pipe pair
     try:
         service_handle = duplicate_into(service_pid, service_end.fileno())
