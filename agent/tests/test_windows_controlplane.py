@@ -396,3 +396,46 @@ def test_a_session_started_to_stop_with_its_parent_ends_when_the_parent_dies() -
         starter.communicate()
         if kept is not None:
             WindowsSessions().kill_session(kept)
+
+
+@windows
+def test_the_agents_control_server_and_client_run_over_the_pipe_unchanged(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``operate/control.py`` as the agent runs it, on this endpoint. The rest of the backend
+    is not there yet (``backend()`` refuses), so the test gives ``platform.current()`` the
+    endpoint alone: what ControlServer and Client ask of it."""
+    import types
+
+    from oarbank_agent import platform
+    from oarbank_agent.operate import control
+
+    monkeypatch.setattr(platform, "_backend", types.SimpleNamespace(endpoint=PipeEndpoint()))
+
+    async def handler(req: dict) -> dict:
+        if req.get("op") == "boom":
+            raise control.ControlError("bad_request", "no such op")
+        return {"ok": True, "echo": req}
+
+    async def main() -> None:
+        server = control.ControlServer(tmp_path / control.SOCKET_NAME, handler)
+        await server.start()
+        try:
+            def calls() -> list[dict]:
+                # one that comes and goes without a word: the next is served all the same
+                endpoint = platform.current().endpoint
+                endpoint.connect(tmp_path / control.SOCKET_NAME, 5).close()
+                with control.Client(tmp_path, timeout=10) as c:
+                    return [c.call({"op": "status"}), c.call({"op": "boom"}),
+                            control.request(tmp_path, {"op": "again"})]
+
+            first, refused, again = await asyncio.to_thread(calls)
+            assert first == {"ok": True, "echo": {"op": "status"}}
+            assert refused == {"ok": False, "code": "bad_request", "error": "no such op"}
+            assert again["echo"] == {"op": "again"}
+        finally:
+            await server.close()
+        assert not (tmp_path / control.SOCKET_NAME).exists()  # the record goes with it
+        with pytest.raises(control.AgentNotRunning):
+            control.request(tmp_path, {"op": "status"})
+
+    ProactorLoops().run(main())
