@@ -69,15 +69,23 @@ class StillAlive:
 
 
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
+_ROW_KEYS = ("module", "service", "lifecycle", "users", *BOOL_FIELDS)  # required, in this order
+_ROW_KEYSET = frozenset(_ROW_KEYS)
 
 
-def _count(value: Any, where: str) -> int | None:
+def _at(where: str, key: str) -> str:
+    """The field an error names (made only for the error: a valid report builds none)."""
+    return f"{where}.{key}" if key else where
+
+
+def _count(value: Any, where: str, key: str = "") -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise HeartbeatError(f"{where}: must be a whole number >= 0 or null, got {_kind(value)}"
+        at = _at(where, key)
+        raise HeartbeatError(f"{at}: must be a whole number >= 0 or null, got {_kind(value)}"
                              if not isinstance(value, int) or isinstance(value, bool)
-                             else f"{where}: must be a whole number >= 0 or null, got {value}")
+                             else f"{at}: must be a whole number >= 0 or null, got {value}")
     return value
 
 
@@ -86,27 +94,29 @@ def service_metrics(row: ServiceRow) -> dict[str, int | None]:
     return {k: row.raw.get(k) for k in SERVICE_METRICS}
 
 
-def _text(value: Any, where: str, *, nullable: bool = False, empty_ok: bool = False) -> str | None:
+def _text(value: Any, where: str, key: str = "", *, nullable: bool = False,
+          empty_ok: bool = False) -> str | None:
     if value is None and nullable:
         return None
     if not isinstance(value, str):
         want = "a string or null" if nullable else "a string"
-        raise HeartbeatError(f"{where}: must be {want}, got {_kind(value)}")
+        raise HeartbeatError(f"{_at(where, key)}: must be {want}, got {_kind(value)}")
     if not value and not empty_ok:
-        raise HeartbeatError(f"{where}: must not be empty")
+        raise HeartbeatError(f"{_at(where, key)}: must not be empty")
     if len(value) > MAX_TEXT:
-        raise HeartbeatError(f"{where}: longer than {MAX_TEXT} characters")
+        raise HeartbeatError(f"{_at(where, key)}: longer than {MAX_TEXT} characters")
     return value
 
 
 def _row(value: Any, where: str) -> ServiceRow:
     if not isinstance(value, dict):
         raise HeartbeatError(f"{where}: must be an object, got {_kind(value)}")
-    for key in ("module", "service", "lifecycle", "users", *BOOL_FIELDS):
-        if key not in value:
-            raise HeartbeatError(f"{where}.{key}: missing")
-    module = _text(value["module"], f"{where}.module")
-    service = _text(value["service"], f"{where}.service")
+    if not value.keys() >= _ROW_KEYSET:  # one C-level test for the usual, complete row
+        for key in _ROW_KEYS:
+            if key not in value:
+                raise HeartbeatError(f"{where}.{key}: missing")
+    module = _text(value["module"], where, "module")
+    service = _text(value["service"], where, "service")
     assert module is not None and service is not None
     if not SERVICE_NAME.match(service):
         raise HeartbeatError(f"{where}.service: {service!r} is not a service name "
@@ -124,13 +134,13 @@ def _row(value: Any, where: str) -> ServiceRow:
     if isinstance(users, bool) or not isinstance(users, int) or users < 0:
         raise HeartbeatError(f"{where}.users: must be a whole number >= 0, got {users!r}")
     for key in SERVICE_METRICS:
-        _count(value.get(key), f"{where}.{key}")
+        _count(value.get(key), where, key)
     return ServiceRow(
         module=module,
         service=service,
-        health=_text(value.get("health"), f"{where}.health", nullable=True),
-        error=_text(value.get("error"), f"{where}.error", nullable=True, empty_ok=True),
-        held=_text(value.get("held"), f"{where}.held", nullable=True),
+        health=_text(value.get("health"), where, "health", nullable=True),
+        error=_text(value.get("error"), where, "error", nullable=True, empty_ok=True),
+        held=_text(value.get("held"), where, "held", nullable=True),
         lifecycle=lifecycle,
         users=users,
         raw=dict(value),
@@ -166,7 +176,7 @@ def parse_heartbeat(doc: Any) -> Heartbeat:
     if metrics is not None:
         if not isinstance(metrics, dict):
             raise HeartbeatError(f"metrics: must be an object, got {_kind(metrics)}")
-        metrics = {k: _count(metrics.get(k), f"metrics.{k}") for k in NODE_METRICS}
+        metrics = {k: _count(metrics.get(k), "metrics", k) for k in NODE_METRICS}
     return Heartbeat(node_id=node_id, hostname=hostname, time=t, services=rows,
                      heartbeat_s=period, agent_stopped=stopped, metrics=metrics)
 

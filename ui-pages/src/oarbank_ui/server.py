@@ -47,13 +47,16 @@ log = logging.getLogger("oarbank_ui.server")
 class _HeadDeadline:
     """Mixed into uvicorn's HTTP/1.1 protocol (httptools or h11): a deadline on each request
     head (see the module docstring). Relies on ``cycle`` changing when a new request starts,
-    which both of uvicorn's protocols do."""
+    which both of uvicorn's protocols do. One timer per connection at a time, re-armed for the
+    rest of the current wait when it fires early: a keep-alive connection's requests only
+    note when each wait began (a timer made and cancelled per request cost more)."""
 
     cycle: Any
     loop: Any
     transport: Any
 
     _head_timer: asyncio.TimerHandle | None = None
+    _head_since: float | None = None  # when the wait for the next head began; None: it is in
     head_timeout_s = 10.0  # serve() sets it from --read-timeout-s in a subclass
 
     def connection_made(self, transport: Any) -> None:
@@ -61,31 +64,38 @@ class _HeadDeadline:
         if transport.get_extra_info("socket") is not None:
             sock = transport.get_extra_info("socket")
             if sock.family in (socket.AF_INET, socket.AF_INET6):
-                # headers and body in two writes: without this a keep-alive client's delayed
-                # ACK adds ~40 ms to every answer
+                # headers and body may go in two writes (answers but a report's): without
+                # this a keep-alive client's delayed ACK adds ~40 ms to every answer
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._await_head()
 
     def _await_head(self) -> None:
         self._head_cycle = self.cycle
-        self._head_timer = self.loop.call_later(self.head_timeout_s, self._head_late)
+        self._head_since = self.loop.time()
+        if self._head_timer is None:
+            self._head_timer = self.loop.call_later(self.head_timeout_s, self._head_late)
 
     def _head_late(self) -> None:
         self._head_timer = None
-        if self.cycle is self._head_cycle:
-            log.debug("closing a connection whose request head took over %g s",
-                      self.head_timeout_s)
-            self.transport.close()
+        since = self._head_since
+        if since is None or self.cycle is not self._head_cycle:
+            return  # the head is in; the next wait arms a timer again
+        left = since + self.head_timeout_s - self.loop.time()
+        if left > 0:  # armed for an earlier wait: this one has the rest of its time
+            self._head_timer = self.loop.call_later(left, self._head_late)
+            return
+        log.debug("closing a connection whose request head took over %g s",
+                  self.head_timeout_s)
+        self.transport.close()
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)  # type: ignore[misc]
-        if self._head_timer is not None and self.cycle is not self._head_cycle:
-            self._head_timer.cancel()  # the head is in: the body has asgi.py's deadline
-            self._head_timer = None
+        if self._head_since is not None and self.cycle is not self._head_cycle:
+            self._head_since = None  # the head is in: the body has its own deadline (asgi*.py)
 
     def on_response_complete(self) -> None:
         super().on_response_complete()  # type: ignore[misc]
-        if self._head_timer is None and not self.transport.is_closing():
+        if self._head_since is None and not self.transport.is_closing():
             self._await_head()
 
     def connection_lost(self, exc: Exception | None) -> None:
