@@ -34,12 +34,7 @@ def _served(ctx: Ctx, node: Node, tag: str, n: int = 2) -> set[int]:
           "SIGTERM + start keep the model warm: 0 extra loads, the same service pid, jobs "
           "after each restart served by it; without the flag the restarted agent loads it "
           "again",
-          needs_portal=True,
-          # Opt-in until it holds on every backend: it passes on local (also under the darwin
-          # profile) and on vm:bookworm under the systemd unit, and fails on the container
-          # backend, where the kept service dies with the killed agent (issue 31, open).
-          opt_in="--keep-services: passes on local and vm:bookworm (systemd); fails on "
-                 "container backends (the kept service dies with the killed agent there)")
+          needs_portal=True)
 def agent_upgrade(ctx: Ctx) -> None:
     node = ctx.node("upgrade-a", ["fastmodel"], settings={FAST: {"load_s": 0.3, "slots": 4}},
                     start=False)
@@ -77,7 +72,7 @@ def agent_upgrade(ctx: Ctx) -> None:
     newer = _bumped(before)
     why_not = node.install_agent(newer)
     if why_not is None:
-        ctx.note(f"agent {newer} installed next to the running {before}")
+        ctx.note(f"agent {newer} installed while agent {before} runs")
     else:
         ctx.note(f"no newer agent on this backend ({why_not}): the same version restarts")
     if node.supervisor == "systemd":

@@ -39,4 +39,5 @@ def test_opt_in_scenarios_run_only_when_named() -> None:
 
     assert SCENARIOS["oom-limit"].opt_in  # needs the memory controller: not on every kernel
     assert "oom-limit" not in default_scenarios()
-    assert {"agent-restart", "idle-stop", "listener-refused", "yield"} <= set(default_scenarios())
+    assert {"agent-restart", "agent-upgrade", "idle-stop", "listener-refused",
+            "yield"} <= set(default_scenarios())
