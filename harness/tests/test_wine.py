@@ -5,7 +5,7 @@ its Windows wheels (cached under .cache/windows/; the first run downloads ~40 MB
 ~700 MB Wine prefix), then these tests run the SDK's pipe-handle tests
 (sdk/tests/test_windows_pipes.py) and the agent's Windows backend parts
 (agent/tests/test_windows_backend.py, test_windows_streams.py, test_windows_broker.py,
-test_windows_controlplane.py) under python.exe.
+test_windows_controlplane.py, test_windows_groups.py) under python.exe.
 Without Wine they skip naming `wine64` (fail under OARBANK_REQUIRE_SYSTEM_PACKAGES=1).
 
 What Wine cannot show (issue 26), so no test here claims it: Windows serialising I/O on a
@@ -32,7 +32,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("wine"),
 
 WINDOWS_TESTS = ["sdk/tests/test_windows_pipes.py", "agent/tests/test_windows_backend.py",
                  "agent/tests/test_windows_streams.py", "agent/tests/test_windows_broker.py",
-                 "agent/tests/test_windows_controlplane.py"]
+                 "agent/tests/test_windows_controlplane.py",
+                 "agent/tests/test_windows_groups.py"]
 
 
 def test_the_windows_tests_pass_under_wine(system_package) -> None:

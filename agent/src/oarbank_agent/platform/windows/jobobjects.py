@@ -34,6 +34,14 @@ class JobObject:
             self.close()
             raise
 
+    @classmethod
+    def of_handle(cls, handle: int) -> JobObject:
+        """A job object made (named, limited: ``groups.py``) or opened elsewhere; ours to
+        close from now on."""
+        job = cls.__new__(cls)
+        job.handle = handle
+        return job
+
     def _live(self) -> int:
         if self.handle is None:
             raise ValueError("the job object is closed")

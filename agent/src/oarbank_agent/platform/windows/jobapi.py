@@ -1,0 +1,197 @@
+"""Job object calls the process groups make beyond ``winapi.py``: names, limits, counts, a
+completion port, Ctrl-Break (ctypes).
+
+Each wrapper raises ``OSError`` on failure, naming the call; the DLLs load at the first call
+(the module imports on every system, as ``winapi.py`` does).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from ctypes import wintypes
+from types import SimpleNamespace
+from typing import Any
+
+from oarbank_agent.platform.windows import winapi
+
+__all__ = [
+    "JOB_ACCESS", "MSG_ACTIVE_PROCESS_ZERO", "MSG_MEMORY_LIMITS", "create_named_job",
+    "open_named_job", "set_limits", "set_cpu_rate", "set_ui_limits", "active_processes",
+    "new_port", "watch_job", "next_message", "post_quit", "ctrl_break", "terminate_process",
+    "wait_process", "is_wine",
+]
+
+JOB_ACCESS = 0x1F001F  # JOB_OBJECT_ALL_ACCESS: assign, query, terminate, set limits
+JOB_OBJECT_LIMIT_JOB_MEMORY = 0x00000200
+ERROR_ALREADY_EXISTS = 183
+_BASIC_ACCOUNTING = 1
+_BASIC_UI_RESTRICTIONS = 4
+_ASSOCIATE_COMPLETION_PORT = 7
+_CPU_RATE_CONTROL = 15
+CPU_RATE_ENABLE, CPU_RATE_HARD_CAP = 0x1, 0x4
+UI_LIMIT_ALL = 0xFF  # desktop, display settings, exit Windows, global atoms, handles, ...
+MSG_ACTIVE_PROCESS_ZERO = 4
+MSG_MEMORY_LIMITS = (9, 10)  # JOB_OBJECT_MSG_PROCESS_MEMORY_LIMIT, _JOB_MEMORY_LIMIT
+CTRL_BREAK_EVENT = 1
+INFINITE = 0xFFFFFFFF
+_QUIT_KEY = 0  # a job's key is never 0 (``watch_job`` refuses it)
+
+_ct: Any = ctypes
+
+
+class _Accounting(ctypes.Structure):
+    _fields_ = [("TotalUserTime", ctypes.c_longlong), ("TotalKernelTime", ctypes.c_longlong),
+                ("ThisPeriodTotalUserTime", ctypes.c_longlong),
+                ("ThisPeriodTotalKernelTime", ctypes.c_longlong),
+                ("TotalPageFaultCount", wintypes.DWORD), ("TotalProcesses", wintypes.DWORD),
+                ("ActiveProcesses", wintypes.DWORD),
+                ("TotalTerminatedProcesses", wintypes.DWORD)]
+
+
+class _CpuRate(ctypes.Structure):
+    _fields_ = [("ControlFlags", wintypes.DWORD), ("CpuRate", wintypes.DWORD)]
+
+
+class _Port(ctypes.Structure):
+    _fields_ = [("CompletionKey", ctypes.c_void_p), ("CompletionPort", wintypes.HANDLE)]
+
+
+@functools.cache
+def _api() -> SimpleNamespace:
+    k32 = _ct.WinDLL("kernel32", use_last_error=True)
+    h, dword, boolean = wintypes.HANDLE, wintypes.DWORD, wintypes.BOOL
+    sig = winapi._sig
+    return SimpleNamespace(
+        CreateJobObjectW=sig(k32.CreateJobObjectW, h, ctypes.c_void_p, wintypes.LPCWSTR),
+        OpenJobObjectW=sig(k32.OpenJobObjectW, h, dword, boolean, wintypes.LPCWSTR),
+        SetInformationJobObject=sig(k32.SetInformationJobObject, boolean, h, ctypes.c_int,
+                                    ctypes.c_void_p, dword),
+        QueryInformationJobObject=sig(k32.QueryInformationJobObject, boolean, h, ctypes.c_int,
+                                      ctypes.c_void_p, dword, ctypes.POINTER(dword)),
+        CreateIoCompletionPort=sig(k32.CreateIoCompletionPort, h, h, h, ctypes.c_void_p, dword),
+        GetQueuedCompletionStatus=sig(k32.GetQueuedCompletionStatus, boolean, h,
+                                      ctypes.POINTER(dword), ctypes.POINTER(ctypes.c_void_p),
+                                      ctypes.POINTER(ctypes.c_void_p), dword),
+        PostQueuedCompletionStatus=sig(k32.PostQueuedCompletionStatus, boolean, h, dword,
+                                       ctypes.c_void_p, ctypes.c_void_p),
+        GenerateConsoleCtrlEvent=sig(k32.GenerateConsoleCtrlEvent, boolean, dword, dword),
+        TerminateProcess=sig(k32.TerminateProcess, boolean, h, wintypes.UINT),
+        WaitForSingleObject=sig(k32.WaitForSingleObject, dword, h, dword),
+    )
+
+
+def _check(ok: object, call: str) -> None:
+    if not ok:
+        err = _ct.get_last_error()
+        raise OSError(None, f"{call}: {_ct.FormatError(err)}", None, err)
+
+
+def create_named_job(name: str) -> int:
+    """A new job object called ``name``; FileExistsError if that name is taken (squatted)."""
+    _ct.set_last_error(0)  # "exists already" is said only through the last error
+    handle = _api().CreateJobObjectW(None, name)
+    _check(handle, "CreateJobObjectW")
+    if _ct.get_last_error() == ERROR_ALREADY_EXISTS:
+        winapi.close(int(handle))
+        raise FileExistsError(f"a job object called {name!r} exists already")
+    return int(handle)
+
+
+def open_named_job(name: str) -> int | None:
+    """A handle to the live job object ``name``, None when there is none (it ended)."""
+    handle = _api().OpenJobObjectW(JOB_ACCESS, False, name)
+    return int(handle) if handle else None
+
+
+def set_limits(job: int, flags: int, *, job_memory: int = 0, active_processes: int = 0) -> None:
+    """The job's extended limits: ``flags`` (kill on close, ...), the whole job's committed
+    memory (``job_memory`` bytes, 0: none), breakaway never allowed."""
+    info = winapi._ExtendedLimits()
+    if job_memory:
+        flags |= JOB_OBJECT_LIMIT_JOB_MEMORY
+        info.JobMemoryLimit = job_memory
+    info.BasicLimitInformation.LimitFlags = flags
+    info.BasicLimitInformation.ActiveProcessLimit = active_processes
+    _check(_api().SetInformationJobObject(job, winapi._EXTENDED_LIMIT_INFORMATION,
+                                          ctypes.byref(info), ctypes.sizeof(info)),
+           "SetInformationJobObject(extended limits)")
+
+
+def set_cpu_rate(job: int, rate: int) -> None:
+    """A hard cap: the job's processes get ``rate`` / 10000 of the machine's CPU time."""
+    info = _CpuRate(CPU_RATE_ENABLE | CPU_RATE_HARD_CAP, max(1, min(10000, rate)))
+    _check(_api().SetInformationJobObject(job, _CPU_RATE_CONTROL, ctypes.byref(info),
+                                          ctypes.sizeof(info)),
+           "SetInformationJobObject(CPU rate control)")
+
+
+def set_ui_limits(job: int, flags: int = UI_LIMIT_ALL) -> None:
+    """No desktop switching, no clipboard, no handles of other jobs' windows, ..."""
+    info = wintypes.DWORD(flags)
+    _check(_api().SetInformationJobObject(job, _BASIC_UI_RESTRICTIONS, ctypes.byref(info),
+                                          ctypes.sizeof(info)),
+           "SetInformationJobObject(UI restrictions)")
+
+
+def active_processes(job: int) -> int:
+    info = _Accounting()
+    _check(_api().QueryInformationJobObject(job, _BASIC_ACCOUNTING, ctypes.byref(info),
+                                            ctypes.sizeof(info), None),
+           "QueryInformationJobObject(accounting)")
+    return int(info.ActiveProcesses)
+
+
+def new_port() -> int:
+    """A completion port for job messages (one thread reads it)."""
+    handle = _api().CreateIoCompletionPort(wintypes.HANDLE(-1), None, None, 1)
+    _check(handle, "CreateIoCompletionPort")
+    return int(handle)
+
+
+def watch_job(job: int, port: int, key: int) -> None:
+    """Send ``job``'s messages (a process ended, the last one did, a memory limit was hit) to
+    ``port`` under ``key`` (not 0)."""
+    if key == _QUIT_KEY:
+        raise ValueError("key 0 is the port's quit message")
+    info = _Port(key, port)
+    _check(_api().SetInformationJobObject(job, _ASSOCIATE_COMPLETION_PORT, ctypes.byref(info),
+                                          ctypes.sizeof(info)),
+           "SetInformationJobObject(completion port)")
+
+
+def next_message(port: int) -> tuple[int, int, int] | None:
+    """(message, job key, pid) as the port delivers them (blocks); None after ``post_quit``."""
+    msg, key, overlapped = wintypes.DWORD(), ctypes.c_void_p(), ctypes.c_void_p()
+    _check(_api().GetQueuedCompletionStatus(port, ctypes.byref(msg), ctypes.byref(key),
+                                            ctypes.byref(overlapped), INFINITE),
+           "GetQueuedCompletionStatus")
+    if not key.value:
+        return None
+    return int(msg.value), int(key.value), int(overlapped.value or 0)
+
+
+def post_quit(port: int) -> None:
+    _check(_api().PostQueuedCompletionStatus(port, 0, None, None), "PostQueuedCompletionStatus")
+
+
+def ctrl_break(process_group: int) -> bool:
+    """Ctrl-Break to a console process group (a process started with
+    CREATE_NEW_PROCESS_GROUP, its id the leader's pid); False where it cannot be sent (it
+    reaches only processes sharing this process's console)."""
+    return bool(_api().GenerateConsoleCtrlEvent(CTRL_BREAK_EVENT, process_group))
+
+
+def terminate_process(process: int, exit_code: int) -> None:
+    _check(_api().TerminateProcess(process, exit_code), "TerminateProcess")
+
+
+def wait_process(process: int, timeout_ms: int) -> bool:
+    """Whether the process ended within ``timeout_ms``."""
+    return int(_api().WaitForSingleObject(process, timeout_ms)) == 0
+
+
+@functools.cache
+def is_wine() -> bool:
+    """Whether this "Windows" is Wine (whose job objects accept limits they do not enforce)."""
+    return hasattr(_ct.WinDLL("ntdll"), "wine_get_version")
