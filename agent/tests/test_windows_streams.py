@@ -13,6 +13,7 @@ Wine does not show, so this cannot either: Windows serialising I/O on a synchron
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 from typing import Any
@@ -196,4 +197,41 @@ def test_closed_ends_are_not_watched_and_foreign_handles_are_refused() -> None:
             watcher.on_readable(handle, lambda: None)
         with pytest.raises(OSError):
             ours.recv(1)
+    _run(main)
+
+
+def test_a_log_pipe_carries_a_child_s_stderr_to_its_end() -> None:
+    """``pipe()``: the write end a descriptor ``subprocess`` hands on as a child's stderr, the
+    read end the agent's, read when the loop says so, end of file once the child is gone."""
+    async def main() -> None:
+        streams = WindowsStreams()
+        r, w = streams.pipe()
+        proc = subprocess.Popen(
+            [sys.executable, "-c", "import sys; sys.stderr.write('x' * 100000 + 'end')"],
+            stdin=subprocess.DEVNULL, stderr=w)
+        os.close(w)  # the child has its copy
+        got = bytearray()
+        done = asyncio.get_running_loop().create_future()
+
+        def readable() -> None:
+            chunk = streams.read_some(r, 65536)
+            if chunk is None:
+                return
+            if chunk:
+                got.extend(chunk)
+            elif not done.done():
+                done.set_result(None)
+
+        watcher = streams.watcher(asyncio.get_running_loop())
+        try:
+            watcher.on_readable(r, readable)
+            await asyncio.wait_for(done, 30)
+            assert bytes(got) == b"x" * 100000 + b"end"
+            assert proc.wait(timeout=20) == 0
+        finally:
+            watcher.off_readable(r)
+            streams.close_read_end(r)
+            streams.close_read_end(r)  # closed already: nothing to do
+            if proc.poll() is None:
+                proc.kill()
     _run(main)

@@ -110,7 +110,16 @@ class Streams(Protocol):
 
     def pipe(self) -> tuple[int, int]:
         """A new pipe ``(read end, write end)``, neither inherited by children unless passed
-        on explicitly."""
+        on explicitly: the write end a descriptor for a child's stdout or stderr
+        (``os.close`` it once the child has it), the read end the agent's, watched for
+        reading, read with ``read_some`` and closed with ``close_read_end``."""
+
+    def read_some(self, end: int, size: int) -> bytes | None:
+        """Up to ``size`` bytes from the read end of a ``pipe``: ``b""`` at end of file, None
+        when nothing waits now (it never blocks). Raises OSError."""
+
+    def close_read_end(self, end: int) -> None:
+        """Close the read end of a ``pipe``."""
 
 
 # -- how a connection's ends reach the job and the service --------------------------------------

@@ -78,7 +78,6 @@ class ServiceLog:
         return w
 
     def _watch(self, r: int) -> None:
-        os.set_blocking(r, False)
         self._readers.add(r)
         platform.current().streams.watcher(asyncio.get_running_loop()).on_readable(
             r, self._readable, r)
@@ -91,16 +90,17 @@ class ServiceLog:
     def resume(self, r: int) -> None:
         """Read a kept daemon's stderr again: the read end a keeper held while no agent ran
         (what the daemon wrote meanwhile waited in the pipe). Ours to close from now on."""
+        os.set_blocking(r, False)  # as the pipes ``open_writer`` makes (POSIX: only it keeps)
         self._watch(r)
         self._latest = r
 
     def _readable(self, r: int) -> None:
         try:
-            chunk = os.read(r, _CHUNK)
-        except BlockingIOError:
-            return
+            chunk = platform.current().streams.read_some(r, _CHUNK)
         except OSError:
             chunk = b""
+        if chunk is None:
+            return
         if chunk:
             self._write(chunk)
         else:  # EOF: the daemon and everything that held its stderr are gone
@@ -111,11 +111,11 @@ class ServiceLog:
         for r in list(self._readers):
             while r in self._readers:
                 try:
-                    chunk = os.read(r, _CHUNK)
-                except BlockingIOError:
-                    break
+                    chunk = platform.current().streams.read_some(r, _CHUNK)
                 except OSError:
                     chunk = b""
+                if chunk is None:
+                    break
                 if not chunk:
                     self._close_reader(r)
                     break
@@ -126,7 +126,7 @@ class ServiceLog:
         with contextlib.suppress(Exception):
             platform.current().streams.watcher(asyncio.get_running_loop()).off_readable(r)
         with contextlib.suppress(OSError):
-            os.close(r)
+            platform.current().streams.close_read_end(r)
 
     def close(self) -> None:
         self.drain()

@@ -59,8 +59,19 @@ class PosixStreams:
 
     def pipe(self) -> tuple[int, int]:
         if self.cloexec_pipe:
-            return os.pipe2(os.O_CLOEXEC)
-        r, w = os.pipe()
-        os.set_inheritable(r, False)
-        os.set_inheritable(w, False)
+            r, w = os.pipe2(os.O_CLOEXEC)
+        else:
+            r, w = os.pipe()
+            os.set_inheritable(r, False)
+            os.set_inheritable(w, False)
+        os.set_blocking(r, False)  # ours: read when ready (the child's end stays blocking)
         return r, w
+
+    def read_some(self, end: int, size: int) -> bytes | None:
+        try:
+            return os.read(end, size)
+        except BlockingIOError:
+            return None
+
+    def close_read_end(self, end: int) -> None:
+        os.close(end)

@@ -36,6 +36,7 @@ __all__ = ["AgentPipe", "ProactorWatcher", "WindowsStreams"]
 _READ_CHUNK = 65536
 _set_handle_inheritable: Any = getattr(os, "set_handle_inheritable", None)
 _winapi: Any = __import__("_winapi") if sys.platform == "win32" else None
+_msvcrt: Any = __import__("msvcrt") if sys.platform == "win32" else None
 
 # The agent's open pipe ends by handle value: what a watcher is handed (an int or the pipe).
 _OPEN: dict[int, AgentPipe] = {}
@@ -252,5 +253,26 @@ class WindowsStreams:
         return AgentPipe(server), PipeStream(client)
 
     def pipe(self) -> tuple[int, int]:
-        raise OSError("log pipes are not written for Windows yet: the agent reads a daemon's "
-                      "stderr with os.read on a descriptor, which an overlapped pipe is not")
+        """(our end's handle: an ``AgentPipe``, a C runtime descriptor of the child's end):
+        the child's end a synchronous pipe, as ``subprocess`` hands a descriptor on."""
+        server, client = connected_pipe(overlapped_server=True)
+        ours = AgentPipe(server)
+        try:
+            return server, _msvcrt.open_osfhandle(client, 0)
+        except BaseException:
+            ours.close()
+            _winapi.CloseHandle(client)
+            raise
+
+    def read_some(self, end: int, size: int) -> bytes | None:
+        try:
+            return _pipe_of(end).recv(size)
+        except BlockingIOError:
+            return None
+        except ValueError:
+            raise OSError(9, f"handle {end} is not an open pipe end of the agent") from None
+
+    def close_read_end(self, end: int) -> None:
+        pipe = _OPEN.get(end)
+        if pipe is not None:
+            pipe.close()
