@@ -28,7 +28,12 @@ from pathlib import Path
 
 import pytest
 
-from oarbank_agent.platform.windows.endpoint import MAX_PATH_CHARS, path_problem, pipe_name
+from oarbank_agent.platform.windows.endpoint import (
+    MAX_PATH_CHARS,
+    owner_trusted,
+    path_problem,
+    pipe_name,
+)
 
 windows = pytest.mark.skipif(
     sys.platform != "win32",
@@ -68,6 +73,16 @@ def test_a_record_path_over_max_path_is_refused_naming_the_limit_unless_long_pat
     problem = path_problem(long, long_paths=False)
     assert problem and f"{MAX_PATH_CHARS}" in problem and "--state-dir" in problem
     assert path_problem(long, long_paths=True) is None
+
+
+def test_a_client_trusts_a_pipe_of_its_own_user_system_or_the_administrators_only() -> None:
+    """What refuses a pipe another user made under the recorded name (Wine has one user, so
+    only this decision is shown here; the windows-latest job has one user too)."""
+    me, other = "S-1-5-21-1-2-3-1001", "S-1-5-21-1-2-3-1002"
+    for owner in (me, "SY", "BA", "S-1-5-18", "S-1-5-32-544"):
+        assert owner_trusted(owner, me), owner
+    for owner in (other, "WD", "S-1-1-0", "BU", ""):  # another user, Everyone, Users
+        assert not owner_trusted(owner, me), owner
 
 
 # -- the event loop --------------------------------------------------------------------------------

@@ -31,7 +31,8 @@ from typing import Any
 from oarbank_agent.platform.api import ClientHandler, EndpointPathTooLong
 from oarbank_agent.platform.windows import controlpipe, winapi
 
-__all__ = ["PipeEndpoint", "pipe_name", "read_record", "path_problem", "MAX_PATH_CHARS"]
+__all__ = ["PipeEndpoint", "pipe_name", "read_record", "path_problem", "owner_trusted",
+           "MAX_PATH_CHARS"]
 
 _winapi: Any = importlib.import_module("_winapi") if sys.platform == "win32" else None
 
@@ -67,6 +68,12 @@ def path_problem(path: Path, *, long_paths: bool) -> str | None:
     return (f"the control endpoint's record {path} is {n} characters; Windows allows at most "
             f"{MAX_PATH_CHARS} without long paths (LongPathsEnabled): use a shorter "
             f"--state-dir")
+
+
+def owner_trusted(owner: str, me: str) -> bool:
+    """Whether a pipe owned by ``owner`` (a SID or an SDDL alias) may be this user's agent's
+    (``me``): our own, SYSTEM's or the administrators' (pure)."""
+    return owner == me or owner in controlpipe.TRUSTED_OWNERS
 
 
 def _write_record(path: Path, name: str) -> None:
@@ -158,6 +165,6 @@ def _open(name: str, path: Path, timeout: float | None) -> int:
 
 def _check_owner(handle: int, name: str) -> None:
     owner = controlpipe.owner_of(handle)
-    if owner not in (controlpipe.user_sid(), *controlpipe.TRUSTED_OWNERS):
+    if not owner_trusted(owner, controlpipe.user_sid()):
         raise PermissionError(errno.EACCES, f"{name} belongs to {owner}, not to this user "
                               "(nor to SYSTEM or the administrators): not our agent's pipe")
