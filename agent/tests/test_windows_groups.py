@@ -272,3 +272,62 @@ def test_the_factory_host_has_no_factory_and_watches_a_process() -> None:
         assert await proc.wait() == 0
         await host.until_gone(4_000_000)  # no such process: at once
     asyncio.run(main())
+
+
+# An agent's part only: groups made the agent's way, then it is killed (no cleanup runs).
+AGENT = r"""
+import asyncio, sys
+sys.path.insert(0, sys.argv[1])
+from test_windows_groups import LEADER, _start
+from oarbank_agent.platform.windows.groups import WindowsGroups
+
+async def main():
+    proc, group = await _start(WindowsGroups(), LEADER)
+    print(proc.pid, (await proc.stdout.readline()).split()[1].decode(), flush=True)
+    await asyncio.sleep(120)
+asyncio.run(main())
+"""
+
+
+@win_only
+def test_a_killed_agent_leaves_none_of_its_groups_running() -> None:
+    import subprocess
+
+    agent = subprocess.Popen([sys.executable, "-c", AGENT, str(Path(__file__).parent)],
+                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+    assert agent.stdout is not None
+    try:
+        leader, grandchild = (int(p) for p in agent.stdout.readline().split())
+        assert _alive(leader) and _alive(grandchild)
+        agent.kill()  # TerminateProcess: the kernel closes its handles, the job's last one
+        agent.wait(timeout=10)
+        host = WindowsFactoryHost()
+
+        async def gone() -> None:
+            await asyncio.wait_for(host.until_gone(leader), 10)
+            await asyncio.wait_for(host.until_gone(grandchild), 10)
+        asyncio.run(gone())
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+        agent.stdout.close()
+
+
+@win_only
+def test_a_plain_sleeper_ends_at_ctrl_break_where_it_shares_the_console() -> None:
+    """Whether Ctrl-Break reached it depends on a console shared with this process; what
+    must hold either way: ``end`` leaves nothing, killing only after the grace."""
+    async def main() -> None:
+        groups = WindowsGroups()
+        try:
+            proc, group = await _start(groups, LEADER)
+            assert proc.stdout is not None
+            await proc.stdout.readline()
+            killed = await group.end(3.0)
+            print("ctrl-break", "refused or unheard: killed" if killed else "ended it")
+            assert not group.alive()
+            rc = await proc.wait()
+            assert (rc == KILLED_EXIT) if killed else rc != 0
+        finally:
+            groups.containment.close()
+    asyncio.run(main())
