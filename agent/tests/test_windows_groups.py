@@ -331,3 +331,21 @@ def test_a_plain_sleeper_ends_at_ctrl_break_where_it_shares_the_console() -> Non
         finally:
             groups.containment.close()
     asyncio.run(main())
+
+
+@win_only
+def test_sandbox_required_refuses_and_auto_names_the_missing_walls(monkeypatch) -> None:
+    """The agent's own policy over the Windows host (only the backend's sandbox part is put
+    in place: the whole backend is not assembled yet)."""
+    from types import SimpleNamespace
+
+    from oarbank_agent import platform
+    from oarbank_agent.sandbox import policy
+
+    monkeypatch.setattr(platform, "_backend", SimpleNamespace(sandbox=WindowsSandboxHost()))
+    with pytest.raises(policy.SandboxUnavailable, match="windows_appcontainer"):
+        policy.resolve("required", {})
+    auto = policy.resolve("auto", {})
+    assert not auto.enforce
+    note = auto.report()["note"]
+    assert "windows_appcontainer (" in note and "job objects enforce:" in note, note
