@@ -23,7 +23,10 @@ def test_start_submit_stop_cleanup(backend: Backend, tmp_path: Path) -> None:
         assert rec["state"] == "succeeded", rec
         assert rec["result"]["payload"] == {"x": 1}
         assert node.jobs == [rec["job_id"]]
-        assert node.processes(), "the running agent is a process of the node"
+        # Its pids are the node's own (a container's, not the host's): the agent's lock
+        # names the agent as the node sees it, as jobs' results and services' files do.
+        agent_pid = int((node.state_dir / "agent.lock").read_text().split()[0])
+        assert agent_pid in {p.pid for p in node.processes()}, node.processes()
         assert node.stop_agent() == 0
         assert not node.agent_alive()
         assert node.processes() == []
