@@ -14,16 +14,18 @@ every instance under a protected DACL from its creation, its random name recorde
 the ``reload`` command) and ``sessions.py`` (a new process group in a job object of its own);
 the process side: ``groups.py`` (``Groups``: a named kill-on-close job object per group, the
 leader started suspended and placed by ``Slot.started``, containment ``job-object``) with
-``jobapi.py``, ``jobwatch.py`` (one completion port: a group's end and its memory-limit hits)
-and ``limits.py`` (``memory.max``/``cpu.max`` as a job memory limit and a CPU rate cap; Wine
-enforces neither, ``limit_gaps`` says so), ``proctable.py`` (psutil), ``factoryhost.py`` (no
-factory) and ``sandboxhost.py`` (the walls: job UI and process-count limits enforced, no
-AppContainer or restricted token launcher, so the sandbox is unavailable).
+``jobgroup.py`` (one group: its members, Ctrl-Break then ``TerminateJobObject``),
+``jobapi.py``, ``jobwatch.py`` (one completion port: a group's end and its memory-limit
+hits) and ``limits.py`` (``memory.max``/``cpu.max`` as a job memory limit and a CPU rate
+cap; Wine enforces neither, ``limit_gaps`` says so), ``proctable.py`` (psutil),
+``factoryhost.py`` (no factory) and ``sandboxhost.py`` (the walls: job UI and process-count
+limits enforced, no AppContainer or restricted token launcher, so the sandbox is
+unavailable).
 
-Still missing, so ``backend()`` refuses: the assembly of these parts into ``api.Backend`` and,
-outside this package, a state dir ``operate/statedir.py`` can
-prepare here (it calls ``os.geteuid``, ``O_NOFOLLOW``, ``os.pread`` and ``os.fchmod``,
-which Windows' Python lacks, and a folder's ACL, not its mode, keeps others out here).
+Still missing, so ``backend()`` refuses: the assembly of these parts into ``api.Backend``
+and, outside this package, a state dir ``operate/statedir.py`` can prepare here (it calls
+``os.geteuid``, ``O_NOFOLLOW``, ``os.pread`` and ``os.fchmod``, which Windows' Python lacks,
+and a folder's ACL, not its mode, keeps others out here).
 """
 
 from __future__ import annotations

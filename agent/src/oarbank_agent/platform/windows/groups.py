@@ -11,9 +11,8 @@ and is in none; it stays until the machine restarts or someone ends it. A launch
 assigns itself was rejected: it would run its own code outside the job first, and the
 leader would be the launcher, not the program.
 
-``CREATE_NEW_PROCESS_GROUP`` makes the leader a console process group too: ``terminate`` is
-Ctrl-Break to it (Python's default SIGBREAK ends the process), which reaches only processes
-sharing the agent's console; without one (a service) ``end`` kills at its grace.
+The leader is also made a console process group (``CREATE_NEW_PROCESS_GROUP``), so that
+Ctrl-Break can ask it to stop (``jobgroup.py``).
 
 A job is named (``Local\\oarbank-<random>``) so a restarted agent can open it again: with
 kill-on-close a job outlives the agent only while someone else holds a handle to it, so a
@@ -28,7 +27,6 @@ import asyncio
 import contextlib
 import os
 import secrets
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -41,6 +39,7 @@ from oarbank_agent.platform.api import (
     PopenOptions,
 )
 from oarbank_agent.platform.windows import jobapi, proctable, winapi
+from oarbank_agent.platform.windows.jobgroup import KILLED_EXIT, JobGroup
 from oarbank_agent.platform.windows.jobobjects import JobObject
 from oarbank_agent.platform.windows.jobwatch import JobWatch
 from oarbank_agent.platform.windows.limits import WINE_MEMORY_GAP, job_limits
@@ -48,141 +47,9 @@ from oarbank_agent.platform.windows.limits import WINE_MEMORY_GAP, job_limits
 __all__ = ["JobGroup", "JobSlot", "JobContainment", "WindowsGroups", "KILLED_EXIT"]
 
 CREATE_NEW_PROCESS_GROUP = 0x00000200
-# What asyncio's and subprocess's own kill give (TerminateProcess(h, 1)): one code, either way.
-KILLED_EXIT = 1
 NAME_PREFIX = "Local\\oarbank-"
 FLAGS = (winapi.JOB_OBJECT_LIMIT_KILL_ON_JOB_CLOSE
          | winapi.JOB_OBJECT_LIMIT_DIE_ON_UNHANDLED_EXCEPTION)
-
-
-@dataclass(eq=False)
-class JobGroup:
-    """A job object and the leader started into it. ``job`` is None for a bare group (a
-    leader this agent did not spawn) and for a record whose job is gone: then only the
-    leader counts, known by its start time."""
-
-    leader_pid: int
-    name: str | None
-    started_ms: int | None
-    job: JobObject | None = None
-    owner: WindowsGroups | None = field(default=None, repr=False)
-    key_in_watch: int | None = None
-
-    @property
-    def leader(self) -> int:
-        return self.leader_pid
-
-    @property
-    def key(self) -> str:
-        return str(self.leader_pid)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, JobGroup) and other.key == self.key
-
-    def __hash__(self) -> int:
-        return hash(self.key)
-
-    def __str__(self) -> str:
-        return self.name or str(self.leader_pid)
-
-    def record(self) -> dict[str, Any]:
-        return {"leader": self.leader_pid, "job": self.name, "started_ms": self.started_ms}
-
-    def members(self) -> list[int]:
-        if self.job is not None and self.job.handle is not None:
-            try:
-                return self.job.pids()
-            except OSError:
-                return []
-        return [self.leader_pid] if proctable.is_running(self.leader_pid,
-                                                          self.started_ms) else []
-
-    def pids(self, table: object | None = None) -> set[int]:
-        return set(self.members())
-
-    def alive(self) -> bool:
-        return bool(self.members())
-
-    def owns(self, pid: int) -> bool:
-        if self.job is not None and self.job.handle is not None:
-            return self.job.contains(pid)
-        return pid == self.leader_pid and self.alive()
-
-    def terminate(self) -> None:
-        with contextlib.suppress(OSError):
-            jobapi.ctrl_break(self.leader_pid)
-
-    def kill(self, *, also: int | None = None) -> None:
-        if also is not None:
-            _kill_pid(also)
-        if self.job is not None and self.job.handle is not None:
-            with contextlib.suppress(OSError):
-                self.job.terminate(KILLED_EXIT)
-        else:
-            _kill_pid(self.leader_pid)
-
-    async def end(self, grace_s: float) -> bool:
-        """Ctrl-Break, wait up to ``grace_s`` for the job to empty, then TerminateJobObject;
-        the job's handle is closed after (kill-on-close: nothing can be left in it)."""
-        killed = False
-        try:
-            if not self.alive():
-                return False
-            self.terminate()
-            try:
-                await asyncio.wait_for(self.wait_gone(0.2), grace_s)
-            except asyncio.TimeoutError:
-                killed = True
-                self.kill()
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self.wait_gone(0.05), 5.0)
-            return killed
-        finally:
-            self.release()
-
-    async def wait_gone(self, poll_s: float = 2.0) -> None:
-        while True:
-            waiter = None
-            if self.owner is not None and self.key_in_watch is not None:
-                waiter = self.owner.watch.gone(self.key_in_watch)  # before looking: no race
-            if not self._active():
-                if waiter is not None:
-                    waiter.cancel()
-                return
-            if waiter is None:
-                await asyncio.sleep(poll_s)
-                continue
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(waiter, poll_s)  # a missed message costs poll_s
-
-    def _active(self) -> bool:
-        if self.job is not None and self.job.handle is not None:
-            try:
-                return jobapi.active_processes(self.job.handle) > 0
-            except OSError:
-                return False
-        return self.alive()
-
-    def oom_kills(self) -> int:
-        if self.owner is None or self.key_in_watch is None:
-            return 0
-        return self.owner.watch.memory_hits(self.key_in_watch)
-
-    def release(self) -> None:
-        """Close our handle to the job (its processes end with it if any are left)."""
-        if self.owner is not None:
-            self.owner.forget(self)
-        if self.job is not None:
-            self.job.close()
-
-
-def _kill_pid(pid: int) -> None:
-    with contextlib.suppress(OSError):
-        process = winapi.open_process(pid, winapi.PROCESS_TERMINATE)
-        try:
-            jobapi.terminate_process(process, KILLED_EXIT)
-        finally:
-            winapi.close(process)
 
 
 @dataclass
@@ -394,7 +261,7 @@ class WindowsGroups:
     # --- the process table ----------------------------------------------------------------
 
     def snapshot(self) -> object:
-        return time.monotonic()  # members come from each job, not from a table
+        return None  # members come from each job, not from a table
 
     def resident(self, groups: list[Group]) -> dict[Group, int]:
         return {g: proctable.rss(g.members()) for g in groups}
