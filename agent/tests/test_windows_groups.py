@@ -277,12 +277,15 @@ def test_the_factory_host_has_no_factory_and_watches_a_process() -> None:
 # An agent's part only: groups made the agent's way, then it is killed (no cleanup runs).
 AGENT = r"""
 import asyncio, sys
+from pathlib import Path
 sys.path.insert(0, sys.argv[1])
 from test_windows_groups import LEADER, _start
 from oarbank_agent.platform.windows.groups import WindowsGroups
 
 async def main():
-    proc, group = await _start(WindowsGroups(), LEADER)
+    groups = WindowsGroups()
+    groups.install(groups.resolve("auto", Path(".")))  # nested in the agent's own job
+    proc, group = await _start(groups, LEADER)
     print(proc.pid, (await proc.stdout.readline()).split()[1].decode(), flush=True)
     await asyncio.sleep(120)
 asyncio.run(main())
@@ -349,3 +352,44 @@ def test_sandbox_required_refuses_and_auto_names_the_missing_walls(monkeypatch) 
     assert not auto.enforce
     note = auto.report()["note"]
     assert "windows_appcontainer (" in note and "job objects enforce:" in note, note
+
+
+# An agent killed in the window between starting a leader (suspended) and placing it.
+UNPLACED = r"""
+import asyncio, sys
+from pathlib import Path
+from oarbank_agent.platform.windows.groups import WindowsGroups
+
+async def main():
+    groups = WindowsGroups()
+    containment = groups.resolve("auto", Path("."))
+    groups.install(containment)  # the agent enters a kill-on-close job of its own
+    print(containment.note, flush=True)
+    slot = groups.prepare()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", "import time; time.sleep(120)", **slot.popen_kwargs())
+    print(proc.pid, flush=True)  # never placed: slot.started is not called
+    await asyncio.sleep(120)
+asyncio.run(main())
+"""
+
+
+@win_only
+def test_an_agent_killed_before_placing_a_leader_leaves_it_not_running() -> None:
+    import subprocess
+
+    agent = subprocess.Popen([sys.executable, "-c", UNPLACED], stdin=subprocess.DEVNULL,
+                             stdout=subprocess.PIPE)
+    assert agent.stdout is not None
+    try:
+        note = agent.stdout.readline().decode()
+        assert "the agent in a kill-on-close job of its own" in note, note
+        leader = int(agent.stdout.readline())
+        assert _alive(leader)  # suspended, in the agent's job only
+        agent.kill()
+        agent.wait(timeout=10)
+        asyncio.run(asyncio.wait_for(WindowsFactoryHost().until_gone(leader), 10))
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+        agent.stdout.close()

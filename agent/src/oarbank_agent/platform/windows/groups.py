@@ -5,11 +5,14 @@ How a leader enters before it runs: ``Slot.popen_kwargs`` asks ``asyncio.create_
 (which hands ``creationflags`` on to ``subprocess.Popen``) for ``CREATE_SUSPENDED``, and
 ``Slot.started`` (called by ``procs.spawn`` right after, with no await between) assigns the
 suspended process and resumes it; if that fails it is ended unrun. Children are born in
-their parent's job (no breakaway), so the job holds everything the leader starts. The gap:
-an agent killed between the two leaves a suspended process that never ran outside its job
-and is in none; it stays until the machine restarts or someone ends it. A launcher that
-assigns itself was rejected: it would run its own code outside the job first, and the
-leader would be the launcher, not the program.
+their parent's job (no breakaway), so the job holds everything the leader starts. Between
+the two the process is suspended and in no group's job: so that an agent killed then leaves
+nothing either, ``install`` puts the agent itself in a kill-on-close job of its own (held
+until it exits), in which every child is born; its group's job is nested in that one
+(Windows 8 and later; Wine too). Where the agent cannot enter it (the containment note says
+so), that window stays open: a suspended process that never ran. A launcher that assigns
+itself was rejected: it would run its own code outside the job first, and the leader would
+be the launcher, not the program.
 
 The leader is also made a console process group (``CREATE_NEW_PROCESS_GROUP``), so that
 Ctrl-Break can ask it to stop (``jobgroup.py``).
@@ -48,6 +51,7 @@ __all__ = ["JobGroup", "JobSlot", "JobContainment", "WindowsGroups", "KILLED_EXI
 
 CREATE_NEW_PROCESS_GROUP = 0x00000200
 NAME_PREFIX = "Local\\oarbank-"
+_AGENT_JOB: int | None = None  # the agent's own job (``JobContainment.hold_agent``)
 FLAGS = (winapi.JOB_OBJECT_LIMIT_KILL_ON_JOB_CLOSE
          | winapi.JOB_OBJECT_LIMIT_DIE_ON_UNHANDLED_EXCEPTION)
 
@@ -76,6 +80,27 @@ class JobContainment:
     def close(self) -> None:
         if self.owner is not None:
             self.owner.close_all()
+
+    def hold_agent(self) -> None:
+        """Put this process in a kill-on-close job of its own, once; its handle is never
+        closed (closing it would end the agent itself), the kernel closes it at exit."""
+        global _AGENT_JOB
+        if _AGENT_JOB is None:
+            try:
+                job = winapi.create_job()
+            except OSError as exc:
+                self.note += f"; the agent's own job: none ({exc})"
+                return
+            try:
+                jobapi.set_limits(job, FLAGS)
+                winapi.assign(job, jobapi.CURRENT_PROCESS)
+            except OSError as exc:
+                winapi.close(job)
+                self.note += (f"; the agent's own job: not entered ({exc}), so an agent killed "
+                              "while starting a child may leave it suspended")
+                return
+            _AGENT_JOB = job
+        self.note += "; the agent in a kill-on-close job of its own, each group's nested in it"
 
 
 class JobSlot:
@@ -155,6 +180,8 @@ class WindowsGroups:
 
     def install(self, containment: Containment) -> None:
         self._containment = containment
+        if isinstance(containment, JobContainment):
+            containment.hold_agent()
 
     @property
     def containment(self) -> Containment:

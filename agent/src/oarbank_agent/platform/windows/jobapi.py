@@ -16,12 +16,13 @@ from typing import Any
 from oarbank_agent.platform.windows import winapi
 
 __all__ = [
-    "JOB_ACCESS", "MSG_ACTIVE_PROCESS_ZERO", "MSG_MEMORY_LIMITS", "create_named_job",
+    "CURRENT_PROCESS", "JOB_ACCESS", "MSG_ACTIVE_PROCESS_ZERO", "MSG_MEMORY_LIMITS", "create_named_job",
     "open_named_job", "set_limits", "set_cpu_rate", "set_ui_limits", "active_processes",
     "new_port", "watch_job", "next_message", "post_quit", "ctrl_break", "terminate_process",
     "wait_process", "is_wine",
 ]
 
+CURRENT_PROCESS = -1  # GetCurrentProcess()'s pseudo handle: every access to this process
 JOB_ACCESS = 0x1F001F  # JOB_OBJECT_ALL_ACCESS: assign, query, terminate, set limits
 JOB_OBJECT_LIMIT_JOB_MEMORY = 0x00000200
 ERROR_ALREADY_EXISTS = 183
