@@ -113,9 +113,7 @@ class JobSlot:
         return argv
 
     def popen_kwargs(self) -> PopenOptions:
-        # api.PopenOptions names only POSIX's keyword; asyncio hands this one on as well.
-        return cast(PopenOptions, {"creationflags": winapi.CREATE_SUSPENDED
-                                   | CREATE_NEW_PROCESS_GROUP})
+        return {"creationflags": winapi.CREATE_SUSPENDED | CREATE_NEW_PROCESS_GROUP}
 
     def factory_kwargs(self) -> dict[str, Any]:
         return {"join": None}
