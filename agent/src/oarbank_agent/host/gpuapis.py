@@ -73,12 +73,11 @@ def detect(timeout_s: float = PROBE_TIMEOUT_S) -> Detection:
     probes: dict[str, str] = {}
     for api in _CANDIDATES.get(backends.name(), _CANDIDATES["linux"]):
         try:
-            children[api] = subprocess.Popen(
+            children[api] = sessions.start(
                 [sys.executable, "-I", "-m", "oarbank_agent.host.gpuapis", "--probe", api],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL,
-                **sessions.popen_options(),
             )
         except OSError as exc:
             probes[api] = f"absent: probe could not start ({exc})"

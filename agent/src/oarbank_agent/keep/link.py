@@ -104,10 +104,9 @@ class KeeperLink:
             raise OSError("this platform has no keeper for --keep-services")
         path = self.state_dir / SOCKET_NAME
         with open(self.state_dir / LOG_NAME, "ab") as err:
-            proc = subprocess.Popen(
+            proc = platform.current().sessions.start(
                 [sys.executable, "-I", "-m", "oarbank_agent.keep", str(self.state_dir)],
-                stdin=subprocess.DEVNULL, stdout=err, stderr=err, close_fds=True,
-                **platform.current().sessions.popen_options())
+                stdin=subprocess.DEVNULL, stdout=err, stderr=err, close_fds=True)
         self.pid = proc.pid
         deadline = time.monotonic() + START_S
         while True:

@@ -66,9 +66,9 @@ class AgentProcess:
         self.log_path = log_path or state_dir.parent / "agent.log"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")  # noqa: SIM115 (closed in stop())
-        self.proc = subprocess.Popen(
+        self.proc = platform.current().sessions.start(
             argv, stdout=subprocess.PIPE, stderr=self._log, stdin=subprocess.DEVNULL,
-            env=env, **platform.current().sessions.popen_options(stop_with_parent=True))
+            env=env, stop_with_parent=True)
         assert self.proc.stdout is not None
         # The agent prints one line once its control socket listens.
         import selectors

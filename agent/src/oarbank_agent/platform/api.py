@@ -251,9 +251,14 @@ class FactoryHost(Protocol):
 class Sessions(Protocol):
     """Start a plain subprocess in a session of its own, ask it to stop, end its session."""
 
+    def start(self, argv: list[str], *, stop_with_parent: bool = False,
+              **popen: Any) -> subprocess.Popen[Any]:
+        """``subprocess.Popen(argv, **popen)`` in a session of its own; ``stop_with_parent``:
+        stopped when its starter dies, where the system can say so."""
+
     def popen_options(self, *, stop_with_parent: bool = False) -> dict[str, Any]:
-        """``subprocess.Popen`` keywords for a child in its own session; ``stop_with_parent``:
-        asked to stop when its starter dies, where the system can say so."""
+        """``subprocess.Popen`` keywords for a child in its own session (``start`` is what
+        gives every part of one: on Windows, the job that ``kill_session`` ends)."""
 
     def ask_to_stop(self, proc: subprocess.Popen[Any]) -> None:
         """The polite stop (the agent drains on it)."""

@@ -20,6 +20,12 @@ class PosixSessions:
         when the process that started it dies, where the system can say so (not here)."""
         return {"start_new_session": True}
 
+    def start(self, argv: list[str], *, stop_with_parent: bool = False,
+              **popen: Any) -> subprocess.Popen[Any]:
+        """``subprocess.Popen(argv, **popen)`` in its own session (``popen_options``)."""
+        return subprocess.Popen(argv, **popen,
+                                **self.popen_options(stop_with_parent=stop_with_parent))
+
     def ask_to_stop(self, proc: subprocess.Popen[Any]) -> None:
         """The polite stop (SIGTERM): a drain, for the agent."""
         proc.send_signal(signal.SIGTERM)

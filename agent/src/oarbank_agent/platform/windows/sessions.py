@@ -8,8 +8,8 @@ starter dies (its handles closed by the kernel) the session is ended: killed, no
 since Windows has no death signal to ask with. Without it the job outlives the starter (the
 keeper of ``--keep-services`` must). ``subprocess.Popen`` with ``popen_options`` alone gives
 the process group but no job (Popen has no moment between creating and resuming a process):
-``start`` is what puts a session in its job, and ``kill_session`` of a leader started
-without it ends that process only.
+``start``, which the agent's callers use, is what puts a session in its job; ``kill_session``
+of a leader started without it ends that process only.
 """
 
 from __future__ import annotations
