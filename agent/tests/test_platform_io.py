@@ -12,6 +12,7 @@ import stat
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -234,3 +235,32 @@ def test_a_path_too_long_for_any_address_is_refused_naming_it(tmp_path: Path) ->
     name = "n" * 200 + ".sock"  # the name alone is over every limit
     with pytest.raises(EndpointPathTooLong, match="--state-dir"):
         platform.current().endpoint.check(tmp_path / name)
+
+
+def test_a_session_started_is_its_own_and_ends_whole() -> None:
+    import psutil
+
+    sessions = platform.current().sessions
+    proc = sessions.start([sys.executable, "-c", "import subprocess, sys, time; "
+                           "g = subprocess.Popen([sys.executable, '-c', 'import time; "
+                           "time.sleep(60)']); print(g.pid, flush=True); time.sleep(60)"],
+                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        grandchild = int(proc.stdout.readline())
+        assert os.getsid(proc.pid) == proc.pid != os.getsid(0)  # a session of its own
+        sessions.kill_session(proc.pid)
+        assert proc.wait(10) == -signal.SIGKILL
+        for _ in range(200):  # the grandchild: gone, or a zombie its new parent has not reaped
+            try:
+                if psutil.Process(grandchild).status() == psutil.STATUS_ZOMBIE:
+                    break
+            except psutil.NoSuchProcess:
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError("the grandchild outlived kill_session")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
