@@ -1,9 +1,10 @@
 """Group commit with a queue bounded in time: the portal's one writer of heartbeats.
 
 Requests hand their checked report to ``GroupCommit.submit``; one thread per portal process
-takes every report waiting (distinct nodes, at most ``max_batch``), stores them in one
-transaction (``store_batch.record_batch``) and only then settles each report's future: a
-report is answered after its commit, never before. While a batch is written the next one
+takes every report waiting (distinct nodes, at most ``max_batch``; the first waits up to
+``linger_s``, 2 ms, for others to join), stores them in one transaction
+(``store_batch.record_batch``) and only then settles each report's future: a report is
+answered after its commit, never before. While a batch is written the next one
 gathers, so the busier the portal, the more reports share a commit.
 
 The queue is measured in time, not count: ``age()`` is how long the oldest report not yet
@@ -56,10 +57,12 @@ class _Pending:
 class GroupCommit:
     def __init__(self, store: Any, *, bound_s: float = 1.0, max_batch: int = 1000,
                  admit_fraction: float = 0.5, drop_fraction: float = 0.8,
+                 linger_s: float = 0.002,
                  on_batch: Callable[[int, float], None] | None = None) -> None:
         self.store = store
         self.bound_s = bound_s
         self.max_batch = max_batch
+        self.linger_s = linger_s
         self.admit_fraction = admit_fraction
         self.drop_fraction = drop_fraction
         self._on_batch = on_batch  # (reports committed, seconds the batch took)
@@ -94,7 +97,8 @@ class GroupCommit:
                                                 daemon=True)
                 self._thread.start()
             self._queue.append(_Pending(report, time.monotonic(), future, loop))
-            self._cond.notify()
+            if len(self._queue) == 1 or len(self._queue) >= self.max_batch:
+                self._cond.notify()  # the writer waits for a first report, or lingers
 
     def close(self) -> None:
         with self._cond:
@@ -113,6 +117,14 @@ class GroupCommit:
                 self._cond.wait()
             if not self._queue:
                 return None
+            # linger: the batch's first report waits up to linger_s for others to join it
+            # (a commit per report or two cost a transaction's whole overhead each)
+            deadline = self._queue[0].queued + self.linger_s
+            while len(self._queue) < self.max_batch and not self._closing:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
             now = time.monotonic()
             batch: list[_Pending] = []
             late: list[_Pending] = []
