@@ -192,6 +192,22 @@ class VmNode(Node):
             self._verb = "start"
         return None
 
+    def install_agent(self, version: str) -> str | None:
+        """This checkout's agent as a wheel of ``version``, built here (pure Python, as for
+        containers), copied into the node and pip-installed by root over the unit's
+        /opt/oarbank/venv, as an operator's upgrade does (agent/README.md, "Upgrade"); the
+        next `systemctl start` or `restart` runs it."""
+        from harness.agentbuild import build_agent_wheel
+
+        wheel = build_agent_wheel(self.root / f"agent-{version}", version)
+        self.push(wheel)
+        r = self._run([AGENT_EXE.rsplit("/", 1)[0] + "/python", "-m", "pip", "install",
+                       "--disable-pip-version-check", "--no-input", "--no-index", "--no-deps",
+                       "-q", self.host_to_node(wheel)], 600)
+        if r.rc != 0:
+            raise NodeError(f"{self.node_id}: installing agent {version} failed: {r}")
+        return None
+
     def agent_alive(self) -> bool:
         if not self.main_pid or self.machine is None or not self.machine.alive():
             return False
@@ -356,8 +372,9 @@ class VmBackend(Backend):
         for m in self.machines:
             if m.alive():
                 left.append(f"qemu pid {m.proc.pid if m.proc else '?'} ({m.spec.hostname})")
-            left += [f"file {f}" for f in (m.spec.system_disk, m.spec.control_socket,
-                                           m.spec.portal_socket) if f.exists()]
+            left += [f"file {f}" for f in (m.spec.system_disk, m.spec.project_disk,
+                                           m.spec.control_socket, m.spec.portal_socket)
+                     if f.exists()]
         self.machines = [m for m in self.machines if m.alive()]
         return left
 

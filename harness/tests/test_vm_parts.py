@@ -19,7 +19,7 @@ from harness.vm.qemu import VmSpec, choose_accel, kernel_cmdline, qemu_argv
 
 def _spec(tmp: Path, accel: str = "tcg") -> VmSpec:
     return VmSpec(kernel=tmp / "vmlinuz", initrd=tmp / "initrd", system_disk=tmp / "s.qcow2",
-                  project_disk=tmp / "p.img", control_socket=tmp / "c.sock",
+                  project_disk=tmp / "p.qcow2", control_socket=tmp / "c.sock",
                   portal_socket=tmp / "p.sock", console_log=tmp / "console.log",
                   hostname="node-1", accel=accel)
 
@@ -32,7 +32,7 @@ def test_qemu_argv_has_no_network_and_serves_both_ports_on_unix_sockets(tmp_path
     assert f"socket,id=control,path={tmp_path}/c.sock,server=on,wait=off" in argv
     assert "virtserialport,chardev=control,name=oarbank.control" in argv
     assert "virtserialport,chardev=portal,name=oarbank.portal" in argv
-    assert f"file={tmp_path}/p.img,format=raw,if=virtio,readonly=on" in argv
+    assert f"file={tmp_path}/p.qcow2,format=qcow2,if=virtio,cache=unsafe" in argv
     assert argv[argv.index("-machine") + 1] == "pc,accel=tcg"
     assert argv[argv.index("-cpu") + 1] == "qemu64"
     assert "systemd.hostname=node-1" in argv[argv.index("-append") + 1]

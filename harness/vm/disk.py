@@ -8,9 +8,11 @@
    so no mount can be left behind). Keyed by the rootfs and the guest files' content.
 3. project image (`project-<release>-<key>.img`): /opt/oarbank (a venv with our wheels and
    their dependencies, `pip install --no-index` in a chroot of the same folder, from wheels
-   made on the host) as a small ext4 image the guest mounts read-only. Keyed by the sources'
-   hash: a source change rebuilds only this one.
-Each VM writes to a qcow2 overlay of its own; the cached images are never written. One build
+   made on the host) as a small ext4 image. Keyed by the sources' hash: a source change
+   rebuilds only this one. The guest mounts it read-write, as a node's /opt is: an upgrade
+   pip-installs a newer agent over it (VmNode.install_agent).
+Each VM writes to qcow2 overlays of its own (one per disk); the cached images are never
+written. One build
 at a time per cache (a file lock, like the container images').
 """
 
@@ -67,7 +69,7 @@ WantedBy=multi-user.target
 AGENT_TOML = f'log_file = "{LOG_FILE}"\n'
 
 FSTAB = """/dev/vda / ext4 rw,errors=remount-ro 0 1
-/dev/vdb /opt/oarbank ext4 ro 0 0
+/dev/vdb /opt/oarbank ext4 rw 0 0
 """
 
 
@@ -75,7 +77,7 @@ FSTAB = """/dev/vda / ext4 rw,errors=remount-ro 0 1
 class NodeDisks:
     release: str
     system: Path  # raw ext4, read-only base of each VM's overlay
-    project: Path  # raw ext4, attached read-only
+    project: Path  # raw ext4, read-only base of each VM's project overlay
     kernel: Path
     initrd: Path
     python: str

@@ -1,8 +1,8 @@
-"""One running VM: its QEMU process, its overlay disk, and the host ends of its ports.
+"""One running VM: its QEMU process, its overlay disks, and the host ends of its ports.
 
 `Machine.boot` starts QEMU and returns once the guest helper has said hello (the guest's
 systemd is up, its disks mounted). `stop` asks the guest to power off, then ends QEMU if it
-has not gone, and removes the overlay and the sockets: nothing of the VM stays behind.
+has not gone, and removes the overlays and the sockets: nothing of the VM stays behind.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def _die_with_parent() -> None:
 
 @dataclass
 class Machine:
-    folder: Path  # the node's vm/ folder: sockets, overlay, console log
+    folder: Path  # the node's vm/ folder: sockets, overlays, console log
     spec: VmSpec
     proc: subprocess.Popen[bytes] | None = None
     control: Control | None = None
@@ -49,13 +49,19 @@ class Machine:
              portal_socket: Path | None, memory_mib: int = 3072) -> Machine:
         folder.mkdir(parents=True, exist_ok=True)
         spec = VmSpec(kernel=disks.kernel, initrd=disks.initrd,
-                      system_disk=folder / "system.qcow2", project_disk=disks.project,
+                      system_disk=folder / "system.qcow2",
+                      project_disk=folder / "project.qcow2",
                       control_socket=folder / "control.sock",
                       portal_socket=folder / "portal.sock", console_log=folder / "console.log",
                       hostname=hostname, accel=accel, memory_mib=memory_mib)
         m = cls(folder, spec)
         t0 = time.monotonic()
         make_overlay(disks.system, spec.system_disk)
+        try:
+            make_overlay(disks.project, spec.project_disk)
+        except Exception:
+            spec.system_disk.unlink(missing_ok=True)
+            raise
         with open(folder / "qemu.log", "ab") as log:
             m.proc = subprocess.Popen(qemu_argv(spec), stdin=subprocess.DEVNULL, stdout=log,
                                       stderr=subprocess.STDOUT, start_new_session=True,
@@ -90,7 +96,7 @@ class Machine:
 
     def stop(self, grace_s: float = 30.0) -> None:
         """Power the guest off (its agent stopped first, as systemd stops units), then make
-        sure QEMU is gone; remove the overlay and sockets. Idempotent."""
+        sure QEMU is gone; remove the overlays and sockets. Idempotent."""
         if self.control is not None and self.alive():
             with contextlib.suppress(ChannelError, OSError):
                 self.control.request("exec", 10, argv=["systemctl", "--no-block", "poweroff"],
@@ -107,5 +113,6 @@ class Machine:
                 with contextlib.suppress(OSError):
                     ch.close()
         self.control = self.portal = None
-        for f in (self.spec.system_disk, self.spec.control_socket, self.spec.portal_socket):
+        for f in (self.spec.system_disk, self.spec.project_disk, self.spec.control_socket,
+                  self.spec.portal_socket):
             f.unlink(missing_ok=True)

@@ -51,7 +51,7 @@ class VmSpec:
     kernel: Path
     initrd: Path
     system_disk: Path  # a qcow2 overlay of the cached system image (this run's writes)
-    project_disk: Path  # the cached project image, read-only
+    project_disk: Path  # a qcow2 overlay of the cached project image (an upgrade's writes)
     control_socket: Path  # QEMU serves the control port here
     portal_socket: Path  # ... and the portal port here
     console_log: Path
@@ -92,7 +92,7 @@ def qemu_argv(spec: VmSpec) -> list[str]:
         "-kernel", str(spec.kernel), "-initrd", str(spec.initrd),
         "-append", kernel_cmdline(spec.hostname),
         "-drive", f"file={spec.system_disk},format=qcow2,if=virtio,cache=unsafe",
-        "-drive", f"file={spec.project_disk},format=raw,if=virtio,readonly=on",
+        "-drive", f"file={spec.project_disk},format=qcow2,if=virtio,cache=unsafe",
         "-device", "virtio-serial-pci",
     ]
     for cid, path, name in (("control", spec.control_socket, "oarbank.control"),
