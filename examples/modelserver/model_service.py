@@ -112,6 +112,8 @@ def alive(pid: int | None) -> bool:
     """Whether ``pid`` is a live process (a zombie waiting to be reaped counts as gone)."""
     if not pid:
         return False
+    if os.name == "nt":
+        return _alive_on_windows(pid)  # os.kill(pid, 0) there would end the process
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -124,6 +126,21 @@ def alive(pid: int | None) -> bool:
         return state != "Z"
     except (OSError, IndexError):
         return True  # no /proc (macOS): kill(0) is all we have
+
+
+def _alive_on_windows(pid: int) -> bool:
+    """A handle that can wait on ``pid``, and the wait not yet over: it runs."""
+    import ctypes
+
+    kernel32 = ctypes.WinDLL("kernel32")  # type: ignore[attr-defined]  (Windows only)
+    synchronize, wait_timeout = 0x00100000, 0x102
+    handle = kernel32.OpenProcess(synchronize, False, pid)
+    if not handle:
+        return False  # gone (or never ours to see: this service's own pids always are)
+    try:
+        return bool(kernel32.WaitForSingleObject(handle, 0) == wait_timeout)
+    finally:
+        kernel32.CloseHandle(handle)
 
 
 def daemon_state(d: Path) -> tuple[bool, bool]:
@@ -311,7 +328,7 @@ def op_stop() -> dict:
             time.sleep(0.05)
         if alive(pid):
             with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+                os.kill(pid, getattr(signal, "SIGKILL", signal.SIGTERM))  # (Windows: one kill)
                 escalated = True
     for name in (READY_FILE, PID_FILE):
         (d / name).unlink(missing_ok=True)

@@ -151,8 +151,9 @@ class ModuleTable:
                 continue
             self.refused_modules.pop(ctx.id, None)
             self.modules[ctx.id] = ctx
+            # (Windows has no euid: no root there to warn about)
             gpu_note = sandboxing.gpu_driver_note(ctx, sandboxing.current().enforce,
-                                                  os.geteuid())
+                                                  getattr(os, "geteuid", lambda: -1)())
             if gpu_note is not None:
                 log.warning("%s: %s", ctx.id, gpu_note)
             if self.limits_known:  # (at start: once run() knows what is enforced)

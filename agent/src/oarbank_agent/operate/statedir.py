@@ -3,6 +3,10 @@
 ``prepare(state_dir)`` runs in ``oarbank-agent run`` before anything reads or writes the state
 dir (before restart recovery, before the control socket):
 
+What "the user's" and "private" are is the backend's (``statedir.claim`` and
+``open_private``: on POSIX the uid and the modes below; on Windows the owner's SID and a
+protected DACL):
+
 - a state dir that exists but belongs to another user is refused (``StateDirError``, exit 2):
   whoever owns it could plant job records, process records or settings that this agent
   would trust after a restart;
@@ -23,10 +27,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-import stat
 from pathlib import Path
 
 from oarbank_agent import platform
+from oarbank_agent.platform.api import StateDirRefused
 
 __all__ = ["LOCK_NAME", "UMASK", "StateDirError", "AgentLock", "prepare"]
 
@@ -36,11 +40,6 @@ UMASK = 0o077
 
 class StateDirError(Exception):
     """The state dir cannot be used by this agent (the message says why)."""
-
-
-def _user(uid: int) -> str:
-    name = platform.current().statedir.user_name(uid)
-    return f"uid {uid}" if name is None else f"uid {uid} ({name})"
 
 
 class AgentLock:
@@ -58,7 +57,8 @@ class AgentLock:
 
 def _holder(fd: int) -> str:
     with contextlib.suppress(OSError, ValueError):
-        text = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
+        os.lseek(fd, 0, os.SEEK_SET)
+        text = os.read(fd, 64).decode("ascii", "replace").strip()
         if text:
             return f"pid {int(text)}"
     return "a pid it has not written yet"
@@ -66,48 +66,26 @@ def _holder(fd: int) -> str:
 
 def prepare(state_dir: Path) -> AgentLock:
     """Check, create or tighten ``state_dir`` and take its lock (see the module docstring)."""
-    me = os.geteuid()
+    host = platform.current().statedir
     path = Path(os.path.abspath(state_dir))
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            os.mkdir(path, 0o700)
-        except FileExistsError:
-            pass  # made meanwhile (by another agent starting): checked like any existing one
-        except OSError as exc:
-            raise StateDirError(f"cannot create the state dir {path}: {exc.strerror}") from None
-        st = os.stat(path)
-    if not stat.S_ISDIR(st.st_mode):
-        raise StateDirError(f"the state dir {path} exists and is not a folder")
-    if st.st_uid != me:
-        raise StateDirError(
-            f"the state dir {path} belongs to {_user(st.st_uid)}, not to this agent's user "
-            f"({_user(me)}): refusing to use a folder another user can write (its job and "
-            f"process records would be trusted); use a new folder or chown it")
-    if stat.S_IMODE(st.st_mode) != 0o700:
-        os.chmod(path, 0o700)
     lock_path = path / LOCK_NAME
     try:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-    except OSError as exc:
-        raise StateDirError(f"cannot open {lock_path}: {exc.strerror}") from None
+        host.claim(path)
+        fd = host.open_private(lock_path)
+    except StateDirRefused as exc:
+        raise StateDirError(str(exc)) from None
     try:
-        if os.fstat(fd).st_uid != me:
-            raise StateDirError(f"{lock_path} belongs to {_user(os.fstat(fd).st_uid)}, not to "
-                                f"this agent's user ({_user(me)})")
         try:
-            taken = platform.current().statedir.try_lock(fd)
+            taken = host.try_lock(fd)
         except OSError as exc:
             raise StateDirError(f"cannot lock {lock_path}: {exc.strerror}") from None
         if not taken:
             raise StateDirError(
                 f"another agent ({_holder(fd)}) is running on the state dir {path}: it holds "
                 f"{lock_path}; stop it first (this one exits without touching the state dir)")
-        os.fchmod(fd, 0o600)
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.write(fd, f"{os.getpid()}\n".encode())
     except BaseException:
         os.close(fd)
         raise

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
 __all__ = ["Backend", "FactoryLost", "FileLike", "Watchable", "Watcher", "Streams", "EndpointPathTooLong",
-           "ClientHandler", "Endpoint", "StateDirHost", "Requests", "Loops", "FactoryHost",
+           "ClientHandler", "Endpoint", "StateDirHost", "StateDirRefused", "Requests", "Loops", "FactoryHost",
            "SandboxHost",
            "CONTAINMENT_MODES", "CONTAINMENT_HELP", "ContainmentUnavailable", "Group", "Slot",
            "PopenOptions", "Containment", "Groups", "KeeperHost", "ServiceManager", "Handovers"]
@@ -173,8 +173,23 @@ class Endpoint(Protocol):
 # -- the state-dir lock --------------------------------------------------------------------------
 
 
+class StateDirRefused(Exception):
+    """A state dir (or its lock file) this agent must not use: another user's, not a folder,
+    not to be made (the message says which, naming the path)."""
+
+
 class StateDirHost(Protocol):
     """What keeping a state dir private and single-agent needs of the system."""
+
+    def claim(self, path: Path) -> None:
+        """Make ``path`` this user's alone: a missing folder is made so (its parents as
+        usual), an existing one of this user's is tightened; raises ``StateDirRefused`` for
+        what is another user's or not a folder, or cannot be made."""
+
+    def open_private(self, path: Path) -> int:
+        """``path`` (a file in a claimed folder) opened read-write, made if missing, for this
+        user only, never through a link; a descriptor, not inherited. Raises
+        ``StateDirRefused``."""
 
     def try_lock(self, fd: int) -> bool:
         """Lock the open file ``fd`` for this process: True if taken, False if another

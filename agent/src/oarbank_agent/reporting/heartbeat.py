@@ -54,6 +54,8 @@ from .alive import AliveState, retry_after_s
 
 __all__ = ["HeartbeatSender", "PortalURL", "read_token_file"]
 
+# Not through a link where the system can say so (Windows cannot: 0 there).
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 log = logging.getLogger("oarbank_agent.reporting.heartbeat")
 
 _MAX_REPLY = 64 * 1024
@@ -69,7 +71,7 @@ def read_token_file(path: str) -> str:
     """The node's portal token from ``path``; ``ValueError`` naming what is wrong. A token
     readable by the group or others is refused: whoever reads it can report as this node."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
     except OSError as e:
         raise ValueError(f"{path}: cannot open: {e.strerror}") from None
     try:

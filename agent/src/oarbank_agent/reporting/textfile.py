@@ -80,7 +80,8 @@ def write(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        os.fchmod(fd, 0o644)  # the agent's umask is 077; the collector must read it
+        if hasattr(os, "fchmod"):  # (Windows has no modes: the folder's DACL decides)
+            os.fchmod(fd, 0o644)  # the agent's umask is 077; the collector must read it
         os.write(fd, text.encode())
     finally:
         os.close(fd)

@@ -1,5 +1,6 @@
-"""The Windows backend: its parts are written and tested under Wine, the whole is not yet,
-so the agent refuses to start on Windows and says so.
+"""The Windows backend: job objects, overlapped pipes on the proactor loop, handles
+duplicated into the processes that get them; the agent runs jobs and services on it (tested
+under Wine with Windows' own CPython, and on the ``windows-latest`` runner).
 
 Written (each tested with Windows' own CPython under Wine, ``nox -s windows``):
 ``jobobjects.py`` (a kill-on-close job object, no breakaway, per op, daemon and runner; a
@@ -22,26 +23,44 @@ cap; Wine enforces neither, ``limit_gaps`` says so), ``proctable.py`` (psutil),
 limits enforced, no AppContainer or restricted token launcher, so the sandbox is
 unavailable).
 
-Still missing, so ``backend()`` refuses: the assembly of these parts into ``api.Backend``
-and, outside this package, a state dir ``operate/statedir.py`` can prepare here (it calls
-``os.geteuid``, ``O_NOFOLLOW``, ``os.pread`` and ``os.fchmod``, which Windows' Python lacks,
-and a folder's ACL, not its mode, keeps others out here).
+What it does not have (each said where it shows): no sandbox launcher (no AppContainer or
+restricted token yet: ``--sandbox auto`` runs children unconfined and names the missing walls,
+``required`` refuses), no process factory (Windows has no fork), no ``--keep-services`` (no
+keeper socket, no service manager). The state dir is this user's by its owner's SID and a
+protected DACL (``privatedir.py``).
 """
 
 from __future__ import annotations
 
-from typing import NoReturn
+from typing import TYPE_CHECKING
 
-from oarbank_agent.platform.choice import BackendUnavailable
+if TYPE_CHECKING:
+    from oarbank_agent.platform.api import Backend
 
 __all__ = ["backend"]
 
 
-def backend() -> NoReturn:
-    raise BackendUnavailable(
-        "the agent has no complete Windows backend yet (oarbank_agent/platform/windows/): job "
-        "objects, pipe-handle handovers, the broker's pipe streams, the control pipe, the "
-        "state-dir lock, stop and reload requests, sessions and the event loop are written; "
-        "process groups on job objects (with the process table), the process factory's host "
-        "side and the sandbox's walls are not, nor a state dir prepared the Windows way; the "
-        "SDK's job and service sides do run on Windows")
+def backend() -> Backend:
+    # Imported here: every module of the package imports on any system (the agent's tests
+    # import them all), but only Windows makes the parts.
+    from oarbank_agent.platform.api import Backend
+    from oarbank_agent.platform.windows.endpoint import PipeEndpoint
+    from oarbank_agent.platform.windows.factoryhost import WindowsFactoryHost
+    from oarbank_agent.platform.windows.groups import WindowsGroups
+    from oarbank_agent.platform.windows.handover import DuplicatingHandovers
+    from oarbank_agent.platform.windows.loops import ProactorLoops
+    from oarbank_agent.platform.windows.requests import ConsoleRequests
+    from oarbank_agent.platform.windows.sandboxhost import WindowsSandboxHost
+    from oarbank_agent.platform.windows.sessions import WindowsSessions
+    from oarbank_agent.platform.windows.statedir import WindowsStateDir
+    from oarbank_agent.platform.windows.streams import WindowsStreams
+
+    return Backend(name="windows", sessions=WindowsSessions(), sandbox=WindowsSandboxHost(),
+                   # the control plane and the agent's I/O: overlapped pipes on the proactor
+                   streams=WindowsStreams(), endpoint=PipeEndpoint(),
+                   statedir=WindowsStateDir(), requests=ConsoleRequests(),
+                   loops=ProactorLoops(), factory=WindowsFactoryHost(),
+                   # job objects: a kill-on-close one per group, nested in the agent's own
+                   groups=WindowsGroups(),
+                   # connections: each end duplicated into its process (no keeper, no systemd)
+                   handovers=DuplicatingHandovers())
