@@ -14,7 +14,7 @@
    regains any, ambient cleared, ``capset`` permitted/effective/inheritable to 0.
 5. The seccomp filter of ``_policy`` (EPERM, never kill; clone3 ENOSYS), built with libseccomp
    and exported as its BPF program, which one ``seccomp(2)`` call loads. A forking parent
-   (``prebuild``) exports each program once; its children load their inherited copy.
+   (``prebuild``) exports each program once (``_bpf``); its children load their inherited copy.
 6. Verification: ``/proc/self/status`` must show ``NoNewPrivs: 1``, ``Seccomp: 2`` and no
    capability; a side-effect-free self-test must see ``listen(-1)`` refused with EPERM (EBADF
    without the filter), ``socket(AF_INET)`` refused, and (Landlock) ``/`` not openable.
@@ -33,6 +33,7 @@ import sys
 import types
 
 from . import _policy
+from ._bpf import Program, export, load_program
 
 TYPE_CHECKING = False  # not `typing`: the launcher imports this module on every start
 if TYPE_CHECKING:
@@ -315,67 +316,10 @@ def _build_filter(pyseccomp, notified: tuple[str, ...] = (), guard_pids: tuple[i
     return filt
 
 
-# seccomp(2) as libseccomp's seccomp_load calls it with its defaults (no TSYNC, LOG or
-# SPEC_ALLOW flag; NEW_LISTENER when a rule notifies, and the call returns the listener).
-_SECCOMP_SET_MODE_FILTER = 1
-_SECCOMP_FILTER_FLAG_NEW_LISTENER = 1 << 3
-_BPF_INSN = 8  # sizeof(struct sock_filter)
-
-
-class _SockFprog(ctypes.Structure):
-    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
-
-
-class _Program:
-    """One filter as the BPF program libseccomp generates for it (``seccomp_export_bpf``: the
-    program ``seccomp_load`` would load), with ``seccomp(2)``'s number on this machine."""
-
-    __slots__ = ("bpf", "nr", "notifies", "_buf", "fprog")
-
-    def __init__(self, bpf: bytes, nr: int, notifies: bool) -> None:
-        self.bpf = bpf
-        self.nr = nr
-        self.notifies = notifies
-        self._buf = ctypes.create_string_buffer(bpf, len(bpf))
-        self.fprog = _SockFprog(len(bpf) // _BPF_INSN, ctypes.addressof(self._buf))
-
-
-def _export(pyseccomp, filt, notifies: bool) -> _Program | None:
-    """``filt`` as BPF; None where this machine cannot export it (no ``memfd_create``, no
-    number for ``seccomp(2)``): then libseccomp loads the filter itself, as before."""
-    try:
-        nr = int(pyseccomp.resolve_syscall(pyseccomp.system_arch(), "seccomp"))
-        fd = os.memfd_create("oarbank-seccomp", os.MFD_CLOEXEC)
-    except (AttributeError, OSError, ValueError, RuntimeError):
-        return None
-    try:
-        filt.export_bpf(types.SimpleNamespace(fileno=lambda: fd))
-        bpf = os.pread(fd, os.fstat(fd).st_size, 0)
-    except (OSError, ValueError, RuntimeError):
-        return None
-    finally:
-        os.close(fd)
-    if nr <= 0 or not bpf or len(bpf) % _BPF_INSN or len(bpf) // _BPF_INSN > 0xFFFF:
-        return None
-    return _Program(bpf, nr, notifies)
-
-
-def _load_program(libc: ctypes.CDLL, program: _Program) -> int:
-    """Install ``program`` on this process: one system call. Returns the listener (notifying
-    programs), else -1. Raises ``OSError``."""
-    flags = _SECCOMP_FILTER_FLAG_NEW_LISTENER if program.notifies else 0
-    rc = libc.syscall(ctypes.c_long(program.nr), ctypes.c_long(_SECCOMP_SET_MODE_FILTER),
-                      ctypes.c_long(flags), ctypes.byref(program.fprog))
-    if rc < 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"seccomp(SECCOMP_SET_MODE_FILTER): {os.strerror(err)}")
-    return int(rc) if program.notifies else -1
-
-
 # Programs a forking parent exported ahead (``prebuild``), by (notified syscalls, guarded pids,
 # gpu): a filter depends on nothing else, and building one (~1.7 ms of libseccomp calls) and
 # generating its BPF (~1 ms) is then done once, not in every child.
-_programs: dict[tuple[tuple[str, ...], tuple[int, ...], bool], _Program] = {}
+_programs: dict[tuple[tuple[str, ...], tuple[int, ...], bool], Program] = {}
 
 
 def prebuild(guard_pids: tuple[int, ...], sys_paths: tuple[tuple[str, ...], ...] = ()) -> None:
@@ -404,7 +348,7 @@ def prebuild(guard_pids: tuple[int, ...], sys_paths: tuple[tuple[str, ...], ...]
         key = (notified, tuple(guard_pids), False)
         if key not in _programs:
             try:
-                program = _export(pyseccomp, _build_filter(pyseccomp, *key), bool(notified))
+                program = export(pyseccomp, _build_filter(pyseccomp, *key), bool(notified))
             except Exception:  # noqa: BLE001  (an error is the launch's to report, when it builds)
                 continue
             if program is not None:
@@ -428,13 +372,13 @@ def _load_filter(fault: str | None, notify_fd: int | None = None,
         except (ImportError, OSError) as exc:
             raise SetupError(f"seccomp binding unavailable: {exc}") from None
         filt = _build_filter(pyseccomp, *key)
-        program = _export(pyseccomp, filt, bool(notified))
+        program = export(pyseccomp, filt, bool(notified))
     if fault == "verify":
         return  # pretend the load went fine: verification below must notice
     listener = -1
     try:
         if program is not None:
-            listener = _load_program(_libc(), program)
+            listener = load_program(_libc(), program)
         else:
             filt.load()
     except OSError as exc:
