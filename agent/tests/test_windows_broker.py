@@ -6,9 +6,9 @@ agent/tests/test_windows_broker.py``; harness/tests/test_wine.py runs it from th
 and on real Windows in the ``windows-latest`` workflow job. Real processes in real job
 objects, the SDK's own job and service sides, the agent's real ``Broker`` on the proactor
 loop. The backend is assembled here from the two parts the broker asks for (streams and
-hand-overs), because the Windows backend as a whole still refuses to start (its
-``backend()`` says what is missing); the test plays the supervisor's and the runner
-launcher's part: starting the two processes in their job objects.
+hand-overs), so that the broker is all that runs of the agent; the test plays the
+supervisor's and the runner launcher's part: starting the two processes in their job
+objects (test_windows_agent.py runs the whole agent).
 """
 
 from __future__ import annotations

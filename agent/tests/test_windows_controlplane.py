@@ -423,9 +423,8 @@ def test_a_session_started_to_stop_with_its_parent_ends_when_the_parent_dies() -
 @windows
 def test_the_agents_control_server_and_client_run_over_the_pipe_unchanged(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``operate/control.py`` as the agent runs it, on this endpoint. The rest of the backend
-    is not there yet (``backend()`` refuses), so the test gives ``platform.current()`` the
-    endpoint alone: what ControlServer and Client ask of it."""
+    """``operate/control.py`` as the agent runs it, on this endpoint alone (the test gives
+    ``platform.current()`` only what ControlServer and Client ask of it)."""
     import types
 
     from oarbank_agent import platform

@@ -33,7 +33,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("wine"),
 WINDOWS_TESTS = ["sdk/tests/test_windows_pipes.py", "agent/tests/test_windows_backend.py",
                  "agent/tests/test_windows_streams.py", "agent/tests/test_windows_broker.py",
                  "agent/tests/test_windows_controlplane.py",
-                 "agent/tests/test_windows_groups.py"]
+                 "agent/tests/test_windows_groups.py", "agent/tests/test_windows_agent.py"]
 
 
 def test_the_windows_tests_pass_under_wine(system_package) -> None:
