@@ -8,6 +8,12 @@ conformance kit (and for tests that play the agent); ``host`` re-exports them.
   ``received``); ``bad_request`` for anything else, ``service_unavailable`` when the channel
   is not up.
 
+On Windows the ends are duplex pipes (``oarbank_sdk._winpipe``) and nothing rides along a
+message: each end handed over is duplicated into the receiving process (the service's daemon,
+named by its hello; the job process named by its connect, once that pid is known to be in the
+attempt's job object, else ``bad_pid``) and named in the message (``"handle": h``), as the
+Windows agent does (``winjobs``).
+
 Each Channel and Connector has one reader thread; sends are serialised by a lock.
 """
 
@@ -16,7 +22,9 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import sys
 import threading
+from typing import Any
 
 from oarbank_sdk import _transport, advice
 from oarbank_sdk._wire import (
@@ -34,8 +42,11 @@ from oarbank_sdk._wire import (
     parse_from_job,
     parse_from_service,
 )
+from oarbank_sdk.conform import winjobs
 
 __all__ = ["Channel", "Connector", "wire_attempt"]
+
+WINDOWS = sys.platform == "win32"
 
 
 def _sendall(t: _transport.Transport, sock: socket.socket, data: bytes, attach: int | None) -> None:
@@ -118,7 +129,7 @@ class _AgentEnd(_Reader):
     def close_child_end(self) -> None:
         """After the child was spawned: only the child holds its end now."""
         if self.child_fd is not None:
-            os.close(self.child_fd)
+            self.t.close_handle(self.child_fd)
             self.child_fd = None
 
     def close(self) -> None:
@@ -207,9 +218,24 @@ class Channel(_AgentEnd):
         with self._lock:
             conn = self._next_conn
             self._next_conn += 1
+            msg: dict[str, Any] = {"op": "connection", "conn": conn,
+                                   "attempt": wire_attempt(attempt)}
+            if not WINDOWS:
+                _sendall(self.t, self.sock, encode(msg), service_end.fileno())
+            else:  # the service's copy first, then the message that names it
+                assert self.hello_pid is not None
+                try:
+                    msg["handle"] = winjobs.duplicate_into(self.hello_pid, service_end.fileno())
+                except OSError:
+                    service_end.close()
+                    raise
+                try:
+                    _sendall(self.t, self.sock, encode(msg), None)
+                except OSError:
+                    winjobs.close_in(self.hello_pid, msg["handle"])
+                    service_end.close()
+                    raise
             self._pending[conn] = service_end
-            data = encode({"op": "connection", "conn": conn, "attempt": wire_attempt(attempt)})
-            _sendall(self.t, self.sock, data, service_end.fileno())
             self.handed += 1
         return conn
 
@@ -247,6 +273,7 @@ class Connector(_AgentEnd):
         self.connects = 0
         self.refusals: list[str] = []
         self.problems: list[str] = []
+        self.job: Any = None  # Windows: the attempt's job object (``run_runner`` sets it)
         self.start()
 
     def _reply(self, msg: dict, attach: int | None = None) -> None:
@@ -272,6 +299,9 @@ class Connector(_AgentEnd):
                 copy.close()
             return
         assert isinstance(parsed, Connect)
+        if WINDOWS and not (self.job is not None and self.job.contains(parsed.pid)):
+            self._refuse("bad_pid", f"pid {parsed.pid} is not a process of this attempt")
+            return
         if not (self.channel.is_open and self.channel.hello_pid is not None):
             why = self.channel.closed_reason or "the service has not said hello"
             self._refuse("service_unavailable", f"the service is not ready: {why}")
@@ -283,12 +313,23 @@ class Connector(_AgentEnd):
             job_end.close()
             self._refuse("service_unavailable", f"handing the connection failed: {exc}")
             return
+        handle = None
+        if WINDOWS:
+            try:
+                handle = winjobs.duplicate_into(parsed.pid, job_end.fileno())
+            except OSError as exc:
+                job_end.close()
+                self._refuse("bad_pid", f"pid {parsed.pid} cannot be given the connection: {exc}")
+                return
         with self._lock:
             conn = self._next_conn
             self._next_conn += 1
             self._pending[conn] = job_end
             self.connects += 1
-        self._reply(Ok(conn).to_wire(), attach=job_end.fileno())
+        if handle is None:
+            self._reply(Ok(conn).to_wire(), attach=job_end.fileno())
+        else:
+            self._reply(Ok(conn, handle).to_wire())
 
     def on_bad_line(self, exc: WireError) -> None:
         self.problems.append(exc.detail)

@@ -118,13 +118,14 @@ def start(confined: bool, report: Report) -> bool:
     if fault:
         report.add(WARN, CHECK, f"FAULT INJECTED (test only): {FAULT_ENV}={fault}: {FAULTS[fault]}")
         return False
+    if not sys.platform.startswith("linux"):
+        report.add(WARN, CHECK, f"not run on {sys.platform}: the watch is seccomp user "
+                   "notification, a Linux facility; only sockets still held are seen (the "
+                   "listening checks)")
+        return False
     if not confined:
         report.add(WARN, CHECK, "not watched: the services run unconfined (the listening "
                    "checks still run)")
-        return False
-    if not sys.platform.startswith("linux"):
-        report.add(WARN, CHECK, f"not watched on {sys.platform}: only sockets still held are "
-                   f"seen (the listening checks)")
         return False
     problem = probe()
     if problem:

@@ -56,9 +56,8 @@ def check_doctor(m: _manifest.Manifest, node: host.NodeDirs,
                 read=[m.bundle, node.settings_file, node.data, *node.env_reads], write=[work],
                 gpu=gpu)
     env = host.runner_env(node, "conform-doctor", work, {}, {}, dict(m.runner.env))
-    proc = subprocess.Popen([*argv, "doctor", "--json"], cwd=str(node.data), env=env,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True)
+    proc = host.spawn([*argv, "doctor", "--json"], cwd=str(node.data), env=env,
+                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     rc: int | None
     try:
         out, err = proc.communicate(timeout=timeout_s)

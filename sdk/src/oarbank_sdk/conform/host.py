@@ -4,8 +4,9 @@ It does what the agent does to one module, and nothing more (contract sections 2
 
 - ``NodeDirs``: a throw-away node: the module data dir (HOME and TMPDIR inside it), the
   settings, limits and tools files;
-- ``op_env`` / ``run_op``: the exact op environment, each op in its own process group, its
-  stdout's last JSON line as the answer;
+- ``op_env`` / ``run_op``: the exact op environment, each op in its own process group (on
+  Windows a kill-on-close job object, ``winjobs``, known by its leader's pid), its stdout's
+  last JSON line as the answer;
 - ``Channel`` / ``Connector`` (``agentends.py``, re-exported here): the agent's ends of an
   endpoint channel and of an attempt's connector;
 - ``run_runner``: one attempt of the module's runner, with its spec and its connector.
@@ -23,6 +24,7 @@ import platform
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -32,6 +34,7 @@ import psutil
 
 from oarbank_sdk import _transport, environments
 from oarbank_sdk._opdoc import last_json_object
+from oarbank_sdk.conform import winjobs
 from oarbank_sdk.conform.agentends import Channel, Connector, wire_attempt
 from oarbank_sdk.manifest import platform_token
 
@@ -42,6 +45,7 @@ __all__ = [
     "wire_attempt",
     "op_env",
     "run_op",
+    "spawn",
     "group_pids",
     "end_group",
     "Channel",
@@ -147,14 +151,13 @@ def run_op(
     ``inherit``: the handles the op gets (passed the transport's way)."""
     with _output_file(output_prefix, ".out") as out, _output_file(output_prefix, ".err") as err:
         t0 = time.monotonic()
-        proc = subprocess.Popen(
+        proc = spawn(  # its own process group, like the agent
             [*argv, op],
             cwd=str(cwd),
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=err,
-            start_new_session=True,  # its own process group (and session), like the agent
             **_transport.current().inheritable_kwargs(*inherit),
         )
         try:
@@ -173,8 +176,33 @@ def run_op(
     return OpResult(op, proc.pid, rc, last_json_object(stdout), stdout, stderr, elapsed)
 
 
+WINDOWS = sys.platform == "win32"
+# Windows: a group's leader pid -> its job object, until ``end_group``.
+_jobs: dict[int, winjobs.Job] = {}
+
+
+def spawn(argv: list[str], job: winjobs.Job | None = None, **popen: object) -> subprocess.Popen:
+    """``argv`` in a new process group, as the agent starts ops, daemons and runners: POSIX
+    its own session; Windows a job object (``job``, or a new one) that ``group_pids`` and
+    ``end_group`` know by the leader's pid."""
+    if not WINDOWS:
+        return subprocess.Popen(argv, start_new_session=True, **popen)  # type: ignore[call-overload]
+    job = job or winjobs.Job()
+    try:
+        proc = job.start(argv, **popen)
+    except BaseException:
+        job.close()
+        raise
+    _jobs[proc.pid] = job
+    return proc
+
+
 def group_pids(pgid: int) -> list[int]:
-    """Live (non-zombie) processes whose process group is ``pgid``."""
+    """Live (non-zombie) processes whose process group is ``pgid`` (Windows: of the job object
+    whose leader was ``pgid``)."""
+    if WINDOWS:
+        job = _jobs.get(pgid)
+        return job.pids() if job is not None else []
     found = []
     for p in psutil.process_iter(["status"]):
         try:
@@ -189,7 +217,10 @@ def group_pids(pgid: int) -> list[int]:
 
 def end_group(pgid: int, grace_s: float = 2.0) -> list[int]:
     """SIGTERM the group, wait up to ``grace_s``, then SIGKILL what is left. Returns the pids
-    that had to be killed."""
+    that had to be killed. Windows has no signal to ask a job's processes to exit (nor does
+    its agent send one): what is left is ended at once, with the job object."""
+    if WINDOWS:
+        return _end_job(pgid)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
@@ -202,6 +233,20 @@ def end_group(pgid: int, grace_s: float = 2.0) -> list[int]:
         deadline = time.monotonic() + 5
         while group_pids(pgid) and time.monotonic() < deadline:
             time.sleep(0.02)
+    return left
+
+
+def _end_job(pgid: int) -> list[int]:
+    job = _jobs.pop(pgid, None)
+    if job is None:
+        return []
+    left = job.pids()
+    if left:
+        job.terminate()
+        deadline = time.monotonic() + 5
+        while job.pids() and time.monotonic() < deadline:
+            time.sleep(0.02)
+    job.close()
     return left
 
 
@@ -267,10 +312,14 @@ def run_runner(
     fds = tuple(c.child_fd for c in connectors.values() if c.child_fd is not None)
     cmd = [*argv, "run", "--spec", str(w / "spec.json"), "--workdir", str(w),
            "--out", str(w / "result.json")]
+    # Windows: the job object first, so each connector can tell the attempt's pids (bad_pid)
+    # from its first connect on.
+    job = winjobs.Job() if WINDOWS else None
+    for c in connectors.values():
+        c.job = job
     with open(w / "runner.log", "wb") as log:
-        proc = subprocess.Popen(cmd, cwd=str(cwd), env=env, stdin=subprocess.DEVNULL,
-                                stdout=log, stderr=log, start_new_session=True,
-                                **_transport.current().inheritable_kwargs(*fds))
+        proc = spawn(cmd, job=job, cwd=str(cwd), env=env, stdin=subprocess.DEVNULL,
+                     stdout=log, stderr=log, **_transport.current().inheritable_kwargs(*fds))
     for c in connectors.values():
         c.close_child_end()  # only the runner holds them now
     try:

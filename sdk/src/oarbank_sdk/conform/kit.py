@@ -109,6 +109,11 @@ def sandbox_wrapper(mode: bool | None, report: Report) -> tuple[Wrap, bool]:
     if sb.available():
         report.add(OK, "sandbox", f"enforced ({summary})")
         return sb.wrap, True
+    if sys.platform == "win32":
+        report.add(FAIL if mode else WARN, "sandbox", "not run on win32: the kit's walls are "
+                   "Linux's (Landlock, seccomp, namespaces) and macOS's Seatbelt; what the "
+                   "Windows agent walls (job objects) is not played here: running unconfined")
+        return unconfined, False
     report.add(FAIL if mode else WARN, "sandbox",
                f"unavailable on this machine ({summary}): running unconfined")
     return unconfined, False

@@ -18,6 +18,7 @@ accepts them, and has no reason to hold either.
 from __future__ import annotations
 
 import contextlib
+import functools
 import ipaddress
 import os
 import socket
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 
 import psutil
 
-__all__ = ["Listener", "listeners", "related_pids", "split_gpu_driver"]
+__all__ = ["Listener", "listeners", "blind_spot", "related_pids", "split_gpu_driver"]
 
 _TCP_LISTEN = "0A"
 _TCP_CLOSE = "07"  # an unconnected UDP socket shows this state
@@ -62,15 +63,43 @@ def related_pids(pgid: int | None, extra: tuple[int, ...] = ()) -> set[int]:
     """Processes of group ``pgid``, plus ``extra`` pids and all their descendants (a process
     that left the group is still the service's)."""
     found: set[int] = set()
-    for p in psutil.process_iter():
-        with contextlib.suppress(psutil.Error, OSError):
-            if pgid is not None and os.getpgid(p.pid) == pgid:
-                found.add(p.pid)
+    if sys.platform == "win32":  # no process groups there: the job object's processes
+        from oarbank_sdk.conform import host
+
+        found.update(host.group_pids(pgid) if pgid is not None else ())
+    elif pgid is not None:
+        for p in psutil.process_iter():
+            with contextlib.suppress(psutil.Error, OSError):
+                if os.getpgid(p.pid) == pgid:
+                    found.add(p.pid)
     for pid in list(found) + list(extra):
         with contextlib.suppress(psutil.Error):
             found.add(pid)
             found.update(c.pid for c in psutil.Process(pid).children(recursive=True))
     return {pid for pid in found if psutil.pid_exists(pid)}
+
+
+@functools.cache
+def blind_spot() -> str | None:
+    """Why ``listeners`` cannot be trusted here, or None. Linux reads ``/proc``; elsewhere
+    psutil must name the process of a socket, which some systems do not (Wine shows every
+    connection with pid 0): the kit's own loopback listener must be seen, else the check
+    would pass whatever a service holds."""
+    if _reads_proc():
+        return None
+    probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        probe.bind(("127.0.0.1", 0))
+        probe.listen(1)
+        port = probe.getsockname()[1]
+        seen = any(x.kind == "tcp" and x.address.endswith(f":{port}")
+                   for x in _psutil_listeners([os.getpid()]))
+    finally:
+        probe.close()
+    if seen:
+        return None
+    return (f"psutil names no process for sockets on this system ({sys.platform}: the kit's "
+            "own listening socket was not seen as its own; Wine does this)")
 
 
 def listeners(pids: set[int] | list[int]) -> list[Listener]:
