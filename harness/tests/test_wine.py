@@ -3,7 +3,8 @@
 `harness.wine` (what `nox -s windows` runs) prepares Wine, the embeddable CPython 3.11 and
 its Windows wheels (cached under .cache/windows/; the first run downloads ~40 MB and makes a
 ~700 MB Wine prefix), then these tests run the SDK's pipe-handle tests
-(sdk/tests/test_windows_pipes.py) and the agent's Windows backend parts
+(sdk/tests/test_windows_pipes.py), the conformance kit on examples/modelserver
+(sdk/tests/test_conform_windows.py) and the agent's Windows backend parts
 (agent/tests/test_windows_backend.py, test_windows_streams.py, test_windows_broker.py,
 test_windows_controlplane.py, test_windows_groups.py) under python.exe.
 Without Wine they skip naming `wine64` (fail under OARBANK_REQUIRE_SYSTEM_PACKAGES=1).
@@ -30,7 +31,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("wine"),
               pytest.mark.skipif(sys.platform != "linux", reason="Wine runs on Linux")]
 
 
-WINDOWS_TESTS = ["sdk/tests/test_windows_pipes.py", "agent/tests/test_windows_backend.py",
+WINDOWS_TESTS = ["sdk/tests/test_windows_pipes.py", "sdk/tests/test_conform_windows.py",
+                 "agent/tests/test_windows_backend.py",
                  "agent/tests/test_windows_streams.py", "agent/tests/test_windows_broker.py",
                  "agent/tests/test_windows_controlplane.py",
                  "agent/tests/test_windows_groups.py", "agent/tests/test_windows_agent.py"]
