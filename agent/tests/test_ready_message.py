@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from agent_helpers import read_jsonl
 
 from oarbank_agent.services import supervisor
@@ -78,12 +79,40 @@ def test_a_second_ready_fails_the_service(start_agent, echo_module: Path) -> Non
     assert "protocol violation: a second 'ready'" in agent.log()
 
 
+def _poll_starts(until_s: float, *, factory: bool, says_ready: bool = False) -> list[float]:
+    """When the `ready` polls start (seconds after the hello), up to ``until_s``."""
+    starts, t = [], 0.0
+    while t <= until_s:
+        starts.append(t)
+        t += supervisor.ready_poll_gap(t, factory=factory, says_ready=says_ready)
+    return starts
+
+
 def test_how_often_the_ready_op_is_polled() -> None:
-    cap = supervisor.ready_poll_cap
-    # A fork from the process factory is cheap: polled tightly, so a polled service's first
-    # job waits little; a process started directly costs more: a looser cap.
-    assert cap(factory=True, says_ready=False) == supervisor.READY_POLL_MAX_FACTORY_S == 0.025
-    assert cap(factory=False, says_ready=False) == supervisor.READY_POLL_MAX_S == 0.1
+    gap = supervisor.ready_poll_gap
+    # Tight right after the hello (a fork from the process factory is cheap; a process
+    # started directly costs more: a looser floor), then a tenth of the time waited.
+    assert gap(0.0, factory=True, says_ready=False) == supervisor.READY_POLL_MIN_FACTORY_S == 0.02
+    assert gap(0.0, factory=False, says_ready=False) == supervisor.READY_POLL_MIN_S == 0.05
+    assert gap(5.0, factory=True, says_ready=False) == pytest.approx(0.5)
+    assert gap(600.0, factory=False, says_ready=False) == supervisor.READY_POLL_MAX_S == 2.0
     # A service that said ready on its channel in an earlier run says it again: the polls
-    # are only a fallback.
-    assert cap(factory=True, says_ready=True) == cap(factory=False, says_ready=True) == 1.0
+    # are only a fallback, at the slowest rate from the start.
+    assert gap(0.0, factory=True, says_ready=True) == gap(0.0, factory=False, says_ready=True) == 2.0
+    for factory in (True, False):
+        starts = _poll_starts(120.0, factory=factory)
+        gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+        assert all(b >= a - 1e-9 for a, b in zip(gaps, gaps[1:], strict=False))  # never faster later
+        # Ready at any moment t is seen by a poll starting at most max(floor, t / 10) later.
+        for a, b in zip(starts, starts[1:], strict=False):
+            assert b - a <= max(gap(0.0, factory=factory, says_ready=False), 0.1 * a) + 1e-9
+        # A service ready ~50 ms after its hello: the next poll starts within 20 ms (factory).
+        if factory:
+            assert next(t for t in starts if t >= 0.05) - 0.05 <= 0.02 + 1e-9
+    # Every poll is a process start: a minute's load costs about 80 polls from the factory
+    # (it was one every 25 ms after the previous one's end: hundreds), two minutes about 110.
+    assert len(_poll_starts(60.0, factory=True)) <= 90
+    assert len(_poll_starts(120.0, factory=True)) <= 120
+    assert len(_poll_starts(60.0, factory=False)) <= 80
+
+

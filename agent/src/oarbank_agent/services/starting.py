@@ -2,7 +2,7 @@
 child end inherited + the hello + ``ready``: said on the channel (``OARBANK_ENDPOINT_FEATURES=
 ready``: the channel's reader makes the service READY, and wakes the jobs waiting for it, in the
 loop turn the line arrives in), or the ``ready`` op true (polled once the hello is in: at once,
-then every 50 ms doubling up to ``ready_poll_cap``; a ``ready`` line arriving meanwhile ends the
+then on the schedule of ``ready_poll_gap``; a ``ready`` line arriving meanwhile ends the
 polling), all within ``start_timeout_s``. A failed start says why in conform's words (the
 daemon's last line in its log).
 """
@@ -27,25 +27,39 @@ from oarbank_sdk.protocol import current_transport
 if TYPE_CHECKING:
     from oarbank_agent.broker.channel import Channel
 
-__all__ = ["Starting", "ready_poll_cap", "READY_POLL_FIRST_S", "READY_POLL_MAX_S",
-           "READY_POLL_MAX_FACTORY_S", "READY_POLL_FALLBACK_S", "EXIT_WAIT_S"]
+__all__ = ["Starting", "ready_poll_gap", "READY_POLL_MIN_S", "READY_POLL_MIN_FACTORY_S",
+           "READY_POLL_RATIO", "READY_POLL_MAX_S", "READY_POLL_IN_FLIGHT", "EXIT_WAIT_S"]
 
-READY_POLL_FIRST_S = 0.05
-# Each poll is a process start: started directly (~50-150 ms of CPU) polling faster buys
-# little, and a cap of 1 s made a service that had just loaded wait up to 1 s for its first
-# job; from the process factory (a fork, a few ms) a 25 ms cap keeps that wait near 15 ms.
-READY_POLL_MAX_S = 0.1
-READY_POLL_MAX_FACTORY_S = 0.025
-# A service that said `ready` on its channel before says it again: polled only as a fallback.
-READY_POLL_FALLBACK_S = 1.0
+# Each poll is a process start (from the process factory a fork, a few ms of CPU; started
+# directly an interpreter, ~50-150 ms). A poll catches readiness up to one gap late, so the
+# gap grows with the time already waited: tight while a service that loads fast would be
+# missed by much (the runner that waits for it starts in ~20 ms), a tenth of the wait after
+# that (caught within 1.1x of its own load time, plus one op's run), at most READY_POLL_MAX_S
+# for one that loads for minutes (then 30 polls a minute; ~80 in its first minute).
+READY_POLL_MIN_FACTORY_S = 0.02
+READY_POLL_MIN_S = 0.05
+READY_POLL_RATIO = 0.1
+READY_POLL_MAX_S = 2.0
+# Polls from the factory may overlap: an op's own run (50-90 ms at load average 10 on two
+# cores) is not added to the gap, so a poll starts on time while the previous one is still
+# answering. Three in flight measured no better than two there (they compete for the CPU).
+READY_POLL_IN_FLIGHT = {True: 2, False: 1}  # by "started from the process factory"
 
 
-def ready_poll_cap(*, factory: bool, says_ready: bool) -> float:
-    """The longest wait between two polls of the `ready` op (they start at once, then every
-    ``READY_POLL_FIRST_S`` doubling up to this)."""
+# Polls cancelled once another answered true, until they have ended their groups.
+_ending: set[asyncio.Task[bool]] = set()
+
+
+def ready_poll_gap(waited_s: float, *, factory: bool, says_ready: bool) -> float:
+    """Seconds from one `ready` poll's start to the next's, ``waited_s`` after the first (the
+    hello). A service that said `ready` on its channel in an earlier run says it again: then
+    polled only as a fallback, at the slowest rate."""
     if says_ready:
-        return READY_POLL_FALLBACK_S
-    return READY_POLL_MAX_FACTORY_S if factory else READY_POLL_MAX_S
+        return READY_POLL_MAX_S
+    floor = READY_POLL_MIN_FACTORY_S if factory else READY_POLL_MIN_S
+    return min(max(floor, waited_s * READY_POLL_RATIO), READY_POLL_MAX_S)
+
+
 # A channel closed before the hello: how long the daemon may take to end (and to write why)
 # before the start's group is ended, so its last log line can be quoted.
 EXIT_WAIT_S = 2.0
@@ -185,32 +199,78 @@ class Starting(SupervisorBase):
         the start waits for readiness, the service is READY now, in this loop turn: the jobs
         waiting for it are woken from here (``_transition``), not when the start task runs
         again. Said earlier (the `start` op still running), the start finds it said."""
+        self._ready_now(rt, ch, said=True)
+
+    def _ready_now(self, rt: ServiceRuntime, ch: Channel, *, said: bool) -> None:
+        """READY in this loop turn, while the start waits for readiness (said on the channel,
+        or a poll's answer): the start task finds it so when it runs again."""
         if not (rt.awaiting_ready and rt.channel is ch and ch.is_open
                 and rt.st.state is lc.State.STARTING):
             return
         rt.awaiting_ready = False
-        rt.says_ready = True
+        if said:
+            rt.says_ready = True
         rt.cancellable = False  # a hold arriving now stops a ready service, as for any other
-        # STARTING -> READY (said on the channel, hello, channel open)
+        # STARTING -> READY (said on the channel or the op true, hello, channel open)
         self._transition(rt, lc.Event.READY)
 
     async def _poll_ready(self, rt: ServiceRuntime, ch: Channel | None) -> None:
-        """Poll the `ready` op until it answers true: at once, then 50 ms doubling to
-        ``ready_poll_cap`` (25 ms apart from the process factory)."""
-        cap = ready_poll_cap(factory=factory.current() is not None, says_ready=rt.says_ready)
-        delay = min(READY_POLL_FIRST_S, cap)
-        while True:
-            if ch is not None and ch.closed.done():
-                raise StartFailed(ch.closed.result())
-            res = await ops.run_op(rt.ctx, self.node, rt.svc.name, "ready",
-                                   timeout_s=ops.OP_TIMEOUTS["ready"], registry=self.registry)
-            if res.ok and res.doc is not None and res.doc.get("ready") is True:
-                break
-            if ch is not None:
-                await asyncio.wait({ch.closed}, timeout=delay)
-            else:
-                await asyncio.sleep(delay)  # the contract's `ready` poll, nothing else
-            delay = min(delay * 2, cap)
+        """Poll the `ready` op until it answers true: at once, then each poll started
+        ``ready_poll_gap`` after the previous one's start (up to ``READY_POLL_IN_FLIGHT`` at a
+        time). Cancelled, it ends the polls in flight (each with its group)."""
+        from_factory = factory.current() is not None
+        most = READY_POLL_IN_FLIGHT[from_factory]
+        first = time.monotonic()
+        next_at = first
+        polls = 0
+        running: set[asyncio.Task[bool]] = set()
+        try:
+            while True:
+                if ch is not None and ch.closed.done():
+                    raise StartFailed(ch.closed.result())
+                now = time.monotonic()
+                if now >= next_at and len(running) < most:
+                    running.add(asyncio.create_task(self._ready_once(rt, ch),
+                                                    name=f"ready op {rt.key}"))
+                    polls += 1
+                    next_at = now + ready_poll_gap(now - first, factory=from_factory,
+                                                   says_ready=rt.says_ready)
+                waits: set[asyncio.Future[Any]] = set(running)
+                if ch is not None:
+                    waits.add(ch.closed)
+                timeout = max(0.0, next_at - now) if len(running) < most else None
+                if not waits:
+                    await asyncio.sleep(timeout or 0.0)  # the contract's `ready` poll, nothing else
+                    continue
+                done, _ = await asyncio.wait(waits, timeout=timeout,
+                                             return_when=asyncio.FIRST_COMPLETED)
+                for task in done & running:
+                    running.discard(task)
+                    if task.result():
+                        log.info("%s: ready op true at poll %d, %.0f ms after the first",
+                                 rt.key, polls, (time.monotonic() - first) * 1000)
+                        # A poll still in flight ends its group in its own task: the
+                        # service is ready now, not once that process is reaped.
+                        for other in running:
+                            other.cancel()
+                            _ending.add(other)
+                            other.add_done_callback(_ending.discard)
+                        running.clear()
+                        return
+        finally:
+            for task in running:  # cancelled or failed: ended before the caller goes on
+                task.cancel()
+            if running:
+                await asyncio.wait(running)
+
+    async def _ready_once(self, rt: ServiceRuntime, ch: Channel | None) -> bool:
+        """One `ready` op: whether it answered true (then, after the hello, READY at once)."""
+        res = await ops.run_op(rt.ctx, self.node, rt.svc.name, "ready",
+                               timeout_s=ops.OP_TIMEOUTS["ready"], registry=self.registry)
+        ready = bool(res.ok and res.doc is not None and res.doc.get("ready") is True)
+        if ready and ch is not None and ch.hello.done():
+            self._ready_now(rt, ch, said=False)
+        return ready
 
     async def _closed_before_hello(self, rt: ServiceRuntime, ch: Channel, log_from: int) -> str:
         """Why the channel closed before the hello, in conform's words: whether the daemon is

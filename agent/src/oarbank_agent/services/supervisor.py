@@ -13,8 +13,8 @@ lifecycle's functions and performs what comes back. ``row`` is a pure function o
 Start = channel pair from the broker + ``start`` op with the child end inherited + the hello +
 ``ready``: said on the channel (``OARBANK_ENDPOINT_FEATURES=ready``: the channel's reader makes
 the service READY, and wakes the jobs waiting for it, in the loop turn the line arrives in), or
-the ``ready`` op true (polled once the hello is in: at once, then every 50 ms doubling up to
-``ready_poll_cap``; a ``ready`` line arriving meanwhile ends the polling), all within
+the ``ready`` op true (polled once the hello is in: at once, then on ``ready_poll_gap``'s
+schedule; a ``ready`` line arriving meanwhile ends the polling), all within
 ``start_timeout_s``.
 Stop order = ``stop`` op, close the channel, end the group.
 This class is also the broker's ``ServiceGate``; it opens channels in the ``Channels`` table it
@@ -47,19 +47,20 @@ from oarbank_agent.services.runtime import (
 )
 from oarbank_agent.services.starting import (
     EXIT_WAIT_S,
-    READY_POLL_FALLBACK_S,
-    READY_POLL_FIRST_S,
-    READY_POLL_MAX_FACTORY_S,
+    READY_POLL_IN_FLIGHT,
     READY_POLL_MAX_S,
+    READY_POLL_MIN_FACTORY_S,
+    READY_POLL_MIN_S,
+    READY_POLL_RATIO,
     Starting,
-    ready_poll_cap,
+    ready_poll_gap,
 )
 from oarbank_agent.services.stopping import ESCALATE_GRACE_S, GROUP_GRACE_S, Stopping
 from oarbank_sdk import manifest as mf
 
 __all__ = ["Supervisor", "ServiceRuntime", "StartFailed", "service_key", "row", "ready", "details",
-           "ready_poll_cap", "READY_POLL_FIRST_S", "READY_POLL_MAX_S", "READY_POLL_MAX_FACTORY_S",
-           "READY_POLL_FALLBACK_S", "EXIT_WAIT_S", "GROUP_GRACE_S", "ESCALATE_GRACE_S"]
+           "ready_poll_gap", "READY_POLL_MIN_S", "READY_POLL_MIN_FACTORY_S", "READY_POLL_RATIO",
+           "READY_POLL_MAX_S", "READY_POLL_IN_FLIGHT", "EXIT_WAIT_S", "GROUP_GRACE_S", "ESCALATE_GRACE_S"]
 
 log = logging.getLogger("oarbank_agent.services.supervisor")
 
