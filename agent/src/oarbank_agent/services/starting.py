@@ -28,18 +28,22 @@ if TYPE_CHECKING:
     from oarbank_agent.broker.channel import Channel
 
 __all__ = ["Starting", "ready_poll_gap", "READY_POLL_MIN_S", "READY_POLL_MIN_FACTORY_S",
-           "READY_POLL_RATIO", "READY_POLL_MAX_S", "READY_POLL_IN_FLIGHT", "EXIT_WAIT_S"]
+           "READY_POLL_RATIO", "READY_POLL_MAX_S", "READY_POLL_FALLBACK_S", "READY_POLL_IN_FLIGHT",
+           "EXIT_WAIT_S"]
 
-# Each poll is a process start (from the process factory a fork, a few ms of CPU; started
-# directly an interpreter, ~50-150 ms). A poll catches readiness up to one gap late, so the
-# gap grows with the time already waited: tight while a service that loads fast would be
-# missed by much (the runner that waits for it starts in ~20 ms), a tenth of the wait after
-# that (caught within 1.1x of its own load time, plus one op's run), at most READY_POLL_MAX_S
-# for one that loads for minutes (then 30 polls a minute; ~80 in its first minute).
+# Each poll is a process start (an interpreter's: 20-40 ms of CPU, from the factory or not).
+# A poll catches readiness up to one gap late, so the gap grows with the time already waited:
+# tight while a service that loads fast would be missed by much (the runner that waits for it
+# starts in ~20 ms), a tenth of the wait after that (caught within 1.1x of its own load time,
+# plus one op's run), at most READY_POLL_MAX_S for one that loads for minutes: 70 polls in its
+# first minute, then 6 a minute (~0.3 % of a core; a fixed 25 ms after each poll's end made
+# several hundred a minute). A service that said `ready` on its channel in an earlier run says
+# it again: the same schedule, never under READY_POLL_FALLBACK_S (it is only a fallback).
 READY_POLL_MIN_FACTORY_S = 0.02
 READY_POLL_MIN_S = 0.05
 READY_POLL_RATIO = 0.1
-READY_POLL_MAX_S = 2.0
+READY_POLL_MAX_S = 10.0
+READY_POLL_FALLBACK_S = 1.0
 # Polls from the factory may overlap: an op's own run (50-90 ms at load average 10 on two
 # cores) is not added to the gap, so a poll starts on time while the previous one is still
 # answering. Three in flight measured no better than two there (they compete for the CPU).
@@ -52,11 +56,10 @@ _ending: set[asyncio.Task[bool]] = set()
 
 def ready_poll_gap(waited_s: float, *, factory: bool, says_ready: bool) -> float:
     """Seconds from one `ready` poll's start to the next's, ``waited_s`` after the first (the
-    hello). A service that said `ready` on its channel in an earlier run says it again: then
-    polled only as a fallback, at the slowest rate."""
-    if says_ready:
-        return READY_POLL_MAX_S
+    hello); ``says_ready``: it said `ready` on its channel in an earlier run."""
     floor = READY_POLL_MIN_FACTORY_S if factory else READY_POLL_MIN_S
+    if says_ready:
+        floor = READY_POLL_FALLBACK_S
     return min(max(floor, waited_s * READY_POLL_RATIO), READY_POLL_MAX_S)
 
 

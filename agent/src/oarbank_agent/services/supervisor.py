@@ -47,6 +47,7 @@ from oarbank_agent.services.runtime import (
 )
 from oarbank_agent.services.starting import (
     EXIT_WAIT_S,
+    READY_POLL_FALLBACK_S,
     READY_POLL_IN_FLIGHT,
     READY_POLL_MAX_S,
     READY_POLL_MIN_FACTORY_S,
@@ -60,7 +61,8 @@ from oarbank_sdk import manifest as mf
 
 __all__ = ["Supervisor", "ServiceRuntime", "StartFailed", "service_key", "row", "ready", "details",
            "ready_poll_gap", "READY_POLL_MIN_S", "READY_POLL_MIN_FACTORY_S", "READY_POLL_RATIO",
-           "READY_POLL_MAX_S", "READY_POLL_IN_FLIGHT", "EXIT_WAIT_S", "GROUP_GRACE_S", "ESCALATE_GRACE_S"]
+           "READY_POLL_MAX_S", "READY_POLL_FALLBACK_S", "READY_POLL_IN_FLIGHT", "EXIT_WAIT_S",
+           "GROUP_GRACE_S", "ESCALATE_GRACE_S"]
 
 log = logging.getLogger("oarbank_agent.services.supervisor")
 
