@@ -13,14 +13,17 @@ from oarbank_sdk.protocol import current_transport, last_json_object, wire
 
 
 def test_the_public_names_are_the_private_modules_parts() -> None:
-    from oarbank_sdk import _opdoc, _transport, _wire
+    from oarbank_sdk import _opdoc, _transport, _winpipe, _wire
 
     assert wire is _wire
+    assert protocol.PipeStream is _winpipe.PipeStream
+    assert protocol.connected_pipe is _winpipe.connected_pipe
     assert protocol.Transport is _transport.Transport
     assert last_json_object is _opdoc.last_json_object
     assert protocol.MAX_HANDLES == _transport.MAX_HANDLES
     assert set(protocol.__all__) == {"wire", "MAX_HANDLES", "Transport", "UnsupportedHandle",
-                                     "current_transport", "last_json_object"}
+                                     "current_transport", "last_json_object", "PipeStream",
+                                     "connected_pipe"}
 
 
 def test_a_pair_is_connected_and_kept_from_children_unless_asked() -> None:

@@ -11,6 +11,9 @@ The node agent and tools import these rather than the SDK's private modules:
   (``send``/``recv``; ``MAX_HANDLES`` travel in one message at most). No other code makes
   socket pairs or spells ``fd:<n>``.
 - ``last_json_object``: what an op printed (the last line of its output that is a JSON object).
+- Windows' pipes, for an agent there (``handle:<n>``): ``PipeStream``, the synchronous stream a
+  child holds, and ``connected_pipe``, the handles of a new duplex pipe nobody can open by
+  name (the agent makes its own end overlapped). They import everywhere, work on Windows.
 
 Standard library only, like the rest of the service side.
 """
@@ -21,6 +24,7 @@ from . import _wire as wire
 from ._opdoc import last_json_object
 from ._transport import MAX_HANDLES, Transport, UnsupportedHandle
 from ._transport import current as current_transport
+from ._winpipe import PipeStream, connected_pipe
 
 __all__ = ["wire", "MAX_HANDLES", "Transport", "UnsupportedHandle", "current_transport",
-           "last_json_object"]
+           "last_json_object", "PipeStream", "connected_pipe"]

@@ -107,7 +107,7 @@ class PipeEndpoint:
     def connect(self, path: Path, timeout: float | None) -> Any:
         """A ``PipeStream`` (socket-shaped: ``sendall``, ``makefile``, ``settimeout``,
         ``close``; timeouts bound reads), see ``api.Endpoint.connect``."""
-        from oarbank_sdk._winpipe import PipeStream
+        from oarbank_sdk.protocol import PipeStream
 
         self.check(path)
         name = read_record(path)

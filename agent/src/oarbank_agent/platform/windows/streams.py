@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from oarbank_agent.platform.api import Watchable
-from oarbank_sdk._winpipe import PipeStream, connected_pipe
+from oarbank_sdk.protocol import PipeStream, connected_pipe
 
 __all__ = ["AgentPipe", "ProactorWatcher", "WindowsStreams"]
 
