@@ -16,8 +16,6 @@ import sys
 import time
 from pathlib import Path
 
-from platform_marks import conform_kit  # sdk/tests
-
 from oarbank_sdk import advice, conform
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,7 +23,6 @@ EXAMPLE = ROOT / "examples" / "modelserver"
 BROKEN = Path(__file__).resolve().parent / "broken_modules"
 
 
-pytestmark = conform_kit
 
 
 def broken(tmp_path: Path, name: str) -> Path:

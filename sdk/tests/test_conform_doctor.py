@@ -10,7 +10,6 @@ import re
 import shutil
 
 import pytest
-from platform_marks import conform_kit  # sdk/tests
 from test_conform_catches import EXAMPLE, run
 
 from oarbank_sdk.conform.doctor import judge_answer
@@ -20,7 +19,6 @@ HEALTHY = {"runner_protocol": {"supported": [1]}, "health": "healthy", "capabili
            "checks": [{"name": "python", "ok": True}]}
 
 
-pytestmark = conform_kit
 
 
 def test_the_verdict_on_each_answer() -> None:

@@ -14,8 +14,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from platform_marks import conform_kit  # sdk/tests
-
 from oarbank_sdk import conform
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,7 +27,6 @@ UPSTREAM_GOLDEN = {
 }
 
 
-pytestmark = conform_kit
 
 
 def example(tmp_path: Path, conformance: dict | None = None) -> Path:

@@ -74,3 +74,32 @@ def test_a_connect_from_outside_the_attempt_is_bad_pid() -> None:
         connector.close()
         channel.close()
         job.close()
+
+
+def open_handles() -> int:
+    """Our open handles, counted by asking each value (Wine's GetProcessHandleCount and
+    psutil's num_handles say 0 there)."""
+    import ctypes
+    from ctypes import wintypes
+
+    kernel32 = ctypes.WinDLL("kernel32")  # type: ignore[attr-defined]  (Windows only)
+    flags = wintypes.DWORD()
+    return sum(1 for h in range(4, 1 << 16, 4)
+               if kernel32.GetHandleInformation(wintypes.HANDLE(h), ctypes.byref(flags)))
+
+
+def test_the_kit_releases_every_handle_it_made() -> None:
+    import gc
+    import io
+
+    from oarbank_sdk import conform
+
+    def run() -> int:
+        rc = conform.run(EXAMPLE, json_output=True, sandbox=False, stream=io.StringIO())
+        gc.collect()
+        return rc
+
+    assert run() == 0  # the first run also loads what stays loaded (DLLs, caches)
+    before = open_handles()
+    assert run() == 0
+    assert open_handles() == before  # job objects, pipe ends, processes: all closed

@@ -169,6 +169,7 @@ def run_op(
             proc.kill()
             proc.wait()
         elapsed = time.monotonic() - t0
+        _release_if_empty(proc.pid)
         out.seek(0)
         err.seek(0)
         stdout = out.read().decode("utf-8", "replace")
@@ -234,6 +235,15 @@ def end_group(pgid: int, grace_s: float = 2.0) -> list[int]:
         while group_pids(pgid) and time.monotonic() < deadline:
             time.sleep(0.02)
     return left
+
+
+def _release_if_empty(pgid: int) -> None:
+    """Windows: an op whose job object holds nothing now (it left no daemon) lets it go;
+    nothing can join an empty job, so ``group_pids`` rightly says [] from here on."""
+    job = _jobs.get(pgid)
+    if job is not None and not job.pids():
+        del _jobs[pgid]
+        job.close()
 
 
 def _end_job(pgid: int) -> list[int]:

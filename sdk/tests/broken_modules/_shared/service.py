@@ -35,9 +35,24 @@ PID, READY, LOG = DATA / "service.pid", DATA / "service.ready", DATA / "service.
 
 def alive(path: Path) -> bool:
     try:
-        os.kill(int(path.read_text()), 0)
-        return True
+        pid = int(path.read_text())
     except (OSError, ValueError):
+        return False
+    if os.name == "nt":  # os.kill(pid, 0) there would end the process
+        import ctypes
+
+        kernel32 = ctypes.WinDLL("kernel32")  # type: ignore[attr-defined]  (Windows only)
+        handle = kernel32.OpenProcess(0x00100000, False, pid)  # SYNCHRONIZE
+        if not handle:
+            return False
+        try:
+            return bool(kernel32.WaitForSingleObject(handle, 0) == 0x102)  # WAIT_TIMEOUT
+        finally:
+            kernel32.CloseHandle(handle)
+    try:
+        os.kill(pid, 0)
+        return True
+    except OSError:
         return False
 
 
