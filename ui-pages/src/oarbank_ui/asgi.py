@@ -31,15 +31,11 @@ from starlette.routing import Route
 
 from .app import MAX_BODY, Portal, route_name
 from .app import Response as PortalResponse
-from .asgi_heartbeat import build_heartbeat_app, is_heartbeat_post
+from .asgi_heartbeat import Truncated, build_heartbeat_app, is_heartbeat_post, read_body
 
 __all__ = ["build_app"]
 
 _METHODS = ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"]
-
-
-class _Truncated(Exception):
-    pass
 
 
 def _to_starlette(r: PortalResponse, *, close: bool = False) -> Response:
@@ -54,25 +50,6 @@ def _json_error(status: int, message: str, **kw: Any) -> PortalResponse:
     import json
 
     return PortalResponse(status, (json.dumps({"error": message}) + "\n").encode(), **kw)
-
-
-async def _read_body(request: Request, length: int) -> bytes:
-    chunks: list[bytes] = []
-    got = 0
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            raise _Truncated(f"the client went away after {got} of {length} bytes")
-        chunk = message.get("body", b"")
-        got += len(chunk)
-        if got > length:  # h11 enforces Content-Length; this is the belt to its braces
-            raise _Truncated(f"more than the declared {length} bytes")
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            break
-    if got != length:
-        raise _Truncated(f"{got} of the declared {length} bytes")
-    return b"".join(chunks)
 
 
 def build_app(portal: Portal, *, read_timeout_s: float = 10.0) -> Any:
@@ -114,12 +91,12 @@ def build_app(portal: Portal, *, read_timeout_s: float = 10.0) -> Any:
                 return _to_starlette(r, close=True)
             try:
                 # wait_for, not asyncio.timeout: the package runs on Python 3.10 too
-                body = await asyncio.wait_for(_read_body(request, n), read_timeout_s)
+                body = await asyncio.wait_for(read_body(request.receive, n), read_timeout_s)
             except asyncio.TimeoutError:
                 r = portal.refuse("read_timeout", 408, f"heartbeat: body not received within "
                                   f"{read_timeout_s:g} s")
                 return _to_starlette(r, close=True)
-            except _Truncated as e:
+            except Truncated as e:
                 # Nobody is left to read an answer; the refusal is counted and logged.
                 portal.refuse("truncated", 400, f"heartbeat: body cut short, not parsed ({e})")
                 return Response(b"", status_code=400, headers={"Connection": "close"})

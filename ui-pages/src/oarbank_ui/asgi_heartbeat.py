@@ -14,22 +14,22 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from .app import MAX_BODY, Portal
 from .app import Response as PortalResponse
 
-__all__ = ["build_heartbeat_app", "is_heartbeat_post"]
+__all__ = ["build_heartbeat_app", "is_heartbeat_post", "read_body", "Truncated"]
 
-Receive = Callable[[], Awaitable[dict[str, Any]]]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 _PATHS = (b"/v1/heartbeat", b"/v1/heartbeat/")
 
 
-class _Truncated(Exception):
-    pass
+class Truncated(Exception):
+    """A request's body ended before its Content-Length, or ran past it (the message says)."""
 
 
 def is_heartbeat_post(scope: dict[str, Any]) -> bool:
@@ -46,14 +46,14 @@ def _error(status: int, message: str) -> PortalResponse:
     return PortalResponse(status, (json.dumps({"error": message}) + "\n").encode())
 
 
-async def _read_body(receive: Receive, length: int) -> bytes:
+async def read_body(receive: Receive, length: int) -> bytes:
     message = await receive()
     if message["type"] == "http.disconnect":
-        raise _Truncated(f"the client went away after 0 of {length} bytes")
+        raise Truncated(f"the client went away after 0 of {length} bytes")
     body = message.get("body", b"")
     if not message.get("more_body", False):  # the usual case: the whole body in one message
         if len(body) != length:
-            raise _Truncated(f"{len(body)} of the declared {length} bytes" if len(body) < length
+            raise Truncated(f"{len(body)} of the declared {length} bytes" if len(body) < length
                              else f"more than the declared {length} bytes")
         return body
     chunks = [body]
@@ -61,16 +61,16 @@ async def _read_body(receive: Receive, length: int) -> bytes:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            raise _Truncated(f"the client went away after {got} of {length} bytes")
+            raise Truncated(f"the client went away after {got} of {length} bytes")
         chunk = message.get("body", b"")
         got += len(chunk)
         if got > length:  # the server enforces Content-Length; this is the belt to its braces
-            raise _Truncated(f"more than the declared {length} bytes")
+            raise Truncated(f"more than the declared {length} bytes")
         chunks.append(chunk)
         if not message.get("more_body", False):
             break
     if got != length:
-        raise _Truncated(f"{got} of the declared {length} bytes")
+        raise Truncated(f"{got} of the declared {length} bytes")
     return b"".join(chunks)
 
 
@@ -123,11 +123,11 @@ def build_heartbeat_app(portal: Portal, *, read_timeout_s: float = 10.0) -> Call
             return portal.refuse("too_large", 413, f"heartbeat: body of {n} bytes is larger "
                                  "than 1 MiB"), True
         try:
-            body = await _within(_read_body(receive, n), read_timeout_s)
+            body = await _within(read_body(receive, n), read_timeout_s)
         except (asyncio.TimeoutError, TimeoutError):
             return portal.refuse("read_timeout", 408, "heartbeat: body not received within "
                                  f"{read_timeout_s:g} s"), True
-        except _Truncated as e:
+        except Truncated as e:
             # Nobody is left to read an answer; the refusal is counted and logged.
             portal.refuse("truncated", 400, f"heartbeat: body cut short, not parsed ({e})")
             return None, True
