@@ -23,7 +23,7 @@ def test_the_public_names_are_the_private_modules_parts() -> None:
     assert protocol.MAX_HANDLES == _transport.MAX_HANDLES
     assert set(protocol.__all__) == {"wire", "MAX_HANDLES", "Transport", "UnsupportedHandle",
                                      "current_transport", "last_json_object", "PipeStream",
-                                     "connected_pipe"}
+                                     "connected_pipe", "duplicate_into", "close_in"}
 
 
 def test_a_pair_is_connected_and_kept_from_children_unless_asked() -> None:

@@ -41,7 +41,7 @@ from typing import Any
 
 from oarbank_sdk._handles import UnsupportedHandle, parse_scheme
 
-__all__ = ["PipeStream", "WindowsTransport", "connected_pipe"]
+__all__ = ["PipeStream", "WindowsTransport", "connected_pipe", "duplicate_into", "close_in"]
 
 # Windows only, reached as Any: the module imports (and type-checks) on every system; only
 # its calls need Windows (``_transport.current`` picks it there).
@@ -369,6 +369,39 @@ def connected_pipe(*, overlapped_server: bool = False) -> tuple[int, int]:
         _winapi.CloseHandle(server)
         raise
     return server, client
+
+
+_PROCESS_DUP_HANDLE = 0x0040
+_DUPLICATE_CLOSE_SOURCE = 0x1
+_DUPLICATE_SAME_ACCESS = 0x2
+
+
+def duplicate_into(pid: int, handle: int) -> int:
+    """A copy of our ``handle`` in process ``pid`` (not inheritable there); its value there:
+    how an end reaches the process that uses it (the agent's hand-over, the kit's)."""
+    target = _winapi.OpenProcess(_PROCESS_DUP_HANDLE, False, pid)
+    try:
+        return int(_winapi.DuplicateHandle(_winapi.GetCurrentProcess(), handle, target, 0,
+                                           False, _DUPLICATE_SAME_ACCESS))
+    finally:
+        _winapi.CloseHandle(target)
+
+
+def close_in(pid: int, handle: int) -> None:
+    """Close ``handle`` inside process ``pid`` (a copy we put there and nobody was told of);
+    a process gone took its handles with it."""
+    try:
+        target = _winapi.OpenProcess(_PROCESS_DUP_HANDLE, False, pid)
+    except OSError:
+        return
+    try:
+        dup = _winapi.DuplicateHandle(target, handle, _winapi.GetCurrentProcess(), 0, False,
+                                      _DUPLICATE_CLOSE_SOURCE | _DUPLICATE_SAME_ACCESS)
+        _winapi.CloseHandle(dup)
+    except OSError:
+        pass
+    finally:
+        _winapi.CloseHandle(target)
 
 
 def _no_attach() -> ValueError:

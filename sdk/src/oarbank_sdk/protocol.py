@@ -13,7 +13,9 @@ The node agent and tools import these rather than the SDK's private modules:
 - ``last_json_object``: what an op printed (the last line of its output that is a JSON object).
 - Windows' pipes, for an agent there (``handle:<n>``): ``PipeStream``, the synchronous stream a
   child holds, and ``connected_pipe``, the handles of a new duplex pipe nobody can open by
-  name (the agent makes its own end overlapped). They import everywhere, work on Windows.
+  name (the agent makes its own end overlapped), ``duplicate_into`` / ``close_in``: a copy of
+  one of our handles put into (or taken back out of) another process. They import everywhere,
+  work on Windows.
 
 Standard library only, like the rest of the service side.
 """
@@ -24,7 +26,7 @@ from . import _wire as wire
 from ._opdoc import last_json_object
 from ._transport import MAX_HANDLES, Transport, UnsupportedHandle
 from ._transport import current as current_transport
-from ._winpipe import PipeStream, connected_pipe
+from ._winpipe import PipeStream, close_in, connected_pipe, duplicate_into
 
 __all__ = ["wire", "MAX_HANDLES", "Transport", "UnsupportedHandle", "current_transport",
-           "last_json_object", "PipeStream", "connected_pipe"]
+           "last_json_object", "PipeStream", "connected_pipe", "duplicate_into", "close_in"]

@@ -15,26 +15,22 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import importlib
 import subprocess
-import sys
 from types import SimpleNamespace
 from typing import Any
 
+from oarbank_sdk._winpipe import close_in, duplicate_into
+
 __all__ = ["Job", "duplicate_into", "close_in"]
 
-_winapi: Any = importlib.import_module("_winapi") if sys.platform == "win32" else None
 _ct: Any = ctypes  # WinDLL, get_last_error, FormatError: Windows only
 
 _CREATE_SUSPENDED = 0x4
-_PROCESS_DUP_HANDLE = 0x40
 _PROCESS_QUERY_INFORMATION = 0x400  # Wine wants it for IsProcessInJob (not only LIMITED)
 _PROCESS_START = 0x0001 | 0x0100 | 0x0800  # TERMINATE, SET_QUOTA, SUSPEND_RESUME
 _KILL_ON_JOB_CLOSE = 0x2000
 _EXTENDED_LIMIT_INFORMATION = 9
 _BASIC_PROCESS_ID_LIST = 3
-_DUPLICATE_CLOSE_SOURCE = 0x1
-_DUPLICATE_SAME_ACCESS = 0x2
 _MAX_PIDS = 1024
 
 
@@ -175,29 +171,3 @@ class Job:
         handle, self.handle = self.handle, None
         if handle is not None:
             _api().CloseHandle(handle)
-
-
-def duplicate_into(pid: int, handle: int) -> int:
-    """A copy of our ``handle`` in process ``pid`` (not inheritable there); its value there."""
-    target = _open(pid, _PROCESS_DUP_HANDLE)
-    try:
-        return _winapi.DuplicateHandle(_winapi.GetCurrentProcess(), handle, target, 0, False,
-                                       _DUPLICATE_SAME_ACCESS)
-    finally:
-        _api().CloseHandle(target)
-
-
-def close_in(pid: int, handle: int) -> None:
-    """Close ``handle`` inside process ``pid`` (a copy we put there and nobody was told of)."""
-    try:
-        target = _open(pid, _PROCESS_DUP_HANDLE)
-    except OSError:
-        return  # gone: its handles went with it
-    try:
-        dup = _winapi.DuplicateHandle(target, handle, _winapi.GetCurrentProcess(), 0, False,
-                                      _DUPLICATE_CLOSE_SOURCE | _DUPLICATE_SAME_ACCESS)
-        _winapi.CloseHandle(dup)
-    except OSError:
-        pass
-    finally:
-        _api().CloseHandle(target)

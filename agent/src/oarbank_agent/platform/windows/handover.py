@@ -12,22 +12,13 @@ leaves no handle behind anywhere. The agent keeps its own two ends until the rec
 
 from __future__ import annotations
 
-import importlib
-import sys
 from dataclasses import dataclass
 from typing import Any
 
-from oarbank_agent.platform.windows import winapi
 from oarbank_agent.platform.windows.jobobjects import JobObject
-from oarbank_sdk.protocol import current_transport
+from oarbank_sdk.protocol import close_in, current_transport, duplicate_into
 
-__all__ = ["BadPid", "Handover", "hand_over", "duplicate_pair", "DuplicatingHandovers",
-           "duplicate_into", "close_in"]
-
-# Windows only; reached as Any so that this module imports (and type-checks) everywhere.
-_winapi: Any = importlib.import_module("_winapi") if sys.platform == "win32" else None
-_DUPLICATE_CLOSE_SOURCE = 0x1
-_DUPLICATE_SAME_ACCESS = 0x2
+__all__ = ["BadPid", "Handover", "hand_over", "duplicate_pair", "DuplicatingHandovers"]
 
 
 class BadPid(Exception):
@@ -45,32 +36,6 @@ class Handover:
     def close_ours(self) -> None:
         for end in self.ours:
             end.close()
-
-
-def duplicate_into(pid: int, handle: int) -> int:
-    """A copy of our ``handle`` in process ``pid`` (not inheritable there); its value."""
-    target = winapi.open_process(pid, winapi.PROCESS_DUP_HANDLE)
-    try:
-        return _winapi.DuplicateHandle(_winapi.GetCurrentProcess(), handle, target, 0, False,
-                                       _DUPLICATE_SAME_ACCESS)
-    finally:
-        winapi.close(target)
-
-
-def close_in(pid: int, handle: int) -> None:
-    """Close ``handle`` inside process ``pid`` (a copy we put there and nobody was told of)."""
-    try:
-        target = winapi.open_process(pid, winapi.PROCESS_DUP_HANDLE)
-    except OSError:
-        return  # gone: its handles went with it
-    try:
-        dup = _winapi.DuplicateHandle(target, handle, _winapi.GetCurrentProcess(), 0, False,
-                                      _DUPLICATE_CLOSE_SOURCE | _DUPLICATE_SAME_ACCESS)
-        _winapi.CloseHandle(dup)
-    except OSError:
-        pass
-    finally:
-        winapi.close(target)
 
 
 def hand_over(connect_pid: int, attempt: JobObject, service_pid: int) -> Handover:
