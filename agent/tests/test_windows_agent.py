@@ -107,6 +107,11 @@ def test_eight_jobs_share_one_warm_service_and_a_killed_agent_leaves_nothing(
         status = agent.call({"op": "status"})["status"]
         rows = [s for s in status["services"] if s["service"] == "model"]
         assert rows and rows[0]["pid"] == service_pid and rows[0]["ready"], rows
+        # The sandbox, wall by wall as Windows has them: job objects' enforced, no network wall.
+        sandbox = status["sandbox"]
+        assert sandbox["job_ui_limits"] == sandbox["job_process_limit"] == "enforced", sandbox
+        assert sandbox["windows_appcontainer"] == "unavailable", sandbox
+        assert sandbox["endpoints"] == "unavailable" and "seccomp_socket" not in sandbox
     finally:
         agent.proc.kill()  # TerminateProcess: no cleanup of the agent's own runs
         agent.proc.wait(timeout=30)

@@ -60,6 +60,10 @@ class SandboxHost(Protocol):
     def kernel_note(self) -> str | None:
         """One line on the kernel's sandbox features for the log (e.g. the Landlock ABI)."""
 
+    def walls(self) -> dict[str, str]:
+        """The walls this system measures itself, each ``enforced`` or why not (Windows: its
+        job objects'); empty where the SDK's launcher measures them (Linux, macOS)."""
+
 # -- the stream type behind the transport, and readiness I/O -------------------------------------
 # The agent's streams (a broker connection, a service's log pipe, the factory's socket) are
 # watched on the event loop: "call me when it is readable / writable", "stop watching".

@@ -149,8 +149,12 @@ class SandboxPolicy:
     def report(self) -> dict[str, Any]:
         """``{capability: enforced|unavailable, ..., endpoints, mode[, note, fault]}``."""
         names = sandbox.CAPABILITY_NAMES
+        own = platform.current().sandbox.walls()  # Windows: its job objects' walls, measured
         if not self.enforce:
-            rep: dict[str, Any] = dict.fromkeys(names, sandbox.UNAVAILABLE)
+            rep: dict[str, Any] = (
+                {n: sandbox.ENFORCED if state == sandbox.ENFORCED else sandbox.UNAVAILABLE
+                 for n, state in own.items()} if own else
+                dict.fromkeys(names, sandbox.UNAVAILABLE))
             rep["endpoints"] = sandbox.UNAVAILABLE
             rep["agent_undumpable"] = _undumpable()
             rep["mode"] = self.mode

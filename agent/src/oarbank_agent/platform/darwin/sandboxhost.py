@@ -32,5 +32,8 @@ class DarwinSandboxHost:
     def undumpable(self) -> bool:
         return False
 
+    def walls(self) -> dict[str, str]:
+        return {}  # the SDK's launcher measures them (``sandbox.capabilities``)
+
     def kernel_note(self) -> str | None:
         return None

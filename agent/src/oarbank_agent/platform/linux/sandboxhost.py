@@ -41,5 +41,8 @@ class LinuxSandboxHost:
         libc = ctypes.CDLL(None, use_errno=True)
         return bool(libc.prctl(_PR_GET_DUMPABLE, 0, 0, 0, 0) == 0)
 
+    def walls(self) -> dict[str, str]:
+        return {}  # the SDK's launcher measures them (``sandbox.capabilities``)
+
     def kernel_note(self) -> str | None:
         return f"Landlock ABI {sandbox.landlock_abi()} on this kernel"
