@@ -38,9 +38,9 @@ LINUX_WALLS = {
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m harness", description=__doc__.split("\n\n")[1])
     p.add_argument("--backend", metavar="B",
-                   help="local, container (both images) or one of "
+                   help="local, container (both images), wine (Windows agents under Wine) or one of "
                         + ", ".join(n for n in BACKEND_NAMES if ":" in n)
-                        + "; default: every backend this machine can run")
+                        + "; default: every backend this machine can run but vm and wine")
     p.add_argument("--scenario", action="append", metavar="NAME",
                    help="run only this scenario (repeatable); default: all")
     p.add_argument("--out", type=Path, default=Path(".e2e"),

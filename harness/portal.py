@@ -1,8 +1,9 @@
 """The portal of a run: `oarbank-portal serve` on the host, queried over HTTP with requests.
 
 On POSIX it serves on a unix socket (agents on the host and in containers reach it there;
-the socket's folder is bind-mounted into containers). Windows has no AF_UNIX in Python: there
-it listens on 127.0.0.1 with a port the OS picks.
+the socket's folder is bind-mounted into containers). Windows has no AF_UNIX in Python: there,
+and for a backend whose agents run Windows' Python (`tcp`), it listens on 127.0.0.1 with a port
+the OS picks.
 """
 
 from __future__ import annotations
@@ -37,13 +38,13 @@ def portal_command() -> list[str] | None:
 
 
 class Portal:
-    def __init__(self, folder: Path, modules: list[Path]) -> None:
+    def __init__(self, folder: Path, modules: list[Path], *, tcp: bool = False) -> None:
         self.folder = folder
         folder.mkdir(parents=True, exist_ok=True)
         cmd = portal_command()
         if cmd is None:
             raise RuntimeError("oarbank-portal is not installed (pip install -e ui-pages)")
-        self.unix = hasattr(__import__("socket"), "AF_UNIX") and os.name != "nt"
+        self.unix = not tcp and hasattr(__import__("socket"), "AF_UNIX") and os.name != "nt"
         self.socket_path = folder / "portal.sock"
         argv = [*cmd, "serve", "--db", str(folder / "portal.db")]
         for m in modules:

@@ -115,7 +115,8 @@ def run_one(backend: Backend, sc: Scenario, out: Path, agent_flags: tuple[str, .
         if sc.needs_portal:
             from harness.portal import Portal
 
-            ctx.portal = Portal(ctx.place("portal"), portal_modules())
+            ctx.portal = Portal(ctx.place("portal"), portal_modules(),
+                                tcp=backend.portal_over_tcp)
             ctx.note(f"portal serving at {ctx.portal.url}")
         sc.fn(ctx)
         walls = sandbox_walls(ctx)

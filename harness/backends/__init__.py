@@ -1,6 +1,7 @@
 """Backends: where nodes run. `local` (agent processes here), `container:<release>`
-(Docker containers, Debian bookworm and trixie) and `vm:bookworm` (QEMU VMs booting Debian's
-kernel under systemd; opt-in: only when named, as it is slow without KVM)."""
+(Docker containers, Debian bookworm and trixie), `vm:bookworm` (QEMU VMs booting Debian's
+kernel under systemd) and `wine` (Windows agents, Windows' own python.exe under Wine); the last
+two are opt-in: only when named, as they are slow (no KVM) or not Linux."""
 
 from __future__ import annotations
 
@@ -9,17 +10,18 @@ from harness.rootfs import RELEASES
 
 __all__ = ["Backend", "CliResult", "Node", "NodeError", "BACKEND_NAMES", "make_backends"]
 
-BACKEND_NAMES = ("local", *(f"container:{r}" for r in RELEASES), "vm:bookworm")
-OPT_IN = ("vm:bookworm",)  # run only when named (`--backend vm` or `vm:bookworm`)
+BACKEND_NAMES = ("local", *(f"container:{r}" for r in RELEASES), "vm:bookworm", "wine")
+OPT_IN = ("vm:bookworm", "wine")  # run only when named (`--backend vm`, `--backend wine`)
 
 
 def make_backends(spec: str | None) -> list[Backend]:
     """Backends for `--backend SPEC`: `local`, `container` (every release),
-    `container:<release>`, `vm` or `vm:bookworm`; None = every backend but the opt-in ones.
+    `container:<release>`, `vm`, `vm:bookworm` or `wine`; None = every backend but the opt-in ones.
     ValueError names what is known."""
     from harness.backends.container import ContainerBackend
     from harness.backends.local import LocalBackend
     from harness.backends.vm import VmBackend
+    from harness.backends.wine import WineBackend
 
     if spec is None:
         names = [n for n in BACKEND_NAMES if n not in OPT_IN]
@@ -28,11 +30,14 @@ def make_backends(spec: str | None) -> list[Backend]:
     elif spec in BACKEND_NAMES:
         names = [spec]
     else:
-        raise ValueError(f"unknown backend {spec!r}; known: local, container, vm, "
+        raise ValueError(f"unknown backend {spec!r}; known: local, container, vm, wine, "
                          + ", ".join(n for n in BACKEND_NAMES if ":" in n))
     out: list[Backend] = []
     for n in names:
         kind, _, release = n.partition(":")
+        if kind == "wine":
+            out.append(WineBackend())
+            continue
         out.append(LocalBackend() if kind == "local" else ContainerBackend(release)
                    if kind == "container" else VmBackend(release))
     return out

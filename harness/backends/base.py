@@ -254,6 +254,8 @@ class Node(ABC):
 
 class Backend(ABC):
     name: str
+    # The run's portal listens on TCP loopback, not a unix socket (Windows' Python has none).
+    portal_over_tcp: ClassVar[bool] = False
 
     @classmethod
     @abstractmethod

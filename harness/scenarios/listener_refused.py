@@ -62,7 +62,8 @@ def listener_refused(ctx: Ctx) -> None:
                        "granted)", settled, 60)
     seen = tries()
     granted = [t for t in seen if t.get("ok")]
-    ctx.check(not granted, f"a listen was granted under the agent: {granted}")
+    ctx.check(not granted, f"a listen was granted under the agent: {granted}; the agent's "
+              f"sandbox: {node.status().get('sandbox')}")
     not_eperm = [t for t in seen if "Errno 1]" not in str(t.get("error"))]
     ctx.check(not not_eperm, f"each listen should be refused with EPERM: {not_eperm}")
     ctx.note(f"{len(seen)} listen tries, all refused: "

@@ -25,7 +25,7 @@ def test_list_names_every_scenario_and_backend() -> None:
 def test_unknown_backend_and_scenario_exit_2_naming_what_is_known() -> None:
     r = _harness("--backend", "vm:sid")
     assert r.returncode == 2
-    assert "unknown backend 'vm:sid'; known: local, container, vm, container:bookworm" \
+    assert "unknown backend 'vm:sid'; known: local, container, vm, wine, container:bookworm" \
         in r.stderr and "vm:bookworm" in r.stderr
     r = _harness("--scenario", "nope")
     assert r.returncode == 2

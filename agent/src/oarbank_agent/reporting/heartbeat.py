@@ -78,7 +78,9 @@ def read_token_file(path: str) -> str:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise ValueError(f"{path}: not a regular file")
-        if st.st_mode & 0o077:
+        # Windows reports every file as 0666: its DACL decides who reads it, which is not
+        # checked here yet (the state dir's own DACL is owner-only: platform/windows).
+        if os.name != "nt" and st.st_mode & 0o077:
             raise ValueError(f"{path}: mode {stat.S_IMODE(st.st_mode):04o} lets the group or "
                              f"others read it; chmod 600 {path}")
         raw = os.read(fd, 4096)
