@@ -5,7 +5,8 @@
 line per try to `<module data>/listen.attempts`: {"kind", "ok", "error", "pid"}. Whatever
 happened it then serves through the channel, like a server that treats its own listener as
 optional: refused (the sandbox) it says nothing about it; granted (no sandbox) it keeps the
-listeners open. Its hello, `ready` and requests all pass, so only a check that sees the
+listeners open (where this Python has no AF_UNIX, Windows', the unix try records that
+error). Its hello, `ready` and requests all pass, so only a check that sees the
 attempt itself (conform's network attempts, never listens) can fail it.
 """
 
@@ -43,7 +44,7 @@ def try_listen(kind: str) -> tuple[socket.socket | None, dict]:
             s.bind(path)
         s.listen(8)
         return s, {"kind": kind, "ok": True, "error": None}
-    except OSError as exc:
+    except (OSError, AttributeError) as exc:  # AttributeError: no AF_UNIX (Windows' Python)
         return None, {"kind": kind, "ok": False, "error": f"{type(exc).__name__}: {exc}"}
 
 
@@ -86,11 +87,28 @@ def daemon_pid() -> int | None:
 def alive(pid: int | None) -> bool:
     if not pid:
         return False
+    if os.name == "nt":
+        return _alive_on_windows(pid)  # os.kill(pid, 0) there would end the process
     try:
         os.kill(pid, 0)
         return True
     except OSError:
         return False
+
+
+def _alive_on_windows(pid: int) -> bool:
+    """A handle that can wait on ``pid``, and the wait not yet over: it runs."""
+    import ctypes
+
+    kernel32 = ctypes.WinDLL("kernel32")  # type: ignore[attr-defined]  (Windows only)
+    synchronize, wait_timeout = 0x00100000, 0x102
+    handle = kernel32.OpenProcess(synchronize, False, pid)
+    if not handle:
+        return False
+    try:
+        return bool(kernel32.WaitForSingleObject(handle, 0) == wait_timeout)
+    finally:
+        kernel32.CloseHandle(handle)
 
 
 def main(argv: list[str]) -> int:
