@@ -2,7 +2,9 @@
 
 One task per admitted job (``JobRuns.start``). The job's states and their table are in
 ``jobs.py``; every transition here is labelled where it happens and goes through
-``jobs.apply``, and the record is saved before the change matters (``store.py``).
+``jobs.apply``, and the record is saved before the change matters (``store.py``). The
+``running`` record is written once the runner is spawned, not before: it is not fsynced (a
+crash reads it as ``queued`` either way), so no write waits ahead of the runner's fork.
 
 - Its endpoint services are awaited first (``Supervisor.await_ready``, through starts and
   backoffs). A service that can never become ready fails the job (``service_unavailable``); one
@@ -157,7 +159,6 @@ class JobRuns:
                 workdir = self.store.job_dir(rec.job_id) / f"a{number}"
                 started = time.time()
                 rec.started_at = rec.started_at or started
-                self.store.save(rec)
                 # Each reserved service's incarnation: did it die under this attempt?
                 marks = {k: (self.supervisor.services[k].deaths,
                              self.supervisor.services[k].channel)
@@ -165,7 +166,11 @@ class JobRuns:
                 outcome = await run_attempt(ctx, self.node, stage, job_id=rec.job_id,
                                             payload=rec.payload, attempt_id=attempt_id,
                                             workdir=workdir, broker=self.broker,
-                                            registry=self.registry)
+                                            registry=self.registry,
+                                            # `running` on disk, right after the fork (in
+                                            # the task step the factory's answer wakes, so
+                                            # before any connect of the runner is read)
+                                            on_spawned=lambda: self.store.save(rec))
                 if self.on_attempt_end is not None:
                     self.on_attempt_end()
                 died = await self._died_under(marks, outcome.state != "succeeded"

@@ -13,7 +13,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -129,24 +131,28 @@ def endpoint_services(ctx: ModuleCtx, stage: mf.Stage) -> list[mf.Service]:
 
 async def run_attempt(ctx: ModuleCtx, node: NodeInfo, stage: mf.Stage, *, job_id: str,
                       payload: dict[str, Any], attempt_id: str, workdir: Path, broker: Broker,
-                      registry: procs.ProcessRegistry) -> Outcome:
+                      registry: procs.ProcessRegistry,
+                      on_spawned: Callable[[], None] | None = None) -> Outcome:
     """Run one attempt to its end. On cancellation the attempt is ended (group, connectors,
-    ``ended``) before CancelledError propagates."""
+    ``ended``) before CancelledError propagates. ``on_spawned``: called once the runner is
+    started (what the caller writes then is off the path to the runner's exec)."""
     with broker.attempt(attempt_id):  # ends it (connectors closed, `ended`) on every path
         return await _run(ctx, node, stage, job_id=job_id, payload=payload,
                           attempt_id=attempt_id, workdir=workdir, broker=broker,
-                          registry=registry)
+                          registry=registry, on_spawned=on_spawned)
 
 
 async def _run(ctx: ModuleCtx, node: NodeInfo, stage: mf.Stage, *, job_id: str,
                payload: dict[str, Any], attempt_id: str, workdir: Path, broker: Broker,
-               registry: procs.ProcessRegistry) -> Outcome:
+               registry: procs.ProcessRegistry,
+               on_spawned: Callable[[], None] | None) -> Outcome:
     """``run_attempt`` inside the attempt's broker lifetime."""
     runner = ctx.manifest.runner
     if runner is None:  # (the caller may have named the attempt: wire_attempt)
         return Outcome("failed", None, f"module {ctx.id} declares no [runner]", fault="job")
-    for d in (workdir, workdir / "tmp", workdir / "home"):
-        d.mkdir(parents=True, exist_ok=True)
+    # Two plain makedirs, not three Path.mkdir: this is on the way to the runner's fork.
+    os.makedirs(workdir / "tmp", exist_ok=True)
+    os.makedirs(workdir / "home", exist_ok=True)
     spec = {"job_id": job_id, "attempt_id": attempt_id, "stage": stage.name, "payload": payload}
     (workdir / "spec.json").write_text(json.dumps(spec), encoding="utf-8")  # no indent: C encoder
     argv = ctx.exec_argv(runner.exec) + [
@@ -178,6 +184,8 @@ async def _run(ctx: ModuleCtx, node: NodeInfo, stage: mf.Stage, *, job_id: str,
             finally:
                 broker.close_child_ends(attempt_id)  # only the runner holds them now
         broker.own(attempt_id, procs.group_of(proc).owns)  # a connect's pid is checked by it
+        if on_spawned is not None:
+            on_spawned()
         (workdir / "started_at").write_text(f"{time.time():.6f}\n")
         timed_out = False
         # Not wait_for: on Python < 3.12 it may swallow a cancel (agent shutdown) that comes
