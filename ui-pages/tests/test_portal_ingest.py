@@ -90,6 +90,9 @@ def test_each_answer_follows_its_commit_and_reports_share_transactions(
     batches = metric(text, "oarbank_portal_ingest_batches_total")
     assert metric(text, "oarbank_portal_ingest_batched_reports_total") == len(docs)
     assert 1 <= batches <= 8, f"{batches} transactions for {len(docs)} reports"
+    # counted per batch (one write a figure), still one a report, there once it is answered
+    assert metric(text, "oarbank_portal_reports_accepted_total") == len(docs)
+    assert metric(text, "oarbank_portal_reports_not_applied_total") == 0
 
 
 @contextlib.contextmanager

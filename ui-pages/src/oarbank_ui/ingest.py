@@ -58,7 +58,9 @@ class GroupCommit:
     def __init__(self, store: Any, *, bound_s: float = 1.0, max_batch: int = 1000,
                  admit_fraction: float = 0.5, drop_fraction: float = 0.8,
                  linger_s: float = 0.002,
-                 on_batch: Callable[[int, float], None] | None = None) -> None:
+                 on_batch: Callable[[int, float], None] | None = None,
+                 on_settled: Callable[[list[tuple[Report, Outcome]]], None] | None = None,
+                 ) -> None:
         self.store = store
         self.bound_s = bound_s
         self.max_batch = max_batch
@@ -66,6 +68,9 @@ class GroupCommit:
         self.admit_fraction = admit_fraction
         self.drop_fraction = drop_fraction
         self._on_batch = on_batch  # (reports committed, seconds the batch took)
+        # a batch's outcomes, once, on the loop that answers them, before any answer goes out
+        # (counters folded per batch: one metrics write per figure, not one per report)
+        self._on_settled = on_settled
         self._cond = threading.Condition()
         self._queue: deque[_Pending] = deque()
         self._writing_since: float | None = None  # the oldest report of the batch being written
@@ -147,10 +152,10 @@ class GroupCommit:
             batch, late = taken
             over = Outcome("overloaded", f"waited over {self.bound_s * self.drop_fraction:g} s "
                                          "for the store")
-            _settle([(p, over) for p in late])
+            _settle([(p, over) for p in late], self._on_settled)
             if batch:
                 started = time.monotonic()
-                _settle(list(zip(batch, self._write(batch), strict=True)))
+                _settle(list(zip(batch, self._write(batch), strict=True)), self._on_settled)
                 with self._cond:
                     self._writing_since = None
                 if self._on_batch is not None:
@@ -172,23 +177,28 @@ class GroupCommit:
         return out + [self._write([p])[0] for p in batch[1:]]
 
 
-def _settle(done: list[tuple[_Pending, Outcome]]) -> None:
+Settled = Callable[[list[tuple[Report, Outcome]]], None] | None
+
+
+def _settle(done: list[tuple[_Pending, Outcome]], on_settled: Settled) -> None:
     """Give each report its outcome: one wake-up per event loop, not one per report."""
-    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Future, Outcome]]] = {}
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Pending, Outcome]]] = {}
+    blocking: list[tuple[_Pending, Outcome]] = []
     for p, outcome in done:
-        if p.loop is None:
-            if not p.future.done():
-                p.future.set_result(outcome)
-        else:
-            by_loop.setdefault(p.loop, []).append((p.future, outcome))
+        (blocking if p.loop is None else by_loop.setdefault(p.loop, [])).append((p, outcome))
+    if blocking:
+        _settle_on_loop(blocking, on_settled)
     for loop, items in by_loop.items():
         try:
-            loop.call_soon_threadsafe(_settle_on_loop, items)
+            loop.call_soon_threadsafe(_settle_on_loop, items, on_settled)
         except RuntimeError:  # the loop closed: nobody waits for these answers any more
             pass
 
 
-def _settle_on_loop(items: list[tuple[Future, Outcome]]) -> None:
-    for fut, outcome in items:
-        if not fut.done():  # a request that gave up (its client went away) is cancelled
-            fut.set_result(outcome)
+def _settle_on_loop(items: list[tuple[_Pending, Outcome]], on_settled: Settled) -> None:
+    # a request that gave up (its bound passed, its client went away) is settled already
+    live = [(p, outcome) for p, outcome in items if not p.future.done()]
+    if on_settled is not None and live:
+        on_settled([(p.report, outcome) for p, outcome in live])
+    for p, outcome in live:
+        p.future.set_result(outcome)

@@ -46,6 +46,18 @@ def _expire(fut: asyncio.Future[Outcome]) -> None:
         fut.set_result(_EXPIRED)
 
 
+_UNCOUNTED = ("revoked", "send_full", "overloaded", "store_error", "expired")  # refusals
+
+
+def _counters(m: Any, report: Report, outcome: Outcome) -> tuple[Any, ...]:
+    """The counters a report's answer adds one to (refusals count as ``refused``)."""
+    if outcome.status in _UNCOUNTED:
+        return ()
+    if not outcome.applied:
+        return (m.not_applied,)
+    return (m.accepted, m.still_alive) if isinstance(report.what, StillAlive) else (m.accepted,)
+
+
 class HeartbeatIngest:
     def __init__(self, portal: Portal, *, bound_s: float = 1.0, retry_after_s: int = 10,
                  max_batch: int = 1000) -> None:
@@ -54,7 +66,8 @@ class HeartbeatIngest:
         self.retry_after_s = retry_after_s
         m = portal.metrics
         self.writer = GroupCommit(portal.store, bound_s=bound_s, max_batch=max_batch,
-                                  on_batch=lambda n, s: m.batch_done(n, s, self.writer.age()))
+                                  on_batch=lambda n, s: m.batch_done(n, s, self.writer.age()),
+                                  on_settled=self._count)
         self._nodes: dict[str, str] = {}  # token hash -> node id
         self._preloaded = False
 
@@ -94,7 +107,20 @@ class HeartbeatIngest:
             # still queued or being written: it may yet be stored; the node's next report
             # says the same again, so answering "send it again" loses nothing
             return self._overloaded(f"not stored within {self.bound_s:g} s")
-        return self.answer(report, outcome)
+        return self.answer(report, outcome, counted=True)
+
+    def _count(self, settled: list[tuple[Report, Outcome]]) -> None:
+        """A batch's answers to come, counted as ``answer`` counts them, one write a figure
+        (each is a lock and an mmap write with ``--workers``). Runs on the event loop before
+        the batch's futures are settled, so a scrape after an answer sees its report."""
+        m = self.portal.metrics
+        counts = {m.accepted: 0, m.not_applied: 0, m.still_alive: 0}
+        for report, outcome in settled:
+            for counter in _counters(m, report, outcome):
+                counts[counter] += 1
+        for counter, n in counts.items():
+            if n:
+                counter.inc(n)
 
     def _preload(self) -> None:
         """Every issued token's node, read at once: without it each process of
@@ -144,7 +170,8 @@ class HeartbeatIngest:
         """Store one report in its own transaction (the in-process path; no queue)."""
         return record_batch(self.portal.store, [report])[0]
 
-    def answer(self, report: Report, outcome: Outcome) -> Response:
+    def answer(self, report: Report, outcome: Outcome, *, counted: bool = False) -> Response:
+        """The answer to ``report``; ``counted``: its batch counted it (``_count``)."""
         from .app import _json
 
         portal = self.portal
@@ -162,9 +189,9 @@ class HeartbeatIngest:
         if outcome.status == "store_error":
             return portal.refuse("store_error", 503, "heartbeat: the portal could not store it "
                                  "(see the portal's log); send it again")
-        (portal.metrics.accepted if outcome.applied else portal.metrics.not_applied).inc()
-        if outcome.applied and isinstance(report.what, StillAlive):
-            portal.metrics.still_alive.inc()
+        if not counted:
+            for counter in _counters(portal.metrics, report, outcome):
+                counter.inc()
         doc: dict[str, Any] = {"ok": True, "applied": outcome.applied,
                                "reason": outcome.reason or None, "node_id": report.node_id}
         if isinstance(report.what, Heartbeat):
