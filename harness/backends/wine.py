@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import subprocess
 import threading
@@ -86,7 +87,7 @@ class WineNode(Node):
 
         def copy() -> None:
             with open(log_path, "ab") as log:
-                for chunk in iter(lambda: out.read1(65536), b""):
+                for chunk in iter(lambda: os.read(out.fileno(), 65536), b""):
                     log.write(chunk.replace(b"\r\n", b"\n"))
                     log.flush()
 

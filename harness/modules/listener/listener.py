@@ -100,7 +100,7 @@ def _alive_on_windows(pid: int) -> bool:
     """A handle that can wait on ``pid``, and the wait not yet over: it runs."""
     import ctypes
 
-    kernel32 = ctypes.WinDLL("kernel32")  # type: ignore[attr-defined]  (Windows only)
+    kernel32 = ctypes.WinDLL("kernel32")  # type: ignore[attr-defined,unused-ignore]  # Windows only
     synchronize, wait_timeout = 0x00100000, 0x102
     handle = kernel32.OpenProcess(synchronize, False, pid)
     if not handle:
