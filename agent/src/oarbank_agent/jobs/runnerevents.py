@@ -20,6 +20,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from oarbank_agent.platform import fileflags
 from oarbank_sdk import manifest as mf
 
 __all__ = ["CAPABILITY", "FILE", "FILE_MAX", "KEEP", "argv", "collect", "declared", "parse"]
@@ -27,9 +28,6 @@ __all__ = ["CAPABILITY", "FILE", "FILE_MAX", "KEEP", "argv", "collect", "declare
 CAPABILITY = "events"
 FILE = "events.ndjson"
 FILE_MAX = 1 << 20  # bytes of an attempt's events file kept on disk
-# Not through a link, never waiting on a fifo, where the system has the flags (not Windows).
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 KEEP = 20  # events kept in the attempt's history entry (the last ones)
 
 
@@ -63,7 +61,7 @@ def collect(workdir: Path) -> dict[str, Any]:
     without following a link and read only if it is a regular file."""
     path = workdir / FILE
     try:
-        fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _NONBLOCK)
+        fd = os.open(path, os.O_RDONLY | fileflags.NOFOLLOW | fileflags.NONBLOCK)
     except OSError:
         return {}
     with os.fdopen(fd, "rb") as f:
@@ -80,7 +78,7 @@ def collect(workdir: Path) -> dict[str, Any]:
         cut = size - len(data)
         tmp = path.with_name(FILE + ".tmp")
         tmp.unlink(missing_ok=True)  # (whatever the runner left under that name)
-        out_fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600)
+        out_fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | fileflags.NOFOLLOW, 0o600)
         with os.fdopen(out_fd, "wb") as out_f:
             out_f.write(data)
         os.replace(tmp, path)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from oarbank_agent.jobs.machine import TERMINAL
+from oarbank_agent.platform import fileflags
 
 __all__ = ["JobRecord", "JobStore", "TERMINAL", "new_job_id"]
 
@@ -71,10 +72,6 @@ class JobRecord:
 
 # A record's fields, in order: what job.json holds.
 _FIELDS = tuple(f.name for f in fields(JobRecord))
-# Never inherited by a child (POSIX: close-on-exec; Windows: O_NOINHERIT); a folder opened to
-# fsync it where the system can (not on Windows).
-_NOT_INHERITED = getattr(os, "O_CLOEXEC", getattr(os, "O_NOINHERIT", 0))
-_O_DIRECTORY: int | None = getattr(os, "O_DIRECTORY", None)
 
 
 class JobStore:
@@ -104,7 +101,7 @@ class JobStore:
         # indent, which takes json's pure-Python encoder, made a save ~1.6 ms on the loop).
         data = json.dumps({name: getattr(rec, name) for name in _FIELDS},
                           separators=(",", ":")).encode("utf-8")
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _NOT_INHERITED
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | fileflags.NOT_INHERITED
         try:
             fd = os.open(tmp, flags, 0o600)
         except FileNotFoundError:  # the job's first save: its folder is made then
@@ -117,9 +114,9 @@ class JobStore:
         finally:
             os.close(fd)
         os.replace(tmp, path)
-        if not durable or _O_DIRECTORY is None:
+        if not durable or fileflags.DIRECTORY is None:
             return  # (Windows: no folder to fsync; its rename is journalled by NTFS)
-        dfd = os.open(d, os.O_RDONLY | _O_DIRECTORY | _NOT_INHERITED)
+        dfd = os.open(d, os.O_RDONLY | fileflags.DIRECTORY | fileflags.NOT_INHERITED)
         try:
             os.fsync(dfd)  # the rename itself survives a crash
         finally:

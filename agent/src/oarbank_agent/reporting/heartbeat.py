@@ -49,13 +49,12 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from oarbank_agent import platform
+from oarbank_agent.platform import fileflags
 
 from .alive import AliveState, retry_after_s
 
 __all__ = ["HeartbeatSender", "PortalURL", "read_token_file"]
 
-# Not through a link where the system can say so (Windows cannot: 0 there).
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 log = logging.getLogger("oarbank_agent.reporting.heartbeat")
 
 _MAX_REPLY = 64 * 1024
@@ -71,16 +70,16 @@ def read_token_file(path: str) -> str:
     """The node's portal token from ``path``; ``ValueError`` naming what is wrong. A token
     readable by the group or others is refused: whoever reads it can report as this node."""
     try:
-        fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
+        fd = os.open(path, os.O_RDONLY | fileflags.NOFOLLOW)
     except OSError as e:
         raise ValueError(f"{path}: cannot open: {e.strerror}") from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise ValueError(f"{path}: not a regular file")
-        # Windows reports every file as 0666: its DACL decides who reads it, which is not
-        # checked here yet (the state dir's own DACL is owner-only: platform/windows).
-        if os.name != "nt" and st.st_mode & 0o077:
+        # Where modes say nothing (Windows: a DACL decides, not checked here yet; the state
+        # dir's own DACL is owner-only) the mode is not asked.
+        if fileflags.MODES_GUARD and st.st_mode & 0o077:
             raise ValueError(f"{path}: mode {stat.S_IMODE(st.st_mode):04o} lets the group or "
                              f"others read it; chmod 600 {path}")
         raw = os.read(fd, 4096)

@@ -27,6 +27,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from oarbank_agent.platform import fileflags
+
 __all__ = ["TextfileWriter", "render"]
 
 log = logging.getLogger("oarbank_agent.reporting.textfile")
@@ -80,7 +82,7 @@ def write(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        if hasattr(os, "fchmod"):  # (Windows has no modes: the folder's DACL decides)
+        if fileflags.MODES_GUARD:  # (Windows has no modes: the folder's DACL decides)
             os.fchmod(fd, 0o644)  # the agent's umask is 077; the collector must read it
         os.write(fd, text.encode())
     finally:
