@@ -99,3 +99,23 @@ def test_containment_process_group_mode_says_so(start_agent, tmp_path: Path) -> 
 def test_unknown_containment_mode_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="unknown containment 'jail'"):
         containment.resolve("jail", tmp_path)
+
+
+@pytest.mark.parametrize(("line", "fast"), [
+    ("41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw,favordynmods", True),
+    ("41 31 0:38 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate,memory_recursiveprot",
+     False),
+    ("30 25 0:26 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory,favordynmods", False),
+])
+def test_favordynmods_read_from_the_cgroup2_super_options(line: str, fast: bool) -> None:
+    from oarbank_agent.platform.linux import cgroups
+    assert cgroups.favors_dynmods(line + "\n") is fast
+
+
+def test_status_says_whether_cgroup_moves_are_cheap_here(start_agent, tmp_path: Path) -> None:
+    from oarbank_agent.platform.linux import cgroups
+    agent = start_agent([write_module(tmp_path / "m")])
+    st = need_cgroups(agent)
+    fast = cgroups.favors_dynmods(Path("/proc/self/mountinfo").read_text())
+    assert ("without favordynmods" not in st["containment_note"]) is fast, st
+    assert "favordynmods" in st["containment_note"], st

@@ -164,7 +164,8 @@ def resolve(mode: str, state_dir: Path) -> Containment:
     tmp.write_text(json.dumps({"bases": [str(p) for p in dict.fromkeys([*previous, base])]}))
     os.replace(tmp, state_dir / STATE_FILE)
     note = (f"each attempt, op and service group in its own cgroup under {base}; ended with "
-            + ("cgroup.kill" if kill_file else "freeze + SIGKILL of every member"))
+            + ("cgroup.kill" if kill_file else "freeze + SIGKILL of every member")
+            + "; " + cgroups.moves_note())
     return Containment("cgroup", note, base, [p for p in previous if p != base], kill_file)
 
 
