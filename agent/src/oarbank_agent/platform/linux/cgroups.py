@@ -36,23 +36,27 @@ def enter_argv(argv: list[str], cg: Path) -> list[str]:
     return ["/bin/sh", "-c", ENTER, str(cg / "cgroup.procs"), *argv]
 
 
+def _cgroup2_mount(mountinfo: str) -> tuple[list[str], list[str]] | None:
+    """The first cgroup2 line of ``mountinfo``: its fields before and after the " - "."""
+    for line in mountinfo.splitlines():
+        pre, _, post = line.partition(" - ")
+        if post.split(" ", 1)[0] == "cgroup2":
+            return pre.split(), post.split()
+    return None
+
+
 def cgroup2_dir() -> tuple[Path | None, str]:
     """The agent's own cgroup v2 directory, or None and why not."""
     if not sys.platform.startswith("linux"):
         return None, f"cgroups do not exist on {sys.platform}"
-    mount = root = None
     try:
         with open("/proc/self/mountinfo") as f:
-            for line in f:
-                pre, _, post = line.partition(" - ")
-                if post.split(" ", 1)[0] == "cgroup2":
-                    parts = pre.split()
-                    root, mount = parts[3], parts[4]
-                    break
+            found = _cgroup2_mount(f.read())
     except OSError as exc:
         return None, f"cannot read /proc/self/mountinfo: {exc}"
-    if mount is None or root is None:
+    if found is None:
         return None, "no cgroup v2 file system is mounted"
+    root, mount = found[0][3], found[0][4]
     own = None
     try:
         with open("/proc/self/cgroup") as f:
@@ -77,12 +81,8 @@ def favors_dynmods(mountinfo: str) -> bool:
     ``favordynmods`` super option. Without it every move of a process into a cgroup waits for
     an RCU grace period on the threadgroup lock, which is global to all hierarchies: 8.7 ms
     median per child measured on a 2-core VM, 0.3 ms with it (harness/bench/README.md)."""
-    for line in mountinfo.splitlines():
-        _, _, post = line.partition(" - ")
-        fields = post.split()
-        if fields[:1] == ["cgroup2"] and len(fields) >= 3:
-            return "favordynmods" in fields[2].split(",")
-    return False
+    found = _cgroup2_mount(mountinfo)
+    return found is not None and len(found[1]) >= 3 and "favordynmods" in found[1][2].split(",")
 
 
 def moves_note() -> str:
