@@ -168,10 +168,11 @@ def test_a_removed_modules_environment_goes_after_the_grace_period(
     done = agent.cli("module", "remove", "test.env.gone", "--wait", "--state-dir",
                      str(agent.state_dir))
     assert done.returncode == 0, (done.stdout, done.stderr)
-    agent.wait_for(lambda: not (agent.state_dir / "envs" / old).exists(), timeout=30,
-                   what="the removed module's environment swept")
+    # the agent logs the sweep once the tree is gone: wait for the line, not the directory
+    agent.wait_for(lambda: f"environment {old} removed: no loaded module used it" in agent.log(),
+                   timeout=30, what="the removed module's environment swept")
+    assert not (agent.state_dir / "envs" / old).exists()
     assert (agent.state_dir / "envs" / new / ".ready").exists()
-    assert "removed: no loaded module used it" in agent.log()
 
 
 @pytest.mark.linux_only("runs under --sandbox required: the Linux launcher's walls")
