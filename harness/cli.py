@@ -20,10 +20,11 @@ import time
 from pathlib import Path
 
 from harness.backends import BACKEND_NAMES, make_backends
+from harness.backends.base import Backend
 from harness.runner import run_matrix
 from harness.scenario import SCENARIOS, use_modules_dir
 
-__all__ = ["main", "LINUX_WALLS"]
+__all__ = ["main", "LINUX_WALLS", "leave_out_what_cannot_show"]
 
 PROFILE_ENV = "OARBANK_PLATFORM"  # oarbank_agent.platform.choice.ENV
 TRIPWIRE = "oarbank tripwire:"  # what platform/darwin/linuxfree.py says on an agent's stderr
@@ -60,6 +61,19 @@ def _parser() -> argparse.ArgumentParser:
 def default_scenarios() -> list[str]:
     """What a run that names no scenario runs: every one but the opt-in ones."""
     return [n for n, sc in SCENARIOS.items() if sc.opt_in is None]
+
+
+def leave_out_what_cannot_show(names: list[str], backends: list[Backend]
+                               ) -> tuple[list[str], list[str]]:
+    """A run that names no scenario: those no backend of the run can show (``cannot_show``)
+    are left out, each with a line saying why."""
+    out, notes = [], []
+    for n in names:
+        if backends and all(n in b.cannot_show for b in backends):
+            notes += [f"[not on {b.name}] {n} not run: {b.cannot_show[n]}" for b in backends]
+        else:
+            out.append(n)
+    return out, notes
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,6 +113,10 @@ def main(argv: list[str] | None = None) -> int:
             if sc.opt_in is not None:
                 print(f"[opt-in] {sc.name} not run (name it with --scenario {sc.name}): "
                       f"{sc.opt_in}")
+    if not args.scenario:
+        names, notes = leave_out_what_cannot_show(names, backends)
+        for line in notes:
+            print(line)
     if args.darwin_profile:
         for n in [n for n in names if n in LINUX_WALLS]:
             print(f"[linux only] {n} not run under the darwin profile: {LINUX_WALLS[n]}")

@@ -256,6 +256,9 @@ class Backend(ABC):
     name: str
     # The run's portal listens on TCP loopback, not a unix socket (Windows' Python has none).
     portal_over_tcp: ClassVar[bool] = False
+    # Scenarios this backend's agents cannot show, with why: a run that names no scenario
+    # leaves them out saying so; named with --scenario they run (and fail, saying what lacks).
+    cannot_show: ClassVar[dict[str, str]] = {}
 
     @classmethod
     @abstractmethod

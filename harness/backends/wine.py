@@ -152,6 +152,13 @@ class WineNode(Node):
 class WineBackend(Backend):
     name = "wine"
     portal_over_tcp: ClassVar[bool] = True
+    cannot_show: ClassVar[dict[str, str]] = {
+        "listener-refused": "Windows' network wall is an AppContainer launcher, which the "
+                            "agent has not yet and Wine does not implement (status says "
+                            "windows_appcontainer unavailable; --sandbox required refuses)",
+        "agent-upgrade": "--keep-services has no keeper on Windows yet (the agent refuses "
+                         "the flag there, naming it)",
+    }
 
     def __init__(self) -> None:
         self.python: list[str] = []
