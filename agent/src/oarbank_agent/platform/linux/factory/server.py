@@ -26,7 +26,7 @@ import subprocess
 import sys
 from typing import Any
 
-from oarbank_agent.platform.linux.factory import child, selfconfine, wire
+from oarbank_agent.platform.linux.factory import child, intocgroup, selfconfine, wire
 from oarbank_sdk import sandbox
 from oarbank_sdk.protocol import current_transport
 
@@ -95,8 +95,14 @@ class Factory:
 
     def spawn(self, req: dict[str, Any], fds: list[int]) -> None:
         err_r, err_w = os.pipe()
+        join = req.get("join")
         try:
-            pid = os.fork()
+            # born in its group where the system allows (intocgroup.py), else it joins it
+            pid = intocgroup.fork_into(os.path.dirname(join)) if join else None
+            if pid is not None:
+                req = {**req, "join": None}
+            else:
+                pid = os.fork()
         except OSError as exc:
             os.close(err_r)
             os.close(err_w)
