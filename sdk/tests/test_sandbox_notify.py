@@ -113,6 +113,43 @@ def test_calls_after_the_supervisor_closed_are_still_refused():
     assert w.take() == []
 
 
+def test_a_launch_waits_on_no_answer_from_its_supervisor():
+    """The watched self-test asks the kernel, not the supervisor (a round trip per launch
+    under a busy supervisor): with a supervisor that takes the listener and never answers,
+    the launcher still verifies, says ``V`` and runs the child; the child's own network call
+    is what waits, until the supervisor is gone (then ENOSYS: refused)."""
+    import array
+    import socket
+
+    ours, theirs = socket.socketpair()
+    code = ("import socket, errno\nprint('up', flush=True)\n"
+            "try:\n    socket.socket()\nexcept OSError as e:\n"
+            "    print(errno.errorcode[e.errno], flush=True)\n")
+    argv = sandbox.wrap([sys.executable, "-I", "-c", code], notify_fd=theirs.fileno())
+    p = subprocess.Popen(argv, pass_fds=(theirs.fileno(),), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    theirs.close()
+    listener = None
+    try:
+        ours.settimeout(30)
+        got = b""
+        while b"V" not in got:  # "F<pid>" with the listener, then "V" without any answer
+            msg, anc, _flags, _addr = ours.recvmsg(64, socket.CMSG_SPACE(4))
+            assert msg, f"the launcher closed without V: {p.stderr.read() if p.poll() else ''}"
+            got += msg
+            for _level, _kind, data in anc:
+                listener = array.array("i", data[:4])[0]
+        assert got.startswith(b"F") and listener is not None, got
+        assert p.stdout.readline() == "up\n"  # the child runs, nothing answered
+    finally:
+        if listener is not None:
+            os.close(listener)  # the supervisor is gone: the waiting call gets ENOSYS
+        ours.close()
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    assert out.strip() == "ENOSYS"
+
+
 def test_a_launcher_that_cannot_hand_over_its_listener_refuses_to_run_the_child():
     r, wfd = os.pipe()  # a pipe, not a socket: SCM_RIGHTS cannot go through it
     os.close(r)

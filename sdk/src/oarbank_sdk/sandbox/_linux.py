@@ -17,7 +17,12 @@
    (``prebuild``) exports each program once (``_bpf``); its children load their inherited copy.
 6. Verification: ``/proc/self/status`` must show ``NoNewPrivs: 1``, ``Seccomp: 2`` and no
    capability; a side-effect-free self-test must see ``listen(-1)`` refused with EPERM (EBADF
-   without the filter), ``socket(AF_INET)`` refused, and (Landlock) ``/`` not openable.
+   without the filter), ``socket(AF_INET)`` refused, and (Landlock) ``/`` not openable. Under a
+   supervisor (``--notify-fd``) those two calls would each be a round trip to it (milliseconds
+   under load, per launch), so the self-test asks the same program's rule that the kernel
+   answers itself: ``pidfd_getfd(-1)`` refused with EPERM (EBADF without the filter). The
+   network rules sit in that one program; if the supervisor fails, the kernel answers them
+   ENOSYS: refused either way.
 
 Only steps 1 and 3-6 may raise ``SetupError``; the launcher then exits 70 without exec'ing.
 Must run single-threaded (user namespaces and Landlock require it; the launcher is).
@@ -45,6 +50,7 @@ _PR_SET_NO_NEW_PRIVS = 38
 _CLONE_NEWUSER = 0x10000000
 _CLONE_NEWNET = 0x40000000
 _AF_INET = 2
+_SYS_PIDFD_GETFD = 438  # the kernel's generic table: the same on x86-64 and arm64
 _SOCK_STREAM = 1
 _PR_CAPBSET_DROP = 24
 _PR_SET_SECUREBITS = 28
@@ -395,7 +401,8 @@ def _load_filter(fault: str | None, notify_fd: int | None = None,
 
 
 def _verify(libc: ctypes.CDLL, landlock: str = _policy.UNAVAILABLE,
-            granted: tuple[str, ...] = (), gpu_sockets: bool = False) -> None:
+            granted: tuple[str, ...] = (), gpu_sockets: bool = False,
+            watched: bool = False) -> None:
     try:
         with open("/proc/self/status") as f:
             status = _policy.parse_proc_status(f.read())
@@ -417,7 +424,13 @@ def _verify(libc: ctypes.CDLL, landlock: str = _policy.UNAVAILABLE,
         else:
             raise SetupError("self-test: Landlock lets / be opened")
     # The mode says "a filter"; these say "our filter". listen/connect on fd -1 are EBADF
-    # unfiltered (a GPU child may listen: its driver does).
+    # unfiltered (a GPU child may listen: its driver does). Watched, the network calls go to
+    # the supervisor: a rule the kernel answers itself says the same (module docstring, 6).
+    if watched:
+        if libc.syscall(_SYS_PIDFD_GETFD, -1, -1, 0) != -1 \
+                or ctypes.get_errno() != _policy.REFUSAL_ERRNO:
+            raise SetupError("self-test: pidfd_getfd() is not refused by the filter")
+        return
     if gpu_sockets:
         name, answer = "connect", libc.connect(-1, None, 0)
     else:
@@ -454,7 +467,8 @@ def confine(net: str, fault: str | None, notify_fd: int | None = None,
     gpu_sockets = request.gpu and (netns == _policy.ENFORCED or (
         landlock == _policy.ENFORCED and _landlock_abi() >= 6))
     _load_filter(fault, notify_fd, request.guard_pids, gpu_sockets)
-    _verify(libc, landlock, request.read + request.write, gpu_sockets)
+    _verify(libc, landlock, request.read + request.write, gpu_sockets,
+            watched=notify_fd is not None)
     if notify_fd is not None:
         from ._notify import verified
 

@@ -10,16 +10,16 @@ USER_NOTIF, so a notify filter stacked on the errno one would never fire), and:
 
 1. the launcher loads the filter, sends the listener descriptor over N (``SCM_RIGHTS``, with
    the line ``F<launcher pid>``), closes its copy;
-2. runs its self-test (``listen(-1)``, ``socket(AF_INET)``): the supervisor answers EPERM, so
-   the launcher verifies exactly as without notification;
+2. runs its self-test, which asks nothing of the supervisor (``_linux.py``'s step 6: a rule
+   the kernel answers in the same program), so a launch waits on no round trip;
 3. sends ``V`` (verified), closes N and execs ARGV.
 
 The supervisor (``Watch``) answers every notification with EPERM (the call fails as it would
 under the plain filter: nothing is ever allowed) after recording who tried: thread id, its
 process (``Tgid``), ``/proc/<pid>/comm`` and command line, the syscall's name. Attempts of the
-launcher's pid before ``V`` are the self-test and not recorded: the launcher cannot send ``V``
-before the supervisor answered them, so ``V`` is always read before a later attempt is
-classified. Nothing the confined process writes (stdout, stderr, logs) is read.
+launcher's pid before ``V`` are not recorded (an older launcher's self-test made two): the
+launcher cannot send ``V`` before the supervisor answered them, so ``V`` is always read before
+a later attempt is classified. Nothing the confined process writes (stdout, stderr, logs) is read.
 
 If the supervisor goes away, the kernel answers the waiting and later calls ENOSYS: still
 refused, never allowed. A process can hold one listener at most: a launcher run inside another
