@@ -35,7 +35,8 @@ WINDOWS_TESTS = ["sdk/tests/test_windows_pipes.py", "sdk/tests/test_conform_wind
                  "agent/tests/test_windows_backend.py",
                  "agent/tests/test_windows_streams.py", "agent/tests/test_windows_broker.py",
                  "agent/tests/test_windows_controlplane.py",
-                 "agent/tests/test_windows_groups.py", "agent/tests/test_windows_agent.py"]
+                 "agent/tests/test_windows_groups.py", "agent/tests/test_windows_agent.py",
+                 "agent/tests/test_windows_token_file.py"]
 
 
 def test_the_windows_tests_pass_under_wine(system_package) -> None:

@@ -195,6 +195,11 @@ class StateDirHost(Protocol):
         user only, never through a link; a descriptor, not inherited. Raises
         ``StateDirRefused``."""
 
+    def others_may_read(self, path: Path, fd: int) -> str | None:
+        """Why a secret open as ``fd`` (``path``: for the message) can be read by others than
+        this user (and who can read anything anyway), with how to fix it; None when it
+        cannot. Raises OSError where the system will not say."""
+
     def try_lock(self, fd: int) -> bool:
         """Lock the open file ``fd`` for this process: True if taken, False if another
         process holds it. The lock goes when ``fd`` is closed or the process dies. Other

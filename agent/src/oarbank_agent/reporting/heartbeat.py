@@ -45,6 +45,7 @@ import ssl
 import stat
 import time
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
@@ -77,11 +78,13 @@ def read_token_file(path: str) -> str:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise ValueError(f"{path}: not a regular file")
-        # Where modes say nothing (Windows: a DACL decides, not checked here yet; the state
-        # dir's own DACL is owner-only) the mode is not asked.
-        if fileflags.MODES_GUARD and st.st_mode & 0o077:
-            raise ValueError(f"{path}: mode {stat.S_IMODE(st.st_mode):04o} lets the group or "
-                             f"others read it; chmod 600 {path}")
+        # POSIX: its mode; Windows: its DACL (platform/windows/dacl.py)
+        try:
+            why = platform.current().statedir.others_may_read(Path(path), fd)
+        except OSError as e:
+            raise ValueError(f"{path}: cannot tell who may read it: {e}") from None
+        if why is not None:
+            raise ValueError(f"{path}: {why}")
         raw = os.read(fd, 4096)
     finally:
         os.close(fd)

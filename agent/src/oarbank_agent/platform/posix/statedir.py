@@ -69,6 +69,12 @@ class PosixStateDir:
             raise
         return fd
 
+    def others_may_read(self, path: Path, fd: int) -> str | None:
+        mode = stat.S_IMODE(os.fstat(fd).st_mode)
+        if mode & 0o077:
+            return f"mode {mode:04o} lets the group or others read it; chmod 600 {path}"
+        return None
+
     def _user(self, uid: int) -> str:
         name = self.user_name(uid)
         return f"uid {uid}" if name is None else f"uid {uid} ({name})"

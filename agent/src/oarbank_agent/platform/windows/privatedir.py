@@ -18,7 +18,7 @@ from typing import Any
 
 from oarbank_agent.platform.windows.controlpipe import TRUSTED_OWNERS, user_sid
 
-__all__ = ["owner_of_path", "make_private", "private_sddl"]
+__all__ = ["owner_of_path", "make_private", "private_sddl", "sddl_of"]
 
 _SE_FILE_OBJECT = 1
 _OWNER_SECURITY_INFORMATION = 0x1
@@ -54,6 +54,30 @@ def owner_of_path(path: Path) -> str:
         text = ctypes.c_wchar_p()
         if not adv.ConvertSidToStringSidW(owner, ctypes.byref(text)):
             raise OSError(None, f"ConvertSidToStringSidW: {_ct.FormatError(_ct.get_last_error())}")
+        try:
+            return str(text.value)
+        finally:
+            k32.LocalFree(text)
+    finally:
+        k32.LocalFree(descriptor)
+
+
+def sddl_of(handle: int) -> str:
+    """The DACL of the open file ``handle`` as SDDL text. Raises OSError."""
+    k32, adv = _dlls()
+    dacl, descriptor = ctypes.c_void_p(), ctypes.c_void_p()
+    err = adv.GetSecurityInfo(wintypes.HANDLE(handle), _SE_FILE_OBJECT,
+                              _DACL_SECURITY_INFORMATION, None, None, ctypes.byref(dacl), None,
+                              ctypes.byref(descriptor))
+    if err:
+        raise OSError(None, f"GetSecurityInfo: {_ct.FormatError(err)}", None, err)
+    try:
+        text, size = ctypes.c_wchar_p(), wintypes.ULONG()
+        if not adv.ConvertSecurityDescriptorToStringSecurityDescriptorW(
+                descriptor, _SDDL_REVISION_1, _DACL_SECURITY_INFORMATION, ctypes.byref(text),
+                ctypes.byref(size)):
+            raise OSError(None, "ConvertSecurityDescriptorToStringSecurityDescriptorW: "
+                          f"{_ct.FormatError(_ct.get_last_error())}")
         try:
             return str(text.value)
         finally:

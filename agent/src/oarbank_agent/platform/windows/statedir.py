@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from oarbank_agent.platform.api import StateDirRefused
-from oarbank_agent.platform.windows import privatedir, winapi
+from oarbank_agent.platform.windows import dacl, privatedir, winapi
 
 __all__ = ["WindowsStateDir", "LOCK_OFFSET"]
 
@@ -73,6 +73,14 @@ class WindowsStateDir:
         if foreign is not None:
             raise StateDirRefused(f"{what}{path} belongs to {foreign}, not to this agent's user "
                                   f"({privatedir.user_sid()}){why}")
+
+    def others_may_read(self, path: Path, fd: int) -> str | None:
+        readers = dacl.other_readers(privatedir.sddl_of(_msvcrt.get_osfhandle(fd)),
+                                     privatedir.user_sid())
+        if not readers:
+            return None
+        return (f"its DACL lets {', '.join(readers)} read it; keep it to this user: "
+                f"icacls \"{path}\" /inheritance:r /grant:r \"%USERNAME%\":F")
 
     def try_lock(self, fd: int) -> bool:
         handle = _msvcrt.get_osfhandle(fd)  # OSError (EBADF) for a descriptor not open
