@@ -51,15 +51,22 @@ def owner_of_path(path: Path) -> str:
     if err:
         raise OSError(None, f"GetNamedSecurityInfoW({path}): {_ct.FormatError(err)}", None, err)
     try:
-        text = ctypes.c_wchar_p()
-        if not adv.ConvertSidToStringSidW(owner, ctypes.byref(text)):
-            raise OSError(None, f"ConvertSidToStringSidW: {_ct.FormatError(_ct.get_last_error())}")
-        try:
-            return str(text.value)
-        finally:
-            k32.LocalFree(text)
+        return _as_text(k32, "ConvertSidToStringSidW",
+                        lambda out: adv.ConvertSidToStringSidW(owner, out))
     finally:
         k32.LocalFree(descriptor)
+
+
+def _as_text(k32: Any, name: str, convert: Any) -> str:
+    """What ``convert(byref(text))`` writes to ``text`` (the system's allocation, freed
+    here). Raises OSError naming ``name`` when it fails."""
+    text = ctypes.c_wchar_p()
+    if not convert(ctypes.byref(text)):
+        raise OSError(None, f"{name}: {_ct.FormatError(_ct.get_last_error())}")
+    try:
+        return str(text.value)
+    finally:
+        k32.LocalFree(text)
 
 
 def sddl_of(handle: int) -> str:
@@ -72,16 +79,10 @@ def sddl_of(handle: int) -> str:
     if err:
         raise OSError(None, f"GetSecurityInfo: {_ct.FormatError(err)}", None, err)
     try:
-        text, size = ctypes.c_wchar_p(), wintypes.ULONG()
-        if not adv.ConvertSecurityDescriptorToStringSecurityDescriptorW(
-                descriptor, _SDDL_REVISION_1, _DACL_SECURITY_INFORMATION, ctypes.byref(text),
-                ctypes.byref(size)):
-            raise OSError(None, "ConvertSecurityDescriptorToStringSecurityDescriptorW: "
-                          f"{_ct.FormatError(_ct.get_last_error())}")
-        try:
-            return str(text.value)
-        finally:
-            k32.LocalFree(text)
+        return _as_text(k32, "ConvertSecurityDescriptorToStringSecurityDescriptorW",
+                        lambda out: adv.ConvertSecurityDescriptorToStringSecurityDescriptorW(
+                            descriptor, _SDDL_REVISION_1, _DACL_SECURITY_INFORMATION, out,
+                            None))
     finally:
         k32.LocalFree(descriptor)
 
