@@ -52,16 +52,16 @@ def _fresh_modules() -> frozenset[str]:
 def _preload(guard_pid: int, launcher_sys_path: list[str]) -> None:
     """What children would each do again: imported (and the seccomp programs and Landlock's
     read list built, for the launcher's sys.path that ``child._confine`` gives) once here."""
-    import pkgutil  # noqa: F401  (runpy.run_path imports it on each call otherwise)
-    import runpy  # noqa: F401
-
-    # The standard library a runner or service of the SDK imports (http.client, email,
-    # http.server, json, ...: 40-50 ms of a modelserver runner's 60, measured): it stays
-    # loaded in every child, as the standard library does (child.py). The SDK's own modules
-    # are forgotten in each child (``_forget_held``): a script imports them afresh, from its
-    # bundle where it has one. argparse and concurrent.futures: what runners use most.
+    # runpy and pkgutil: runpy.run_path imports pkgutil on each call otherwise. The standard
+    # library a runner or service of the SDK imports (http.client, email, http.server, json,
+    # ...: 40-50 ms of a modelserver runner's 60, measured): it stays loaded in every child,
+    # as the standard library does (child.py). The SDK's own modules are forgotten in each
+    # child (``_forget_held``): a script imports them afresh, from its bundle where it has
+    # one. argparse and concurrent.futures: what runners use most.
     import argparse  # noqa: F401
     import concurrent.futures  # noqa: F401
+    import pkgutil  # noqa: F401
+    import runpy  # noqa: F401
 
     import oarbank_sdk.service_endpoint  # noqa: F401
 
