@@ -78,7 +78,7 @@ def read_token_file(path: str) -> str:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise ValueError(f"{path}: not a regular file")
-        # POSIX: its mode; Windows: its DACL (platform/windows/dacl.py)
+        # who else may read it, as the system keeps it (a mode, a DACL): the backend says
         try:
             why = platform.current().statedir.others_may_read(Path(path), fd)
         except OSError as e:
