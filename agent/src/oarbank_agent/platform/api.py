@@ -196,9 +196,8 @@ class StateDirHost(Protocol):
         ``StateDirRefused``."""
 
     def others_may_read(self, path: Path, fd: int) -> str | None:
-        """Why a secret open as ``fd`` (``path``: for the message) can be read by others than
-        this user (and who can read anything anyway), with how to fix it; None when it
-        cannot. Raises OSError where the system will not say."""
+        """Why the secret open as ``fd`` (at ``path``) is readable by others than this user
+        (and who reads anything anyway), with the fix; None if not. OSError: cannot tell."""
 
     def try_lock(self, fd: int) -> bool:
         """Lock the open file ``fd`` for this process: True if taken, False if another
