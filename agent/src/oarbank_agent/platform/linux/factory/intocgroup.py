@@ -22,6 +22,7 @@ import ctypes
 import errno
 import os
 import signal
+from typing import Any
 
 __all__ = ["fork_into", "CLONE_INTO_CGROUP"]
 
@@ -38,15 +39,23 @@ class _CloneArgs(ctypes.Structure):  # struct clone_args (linux/sched.h), versio
         "tls", "set_tid", "set_tid_size", "cgroup")]
 
 
-_api = ctypes.pythonapi  # PyDLL: the interpreter lock stays held across each call
-_libc = ctypes.PyDLL(None, use_errno=True)
-_syscall = _libc.syscall
-_syscall.restype = ctypes.c_long
-_syscall.argtypes = [ctypes.c_long, ctypes.c_void_p, ctypes.c_size_t]
-for _name in ("PyOS_BeforeFork", "PyOS_AfterFork_Parent", "PyOS_AfterFork_Child"):
-    getattr(_api, _name).restype = None
-    getattr(_api, _name).argtypes = []
 _unsupported = False  # ENOSYS learnt once: every later spawn forks the old way
+_calls: tuple[Any, Any] | None = None  # (the interpreter's C API, syscall): at the first fork
+
+
+def _bind() -> tuple[Any, Any]:
+    """The C functions, looked up at the first fork (importing this module binds nothing)."""
+    global _calls
+    if _calls is None:
+        api = ctypes.pythonapi  # PyDLL: the interpreter lock stays held across each call
+        syscall = ctypes.PyDLL(None, use_errno=True).syscall
+        syscall.restype = ctypes.c_long
+        syscall.argtypes = [ctypes.c_long, ctypes.c_void_p, ctypes.c_size_t]
+        for name in ("PyOS_BeforeFork", "PyOS_AfterFork_Parent", "PyOS_AfterFork_Child"):
+            getattr(api, name).restype = None
+            getattr(api, name).argtypes = []
+        _calls = (api, syscall)
+    return _calls
 
 
 def fork_into(cgroup_dir: str) -> int | None:
@@ -62,14 +71,15 @@ def fork_into(cgroup_dir: str) -> int | None:
         return None  # the old way's join names what is wrong with it
     pid, err = -1, 0
     try:
+        api, syscall = _bind()
         args = _CloneArgs(flags=CLONE_INTO_CGROUP, exit_signal=signal.SIGCHLD, cgroup=cg)
-        _api.PyOS_BeforeFork()
-        pid = _syscall(_SYS_CLONE3, ctypes.addressof(args), ctypes.sizeof(args))
+        api.PyOS_BeforeFork()
+        pid = syscall(_SYS_CLONE3, ctypes.addressof(args), ctypes.sizeof(args))
         if pid == 0:
-            _api.PyOS_AfterFork_Child()
+            api.PyOS_AfterFork_Child()
             return 0
         err = ctypes.get_errno()
-        _api.PyOS_AfterFork_Parent()
+        api.PyOS_AfterFork_Parent()
     finally:
         os.close(cg)  # in the child too: a script run in place must not inherit it
     if pid > 0:
