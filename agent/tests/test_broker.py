@@ -597,6 +597,84 @@ def test_ready_now_hands_over_without_waiting_and_keeps_order_and_errors_safe(ca
     run(scenario)
 
 
+class ChannelGate(SyncGate):
+    """Ready as the supervisor says it (``runtime.ready``): the state True and the service's
+    channel open; ``wait_ready`` waits (for ``set``) while it is not."""
+
+    broker: Broker
+
+    def _up(self, key: str) -> bool:
+        ch = self.broker.channels.get(key)
+        return ch is not None and ch.usable
+
+    def ready_now(self, service_key: str) -> bool:
+        return super().ready_now(service_key) and self._up(service_key)
+
+    async def wait_ready(self, service_key: str) -> bool:
+        self.calls += 1
+        while True:
+            state = self.states.get(service_key, False)
+            if state is False:
+                return False
+            if state and self._up(service_key):
+                return True
+            await self._changed.wait()
+
+
+def test_a_connect_as_the_service_dies_waits_for_its_next_run():
+    """The service dies just as a connect comes: whether the agent has read its channel's end
+    yet (then it is not ready) or finds it as it sends (ready a moment ago, the send breaks),
+    the connect is not refused: it waits for the service's next run and is handed to it."""
+    async def scenario():
+        gate = ChannelGate(m__s=True)
+        broker = Broker(gate)
+        gate.broker = broker
+        _ch, svc = await ready_service(broker, "m/s")
+        job = job_peer(broker, "a", "m/s")
+        msg, end = await asyncio.to_thread(job_connect, job)
+        assert msg["ok"] is True
+        end.close()
+        (await asyncio.to_thread(service_accept, svc))[1].close()
+
+        # The connect, then the service's death, both before the loop looks: it reads the
+        # connect first (the channel still open, so ready) and the hand-over's send breaks.
+        job.send({"op": "connect", "pid": 1})
+        svc.close()
+        await asyncio.sleep(0.3)
+        assert broker.stats()["queued_connects"] == 1  # waiting, not refused
+        _ch2, svc2 = await ready_service(broker, "m/s")  # its next run
+        gate.set("m/s", True)
+        msg, fds = await asyncio.to_thread(job.read)
+        assert msg["ok"] is True and len(fds) == 1, msg
+        job.send({"op": "received", "conn": msg["conn"]})
+        os.close(fds[0])
+        (await asyncio.to_thread(service_accept, svc2))[1].close()
+        await broker.aclose()
+        job.close()
+        svc2.close()
+
+    run(scenario)
+
+
+def test_a_hand_over_that_breaks_twice_is_refused_naming_the_channel():
+    """Ready by the gate's word each time, but no channel to hand to: one more wait, then a
+    refusal (never a connect that waits forever on a service that does not come back)."""
+    async def scenario():
+        gate = SyncGate(m__s=True)  # ready, whatever the channel says
+        broker = Broker(gate)
+        ch, svc = await ready_service(broker, "m/s")
+        job = job_peer(broker, "a", "m/s")
+        ch.close()
+        msg, _ = await asyncio.to_thread(job_connect, job)
+        assert msg["error"] == "service_unavailable" and "channel" in msg["detail"], msg
+        assert gate.calls == 1  # the one wait before the refusal
+        await broker.aclose()
+        job.close()
+        svc.close()
+
+    run(scenario)
+
+
 # --- attempts ending ----------------------------------------------------------------------
 
 

@@ -99,8 +99,9 @@ class Switchboard(Protocol):
         """True once the service is ready; False if it will not be (never raises)."""
         ...
 
-    def hand_over(self, conn: Connector, connect: wire.Connect) -> None:
-        """Make the connection and send both ends (or refuse ``service_unavailable``)."""
+    def hand_over(self, conn: Connector, connect: wire.Connect) -> bool:
+        """Make the connection and send both ends, or a refusal; False when the service's
+        channel was gone or broke on the way (nothing was sent: the caller decides)."""
         ...
 
     def track(self, task: asyncio.Task[None]) -> None:
@@ -136,6 +137,7 @@ class Connector:
         # when its line arrived but queued behind a connect still waiting for its service.
         self.queue: deque[wire.Connect | bytes] = deque()
         self.worker: asyncio.Task[None] | None = None
+        self._retried: wire.Connect | None = None  # a connect whose hand-over met a dead channel
         self.pending: dict[int, socket.socket] = {}  # conn -> job end sent, until `received`
         self.bad_requests = 0
         self.stray_receipts = 0
@@ -257,8 +259,11 @@ class Connector:
             self._refuse(verdict.code, verdict.detail)
             return
         if verdict.action == "hand_over":
-            self._board.hand_over(self, msg)
-            return
+            if self._board.hand_over(self, msg):
+                return
+            # ready_now said ready, but the service died on the way: this connect waits for
+            # its next run, as one made while it restarts does (the worker tries once more)
+            self._retried = msg
         self._enqueue(msg)
         if self.worker is None:
             self.worker = self._loop.create_task(self._work(), name=self.name)
@@ -278,8 +283,18 @@ class Connector:
                 if self.closed:
                     return
                 self.queue.popleft()
-                if ready:
-                    self._board.hand_over(self, item)
+                if ready and self._board.hand_over(self, item):
+                    continue
+                if ready and item is not self._retried:
+                    # ready, then gone before the hand-over: wait once for the next run
+                    self._retried = item
+                    self.queue.appendleft(item)
+                elif ready:
+                    self.stream.send(refusal(
+                        "service_unavailable",
+                        f"service {self.service_key} has no open endpoint channel (it "
+                        "stopped or is restarting); retry later",
+                    ))
                 else:
                     self.stream.send(refusal(
                         "service_unavailable",

@@ -247,15 +247,10 @@ class Broker:
 
     # --- the hand-over ------------------------------------------------------------------------
 
-    def hand_over(self, conn: Connector, connect: wire.Connect) -> None:
+    def hand_over(self, conn: Connector, connect: wire.Connect) -> bool:
         ch = self.channels.get(conn.service_key)
         if ch is None or not ch.usable:
-            conn.send_now(refusal(
-                "service_unavailable",
-                f"service {conn.service_key} has no open endpoint channel (it stopped or is "
-                "restarting); retry later",
-            ))
-            return
+            return False  # the connector waits for the service's next run (or refuses)
         attempt = self._attempts.get(conn.attempt_id)
         number = next(_CONN_NUMBERS)
         if self._handovers is None:  # POSIX: the ends ride along the two messages
@@ -264,7 +259,7 @@ class Broker:
         else:
             made = self._duplicated(conn, connect, ch, attempt)
             if made is None:
-                return
+                return True  # refused (and answered) there
             job_end, service_end, job_handle, service_handle = made
         if attempt is not None:
             reached = attempt.reached.setdefault(conn.service_key, [])
@@ -272,14 +267,13 @@ class Broker:
                 reached.append(ch)
         if not ch.send_connection(number, conn.attempt_id, conn.wire, service_end,
                                   service_handle):
+            # The service died between its readiness and this send (the channel is closed
+            # now, so it is not ready): nothing went to the job; the connector waits.
             job_end.close()
-            conn.send_now(refusal(
-                "service_unavailable",
-                f"service {conn.service_key} failed while taking the connection; retry later",
-            ))
-            return
+            return False
         conn.send_ok(number, job_end, job_handle)
         log.debug("%s: connection %d for pid %d", conn.name, number, connect.pid)
+        return True
 
     def _duplicated(self, conn: Connector, connect: wire.Connect, ch: Channel,
                     attempt: _Attempt | None) -> tuple[Any, Any, int, int] | None:
