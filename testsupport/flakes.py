@@ -144,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     load_text = f"{args.cpu} CPU spinner(s) and {args.io} disk writer(s)"
     logs: list[Path] = []
+    unrun: list[str] = []  # rounds in which no test ran: nothing was hunted there
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="oarbank-flakes-") as scratch:
         load = start_load(args.cpu, args.io, scratch)
@@ -151,7 +152,9 @@ def main(argv: list[str] | None = None) -> int:
             for number in range(1, args.rounds + 1):
                 log = args.out / f"round-{number}.jsonl"
                 log.unlink(missing_ok=True)
-                run_round(number, args, log, Path(scratch) / f"sockets-{number}")
+                rc = run_round(number, args, log, Path(scratch) / f"sockets-{number}")
+                if not log.exists():  # pytest never ran the tests (a usage error, a crash)
+                    unrun.append(f"round {number} (pytest exit {rc}, no report log)")
                 logs.append(log)
         finally:
             stop_load(load)
@@ -164,7 +167,9 @@ def main(argv: list[str] | None = None) -> int:
     failed = ", ".join(f"{n} ({len(o.failed_in)}/{args.rounds})" for n, o in sorted(outcomes.items()))
     print(f"flakes: {len(outcomes)} test(s) failed in some round{': ' + failed if failed else ''}; "
           f"{len(drops)} socket(s) dropped unclosed; report in {args.out / 'report.md'}")
-    return 1 if outcomes or drops else 0
+    if unrun:
+        print(f"flakes: no test ran in {', '.join(unrun)}: not a clean hunt", file=sys.stderr)
+    return 1 if outcomes or drops or unrun else 0
 
 
 if __name__ == "__main__":
