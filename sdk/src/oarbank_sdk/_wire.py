@@ -59,7 +59,7 @@ class WireError(ValueError):
     """A line that breaks the wire format. ``code`` is the refusal code to answer with."""
 
     def __init__(self, detail: str, code: str = "bad_request") -> None:
-        _set(self, "detail", detail)
+        super().__init__(detail)
         self.code = code
         self.detail = detail
 
@@ -287,6 +287,7 @@ class Ready(_Message):
     the agent offers the ``ready`` feature (``OARBANK_ENDPOINT_FEATURES``)."""
 
     __slots__ = ()
+
     def to_wire(self) -> dict[str, Any]:
         return {"op": "ready"}
 

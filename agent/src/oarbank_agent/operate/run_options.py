@@ -87,9 +87,9 @@ def add_run_options(r: argparse.ArgumentParser | Recorder) -> None:
     r.add_argument("--portal-token-file", metavar="FILE",
                    help="this node's portal token (`oarbank-portal token issue NODE_ID`), "
                         "sent as Authorization: Bearer; refused (exit 2) unless only the owner "
-                        "may read it (chmod 600; on Windows its DACL); a plain http:// portal on "
-                        "another host gets "
-                        "a warning: the token would cross the network in clear")
+                        "may read it (chmod 600; on Windows its DACL); a plain http:// portal "
+                        "on another host gets a warning: the token would cross the network in "
+                        "clear")
     r.add_argument("--portal-ca", metavar="FILE",
                    help="verify an https:// portal against this CA bundle (PEM) instead of "
                         "the system's")
