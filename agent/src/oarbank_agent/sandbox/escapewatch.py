@@ -15,6 +15,11 @@ The one member allowed to be unconfined is the group's leader during its launche
 or the entry shell in front of it, or the process factory's: a child it forked shows the
 factory's command line until it has confined itself, ``factory/child.py``).
 
+Confinement only goes one way (nothing undoes a filter or no_new_privs), so the verdict
+"unconfined" rests on a status read made after the command line was read: a leader read
+unconfined in its set-up, which confines itself and execs its child before its command line
+is read, is read again, not killed for the stale status (seen under load, 60 runners at once).
+
 Only when the sandbox enforces (``sandboxing.current().enforce``) and the backend can read a
 process's confinement (``Groups.can_inspect``): unconfined by policy is not an escape.
 """
@@ -53,6 +58,10 @@ def _in_setup(pid: int, rec: procs.GroupRecord) -> bool:
     return _LAUNCHER_MARK in cmdline or _FACTORY_MARK in cmdline
 
 
+def _confined(st: dict[str, str]) -> bool:
+    return st.get("Seccomp") == "2" and st.get("NoNewPrivs") == "1"
+
+
 def check_once(registry: procs.ProcessRegistry) -> list[str]:
     """Look at every recorded group once; end those with an unconfined member. Returns the
     reasons of the groups it ended."""
@@ -68,9 +77,10 @@ def check_once(registry: procs.ProcessRegistry) -> list[str]:
             st = groups.process_status(pid)
             if st is None or st.get("State", "").startswith("Z"):
                 continue
-            if st.get("Seccomp") == "2" and st.get("NoNewPrivs") == "1":
+            if _confined(st) or _in_setup(pid, rec):
                 continue
-            if _in_setup(pid, rec):
+            st = groups.process_status(pid)  # read after its command line: see the docstring
+            if st is None or _confined(st) or st.get("State", "").startswith("Z"):
                 continue
             reason = (f"{sandboxing.SANDBOX_ESCAPE}: pid {pid} ({st.get('Name', '?')}) in "
                       f"{rec.kind} group {rec.group} ({rec.label}) is not confined "
