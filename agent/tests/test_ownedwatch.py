@@ -1,6 +1,7 @@
-"""Owned objects are reaped (issue 15, part 4; G6): list_owned whenever an attempt ends (and
-every 60 s), destroy <id> --force for each object whose attempt is over; objects the agent
-cannot prove over are left alone. The pure choice first, then a real agent."""
+"""Owned objects are reaped (issue 15, part 4; G6): a service's list_owned whenever an attempt
+that reached it ends (and every service's every 60 s), destroy <id> --force for each object
+whose attempt is over; objects the agent cannot prove over are left alone. The pure choice
+first, then a real agent."""
 
 from __future__ import annotations
 
@@ -36,13 +37,17 @@ def test_pokes_within_the_debounce_fold_into_one_round() -> None:
         reaper.start()
         try:
             for _ in range(6):
-                reaper.poke()
+                reaper.poke({"m/echo"})
                 await asyncio.sleep(0.02)
             await asyncio.sleep(1.0)
             burst = reaper.rounds
-            reaper.poke()
+            reaper.poke({"m/echo"})
             await asyncio.sleep(1.0)
-            return burst, reaper.rounds
+            after = reaper.rounds
+            reaper.poke(set())  # an attempt that reached no service: no round
+            await asyncio.sleep(1.0)
+            assert reaper.rounds == after
+            return burst, after
         finally:
             await reaper.aclose()
 
@@ -96,3 +101,27 @@ def test_a_burst_of_attempt_ends_is_one_round_of_list_owned(start_agent, tmp_pat
     rounds = listed() - before
     # Six ends within one debounce are one round (a second one only for ends after it began).
     assert rounds <= 2 + int(spread / DEBOUNCE_S), (rounds, spread)
+
+
+def test_only_the_services_an_ended_attempt_reached_are_asked(start_agent,
+                                                              tmp_path: Path) -> None:
+    """An attempt that never connected to the service (a stage without it, or one that made no
+    connection) asks it nothing when it ends: the service cannot have made an object for an
+    attempt number it never saw. One that connected does."""
+    agent = start_agent([write_module(tmp_path / "m")])
+    agent.run_job("echo", {"requests": 1})
+
+    def listed() -> int:
+        return sum(1 for e in read_jsonl(agent.module_data() / "events.jsonl")
+                   if e["event"] == "op" and e["op"] == "list_owned")
+
+    agent.wait_for(lambda: listed() >= 1, timeout=30, what="the round after the first job")
+    time.sleep(DEBOUNCE_S + 1.0)  # that round is over
+    before = listed()
+    for stage, payload in (("plain", {}), ("echo", {}), ("plain", {})):
+        assert agent.run_job(stage, payload)["state"] == "succeeded"
+    time.sleep(DEBOUNCE_S + 1.0)  # a round they caused would have run by now
+    assert listed() == before, "attempts that reached no service caused a list_owned"
+    assert agent.run_job("echo", {"requests": 1})["state"] == "succeeded"
+    agent.wait_for(lambda: listed() > before, timeout=30,
+                   what="the round after an attempt that connected")

@@ -135,7 +135,7 @@ class Agent:
                                                 also=self.check_runners)
         # list_owned / destroy --force for objects of attempts that are over (G6)
         self.reaper = ownedwatch.Reaper(self.supervisor, self.broker.wire_attempts)
-        self.queue.runs.on_attempt_end = self.reaper.poke
+        self.broker.on_attempt_end = self.reaper.poke
         self.fault: str | None = config.fault
         self.stop_reason: str | None = None  # a stop request (its name), a drain (logged)
         # Re-reads the config and settings files (cli.py); None: `reload` has nothing to read.

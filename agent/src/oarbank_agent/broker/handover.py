@@ -116,6 +116,9 @@ class Broker:
         self._tasks: set[asyncio.Task[None]] = set()
         # None: the ends ride along the messages (POSIX); else each is duplicated (Windows).
         self._handovers = platform.current().handovers
+        # Called by end_attempt with the service keys the attempt reached (the agent reaps
+        # their owned objects then: services/ownedwatch.py).
+        self.on_attempt_end: Callable[[set[str]], None] | None = None
 
     # --- services -----------------------------------------------------------------------------
 
@@ -233,6 +236,8 @@ class Broker:
                 ch.drop_pending(attempt_id)
                 if ch.is_open:
                     ch.send_ended(attempt.wire)
+        if attempt.reached and self.on_attempt_end is not None:
+            self.on_attempt_end(set(attempt.reached))
         log.debug(
             "attempt %s (wire %d): ended; services reached: %s",
             attempt_id,

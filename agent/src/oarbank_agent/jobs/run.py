@@ -79,8 +79,6 @@ class JobRuns:
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self._done: dict[str, list[asyncio.Future[None]]] = {}
         self._releasing: dict[str, str] = {}  # job id -> why its task is being cancelled
-        # Called after every attempt (the agent reaps owned objects then: ownedwatch.py).
-        self.on_attempt_end: Callable[[], None] | None = None
         # Modules being removed -> why (JobQueue.closed): no new attempt of theirs starts.
         self.closed: dict[str, str] = {}
 
@@ -171,8 +169,6 @@ class JobRuns:
                                             # the task step the factory's answer wakes, so
                                             # before any connect of the runner is read)
                                             on_spawned=lambda: self.store.save(rec))
-                if self.on_attempt_end is not None:
-                    self.on_attempt_end()
                 died = await self._died_under(marks, outcome.state != "succeeded"
                                               and outcome.fault != "job")
                 event = jobs.after_attempt(

@@ -1,5 +1,12 @@
-"""Owned objects are reaped (G6): each service's ``list_owned`` every 60 s and whenever an
-attempt ends, then ``destroy <id> --force`` for each object whose attempt is over.
+"""Owned objects are reaped (G6): each service's ``list_owned`` every 60 s, and a service's
+whenever an attempt that reached it ends, then ``destroy <id> --force`` for each object whose
+attempt is over.
+
+Only the services an ended attempt reached are asked then: a service learns an attempt's
+number from its channel alone (a ``connection``), so it cannot have made an object for an
+attempt that never connected to it. An attempt that reached no service asks nothing (each op
+is a process start: the bench's trivial jobs paid three per burst); the 60 s round asks every
+service, whatever it holds from before.
 
 A service may create objects outside its data dir for an attempt (a scratch volume, a
 container, a lease). ``list_owned`` answers ``{"objects": [...]}``; the contract leaves an
@@ -19,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from oarbank_agent.eventwait import wait_event
@@ -93,8 +100,8 @@ async def destroy_all(sup: Supervisor, rt: Any) -> list[str]:
 
 
 class Reaper:
-    """Runs ``list_owned`` for every service (each in turn) every ``interval_s`` and when
-    ``poke``d (an attempt ended)."""
+    """Runs ``list_owned`` for every service (each in turn) every ``interval_s``, and for the
+    services named when ``poke``d (an attempt that reached them ended)."""
 
     def __init__(self, sup: Supervisor, attempts: Callable[[], tuple[set[int], int]],
                  interval_s: float = INTERVAL_S, debounce_s: float = DEBOUNCE_S) -> None:
@@ -102,15 +109,20 @@ class Reaper:
         self.attempts = attempts
         self.interval_s = interval_s
         self.debounce_s = debounce_s
-        self.rounds = 0  # rounds run (each: one list_owned per service)
+        self.rounds = 0  # rounds run (each: one list_owned per service asked)
         self._wake = asyncio.Event()
+        self._poked: set[str] = set()  # service keys reached by attempts ended since a round
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="owned objects")
 
-    def poke(self) -> None:
-        self._wake.set()
+    def poke(self, service_keys: Iterable[str]) -> None:
+        """Attempts that reached ``service_keys`` ended: those are asked in the next round."""
+        keys = set(service_keys)
+        if keys:
+            self._poked |= keys
+            self._wake.set()
 
     async def aclose(self) -> None:
         if self._task is not None:
@@ -119,13 +131,17 @@ class Reaper:
 
     async def _loop(self) -> None:
         while True:
-            if await wait_event(self._wake, self.interval_s):
+            poked = await wait_event(self._wake, self.interval_s)
+            if poked:
                 # Poked: the attempt ends of the next debounce_s fold into this round (the
                 # event is cleared only after the wait, so their pokes set it to no effect).
                 await asyncio.sleep(self.debounce_s)
             self._wake.clear()
+            asked, self._poked = self._poked, set()
             self.rounds += 1
-            for rt in list(self.sup.services.values()):
+            for key, rt in list(self.sup.services.items()):
+                if poked and key not in asked:
+                    continue  # no ended attempt reached it: nothing new to reap there
                 # A service with no GPU API here runs no op at all, and a manual one is its
                 # operator's: the agent only fingerprints it (contract 2.3).
                 if (self.sup.shutting_down or rt.st.gpu_missing is not None
