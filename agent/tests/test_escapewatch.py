@@ -24,8 +24,9 @@ from oarbank_agent import platform, procs
 from oarbank_agent.sandbox import escapewatch
 from oarbank_agent.sandbox import policy as sandboxing
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
-                                reason="reads seccomp status from /proc (Linux)")
+pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"),
+                                 reason="reads seccomp status from /proc (Linux)"),
+              pytest.mark.linux_only("the seccomp and no_new_privs status of /proc are Linux's")]
 
 # Waits on stdin, then execs the real launcher, which confines itself and execs sleep. The
 # launcher's name is spelled in two parts: its whole name on this command line would mark the
