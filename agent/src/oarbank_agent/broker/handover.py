@@ -236,7 +236,7 @@ class Broker:
                 ch.drop_pending(attempt_id)
                 if ch.is_open:
                     ch.send_ended(attempt.wire)
-        if attempt.reached and self.on_attempt_end is not None:
+        if self.on_attempt_end is not None:
             self.on_attempt_end(set(attempt.reached))
         log.debug(
             "attempt %s (wire %d): ended; services reached: %s",

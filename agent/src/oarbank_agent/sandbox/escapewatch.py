@@ -58,8 +58,10 @@ def _in_setup(pid: int, rec: procs.GroupRecord) -> bool:
     return _LAUNCHER_MARK in cmdline or _FACTORY_MARK in cmdline
 
 
-def _confined(st: dict[str, str]) -> bool:
-    return st.get("Seccomp") == "2" and st.get("NoNewPrivs") == "1"
+def _no_escape(st: dict[str, str] | None) -> bool:
+    """Gone, a zombie, or confined (Seccomp 2 and NoNewPrivs 1)."""
+    return (st is None or st.get("State", "").startswith("Z")
+            or (st.get("Seccomp") == "2" and st.get("NoNewPrivs") == "1"))
 
 
 def check_once(registry: procs.ProcessRegistry) -> list[str]:
@@ -74,14 +76,12 @@ def check_once(registry: procs.ProcessRegistry) -> list[str]:
     table = groups.snapshot()
     for rec in registry.records():
         for pid in sorted(rec.group.pids(table)):
-            st = groups.process_status(pid)
-            if st is None or st.get("State", "").startswith("Z"):
-                continue
-            if _confined(st) or _in_setup(pid, rec):
+            if _no_escape(groups.process_status(pid)) or _in_setup(pid, rec):
                 continue
             st = groups.process_status(pid)  # read after its command line: see the docstring
-            if st is None or _confined(st) or st.get("State", "").startswith("Z"):
+            if _no_escape(st):
                 continue
+            assert st is not None
             reason = (f"{sandboxing.SANDBOX_ESCAPE}: pid {pid} ({st.get('Name', '?')}) in "
                       f"{rec.kind} group {rec.group} ({rec.label}) is not confined "
                       f"(Seccomp {st.get('Seccomp', '?')}, NoNewPrivs {st.get('NoNewPrivs', '?')})")
