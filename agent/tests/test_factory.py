@@ -19,6 +19,7 @@ import os
 import shutil
 import signal
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,15 @@ def _probe_module(root: Path, runner_exec: list[str] | None = None) -> Path:
                                      ["python", "-I", "{bundle}/factory_probe.py"]},
                        stages=[{"name": "plain", "timeout_s": 120}])
     shutil.copy(MODFILES / "factory_probe.py", mod / "factory_probe.py")
+    _settle(mod / "factory_probe.py")
     return mod
+
+
+def _settle(path: Path) -> None:
+    """Times a bundle's files have once installed: the factory keeps a script's compiled code
+    only once the file has settled (scriptcache.SETTLE_S)."""
+    old = time.time() - 3600
+    os.utime(path, (old, old))
 
 
 def _report(agent: RunningAgent, job: dict[str, Any], attempt: int = 1) -> dict[str, Any]:
@@ -84,6 +93,15 @@ def test_the_same_runner_cannot_tell_the_factory_from_a_direct_start(
     assert reports["off"].pop("in_factory") is False
     assert not _diff(reports["on"], reports["off"]), "\n".join(_diff(reports["on"],
                                                                      reports["off"]))
+    # The runner's doctor and the job ran the same script: the factory compiled it once, and
+    # this second job runs that code (scriptcache.py). What the probe sees must not change.
+    on = agents["on"]
+    again = on.run_job("plain", {}, module=MODULE)
+    assert _outcome(again) == outcomes["on"]
+    assert on.status()["process_factory"]["scripts_from_cache"] >= 1, on.status()
+    cached = _report(on, again)
+    assert cached.pop("in_factory") is True
+    assert not _diff(cached, reports["off"]), "\n".join(_diff(cached, reports["off"]))
     # And the probe saw a real start: its own session, cgroup and (where enforced) sandbox.
     rep = reports["on"]
     assert rep["session"] == [True, True]
@@ -135,6 +153,52 @@ def test_an_execd_runner_cannot_tell_either(
         f"on: {a!r}\noff: {b!r}" for a, b in zip(seen["on"], seen["off"], strict=False)
         if a != b)
     assert "True" in seen["on"]  # its own session and group
+
+
+# A runner whose compilation warns, and which reports its VERSION: a fresh start prints the
+# warning every time and runs the file as it is at that moment.
+_WARNING_RUNNER = '''import json, sys
+VERSION = {version}
+if VERSION is 1:  # SyntaxWarning at compile time: '"is" with a literal'
+    pass
+args = sys.argv[1:]
+if args[0] == "run":
+    with open(args[args.index("--out") + 1], "w") as f:
+        json.dump({{"envelope": 1, "payload": {{"version": VERSION}}}}, f)
+'''
+
+
+def test_a_runner_is_compiled_as_it_is_now_each_time_with_what_its_compile_says(
+        tmp_path: Path, start_agent: Callable[..., RunningAgent]) -> None:
+    """The factory keeps a script's compiled code for its next children (scriptcache.py):
+    a script whose compilation warns is never kept (each run prints the warning, as a fresh
+    start does), and a script changed between two jobs runs its new text."""
+    mod = write_module(tmp_path / "mod", runner={"exec": ["python", "-I", "{bundle}/warns.py"]},
+                       stages=[{"name": "plain", "timeout_s": 60}], with_service=False)
+    script = mod / "warns.py"
+    script.write_text(_WARNING_RUNNER.format(version=1))
+    _settle(script)
+    agents = _both(start_agent, mod)
+    for mode, agent in agents.items():
+        jobs = [agent.run_job("plain", {}, module=MODULE) for _ in range(2)]
+        for job in jobs:
+            assert job["state"] == "succeeded", agent.why(job)
+            assert job["result"]["payload"] == {"version": 1}
+            log = (agent.state_dir / "jobs" / job["job_id"] / "a1" / "runner.log").read_text()
+            assert "SyntaxWarning" in log, (mode, log)
+    assert agents["on"].status()["process_factory"]["scripts_from_cache"] == 0
+    # Now a script that compiles silently, changed between jobs (same size: 1 -> 2).
+    on = agents["on"]
+    script.write_text(_WARNING_RUNNER.format(version=1).replace("VERSION is 1", "VERSION == 1"))
+    _settle(script)
+    assert on.run_job("plain", {}, module=MODULE)["result"]["payload"] == {"version": 1}
+    assert on.run_job("plain", {}, module=MODULE)["result"]["payload"] == {"version": 1}
+    from_cache = on.status()["process_factory"]["scripts_from_cache"]
+    assert from_cache >= 1, on.status()
+    script.write_text(_WARNING_RUNNER.format(version=2).replace("VERSION is 1", "VERSION == 1"))
+    _settle(script)
+    job = on.run_job("plain", {}, module=MODULE)
+    assert job["result"]["payload"] == {"version": 2}, on.why(job)
 
 
 @pytest.mark.parametrize("payload", [{"exit": 3}, {"exit": 75}, {"kill": int(signal.SIGTERM)},

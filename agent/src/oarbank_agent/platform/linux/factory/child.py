@@ -33,12 +33,14 @@ import json
 import os
 import resource
 import signal
+import stat
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import CodeType
 from typing import Any, ClassVar, NoReturn
 
-from oarbank_agent.platform.linux.factory import plan
+from oarbank_agent.platform.linux.factory import plan, scriptcache
 from oarbank_sdk import sandbox
 from oarbank_sdk.sandbox import launch as launcher
 
@@ -47,6 +49,8 @@ __all__ = ["Startup", "run"]
 _PR_SET_DUMPABLE = 4
 _PR_GET_DUMPABLE = 3
 _STDIO = ((0, "<stdin>", "r"), (1, "<stdout>", "w"), (2, "<stderr>", "w"))
+_SETTABLE = tuple(sig for sig in signal.valid_signals()
+                  if sig not in (signal.SIGKILL, signal.SIGSTOP))
 
 
 @dataclass
@@ -126,13 +130,16 @@ def _set_signals(ignored: frozenset[int], also_ignored: tuple[int, ...], python:
     ign = set(ignored) | set(also_ignored)
     if python:
         ign |= {signal.SIGPIPE, getattr(signal, "SIGXFSZ", signal.SIGPIPE)}
-    for sig in signal.valid_signals():
-        if sig in (signal.SIGKILL, signal.SIGSTOP):
-            continue
-        with contextlib.suppress(OSError, ValueError):
-            signal.signal(sig, signal.SIG_IGN if sig in ign else signal.SIG_DFL)
-    if python and signal.SIGINT not in ign:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+    for sig in _SETTABLE:
+        want: Any = signal.SIG_IGN if sig in ign else signal.SIG_DFL
+        if python and sig == signal.SIGINT and want == signal.SIG_DFL:
+            want = signal.default_int_handler
+        # Only what differs (a sigaction each, and this runs up to three times a child: 0.7 ms
+        # for all 62). getsignal is the interpreter's record of the disposition it set or found
+        # at its start; None (a handler set from C) is set all the same.
+        if signal.getsignal(sig) != want:
+            with contextlib.suppress(OSError, ValueError):
+                signal.signal(sig, want)
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
 
 
@@ -174,11 +181,14 @@ def _confine(startup: Startup, launch: plan.LaunchPlan) -> None:
         os._exit(code)
 
 
-def run(req: dict[str, Any], received: list[int], startup: Startup, err_fd: int) -> NoReturn:
-    """Never returns: execs, runs the script and exits, or exits with the failure."""
+def run(req: dict[str, Any], received: list[int], startup: Startup, err_fd: int,
+        offered: scriptcache.Compiled | None = None) -> NoReturn:
+    """Never returns: execs, runs the script and exits, or exits with the failure.
+    ``offered``: the factory's compiled copy of the script it expects this child to run in
+    place (used only if the child's own look at the file gives the same stamp)."""
     err = [err_fd]  # where it is now: _place_fds moves it out of the children's way
     try:
-        _run(req, received, startup, err)
+        _run(req, received, startup, err, offered)
     except _Refused as exc:
         _report(err[0], exc)
     except BaseException as exc:  # a bug here must never return into the factory's loop
@@ -188,7 +198,8 @@ def run(req: dict[str, Any], received: list[int], startup: Startup, err_fd: int)
     os._exit(127)
 
 
-def _run(req: dict[str, Any], received: list[int], startup: Startup, err: list[int]) -> None:
+def _run(req: dict[str, Any], received: list[int], startup: Startup, err: list[int],
+         offered: scriptcache.Compiled | None) -> None:
     err_fd = err[0]
     argv: list[str] = req["argv"]
     env: dict[str, str] = req["env"]
@@ -233,13 +244,16 @@ def _run(req: dict[str, Any], received: list[int], startup: Startup, err: list[i
     if sandboxed:  # until this is done it shows the factory's command line (escapewatch)
         _confine(startup, launch)
     script = plan.in_place(command, startup.python, env, startup.locale)
-    if script is not None and not (os.path.isabs(script[0]) and _readable(script[0])
+    stamp = _stamp_if_readable(script[0]) if script is not None else None
+    if script is not None and not (os.path.isabs(script[0]) and stamp is not None
                                    and _shadowed(os.path.dirname(script[0]), startup) is None
                                    and _show_as(command, env)):
         script = None  # exec, below: its imports or /proc/<pid>/cmdline could not be exact
     if script is not None:
+        code = (offered.code if offered is not None and offered.path == script[0]
+                and offered.stamp == stamp else None)
         _run_in_place(script[0], script[1], command, env, startup, ignored,
-                      None if sandboxed else err_fd)
+                      None if sandboxed else err_fd, code)
     # exec: a Python launcher leaves SIGPIPE/SIGXFSZ ignored, Popen restores them.
     _set_signals(ignored, (signal.SIGPIPE, getattr(signal, "SIGXFSZ", signal.SIGPIPE))
                  if sandboxed else (), python=False)
@@ -358,7 +372,9 @@ def _fail_launch(message: str, code: int = sandbox.EXIT_SETUP_FAILED) -> int:
 
 
 def _run_in_place(script: str, argv: list[str], command: list[str], env: Mapping[str, str],
-                  startup: Startup, ignored: frozenset[int], err_fd: int | None) -> NoReturn:
+                  startup: Startup, ignored: frozenset[int], err_fd: int | None,
+                  code_of_script: CodeType | None) -> NoReturn:
+    import pkgutil
     import runpy
 
     _set_signals(ignored, (), python=True)
@@ -377,7 +393,14 @@ def _run_in_place(script: str, argv: list[str], command: list[str], env: Mapping
         os.close(err_fd)  # started: from here on it is the script's own doing
     code = 0
     try:
-        runpy.run_path(script, run_name="__main__")
+        # run_path's own steps for a plain file, with the code compiled once where the
+        # factory has it (scriptcache.py); its importer lookup stays: a fresh start makes it
+        # too (sys.path_importer_cache), and a folder or zip goes runpy's way.
+        if code_of_script is not None and pkgutil.get_importer(script) is None:
+            runpy._run_module_code(code_of_script, None, "__main__", pkg_name="",  # type: ignore[attr-defined]
+                                   script_name=script)
+        else:
+            runpy.run_path(script, run_name="__main__")
     except SystemExit as exc:
         code = _exit_code(exc)
     except BaseException as exc:  # what python prints for an uncaught exception
@@ -391,13 +414,20 @@ def _run_in_place(script: str, argv: list[str], command: list[str], env: Mapping
     os._exit(_finalize(code))
 
 
-def _readable(script: str) -> bool:
-    """A file this child can open: else python's own "can't open file" comes from an exec."""
+def _stamp_if_readable(script: str) -> scriptcache.Stamp | None:
+    """The stamp of a plain file this child can open (None: python's own "can't open file"
+    comes from an exec); what the factory's compiled copy is checked against."""
     try:
-        with open(script, "rb"):
-            return os.path.isfile(script)
+        fd = os.open(script, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK)
     except OSError:
-        return False
+        return None
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return scriptcache.stamp_of(st) if stat.S_ISREG(st.st_mode) else None
 
 
 def _exit_code(exc: SystemExit) -> int:

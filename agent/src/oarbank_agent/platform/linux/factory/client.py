@@ -65,6 +65,7 @@ class FactoryClient:
         self.backend = backend  # passed in: this module is the backend's, below its choice
         self.on_lost = on_lost
         self.restarts = 0
+        self.from_cache = 0  # children that ran the factory's compiled copy of their script
         self.broken: str | None = None  # why spawns go the direct way now
         self._proc: asyncio.subprocess.Process | None = None
         self._sock: Any = None
@@ -158,7 +159,8 @@ class FactoryClient:
         """The factory's share of the agent's footprint (status)."""
         pid = self.pid
         rep: dict[str, Any] = {"mode": "on", "pid": pid, "restarts": self.restarts,
-                               "children": len(self._live), "note": self.broken}
+                               "children": len(self._live), "note": self.broken,
+                               "scripts_from_cache": self.from_cache}
         if pid is not None:
             rep.update(self.backend.factory.footprint(pid))  # rss_bytes, fds
         return rep
@@ -251,6 +253,8 @@ class FactoryClient:
             pending = self._pending.get(int(msg["id"]))
             pid = int(msg["pid"])
             proc = self._live[pid] = FactoryProcess(pid, *(pending[1:] if pending else ()))
+            if msg.get("cached") is True:  # offered its script's code (scriptcache.py)
+                self.from_cache += 1
             if pending is not None and not pending[0].done():
                 pending[0].set_result(proc)
         elif op == "failed":

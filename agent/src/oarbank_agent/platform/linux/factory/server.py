@@ -26,7 +26,7 @@ import subprocess
 import sys
 from typing import Any
 
-from oarbank_agent.platform.linux.factory import child, intocgroup, selfconfine, wire
+from oarbank_agent.platform.linux.factory import child, intocgroup, scriptcache, selfconfine, wire
 from oarbank_sdk import sandbox
 from oarbank_sdk.protocol import current_transport
 
@@ -73,6 +73,7 @@ class Factory:
         self.sock = sock
         self.startup = startup
         self.children: set[int] = set()
+        self.scripts = scriptcache.ScriptCache()  # compiled once, for the next children
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
         os.set_blocking(self.wake_r, False)
@@ -104,6 +105,9 @@ class Factory:
             self.reap()
 
     def spawn(self, req: dict[str, Any], fds: list[int]) -> None:
+        st = self.startup
+        script = scriptcache.script_of(req["argv"], req["env"], st.python, st.boot, st.locale)
+        offered = self.scripts.offer(script)
         err_r, err_w = os.pipe()
         join = req.get("join")
         try:
@@ -122,7 +126,7 @@ class Factory:
         if pid == 0:  # the child: never returns here
             os.close(err_r)
             self.sock.detach()
-            child.run(req, fds, self.startup, err_w)
+            child.run(req, fds, self.startup, err_w, offered)
         os.close(err_w)
         # Said at once: a factory that dies before ``started`` leaves a child the agent must
         # still be able to find and end.
@@ -147,7 +151,9 @@ class Factory:
             self._reply({"op": "failed", "id": req["id"], **why})
             return
         self.children.add(pid)
-        self._reply({"op": "started", "id": req["id"], "pid": pid})
+        self._reply({"op": "started", "id": req["id"], "pid": pid, "cached": offered is not None})
+        if offered is None:
+            self.scripts.learn(script)  # off this spawn's path: the next child's
 
     def reap(self) -> None:
         while self.children:
