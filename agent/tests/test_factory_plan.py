@@ -77,7 +77,7 @@ def test_unknown_mode_is_refused_by_name() -> None:
 
 def test_a_scripts_folder_shadows_a_held_stdlib_module_only_with_a_module_file(
         tmp_path: object) -> None:
-    """``child._shadowed``: what makes the factory exec a script instead of running it in
+    """``heldmodules.shadowed``: what makes the factory exec a script instead of running it in
     place. A folder of that name without ``__init__`` is a namespace portion (the standard
     library's module is found first); a module outside the standard library never counts (it
     is dropped before the script runs)."""
@@ -86,14 +86,39 @@ def test_a_scripts_folder_shadows_a_held_stdlib_module_only_with_a_module_file(
 
     import pytest as _pytest  # noqa: F401  (held, not standard library)
 
-    from oarbank_agent.platform.linux.factory import child
+    from oarbank_agent.platform.linux.factory import heldmodules
 
     folder = Path(str(tmp_path))
-    startup = child.Startup(PY, [], {}, {}, [], BOOT, fresh_modules=frozenset({"sys", "os"}))
+    held = heldmodules.snapshot(frozenset({"sys", "os"}))
     (folder / "dataclasses").mkdir()
     (folder / "pytest.py").write_text("")
     (folder / "os.py").write_text("")  # a fresh start has os already: both get the same
-    assert child._shadowed(str(folder), startup) is None
+    assert heldmodules.shadowed(str(folder), held) is None
     (folder / "dataclasses" / "__init__.py").write_text("")
-    assert child._shadowed(str(folder), startup) == "dataclasses"
-    assert child._shadowed(str(folder / "missing"), startup) is None
+    assert heldmodules.shadowed(str(folder), held) == "dataclasses"
+    assert heldmodules.shadowed(str(folder / "missing"), held) is None
+
+
+def test_the_held_modules_are_taken_again_only_when_something_was_imported() -> None:
+    """``heldmodules.snapshot``: the factory takes it once per spawn, a child again only if
+    it imported since; a module imported after a snapshot must still be forgotten."""
+    import types
+
+    from oarbank_agent.platform.linux.factory import heldmodules
+
+    fresh = frozenset({"sys", "os"})
+    first = heldmodules.snapshot(fresh)
+    assert heldmodules.snapshot(fresh, first) is first
+    assert "oarbank_agent.platform.linux.factory.heldmodules" in first.foreign
+    assert "os" not in first.foreign and "json" not in first.foreign  # standard library stays
+    name = "oarbank_test_imported_after_the_snapshot"
+    sys.modules[name] = types.ModuleType(name)
+    try:
+        later = heldmodules.snapshot(fresh, first)
+        assert later is not first and name in later.foreign
+        # (forgetting all of `later` here would drop pytest's own modules from this process)
+        only = heldmodules.Held(later.count, frozenset(), (name,))
+        heldmodules.forget(only, list(sys.meta_path), list(sys.path_hooks))
+        assert name not in sys.modules
+    finally:
+        sys.modules.pop(name, None)

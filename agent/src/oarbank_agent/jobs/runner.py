@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import json
 import os
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -186,7 +185,6 @@ async def _run(ctx: ModuleCtx, node: NodeInfo, stage: mf.Stage, *, job_id: str,
         broker.own(attempt_id, procs.group_of(proc).owns)  # a connect's pid is checked by it
         if on_spawned is not None:
             on_spawned()
-        (workdir / "started_at").write_text(f"{time.time():.6f}\n")
         timed_out = False
         # Not wait_for: on Python < 3.12 it may swallow a cancel (agent shutdown) that comes
         # in the turn the runner exits (eventwait.py).

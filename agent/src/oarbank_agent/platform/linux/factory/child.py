@@ -12,7 +12,7 @@ command cannot tell the two paths apart (``tests/test_factory.py``):
 5. the sandbox with the launcher's own request and code (``plan.split_launch``),
 6. ``execve``, or, for ``python -I script.py`` (``plan.in_place``), ``runpy`` in this process
    with ``sys.argv``, ``sys.path``, ``os.environ`` and stdio as that start-up would set them,
-   and no module of the factory's that a fresh start would import otherwise (``_forget_held``;
+   and no module of the factory's that a fresh start would import otherwise (``heldmodules``;
    a script whose folder would shadow a standard-library module the factory holds is exec'd).
 
 Failures before the point where the direct path would have exec'd (the launcher, or the
@@ -26,8 +26,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import fcntl
-import importlib
-import importlib.machinery
 import io
 import json
 import os
@@ -40,7 +38,7 @@ from dataclasses import dataclass, field
 from types import CodeType
 from typing import Any, ClassVar, NoReturn
 
-from oarbank_agent.platform.linux.factory import plan, scriptcache
+from oarbank_agent.platform.linux.factory import heldmodules, plan, scriptcache
 from oarbank_sdk import sandbox
 from oarbank_sdk.sandbox import launch as launcher
 
@@ -70,6 +68,13 @@ class Startup:
     fresh_modules: frozenset[str] = frozenset()
     meta_path: list[Any] = field(default_factory=list)
     path_hooks: list[Any] = field(default_factory=list)
+    # The factory's modules that a fresh start lacks, as the factory last took them
+    # (heldmodules.py; a child takes them again only if it imported something since).
+    held: heldmodules.Held | None = None
+
+    def held_now(self) -> heldmodules.Held:
+        self.held = heldmodules.snapshot(self.fresh_modules, self.held)
+        return self.held
 
 
 def capture(boot: str, launcher_sys_path: list[str]) -> Startup:
@@ -246,7 +251,8 @@ def _run(req: dict[str, Any], received: list[int], startup: Startup, err: list[i
     script = plan.in_place(command, startup.python, env, startup.locale)
     stamp = _stamp_if_readable(script[0]) if script is not None else None
     if script is not None and not (os.path.isabs(script[0]) and stamp is not None
-                                   and _shadowed(os.path.dirname(script[0]), startup) is None
+                                   and heldmodules.shadowed(os.path.dirname(script[0]),
+                                                            startup.held_now()) is None
                                    and _show_as(command, env)):
         script = None  # exec, below: its imports or /proc/<pid>/cmdline could not be exact
     if script is not None:
@@ -266,67 +272,20 @@ def _run(req: dict[str, Any], received: list[int], startup: Startup, err: list[i
         raise _Refused(exc, f"cannot run {command[0]}", command[0]) from None
 
 
-# A module's process imports what a fresh interpreter would, never the factory's copy
-# (contract section 4: "nothing the agent has imported itself may shadow it"). Two rules,
-# chosen over the alternatives (exec whenever anything could shadow; re-import everything;
-# a finder that hands back held modules whose file matches, which cannot see what a held
-# module imported under it):
-# - A module the factory holds that a fresh start lacks, outside the standard library (our
-#   SDK, the agent's package, pyseccomp, ...), is dropped from sys.modules before the script
-#   runs (``_forget_held``): the script imports it afresh from wherever its own sys.path finds
-#   it (a bundled copy, a nested package, a newer version installed since the factory
-#   started). Exact wherever the copy lives. The cost: the few such modules a script imports
-#   are executed again (their standard-library imports stay loaded: that is the speed).
-# - The standard library stays loaded: it is the interpreter's own and cannot change under it.
-#   It could still be shadowed by a file of the same name that the script puts first on its
-#   path; a module keeps such files next to its scripts, so a script whose folder holds one
-#   for a module the factory holds (and a fresh start lacks) is exec'd (``_shadowed``). Only
-#   the script's folder is looked at: a standard-library name bundled elsewhere is not seen.
-
-
-def _shadowed(folder: str, startup: Startup) -> str | None:
-    """The standard-library module held here (not by a fresh start) that a module file in
-    ``folder`` would replace once the script puts ``folder`` first on ``sys.path``; None if
-    none (or ``folder`` cannot be listed: then no import finds anything in it either)."""
-    try:
-        entries = os.listdir(folder)
-    except OSError:
-        return None
-    # Top-level names only: a package a fresh start has already (os, encodings) is found in
-    # sys.modules by both, whatever the folder holds, and so are its submodules.
-    held = {n.partition(".")[0] for n in sys.modules} - startup.fresh_modules
-    for name in sorted({e.partition(".")[0] for e in entries} & held):
-        if name not in sys.stdlib_module_names:
-            continue  # dropped anyway (_forget_held)
-        spec = importlib.machinery.PathFinder.find_spec(name, [folder])
-        if spec is not None and spec.loader is not None:  # not a namespace portion
-            return name
-    return None
-
-
-_set_aside: list[Any] = []
-
-
-def _forget_held(startup: Startup) -> None:
-    """sys.modules and the import machinery as a fresh start has them, but for the standard
-    library (see above): every other module the factory imported for itself goes, and its
-    name with it from a package that stays."""
-    std = sys.stdlib_module_names
-    for name in [n for n in sys.modules
-                 if n not in startup.fresh_modules and n.partition(".")[0] not in std]:
-        mod = sys.modules.pop(name)
-        _set_aside.append(mod)  # kept alive: freeing it would only touch (copy) pages
-        parent, _, leaf = name.rpartition(".")
-        owner = sys.modules.get(parent) if parent else None
-        if owner is not None and getattr(owner, leaf, None) is mod:
-            with contextlib.suppress(AttributeError, TypeError):
-                delattr(owner, leaf)
-    sys.meta_path[:] = startup.meta_path
-    sys.path_hooks[:] = startup.path_hooks
-    importlib.invalidate_caches()  # folders' listings as they are now, not at the factory's start
-
-
 _PR_SET_MM, _PR_SET_MM_MAP = 35, 14
+_bound: list[Any] = []
+
+
+def libc() -> Any:
+    """The C library with ``prctl`` and ``sbrk`` looked up, once: by the factory before its
+    first fork (``server.Factory``), so each child does not open and look them up again; not
+    at import, where the darwin profile's tripwire would see a Linux call."""
+    if not _bound:
+        lib = ctypes.CDLL(None, use_errno=True)
+        lib.sbrk.restype = ctypes.c_void_p
+        lib.prctl  # noqa: B018 (looked up now: CDLL keeps it)
+        _bound.append(lib)
+    return _bound[0]
 _shown: list[Any] = []  # the blocks /proc/<pid>/cmdline and environ now point into
 
 
@@ -341,7 +300,7 @@ def _show_as(argv: list[str], env: Mapping[str, str]) -> bool:
     """Make ``/proc/<pid>/cmdline`` and ``environ`` (ps, psutil, a probe) read as an exec'd
     process's (``PR_SET_MM_MAP``: no capability needed, the kernel checks the layout). False
     where the kernel refuses (no CONFIG_CHECKPOINT_RESTORE): the caller execs instead."""
-    libc = ctypes.CDLL(None, use_errno=True)
+    lib = libc()
     with open("/proc/self/stat", "rb") as f:
         data = f.read()
     st = [int(x) for x in data[data.rfind(b")") + 2:].split()[1:]]  # from field 4 (ppid)
@@ -349,8 +308,7 @@ def _show_as(argv: list[str], env: Mapping[str, str]) -> bool:
     # stat fields 26-28 (code, stack) and 45-51 (data, brk, args, env); index = field - 4
     m.start_code, m.end_code, m.start_stack = st[22], st[23], st[24]
     m.start_data, m.end_data, m.start_brk = st[41], st[42], st[43]
-    libc.sbrk.restype = ctypes.c_void_p
-    m.brk = libc.sbrk(0) or 0
+    m.brk = lib.sbrk(0) or 0
     blocks = []
     for items in (argv, [f"{k}={v}" for k, v in env.items()]):
         block = b"".join(os.fsencode(x) + b"\0" for x in items) or b"\0"
@@ -361,7 +319,7 @@ def _show_as(argv: list[str], env: Mapping[str, str]) -> bool:
     m.env_start = ctypes.addressof(blocks[1])
     m.env_end = m.env_start + len(blocks[1])
     m.auxv, m.auxv_size, m.exe_fd = None, 0, 0xFFFFFFFF
-    if libc.prctl(_PR_SET_MM, _PR_SET_MM_MAP, ctypes.byref(m), ctypes.sizeof(m), 0) != 0:
+    if lib.prctl(_PR_SET_MM, _PR_SET_MM_MAP, ctypes.byref(m), ctypes.sizeof(m), 0) != 0:
         return False
     _shown.extend(blocks)  # must live as long as the process
     return True
@@ -378,9 +336,9 @@ def _run_in_place(script: str, argv: list[str], command: list[str], env: Mapping
     import runpy
 
     _set_signals(ignored, (), python=True)
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(_PR_GET_DUMPABLE, 0, 0, 0, 0) == 0:
-        libc.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)  # an exec'd child is dumpable again too
+    lib = libc()
+    if lib.prctl(_PR_GET_DUMPABLE, 0, 0, 0, 0) == 0:
+        lib.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)  # an exec'd child is dumpable again too
     os.environ.clear()
     os.environ.update(env)
     for k, v in startup.env_added.items():
@@ -388,7 +346,7 @@ def _run_in_place(script: str, argv: list[str], command: list[str], env: Mapping
     sys.argv = argv
     sys.orig_argv = command
     sys.path[:] = startup.sys_path
-    _forget_held(startup)
+    heldmodules.forget(startup.held_now(), startup.meta_path, startup.path_hooks)
     if err_fd is not None:
         os.close(err_fd)  # started: from here on it is the script's own doing
     code = 0

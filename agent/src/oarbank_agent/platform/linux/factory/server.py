@@ -3,7 +3,7 @@
 One per agent, started by ``client.FactoryClient``. It imports, once, what every child would
 otherwise import again (the SDK's sandbox launcher and its seccomp binding, ``runpy``), then
 waits on its socket. A script run in place keeps only the standard library of that: the rest
-it imports afresh, as a fresh interpreter would (``child._forget_held``). Per ``spawn`` it
+it imports afresh, as a fresh interpreter would (``heldmodules.forget``). Per ``spawn`` it
 forks a child (``child.run``), answers ``started`` (or ``failed``) as soon as the child is past
 the point where the direct path's ``Popen`` returns, and ``exit`` when it reaps the child.
 Single-threaded on purpose: ``fork`` copies only the calling thread, and user namespaces and
@@ -43,7 +43,7 @@ def _launcher_sys_path() -> list[str]:
 
 def _fresh_modules() -> frozenset[str]:
     """sys.modules of a fresh ``python -I`` start (a script's sees the same): what a child run
-    in place keeps of the modules outside the standard library (``child._forget_held``)."""
+    in place keeps of the modules outside the standard library (``heldmodules.forget``)."""
     out = subprocess.run([sys.executable, "-I", "-c", "import sys;print(*sys.modules)"],
                          capture_output=True, text=True, timeout=60, check=True, env={})
     return frozenset(out.stdout.split())
@@ -56,7 +56,7 @@ def _preload(guard_pid: int, launcher_sys_path: list[str]) -> None:
     # library a runner or service of the SDK imports (http.client, email, http.server, json,
     # ...: 40-50 ms of a modelserver runner's 60, measured): it stays loaded in every child,
     # as the standard library does (child.py). The SDK's own modules are forgotten in each
-    # child (``_forget_held``): a script imports them afresh, from its bundle where it has
+    # child (``heldmodules.forget``): a script imports them afresh, from its bundle where it has
     # one. argparse and concurrent.futures: what runners use most.
     import argparse  # noqa: F401
     import concurrent.futures  # noqa: F401
@@ -74,6 +74,7 @@ class Factory:
         self.startup = startup
         self.children: set[int] = set()
         self.scripts = scriptcache.ScriptCache()  # compiled once, for the next children
+        child.libc()  # looked up once here, not in each child
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
         os.set_blocking(self.wake_r, False)
@@ -108,6 +109,7 @@ class Factory:
         st = self.startup
         script = scriptcache.script_of(req["argv"], req["env"], st.python, st.boot, st.locale)
         offered = self.scripts.offer(script)
+        st.held_now()  # taken here once, not in every child (heldmodules.py)
         err_r, err_w = os.pipe()
         join = req.get("join")
         try:
