@@ -52,3 +52,32 @@ def test_only_figures_that_missed_a_target_are_explained() -> None:
     assert "  CPU per connect: job 100 us" in lines
     assert any("--profile DIR --only connect_handoff" in line for line in lines)
     assert not any("footprint" in line for line in lines)
+
+
+def test_the_python_floor_of_a_hand_over_measures_every_side_and_leaves_nothing() -> None:
+    """handover_floor.py: the three processes run the contract's lines for real (descriptors
+    over SCM_RIGHTS, receipts), each side reports its CPU per connect, and the two it forked
+    are gone when it answers."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "harness.bench.handover_floor", "60"],
+                            stdout=subprocess.PIPE, text=True,
+                            cwd=Path(__file__).resolve().parents[2])
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0
+    got = json.loads(out)
+    assert len(got["latencies_s"]) == 60 and all(x > 0 for x in got["latencies_s"])
+    for side in ("job", "agent", "service"):
+        assert got[f"{side}_cpu_us"] > 0, got
+    forked = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) == proc.pid:
+                    forked.append(pid)
+        except (OSError, ValueError, IndexError):
+            continue
+    assert not forked, f"left running: {forked}"

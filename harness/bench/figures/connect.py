@@ -9,7 +9,10 @@ connect (``connect_cpu_<side>``), to say where a connect's time goes."""
 
 from __future__ import annotations
 
+import json
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -54,6 +57,9 @@ def run(b: Bench) -> dict[str, Any]:
     port = b.baseline_addrs()["tcp_nodelay"]
     metrics: dict[str, Any] = {}
     cpu: dict[str, list[float]] = {}
+    floor_cpu: dict[str, list[float]] = {}
+    floor_lat: list[float] = []
+    one_pairs: list[float] = []
     for n in p.connect_parallel:
         ours: list[float] = []
         base: list[float] = []
@@ -91,6 +97,12 @@ def run(b: Bench) -> dict[str, Any]:
             res = _processes(b, {"mode": "pairs", "count": p.connect_count}, n, f"k{n}-{r}")
             pairs += [x for r_ in res for x in r_["latencies_s"]]
             pairs_cps.append(_cps(res))
+            if n == 1:  # the same connects, through a hand-over that does nothing else
+                one_pairs += [x for r_ in res for x in r_["latencies_s"]]
+                floor = _python_floor(p.connect_count)
+                floor_lat += floor.pop("latencies_s")
+                for key, us in floor.items():
+                    floor_cpu.setdefault(key.split("_")[0], []).append(us)
         kernel = "socketpair + SCM_RIGHTS (kernel pairs)"
         # Issue 29: against the kernel's own part, one connect alone <= 3x, 8 or 32 attempts at
         # once >= 0.8x its connects a second. (Issue 16's loopback TCP rows stay, untargeted.)
@@ -111,9 +123,36 @@ def run(b: Bench) -> dict[str, Any]:
                 cpu[side], unit="us", with_p99=False,
                 targets={"median": "<= 90"} if side != "job" else None,
                 note=f"CPU per connect, 1 attempt: the {side} side (every thread)")
+    if floor_lat:
+        metrics["connect_latency_python_floor"] = metric(
+            floor_lat, unit="us", scale=US, baseline=one_pairs,
+            baseline_name="socketpair + SCM_RIGHTS (kernel pairs)",
+            note="harness/bench/handover_floor.py: job, asyncio agent and service doing only "
+                 "the contract's hand-over, in Python")
+    for side in ("job", "agent", "service"):
+        if floor_cpu.get(side):
+            metrics[f"connect_cpu_{side}_python_floor"] = metric(
+                floor_cpu[side], unit="us", with_p99=False,
+                note=f"CPU per connect of the {side} side of handover_floor.py")
     where = []
     if cpu:
         sides = ", ".join(f"{side} {statistics.median(v):.0f} us" for side, v in cpu.items())
         where.append(f"CPU per connect, 1 attempt alone (every thread, /proc schedstat): {sides}")
+    if floor_lat and one_pairs:
+        sides = ", ".join(f"{side} {statistics.median(v):.0f} us"
+                          for side, v in floor_cpu.items())
+        where.append(
+            f"the floor of this design in Python (handover_floor.py: three processes, asyncio's "
+            f"loop, nothing but the hand-over and its receipts): one connect "
+            f"{statistics.median(floor_lat) / statistics.median(one_pairs):.1f}x the kernel "
+            f"pairs' latency; CPU per connect {sides}")
     return {"title": TITLE, "metrics": metrics, "where": where,
             "details": {"connects_per_attempt": p.connect_count, "rounds": p.connect_rounds}}
+
+
+def _python_floor(count: int) -> dict[str, Any]:
+    """handover_floor.py's figures for ``count`` connects (its own process: it forks)."""
+    out = subprocess.run([sys.executable, "-m", "harness.bench.handover_floor", str(count)],
+                         capture_output=True, text=True, timeout=300, check=True)
+    result: dict[str, Any] = json.loads(out.stdout)
+    return result
