@@ -31,7 +31,6 @@ import json
 import os
 import resource
 import signal
-import stat
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -249,7 +248,8 @@ def _run(req: dict[str, Any], received: list[int], startup: Startup, err: list[i
     if sandboxed:  # until this is done it shows the factory's command line (escapewatch)
         _confine(startup, launch)
     script = plan.in_place(command, startup.python, env, startup.locale)
-    stamp = _stamp_if_readable(script[0]) if script is not None else None
+    # a plain file this child can open: else python's own "can't open file" comes from an exec
+    stamp = scriptcache.readable_stamp(script[0]) if script is not None else None
     if script is not None and not (os.path.isabs(script[0]) and stamp is not None
                                    and heldmodules.shadowed(os.path.dirname(script[0]),
                                                             startup.held_now()) is None
@@ -370,22 +370,6 @@ def _run_in_place(script: str, argv: list[str], command: list[str], env: Mapping
         if isinstance(exc, KeyboardInterrupt):
             code = -signal.SIGINT
     os._exit(_finalize(code))
-
-
-def _stamp_if_readable(script: str) -> scriptcache.Stamp | None:
-    """The stamp of a plain file this child can open (None: python's own "can't open file"
-    comes from an exec); what the factory's compiled copy is checked against."""
-    try:
-        fd = os.open(script, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK)
-    except OSError:
-        return None
-    try:
-        st = os.fstat(fd)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    return scriptcache.stamp_of(st) if stat.S_ISREG(st.st_mode) else None
 
 
 def _exit_code(exc: SystemExit) -> int:

@@ -37,7 +37,7 @@ from typing import Any
 from oarbank_agent.platform.linux.factory import plan
 from oarbank_sdk import sandbox
 
-__all__ = ["Stamp", "Compiled", "ScriptCache", "stamp_of", "SETTLE_S", "MAX_SOURCE",
+__all__ = ["Stamp", "Compiled", "ScriptCache", "stamp_of", "readable_stamp", "SETTLE_S", "MAX_SOURCE",
            "MAX_SCRIPTS"]
 
 SETTLE_S = 2.0
@@ -60,13 +60,35 @@ class Compiled:
     code: CodeType
 
 
+def _open(path: str) -> int | None:
+    """A descriptor to read ``path`` through (never blocks on a FIFO), or None."""
+    try:
+        return os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK)
+    except OSError:
+        return None
+
+
+def readable_stamp(path: str) -> Stamp | None:
+    """The stamp of ``path`` if it is a plain file this process can open, else None: what a
+    child checks the factory's compiled copy against before it runs it."""
+    fd = _open(path)
+    if fd is None:
+        return None
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return stamp_of(st) if stat.S_ISREG(st.st_mode) else None
+
+
 def compile_script(path: str, now: float | None = None) -> Compiled | Stamp | None:
     """``path`` compiled as ``python -I path`` would; or the stamp of a file that must never be
     kept as it is (see the module's rules); or None: not now (unreadable, changing, too new).
     Never raises for what the file holds."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK)
-    except OSError:
+    fd = _open(path)
+    if fd is None:
         return None
     try:
         before = os.fstat(fd)
