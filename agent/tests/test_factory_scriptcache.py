@@ -67,6 +67,29 @@ def test_what_a_compile_would_say_is_never_kept(tmp_path: Path, text: bytes) -> 
     assert cache.offer(str(path)) is None and len(cache) == 0
 
 
+@pytest.mark.parametrize("text", [
+    b"x = " + b"-" * 60_000 + b"1\n",  # 3.11's parser gives up: MemoryError
+    b"x = 1" + b" + 1" * 15_000 + b"\n",  # 3.11's compiler gives up: RecursionError
+], ids=["deep", "long"])
+def test_a_source_the_compiler_gives_up_on_is_refused_not_fatal(tmp_path: Path,
+                                                               text: bytes) -> None:
+    """What this interpreter cannot compile is refused like a syntax error (the factory
+    lives on); what it can compile is kept."""
+    path = tmp_path / "run.py"
+    path.write_bytes(text)
+    os.utime(path, (time.time() - 60, time.time() - 60))
+    try:
+        compile(text, str(path), "exec", dont_inherit=True)
+        compiles = True
+    except (SyntaxError, MemoryError, RecursionError):
+        compiles = False
+    got = compile_script(str(path))
+    if compiles:
+        assert isinstance(got, scriptcache.Compiled)
+    else:
+        assert got == scriptcache.stamp_of(os.stat(path))
+
+
 def test_a_changed_script_is_never_offered(tmp_path: Path) -> None:
     cache = ScriptCache()
     path = _script(tmp_path / "run.py", "V = 1\n")

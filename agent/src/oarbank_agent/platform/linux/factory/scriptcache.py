@@ -16,9 +16,11 @@ What a child runs must be what ``python -I script.py`` would compile at that mom
 - a compiled file (``.pyc`` magic) or anything not a plain file goes runpy's way each time.
 
 The factory compiles a script after answering the spawn that first ran it (off that spawn's
-path), from the file the bundle holds: source only, never run here, at most ``MAX_SOURCE``
-bytes, at most ``MAX_SCRIPTS`` kept (least recently used goes first). Children cannot write to a
-bundle (their walls), and the child's own stamp check is what decides.
+path), from the file the bundle holds: source only, never run here; at most ``MAX_SOURCE``
+bytes (the factory serves one spawn at a time: a bigger script is each child's to compile);
+at most ``MAX_SCRIPTS`` kept (least recently used goes first). A source that makes the
+compiler give up (nesting too deep, out of memory) is refused like a syntax error. Children
+cannot write to a bundle (their walls), and the child's own stamp check is what decides.
 """
 
 from __future__ import annotations
@@ -37,11 +39,11 @@ from typing import Any
 from oarbank_agent.platform.linux.factory import plan
 from oarbank_sdk import sandbox
 
-__all__ = ["Stamp", "Compiled", "ScriptCache", "stamp_of", "readable_stamp", "SETTLE_S", "MAX_SOURCE",
-           "MAX_SCRIPTS"]
+__all__ = ["Stamp", "Compiled", "ScriptCache", "stamp_of", "readable_stamp", "SETTLE_S",
+           "MAX_SOURCE", "MAX_SCRIPTS"]
 
 SETTLE_S = 2.0
-MAX_SOURCE = 1 << 20
+MAX_SOURCE = 64 << 10  # compiling 64 KiB holds every spawn ~15-75 ms, once a version
 MAX_SCRIPTS = 64
 
 Stamp = tuple[int, int, int, int, int]  # st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns
