@@ -273,7 +273,8 @@ def _run(req: dict[str, Any], received: list[int], startup: Startup, err: list[i
 
 
 _PR_SET_MM, _PR_SET_MM_MAP = 35, 14
-_bound: list[Any] = []
+_shown: list[Any] = []  # the blocks /proc/<pid>/cmdline and environ now point into
+_bound: list[Any] = []  # the C library, looked up once (libc)
 
 
 def libc() -> Any:
@@ -286,7 +287,6 @@ def libc() -> Any:
         lib.prctl  # noqa: B018 (looked up now: CDLL keeps it)
         _bound.append(lib)
     return _bound[0]
-_shown: list[Any] = []  # the blocks /proc/<pid>/cmdline and environ now point into
 
 
 class _MMMap(ctypes.Structure):  # struct prctl_mm_map (linux/prctl.h)
