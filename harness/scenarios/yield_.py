@@ -137,7 +137,9 @@ def yield_(ctx: Ctx) -> None:
 
     records = ctx.wait_jobs(node, jobs, 180)
     final = {j: rec["state"] for j, rec in records.items()}
-    ctx.check(all(s == "succeeded" for s in final.values()), f"after the hold: {final}")
+    why = {j: rec.get("reason") for j, rec in records.items() if rec["state"] != "succeeded"}
+    ctx.check(all(s == "succeeded" for s in final.values()),
+              f"after the hold: {final}; why: {why}")
     ctx.check(len(loads(node)) >= 2, f"model.loads: {loads(node)} (want a reload after the hold)")
     ctx.note(f"all {len(jobs)} jobs succeeded after the hold lifted; model loaded again "
              f"(model.loads: {len(loads(node))} lines)")
