@@ -57,6 +57,7 @@ def run(b: Bench) -> dict[str, Any]:
     port = b.baseline_addrs()["tcp_nodelay"]
     metrics: dict[str, Any] = {}
     cpu: dict[str, list[float]] = {}
+    kernel = "socketpair + SCM_RIGHTS (kernel pairs)"
     floor_cpu: dict[str, list[float]] = {}
     floor_lat: list[float] = []
     one_pairs: list[float] = []
@@ -103,7 +104,6 @@ def run(b: Bench) -> dict[str, Any]:
                 floor_lat += floor.pop("latencies_s")
                 for key, us in floor.items():
                     floor_cpu.setdefault(key.split("_")[0], []).append(us)
-        kernel = "socketpair + SCM_RIGHTS (kernel pairs)"
         # Issue 29: against the kernel's own part, one connect alone <= 3x, 8 or 32 attempts at
         # once >= 0.8x its connects a second. (Issue 16's loopback TCP rows stay, untargeted.)
         metrics[f"connect_latency_{n}_parallel"] = metric(
@@ -125,8 +125,7 @@ def run(b: Bench) -> dict[str, Any]:
                 note=f"CPU per connect, 1 attempt: the {side} side (every thread)")
     if floor_lat:
         metrics["connect_latency_python_floor"] = metric(
-            floor_lat, unit="us", scale=US, baseline=one_pairs,
-            baseline_name="socketpair + SCM_RIGHTS (kernel pairs)",
+            floor_lat, unit="us", scale=US, baseline=one_pairs, baseline_name=kernel,
             note="harness/bench/handover_floor.py: job, asyncio agent and service doing only "
                  "the contract's hand-over, in Python")
     for side in ("job", "agent", "service"):
