@@ -24,6 +24,7 @@ import resource
 import socket
 import sys
 import time
+import traceback
 from typing import Any
 
 __all__ = ["measure"]
@@ -50,7 +51,7 @@ def _conn_of(line: bytes) -> int:
 
 
 def _job(s: socket.socket, count: int) -> dict[str, Any]:
-    latencies = []
+    latencies: list[float] = []
     c0 = _cpu()
     for i in range(WARMUP + count):
         if i == WARMUP:
@@ -91,17 +92,27 @@ def _agent(connector: socket.socket, channel: socket.socket, out: int) -> None:
         connector.setblocking(False)
         channel.setblocking(False)
 
+        job_gone = False
+
+        def end_when_drained() -> None:
+            # Ends only once every receipt is in: closing the channel with the service's last
+            # ``accepted`` lines unread would reset it (a unix stream socket's rule), not end it.
+            if job_gone and not held and not done.done():
+                done.set_result(None)
+
         def release(side: int, line: bytes) -> None:
             s = held.pop((side, _conn_of(line)), None)
             if s is not None:
                 s.close()
+            end_when_drained()
 
         def on_connector() -> None:
-            nonlocal n, c0, seq
+            nonlocal n, c0, seq, job_gone
             data = connector.recv(65536)
             if not data:
-                if not done.done():
-                    done.set_result(None)
+                job_gone = True
+                loop.remove_reader(connector.fileno())
+                end_when_drained()
                 return
             for line in data.split(b"\n"):
                 if line.startswith(b'{"op":"connect"'):
@@ -140,8 +151,9 @@ def measure(count: int) -> dict[str, Any]:
     for role in ("service", "agent"):
         r, w = os.pipe()
         pid = os.fork()
-        if pid == 0:  # the child: its role, then out
+        if pid == 0:  # the child: its role, then out (a failure said, never a silent gap)
             os.close(r)
+            status = 1
             try:
                 if role == "service":
                     for x in (job_end, agent_connector, agent_channel):
@@ -151,8 +163,11 @@ def measure(count: int) -> dict[str, Any]:
                     job_end.close()
                     service_end.close()
                     _agent(agent_connector, agent_channel, w)
+                status = 0
+            except BaseException:
+                traceback.print_exc()
             finally:
-                os._exit(0)
+                os._exit(status)
         os.close(w)
         reports.append(r)
         pids.append(pid)
@@ -163,8 +178,11 @@ def measure(count: int) -> dict[str, Any]:
     for r in reports:
         with os.fdopen(r, "rb") as f:
             result.update(json.loads(f.read() or b"{}"))
-    for pid in pids:
-        os.waitpid(pid, 0)
+    for pid, role in zip(pids, ("service", "agent"), strict=True):
+        _, status = os.waitpid(pid, 0)
+        if status != 0:
+            raise RuntimeError(f"the {role} process failed (wait status {status}): see its "
+                               "traceback above")
     return result
 
 
