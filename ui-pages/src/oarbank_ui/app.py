@@ -26,12 +26,10 @@ seconds. ``<module>`` is a module id or its short name.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 from urllib.parse import quote, unquote, urlencode
@@ -48,11 +46,12 @@ from .metrics import PortalMetrics
 from .modules import PageFileError, PortalModule, find_module
 from .page_links import _page_href, _panel_href, link_resolver, services_fetch
 from .render import RenderContext, ago_text, build_view, data_views, iso_text
+from .responses import Admission, Response, error_response, json_response
 from .services_query import MAX_ROWS, QueryError
 from .store import MAX_NODES_PAGE, HeartbeatStore
 from .tokens import bearer_token
 
-__all__ = ["MAX_BODY", "Admission", "Portal", "Response", "route_name", "services_fetch"]
+__all__ = ["MAX_BODY", "Portal", "route_name", "services_fetch"]
 
 log = logging.getLogger("oarbank_ui.portal")
 MAX_BODY = 1 << 20  # a heartbeat of a big node is a few tens of KiB
@@ -63,22 +62,6 @@ _STATIC_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; cha
 # keeps markup out; this is a second lock on the same door.
 _CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
         "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
-
-
-@dataclass
-class Response:
-    status: int
-    body: bytes
-    content_type: str = "application/json"
-    headers: dict[str, str] = field(default_factory=dict)
-
-
-def _json(status: int, doc: Any) -> Response:
-    return Response(status, (json.dumps(doc) + "\n").encode(), "application/json")
-
-
-def _error(status: int, message: str) -> Response:
-    return _json(status, {"error": message})
 
 
 def route_name(path: str) -> str:
@@ -96,13 +79,6 @@ def route_name(path: str) -> str:
     if parts[0] == "nodes":
         return "panel"
     return "other"
-
-
-@dataclass(frozen=True)
-class Admission:
-    """A heartbeat's headers passed: the node its token names."""
-
-    node_id: str
 
 
 class _RefusalLog:
@@ -154,7 +130,7 @@ class Portal:
         """A refused report: counted by cause, logged (rate-limited), answered with why."""
         self.metrics.refused.labels(cause).inc()
         self._refusal_log(cause, message)
-        r = _error(status, message)
+        r = error_response(status, message)
         r.headers.update(headers or {})
         return r
 
@@ -168,7 +144,7 @@ class Portal:
             if not self.hosts.allows(host):
                 if path.rstrip("/") == "/v1/heartbeat":  # a report refused: counted, logged
                     return self.refuse("host", 400, self.hosts.refusal(host))
-                return _error(400, self.hosts.refusal(host))
+                return error_response(400, self.hosts.refusal(host))
         if path.rstrip("/") != "/v1/heartbeat" or method != "POST":
             return Admission("")
         ctype = headers.get("content-type", "").split(";", 1)[0].strip().lower()
@@ -226,9 +202,9 @@ class Portal:
             return self.refuse("store_error", 503, "heartbeat: the portal could not store it "
                                "(see the portal's log); send it again")
         if route == "healthz":
-            return _json(503, {"ok": False, "store": self.store.kind,
+            return json_response(503, {"ok": False, "store": self.store.kind,
                                "error": f"{type(e).__name__}: {e}"})
-        return _error(503, "the portal's store does not answer; see the portal's log")
+        return error_response(503, "the portal's store does not answer; see the portal's log")
 
     def _handle(self, method: str, path: str, query: dict[str, list[str]], body: bytes,
                 headers: Mapping[str, str] | None, admitted: Admission | None) -> Response:
@@ -247,10 +223,10 @@ class Portal:
             if parts == ["v1", "heartbeat"]:
                 route = "heartbeat"
                 if method != "POST":
-                    return route, _error(405, "POST a heartbeat here")
+                    return route, error_response(405, "POST a heartbeat here")
                 return route, self.heartbeat(body, admitted.node_id)
             if method not in ("GET", "HEAD"):
-                return route, _error(405, f"{method} is not allowed on {path}")
+                return route, error_response(405, f"{method} is not allowed on {path}")
             if not parts:
                 return "index", self.index()
             if parts == ["v1", "queries", "services"]:
@@ -283,7 +259,7 @@ class Portal:
             if route == "heartbeat":
                 return route, self.refuse("store_error", 503, "heartbeat: the portal could not "
                                           "store it (see the portal's log); send it again")
-            return route, _error(500, "internal error; see the portal's log")
+            return route, error_response(500, "internal error; see the portal's log")
         return route, self._html_error(404, "Not found", f"nothing at {path}")
 
     # -- heartbeats and queries ------------------------------------------------------------
@@ -301,24 +277,24 @@ class Portal:
             health = self.store.health()
         except Exception as e:  # the store is down: say so, with its reason
             log.warning("healthz: the store does not answer: %s", e)
-            return _json(503, {"ok": False, "store": self.store.kind,
+            return json_response(503, {"ok": False, "store": self.store.kind,
                                "error": f"{type(e).__name__}: {e}"})
-        return _json(200, {"ok": True} | health)
+        return json_response(200, {"ok": True} | health)
 
     def nodes(self, query: dict[str, list[str]]) -> Response:
         for k, v in query.items():
             if k not in ("limit", "after"):
-                return _error(400, f"nodes: unknown parameter {k!r} (limit, after)")
+                return error_response(400, f"nodes: unknown parameter {k!r} (limit, after)")
             if len(v) != 1:
-                return _error(400, f"nodes: parameter {k} given {len(v)} times")
+                return error_response(400, f"nodes: parameter {k} given {len(v)} times")
         text = query.get("limit", [str(MAX_NODES_PAGE)])[0]
         if not text.isdigit() or not 1 <= int(text) <= MAX_NODES_PAGE:
-            return _error(400, f"nodes: limit must be a whole number 1..{MAX_NODES_PAGE}, "
+            return error_response(400, f"nodes: limit must be a whole number 1..{MAX_NODES_PAGE}, "
                                f"got {text!r}")
         limit = int(text)
         after = query.get("after", [None])[0]
         page, nxt = self.store.nodes(now=self.clock(), limit=limit, after=after)
-        resp = _json(200, page)
+        resp = json_response(200, page)
         if nxt is not None:  # the body stays a plain list; the next page is in the headers
             link = "/v1/nodes?" + urlencode({"limit": limit, "after": nxt})
             resp.headers["Link"] = f'<{link}>; rel="next"'
@@ -328,12 +304,12 @@ class Portal:
     def services_query(self, query: dict[str, list[str]]) -> Response:
         for k, v in query.items():
             if k not in ("module", "node_id", "service"):
-                return _error(400, f"services: unknown parameter {k!r} "
+                return error_response(400, f"services: unknown parameter {k!r} "
                                    "(module, node_id, service)")
             if len(v) != 1:
-                return _error(400, f"services: parameter {k} given {len(v)} times")
+                return error_response(400, f"services: parameter {k} given {len(v)} times")
         if "module" not in query or not query["module"][0]:
-            return _error(400, "services: the module parameter is required")
+            return error_response(400, "services: the module parameter is required")
         name = query["module"][0]
         mod = find_module(self.modules, name)
         # A module this portal has no folder for is still answered from what nodes report.
@@ -341,7 +317,7 @@ class Portal:
         rows, cut = self.store.services_page(names, node_id=query.get("node_id", [None])[0],
                                              service=query.get("service", [None])[0],
                                              limit=MAX_ROWS, now=self.clock())
-        resp = _json(200, rows)
+        resp = json_response(200, rows)
         if cut:  # the body stays a plain list of rows (the fixture shape); the cut is said here
             resp.headers["X-Oarbank-Rows-Truncated"] = f"first {MAX_ROWS} rows; filter by node_id or service"
         return resp
@@ -350,11 +326,11 @@ class Portal:
         """``nodes`` / ``node_metrics`` rows (at most 200; the fixture shape): ``module`` and
         the query's params, one value each (``online`` as true/false)."""
         if any(len(v) != 1 for v in query.values()):
-            return _error(400, f"{name}: each parameter once")
+            return error_response(400, f"{name}: each parameter once")
         params: dict[str, Any] = {k: v[0] for k, v in query.items() if k != "module"}
         module = query.get("module", [""])[0]
         if not module:
-            return _error(400, f"{name}: the module parameter is required")
+            return error_response(400, f"{name}: the module parameter is required")
         if "online" in params:
             params["online"] = {"true": True, "false": False}.get(params["online"],
                                                                   params["online"])
@@ -363,8 +339,8 @@ class Portal:
             rows = self.store.host_query(name, mod.names if mod else (module,), params,
                                          Shaping(), now=self.clock())
         except QueryError as e:
-            return _error(400, str(e))
-        return _json(200, rows)
+            return error_response(400, str(e))
+        return json_response(200, rows)
 
     # -- pages -----------------------------------------------------------------------------
 
@@ -404,7 +380,7 @@ class Portal:
                                              node=node, now=now, resolve=link_resolver(mod),
                                              args=args, subject=self._subject(mod, node)))
         if as_json:
-            return _json(200, {"rendered_at": clock_text(now), "components": data_views(view)})
+            return json_response(200, {"rendered_at": clock_text(now), "components": data_views(view)})
         if kind == "page":
             href = _page_href(mod.id, entry.id)
             subtitle = f"{mod.id} {mod.manifest.version}"
@@ -424,7 +400,7 @@ class Portal:
         """The page of a module whose requires.ui_contract leaves this portal out."""
         now = self.clock()
         if as_json:
-            return _json(200, {"rendered_at": clock_text(now), "components": {},
+            return json_response(200, {"rendered_at": clock_text(now), "components": {},
                                "notice": text})
         subtitle = (f"{mod.id} {mod.manifest.version}" if kind == "page"
                     else f"node {node} · {mod.id} {mod.manifest.version}")
@@ -466,10 +442,10 @@ class Portal:
     def static(self, name: str) -> Response:
         suffix = name[name.rfind("."):] if "." in name else ""
         if suffix not in _STATIC_TYPES or "/" in name or name.startswith("."):
-            return _error(404, f"no static file {name!r}")
+            return error_response(404, f"no static file {name!r}")
         res = resources.files("oarbank_ui").joinpath("static", name)
         if not res.is_file():
-            return _error(404, f"no static file {name!r}")
+            return error_response(404, f"no static file {name!r}")
         return Response(200, res.read_bytes(), _STATIC_TYPES[suffix],
                         {"Cache-Control": "no-cache"})
 

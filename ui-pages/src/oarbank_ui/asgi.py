@@ -30,8 +30,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from .app import MAX_BODY, Portal, route_name
-from .app import Response as PortalResponse
 from .asgi_heartbeat import Truncated, build_heartbeat_app, is_heartbeat_post, read_body
+from .responses import Response as PortalResponse
+from .responses import error_response
 
 __all__ = ["build_app"]
 
@@ -44,12 +45,6 @@ def _to_starlette(r: PortalResponse, *, close: bool = False) -> Response:
         # The body was not read: the connection cannot carry another request.
         headers["Connection"] = "close"
     return Response(r.body, status_code=r.status, headers=headers, media_type=r.content_type)
-
-
-def _json_error(status: int, message: str, **kw: Any) -> PortalResponse:
-    import json
-
-    return PortalResponse(status, (json.dumps({"error": message}) + "\n").encode(), **kw)
 
 
 def build_app(portal: Portal, *, read_timeout_s: float = 10.0) -> Any:
@@ -81,10 +76,10 @@ def build_app(portal: Portal, *, read_timeout_s: float = 10.0) -> Any:
         if method in ("POST", "PUT", "PATCH"):
             length = headers.get("content-length", "")
             if not length.isdigit():
-                return _to_starlette(_json_error(411, "Content-Length is required"), close=True)
+                return _to_starlette(error_response(411, "Content-Length is required"), close=True)
             n = int(length)
             if n > MAX_BODY:
-                r = _json_error(413, "body larger than 1 MiB")
+                r = error_response(413, "body larger than 1 MiB")
                 if is_heartbeat:
                     r = portal.refuse("too_large", 413, f"heartbeat: body of {n} bytes is "
                                       "larger than 1 MiB")

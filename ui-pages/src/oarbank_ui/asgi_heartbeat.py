@@ -12,13 +12,13 @@ length, the body within the read timeout, not cut short), the same refusals and 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from .app import MAX_BODY, Portal
-from .app import Response as PortalResponse
+from .responses import Response as PortalResponse
+from .responses import error_response
 
 __all__ = ["build_heartbeat_app", "is_heartbeat_post", "read_body", "Truncated"]
 
@@ -40,10 +40,6 @@ def is_heartbeat_post(scope: dict[str, Any]) -> bool:
     if raw is None:
         raw = scope["path"].encode("latin-1", "replace")
     return raw in _PATHS or raw.rstrip(b"/") == b"/v1/heartbeat"
-
-
-def _error(status: int, message: str) -> PortalResponse:
-    return PortalResponse(status, (json.dumps({"error": message}) + "\n").encode())
 
 
 async def read_body(receive: Receive, length: int) -> bytes:
@@ -117,7 +113,7 @@ def build_heartbeat_app(portal: Portal, *, read_timeout_s: float = 10.0) -> Call
             return early, True  # the body was not read: the connection cannot carry another
         length = headers.get("content-length", "")
         if not length.isdigit():
-            return _error(411, "Content-Length is required"), True
+            return error_response(411, "Content-Length is required"), True
         n = int(length)
         if n > MAX_BODY:
             return portal.refuse("too_large", 413, f"heartbeat: body of {n} bytes is larger "

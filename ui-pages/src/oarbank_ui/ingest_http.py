@@ -27,11 +27,12 @@ from starlette.concurrency import run_in_threadpool
 
 from .heartbeat import Heartbeat, HeartbeatError, StillAlive, parse_report
 from .ingest import GroupCommit
+from .responses import Admission, Response, json_response
 from .store_batch import Outcome, Report, record_batch, report_digest
 from .tokens import bearer_token, token_hash
 
 if TYPE_CHECKING:
-    from .app import Portal, Response
+    from .app import Portal
 
 __all__ = ["HeartbeatIngest"]
 
@@ -135,8 +136,6 @@ class HeartbeatIngest:
         self._nodes.update(known)
 
     def _lookup(self, token: str) -> str | Response:
-        from .app import Admission
-
         with self.portal.store.session():
             got = self.portal.check_token(token)
         if not isinstance(got, Admission):
@@ -172,8 +171,6 @@ class HeartbeatIngest:
 
     def answer(self, report: Report, outcome: Outcome, *, counted: bool = False) -> Response:
         """The answer to ``report``; ``counted``: its batch counted it (``_count``)."""
-        from .app import _json
-
         portal = self.portal
         if outcome.status == "revoked":
             if report.token_hash is not None:
@@ -198,7 +195,7 @@ class HeartbeatIngest:
             doc["services"] = len(report.what.services)
         if outcome.digest is not None:
             doc["alive"] = outcome.digest
-        return _json(200, doc)
+        return json_response(200, doc)
 
     def _overloaded(self, why: str) -> Response:
         self.portal.metrics.queue_age.set(self.writer.age())  # no batch ends while it is stuck
