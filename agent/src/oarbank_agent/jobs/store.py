@@ -1,9 +1,10 @@
 """Job records: one JSON file per job, written atomically, so no submitted job is ever lost.
 
 Layout: ``<state>/jobs/<job id>/job.json`` (the record) and ``<state>/jobs/<job id>/a<n>/``
-(attempt n's workdir). A record is written (temp file, fsync, rename, fsync of the folder)
-before ``submit`` is answered, and again at every state change, so a restarted agent finds
-every job in its last known state (``load_all``) and can requeue what was not finished.
+(attempt n's workdir). A record is written (temp file, fsync, rename, fsync of the folder;
+the first time also of ``jobs/``, which holds the new folder) before ``submit`` is answered,
+and again at every state change, so a restarted agent finds every job in its last known
+state (``load_all``) and can requeue what was not finished.
 
 A record's ``state`` is the plain string of a ``jobs.State``; the states and their transitions
 are ``jobs.py``'s table.
@@ -74,6 +75,14 @@ class JobRecord:
 _FIELDS = tuple(f.name for f in fields(JobRecord))
 
 
+def _fsync_folder(path: str, o_directory: int) -> None:
+    dfd = os.open(path, os.O_RDONLY | o_directory | fileflags.NOT_INHERITED)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
 class JobStore:
     def __init__(self, state_dir: Path) -> None:
         self.dir = state_dir / "jobs"
@@ -102,10 +111,12 @@ class JobStore:
         data = json.dumps({name: getattr(rec, name) for name in _FIELDS},
                           separators=(",", ":")).encode("utf-8")
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | fileflags.NOT_INHERITED
+        made_folder = False
         try:
             fd = os.open(tmp, flags, 0o600)
         except FileNotFoundError:  # the job's first save: its folder is made then
             os.makedirs(d, exist_ok=True)
+            made_folder = True
             fd = os.open(tmp, flags, 0o600)
         try:
             os.write(fd, data)
@@ -114,13 +125,14 @@ class JobStore:
         finally:
             os.close(fd)
         os.replace(tmp, path)
-        if not durable or fileflags.DIRECTORY is None:
+        o_directory = fileflags.DIRECTORY
+        if not durable or o_directory is None:
             return  # (Windows: no folder to fsync; its rename is journalled by NTFS)
-        dfd = os.open(d, os.O_RDONLY | fileflags.DIRECTORY | fileflags.NOT_INHERITED)
-        try:
-            os.fsync(dfd)  # the rename itself survives a crash
-        finally:
-            os.close(dfd)
+        _fsync_folder(d, o_directory)  # the rename itself survives a crash
+        if made_folder:
+            # ... and so does the job's folder: its entry is in jobs/, which only a journal
+            # that commits everything at once (ext4's) would have made durable with the above.
+            _fsync_folder(self._root, o_directory)
 
     def remove(self, job_id: str) -> None:
         """A final job's folder (record and attempt workdirs) is removed: kept long enough

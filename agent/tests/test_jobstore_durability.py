@@ -1,0 +1,70 @@
+"""What a crash may not lose of a job record (store.py): the record is on disk, fsynced, with
+its rename and, for a new job, its folder's entry in ``jobs/``, before ``submit`` hears of it.
+
+A power cut cannot be made here; the test watches the real calls instead (each wrapped,
+still made, and recorded by the inode it touched) and checks their order: a file's fsync
+makes its data durable, a folder's fsync the names in it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from oarbank_agent.jobs.store import JobStore
+from oarbank_agent.platform import fileflags
+
+pytestmark = pytest.mark.skipif(fileflags.DIRECTORY is None,
+                                reason="no folder to fsync on Windows (NTFS journals renames)")
+
+
+@pytest.fixture
+def calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
+    seen: list[tuple[str, int]] = []
+    real_fsync, real_makedirs = os.fsync, os.makedirs
+
+    def fsync(fd: int) -> None:
+        real_fsync(fd)
+        seen.append(("fsync", os.fstat(fd).st_ino))
+
+    def makedirs(path: Any, *args: Any, **kwargs: Any) -> None:
+        real_makedirs(path, *args, **kwargs)
+        seen.append(("mkdir", os.stat(path).st_ino))
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "makedirs", makedirs)
+    return seen
+
+
+def _ino(path: Path) -> int:
+    return path.stat().st_ino
+
+
+def test_a_new_job_is_durable_with_its_folder_before_create_returns(
+        tmp_path: Path, calls: list[tuple[str, int]]) -> None:
+    store = JobStore(tmp_path)
+    rec = store.create("dev.example.m", "s", {"x": 1})
+    folder = store.job_dir(rec.job_id)
+    assert calls == [("mkdir", _ino(folder)),
+                     ("fsync", _ino(folder / "job.json")),  # the record's bytes
+                     ("fsync", _ino(folder)),               # its name (the rename)
+                     ("fsync", _ino(store.dir))]            # the job's folder in jobs/
+    assert [r.job_id for r in JobStore(tmp_path).load_all()] == [rec.job_id]
+
+
+def test_later_saves_fsync_what_a_restart_acts_on_and_nothing_more(
+        tmp_path: Path, calls: list[tuple[str, int]]) -> None:
+    store = JobStore(tmp_path)
+    rec = store.create("dev.example.m", "s", {})
+    folder = store.job_dir(rec.job_id)
+    calls.clear()
+    rec.state = "running"  # a restart requeues it either way: not worth an fsync
+    store.save(rec)
+    assert calls == []
+    rec.state = "succeeded"  # never run again: durable, its folder is known already
+    store.save(rec)
+    assert calls == [("fsync", _ino(folder / "job.json")), ("fsync", _ino(folder))]
+    [again] = JobStore(tmp_path).load_all()
+    assert again.state == "succeeded"
