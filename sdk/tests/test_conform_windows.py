@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -32,9 +33,14 @@ def test_the_reference_module_passes_the_kit_on_windows() -> None:
                  "service model: channel protocol", "service model: stop",
                  "service model: process group gone"):
         assert checks[name]["status"] == "ok", checks.get(name)
-    # Handed over the Windows way: every connection the kit made was accepted.
-    assert "9 connection(s) handed, all accepted" in checks["service model: channel protocol"][
-        "detail"]
+    # Handed over the Windows way: every connection the kit made was accepted. Five are the
+    # kit's own (the specs and the connections left open for `ended`); the goldens' runner opens
+    # one for "hello" and one to three for "several_prompts" (three threads share kept-alive
+    # connections, so how many it opens depends on timing).
+    detail = checks["service model: channel protocol"]["detail"]
+    handed = re.fullmatch(r"(\d+) connection\(s\) handed, all accepted", detail)
+    assert handed is not None, detail
+    assert 7 <= int(handed.group(1)) <= 9, detail
     # What needs a Linux wall is said, never passed.
     for name in ("sandbox", "network attempts"):
         assert checks[name]["status"] == "warn", checks[name]
