@@ -94,8 +94,11 @@ class LinuxSlot(PosixSlot):
 
     def abandon(self) -> None:
         if self.cg is not None:
+            # A spawn given up after its child was born into the cgroup: nothing else will
+            # end that child (the factory's client kills it too, by pid).
+            cgroups.kill(self.cg)
             with contextlib.suppress(OSError):
-                self.cg.rmdir()
+                self.cg.rmdir()  # busy until the killed child is reaped: swept later
 
 
 class LinuxGroups(PosixGroups):

@@ -73,6 +73,9 @@ class FactoryClient:
         self._ids = itertools.count(1)
         self._pending: dict[int, tuple[asyncio.Future[FactoryProcess], str, str]] = {}
         self._forked: dict[int, int] = {}  # spawn id -> pid, until started or failed
+        # Spawns given up (cancelled: a shutdown, a stop) after the factory was asked: their
+        # children are ended as soon as their pids are known, until started or failed.
+        self._abandoned: set[int] = set()
         self._live: dict[int, FactoryProcess] = {}
         self._hello: asyncio.Future[int] | None = None
         self._ready = asyncio.Event()
@@ -188,14 +191,48 @@ class FactoryClient:
                "ignored": plan.inherited_ignores()}
         fut: asyncio.Future[FactoryProcess] = asyncio.get_running_loop().create_future()
         self._pending[rid] = (fut, kind, label)
+        asked = False
+
+        def sent() -> None:
+            nonlocal asked
+            asked = True
+
         try:
-            await self._send(wire.encode(msg), [fd for fd, _n in fds])
+            await self._send(wire.encode(msg), [fd for fd, _n in fds], sent)
             return await fut  # it may have exited already: the handle knows
+        except asyncio.CancelledError:
+            if asked:  # the factory forks it anyway: nobody else would ever end it
+                self._give_up(rid, fut)
+            raise
         finally:
             self._pending.pop(rid, None)
             self._forked.pop(rid, None)
 
-    async def _send(self, data: bytes, fds: list[int]) -> None:
+    def _give_up(self, rid: int, fut: asyncio.Future[FactoryProcess]) -> None:
+        """A spawn's caller is gone: end its child now if it has one, or once it has."""
+        # The cancel reached ``fut`` too unless the factory had answered it already.
+        if fut.done() and not fut.cancelled():
+            if fut.exception() is None:  # started: never handed over
+                proc = fut.result()
+                if proc.returncode is None:
+                    self._end_child(proc.pid)
+            return  # else failed: nothing runs
+        pid = self._forked.get(rid)
+        if pid is not None:
+            self._end_child(pid)
+        self._abandoned.add(rid)  # state: its forked/started ends it; started/failed forgets it
+
+    def _end_child(self, pid: int, quiet: bool = False) -> None:
+        """Its group, and the child itself: it may not be in its own session yet."""
+        if not quiet:
+            log.info("process factory: ending pid %d, forked for a spawn given up", pid)
+        self.backend.groups.of(pid).kill(also=pid)
+
+    async def _send(self, data: bytes, fds: list[int],
+                    sent: Callable[[], None] | None = None) -> None:
+        """``data`` to the factory, ``fds`` with its first byte; ``sent`` is called once that
+        byte went. Cancelled after it, the rest still goes (under the lock: a message cut
+        short would garble every one after it), then the cancel is raised."""
         transport = current_transport()
         loop = asyncio.get_running_loop()
         async with self._send_lock:
@@ -217,8 +254,24 @@ class FactoryClient:
                 except OSError as exc:
                     self._lost(f"sending to it failed: {exc}")
                     raise FactoryLost(f"the process factory is gone ({exc})") from None
+            if sent is not None:
+                sent()
             if n < len(data):  # the descriptors went with the first byte
-                await loop.sock_sendall(sock, data[n:])
+                rest = asyncio.ensure_future(loop.sock_sendall(sock, data[n:]))
+                cancelled = False
+                while not rest.done():
+                    try:
+                        await asyncio.shield(rest)
+                    except asyncio.CancelledError:
+                        cancelled = True
+                    except OSError:
+                        break
+                failure = rest.exception()
+                if failure is not None:
+                    self._lost(f"sending to it failed: {failure}")
+                    raise FactoryLost(f"the process factory is gone ({failure})") from None
+                if cancelled:
+                    raise asyncio.CancelledError
 
     # --- what the factory says ------------------------------------------------------------
 
@@ -248,7 +301,10 @@ class FactoryClient:
         if op == "hello" and self._hello is not None and not self._hello.done():
             self._hello.set_result(int(msg["pid"]))
         elif op == "forked":
-            self._forked[int(msg["id"])] = int(msg["pid"])
+            if int(msg["id"]) in self._abandoned:
+                self._end_child(int(msg["pid"]))
+            else:
+                self._forked[int(msg["id"])] = int(msg["pid"])
         elif op == "started":
             pending = self._pending.get(int(msg["id"]))
             pid = int(msg["pid"])
@@ -257,7 +313,11 @@ class FactoryClient:
                 self.from_cache += 1
             if pending is not None and not pending[0].done():
                 pending[0].set_result(proc)
+            if int(msg["id"]) in self._abandoned:
+                self._abandoned.discard(int(msg["id"]))
+                self._end_child(pid, quiet=True)  # again: its exit comes, and clears _live
         elif op == "failed":
+            self._abandoned.discard(int(msg["id"]))
             pending = self._pending.get(int(msg["id"]))
             if pending is not None and not pending[0].done():
                 pending[0].set_exception(_spawn_error(msg))
@@ -291,6 +351,7 @@ class FactoryClient:
             if not fut.done():
                 fut.set_exception(FactoryLost(f"the process factory died ({why})"))
         self._forked.clear()
+        self._abandoned.clear()  # their pids died with the factory's word on them
         if self._closing or not was_ready:
             return  # shutting down, or dead at start (start() says so)
         log.error("process factory died (%s): %d child(ren) in flight ended, their jobs "

@@ -1,0 +1,132 @@
+"""A spawn given up (its task cancelled: an agent's stop, a service's stop) once the factory
+was asked leaves no child behind: the child is ended as soon as its pid is known, whether that
+was before the cancel or after it. Before, the client forgot the spawn and its child ran on,
+known to nobody (with process groups only, nothing at the agent's stop could find it).
+
+Real factory, real children. A child is held before its start by its own first step: it writes
+its pid into its group's ``join`` file, here a FIFO nobody reads yet (the directory is no
+cgroup, so the factory forks the old way and the child opens the file itself). The factory
+reads a child's start before its next request, so a held child also holds the next spawn's
+fork: that is how the second test cancels a spawn the factory has not forked yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from oarbank_agent import platform
+from oarbank_agent.platform.linux.factory import client as factory_client
+
+pytestmark = pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="Linux's factory")
+
+
+async def _spawn(fc: factory_client.FactoryClient, argv: list[str],
+                 join: str | None = None) -> factory_client.FactoryProcess:
+    return await fc.spawn(argv, env={}, cwd="/", fds=[], join=join, kind="service", label="t")
+
+
+def _children(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children()
+    except psutil.NoSuchProcess:
+        return []
+
+
+async def _until_no_children(fc: factory_client.FactoryClient, within_s: float) -> list[str]:
+    """The factory's live children after waiting up to ``within_s`` for there to be none."""
+    pid = fc.pid
+    assert pid is not None
+    deadline = time.monotonic() + within_s
+    while True:
+        left = [c for c in _children(pid) if c.status() != psutil.STATUS_ZOMBIE]
+        if not left or time.monotonic() > deadline:
+            return [" ".join(c.cmdline()) or str(c.pid) for c in left]
+        await asyncio.sleep(0.05)
+
+
+def _held_group(tmp_path: Path, name: str) -> Path:
+    fifo = tmp_path / name / "cgroup.procs"
+    fifo.parent.mkdir()
+    os.mkfifo(fifo)
+    return fifo
+
+
+async def _close(fc: factory_client.FactoryClient, fifos: list[Path]) -> None:
+    """Let every held child go and end what a failed test left, then the factory."""
+    readers = [os.open(f, os.O_RDONLY | os.O_NONBLOCK) for f in fifos]
+    await asyncio.sleep(0.3)
+    if fc.pid is not None:
+        for c in _children(fc.pid):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                c.kill()
+    for r in readers:
+        os.close(r)
+    await fc.close()
+
+
+def test_a_spawn_given_up_after_the_fork_ends_its_child(tmp_path: Path) -> None:
+    fifo = _held_group(tmp_path, "held")
+
+    async def go() -> None:
+        fc = factory_client.FactoryClient(confine=False, backend=platform.current())
+        await fc.start()
+        try:
+            held = asyncio.create_task(_spawn(fc, ["/bin/sleep", "300"], str(fifo)))
+            deadline = time.monotonic() + 20
+            while not [c for c in _children(fc.pid or 0)] and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+            assert _children(fc.pid or 0), "the factory never forked the child"
+            held.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await held
+            assert await _until_no_children(fc, 10) == []
+            # The factory goes on: the next spawn is answered.
+            proc = await asyncio.wait_for(_spawn(fc, ["/bin/sh", "-c", "exit 4"]), 20)
+            assert await asyncio.wait_for(proc.wait(), 20) == 4
+            assert fc.footprint()["children"] == 0
+        finally:
+            await _close(fc, [fifo])
+
+    asyncio.run(go())
+
+
+def test_a_spawn_given_up_before_the_fork_ends_its_child_when_it_is_forked(
+        tmp_path: Path) -> None:
+    fifo = _held_group(tmp_path, "first")
+    marker = f"given-up-{os.getpid()}-{time.monotonic_ns()}"
+
+    async def go() -> None:
+        fc = factory_client.FactoryClient(confine=False, backend=platform.current())
+        await fc.start()
+        reader = -1
+        try:
+            first = asyncio.create_task(_spawn(fc, ["/bin/sh", "-c", "exit 5"], str(fifo)))
+            await asyncio.sleep(0.3)
+            assert not first.done()
+            # Asked while the factory waits on the first child's start: not forked yet.
+            second = asyncio.create_task(
+                _spawn(fc, ["/bin/sh", "-c", f"sleep 300; : {marker}"]))
+            await asyncio.sleep(0.3)
+            assert len(_children(fc.pid or 0)) == 1
+            second.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await second
+            reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # the first child goes on
+            proc = await asyncio.wait_for(first, 20)
+            assert await asyncio.wait_for(proc.wait(), 20) == 5
+            assert await _until_no_children(fc, 10) == []
+            assert not [p.pid for p in psutil.process_iter(["cmdline"])
+                        if marker in " ".join(p.info["cmdline"] or ())]
+        finally:
+            if reader >= 0:
+                os.close(reader)
+            await _close(fc, [fifo])
+
+    asyncio.run(go())
