@@ -5,9 +5,8 @@ known to nobody (with process groups only, nothing at the agent's stop could fin
 
 Real factory, real children. A child is held before its start by its own first step: it writes
 its pid into its group's ``join`` file, here a FIFO nobody reads yet (the directory is no
-cgroup, so the factory forks the old way and the child opens the file itself). The factory
-reads a child's start before its next request, so a held child also holds the next spawn's
-fork: that is how the second test cancels a spawn the factory has not forked yet.
+cgroup, so the factory forks the old way and the child opens the file itself). The second
+test stops the factory (SIGSTOP) to give up a spawn it has been asked for but has not forked.
 """
 
 from __future__ import annotations
@@ -15,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -97,36 +97,36 @@ def test_a_spawn_given_up_after_the_fork_ends_its_child(tmp_path: Path) -> None:
     asyncio.run(go())
 
 
-def test_a_spawn_given_up_before_the_fork_ends_its_child_when_it_is_forked(
-        tmp_path: Path) -> None:
-    fifo = _held_group(tmp_path, "first")
+def test_a_spawn_given_up_before_the_fork_ends_its_child_when_it_is_forked() -> None:
     marker = f"given-up-{os.getpid()}-{time.monotonic_ns()}"
 
     async def go() -> None:
         fc = factory_client.FactoryClient(confine=False, backend=platform.current())
         await fc.start()
-        reader = -1
+        factory_pid = fc.pid
+        assert factory_pid is not None
+        stopped = False
         try:
-            first = asyncio.create_task(_spawn(fc, ["/bin/sh", "-c", "exit 5"], str(fifo)))
-            await asyncio.sleep(0.3)
-            assert not first.done()
-            # Asked while the factory waits on the first child's start: not forked yet.
-            second = asyncio.create_task(
+            # The factory is stopped: the request waits in its socket, unread, unforked.
+            os.kill(factory_pid, signal.SIGSTOP)
+            stopped = True
+            given_up = asyncio.create_task(
                 _spawn(fc, ["/bin/sh", "-c", f"sleep 300; : {marker}"]))
             await asyncio.sleep(0.3)
-            assert len(_children(fc.pid or 0)) == 1
-            second.cancel()
+            assert not given_up.done() and not _children(factory_pid)
+            given_up.cancel()
             with pytest.raises(asyncio.CancelledError):
-                await second
-            reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # the first child goes on
-            proc = await asyncio.wait_for(first, 20)
-            assert await asyncio.wait_for(proc.wait(), 20) == 5
+                await given_up
+            os.kill(factory_pid, signal.SIGCONT)  # it reads the request now, and forks
+            stopped = False
+            proc = await asyncio.wait_for(_spawn(fc, ["/bin/sh", "-c", "exit 6"]), 20)
+            assert await asyncio.wait_for(proc.wait(), 20) == 6
             assert await _until_no_children(fc, 10) == []
             assert not [p.pid for p in psutil.process_iter(["cmdline"])
                         if marker in " ".join(p.info["cmdline"] or ())]
         finally:
-            if reader >= 0:
-                os.close(reader)
-            await _close(fc, [fifo])
+            if stopped:
+                os.kill(factory_pid, signal.SIGCONT)
+            await _close(fc, [])
 
     asyncio.run(go())

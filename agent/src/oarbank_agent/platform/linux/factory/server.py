@@ -5,7 +5,8 @@ otherwise import again (the SDK's sandbox launcher and its seccomp binding, ``ru
 waits on its socket. A script run in place keeps only the standard library of that: the rest
 it imports afresh, as a fresh interpreter would (``heldmodules.forget``). Per ``spawn`` it
 forks a child (``child.run``), answers ``started`` (or ``failed``) as soon as the child is past
-the point where the direct path's ``Popen`` returns, and ``exit`` when it reaps the child.
+the point where the direct path's ``Popen`` returns, and ``exit`` when it reaps the child. A
+child's start is read from the poll loop: the next spawn forks while one is still starting.
 Single-threaded on purpose: ``fork`` copies only the calling thread, and user namespaces and
 Landlock refuse multi-threaded callers.
 
@@ -24,6 +25,7 @@ import signal
 import socket
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from typing import Any
 
 from oarbank_agent.platform.linux.factory import child, intocgroup, scriptcache, selfconfine, wire
@@ -68,26 +70,41 @@ def _preload(guard_pid: int, launcher_sys_path: list[str]) -> None:
     sandbox.preload((guard_pid,), launcher_sys_path)
 
 
+@dataclass
+class _Starting:
+    """A child forked and not yet past its start: the factory reads its error pipe from the
+    poll loop, so the next spawn forks meanwhile instead of waiting on this one."""
+
+    rid: int
+    pid: int
+    err_r: int
+    offered: scriptcache.Compiled | None
+    script: str | None
+    chunks: list[bytes] = field(default_factory=list)
+    status: int | None = None  # its wait status, where it was reaped before its pipe closed
+
+
 class Factory:
     def __init__(self, sock: socket.socket, startup: child.Startup) -> None:
         self.sock = sock
         self.startup = startup
-        self.children: set[int] = set()
+        self.children: set[int] = set()  # said started; their exit is still to say
+        self.starting: dict[int, _Starting] = {}  # by error pipe
         self.scripts = scriptcache.ScriptCache()  # compiled once, for the next children
         child.libc()  # looked up once here, not in each child
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
         os.set_blocking(self.wake_r, False)
+        self.poller = select.poll()
 
     def serve(self) -> None:
         signal.set_wakeup_fd(self.wake_w)
         signal.signal(signal.SIGCHLD, lambda *_: None)
         wire.send_message(self.sock, {"op": "hello", "pid": os.getpid()})
-        poller = select.poll()
-        poller.register(self.sock.fileno(), select.POLLIN)
-        poller.register(self.wake_r, select.POLLIN)
+        self.poller.register(self.sock.fileno(), select.POLLIN)
+        self.poller.register(self.wake_r, select.POLLIN)
         while True:
-            for fd, _ev in poller.poll():
+            for fd, _ev in self.poller.poll():
                 if fd == self.wake_r:
                     with contextlib.suppress(BlockingIOError):
                         while os.read(self.wake_r, 512):
@@ -103,6 +120,8 @@ class Factory:
                     finally:
                         for x in fds:
                             os.close(x)
+                elif fd in self.starting:
+                    self.read_start(self.starting[fd])
             self.reap()
 
     def spawn(self, req: dict[str, Any], fds: list[int]) -> None:
@@ -133,32 +152,43 @@ class Factory:
         # Said at once: a factory that dies before ``started`` leaves a child the agent must
         # still be able to find and end.
         self._reply({"op": "forked", "id": req["id"], "pid": pid})
-        chunks = []
-        while True:  # EOF: exec'd, running in place, or sandboxing (child.py says when)
-            try:
-                data = os.read(err_r, 4096)
-            except InterruptedError:
-                continue
-            if not data:
-                break
-            chunks.append(data)
-        os.close(err_r)
-        if chunks:
-            try:
-                why = json.loads(b"".join(chunks))
-            except ValueError:
-                why = {"errno": 0, "error": b"".join(chunks).decode(errors="replace")}
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, 0)  # it exits right after saying why
-            self._reply({"op": "failed", "id": req["id"], **why})
+        self.starting[err_r] = _Starting(req["id"], pid, err_r, offered, script)
+        self.poller.register(err_r, select.POLLIN)
+
+    def read_start(self, s: _Starting) -> None:
+        """Its error pipe is readable: what it says, or EOF (exec'd, running in place, or
+        sandboxing: child.py says when). Either way ``started`` or ``failed`` goes before
+        its ``exit``: the agent knows a pid only from ``started``."""
+        try:
+            data = os.read(s.err_r, 4096)
+        except InterruptedError:
             return
-        self.children.add(pid)
-        self._reply({"op": "started", "id": req["id"], "pid": pid, "cached": offered is not None})
-        if offered is None:
-            self.scripts.learn(script)  # off this spawn's path: the next child's
+        if data:
+            s.chunks.append(data)
+            return
+        self.poller.unregister(s.err_r)
+        os.close(s.err_r)
+        del self.starting[s.err_r]
+        if s.chunks:
+            try:
+                why = json.loads(b"".join(s.chunks))
+            except ValueError:
+                why = {"errno": 0, "error": b"".join(s.chunks).decode(errors="replace")}
+            if s.status is None:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(s.pid, 0)  # it exits right after saying why
+            self._reply({"op": "failed", "id": s.rid, **why})
+            return
+        self._reply({"op": "started", "id": s.rid, "pid": s.pid, "cached": s.offered is not None})
+        if s.status is not None:  # it has ended already
+            self._reply({"op": "exit", "pid": s.pid, "code": os.waitstatus_to_exitcode(s.status)})
+        else:
+            self.children.add(s.pid)
+        if s.offered is None:
+            self.scripts.learn(s.script)  # off this spawn's path: the next child's
 
     def reap(self) -> None:
-        while self.children:
+        while self.children or self.starting:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
@@ -169,6 +199,10 @@ class Factory:
                 self.children.discard(pid)
                 self._reply({"op": "exit", "pid": pid,
                              "code": os.waitstatus_to_exitcode(status)})
+                continue
+            for s in self.starting.values():
+                if s.pid == pid:  # its exit waits for its start to be said (read_start)
+                    s.status = status
 
     def _reply(self, msg: dict[str, Any]) -> None:
         wire.send_message(self.sock, msg)
