@@ -1,5 +1,6 @@
 """What a crash may not lose of a job record (store.py): the record is on disk, fsynced, with
-its rename and, for a new job, its folder's entry in ``jobs/``, before ``submit`` hears of it.
+its rename and, for a new job, its folder's entry in ``jobs/``, before ``submit`` hears of it;
+``jobs/`` and the state folder, where the store made them, are named durably in their parents.
 
 A power cut cannot be made here; the test watches the real calls instead (each wrapped,
 still made, and recorded by the inode it touched) and checks their order: a file's fsync
@@ -45,6 +46,7 @@ def _ino(path: Path) -> int:
 def test_a_new_job_is_durable_with_its_folder_before_create_returns(
         tmp_path: Path, calls: list[tuple[str, int]]) -> None:
     store = JobStore(tmp_path)
+    calls.clear()  # jobs/ made (the last test)
     rec = store.create("dev.example.m", "s", {"x": 1})
     folder = store.job_dir(rec.job_id)
     assert calls == [("mkdir", _ino(folder)),
@@ -68,3 +70,14 @@ def test_later_saves_fsync_what_a_restart_acts_on_and_nothing_more(
     assert calls == [("fsync", _ino(folder / "job.json")), ("fsync", _ino(folder))]
     [again] = JobStore(tmp_path).load_all()
     assert again.state == "succeeded"
+
+
+def test_the_folders_a_first_start_makes_are_durable_in_their_parents(
+        tmp_path: Path, calls: list[tuple[str, int]]) -> None:
+    state = tmp_path / "state"
+    store = JobStore(state)
+    assert calls == [("fsync", _ino(tmp_path)), ("fsync", _ino(state))]
+    assert store.dir.is_dir()
+    calls.clear()
+    JobStore(state)  # a restart: nothing new to make durable
+    assert calls == []

@@ -86,7 +86,17 @@ def _fsync_folder(path: str, o_directory: int) -> None:
 class JobStore:
     def __init__(self, state_dir: Path) -> None:
         self.dir = state_dir / "jobs"
+        made = []  # the folders made now, innermost first
+        p = self.dir
+        while not p.exists() and p.parent != p:
+            made.append(p)
+            p = p.parent
         self.dir.mkdir(parents=True, exist_ok=True)
+        if fileflags.DIRECTORY is not None:
+            # Their names are durable before the first job's is (a record fsynced in a folder
+            # a crash forgets is lost all the same): outermost first, each in its parent.
+            for folder in reversed(made):
+                _fsync_folder(str(folder.parent), fileflags.DIRECTORY)
         self._root = str(self.dir)
         self._seq = 0
 
