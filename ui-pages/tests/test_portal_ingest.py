@@ -130,7 +130,10 @@ def test_a_store_that_cannot_keep_up_is_answered_503_within_the_bound(
     assert all(g[2].get("retry-after") == "3" for g in got)
     assert all("send the whole report again" in g[3]["error"] for g in got)
     slowest = max(g[1] for g in got)
-    assert slowest < bound + 0.5, f"an answer took {slowest:.2f} s (bound {bound} s)"
+    # Unbounded, an answer would wait out the store's busy timeout (30 s, store_sqlite.py; on
+    # PostgreSQL the lock until the test lets go). The slack is for this test's 24 client
+    # threads sharing one interpreter on a loaded machine (CI's fresh container saw 1.29 s).
+    assert slowest < bound + 2.0, f"an answer took {slowest:.2f} s (bound {bound} s)"
     assert metric(text, "oarbank_portal_reports_refused_total", cause="overloaded") == len(docs)
     assert metric(text, "oarbank_portal_ingest_queue_age_seconds") > 0
     # the store is back: the refused nodes' next reports are stored, nothing is missing
