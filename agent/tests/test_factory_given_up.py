@@ -130,3 +130,44 @@ def test_a_spawn_given_up_before_the_fork_ends_its_child_when_it_is_forked() -> 
             await _close(fc, [])
 
     asyncio.run(go())
+
+
+def test_a_spawn_given_up_mid_message_still_sends_all_of_it() -> None:
+    """A request bigger than the socket's buffer, given up while its tail waits for the
+    (stopped) factory to read: the tail still goes, so the factory reads the next request
+    whole. Before, the cut message ran into the next one: the factory died of the garbage
+    and was restarted, and what it had started went with it."""
+
+    async def go() -> None:
+        fc = factory_client.FactoryClient(confine=False, backend=platform.current())
+        await fc.start()
+        factory_pid = fc.pid
+        assert factory_pid is not None
+        stopped = False
+        try:
+            os.kill(factory_pid, signal.SIGSTOP)
+            stopped = True
+            # ~1 MiB of environment (each value under the kernel's 128 KiB a string), past
+            # the socket's buffer: the send waits on its tail.
+            big = {f"PAD{i}": "x" * 100_000 for i in range(10)}
+            given_up = asyncio.create_task(fc.spawn(
+                ["/bin/sh", "-c", "sleep 300"], env=big, cwd="/", fds=[], join=None,
+                kind="service", label="t"))
+            await asyncio.sleep(0.3)
+            assert not given_up.done()
+            given_up.cancel()
+            await asyncio.sleep(0.1)
+            os.kill(factory_pid, signal.SIGCONT)
+            stopped = False
+            with pytest.raises(asyncio.CancelledError):
+                await asyncio.wait_for(given_up, 20)
+            proc = await asyncio.wait_for(_spawn(fc, ["/bin/sh", "-c", "exit 3"]), 20)
+            assert await asyncio.wait_for(proc.wait(), 20) == 3
+            assert (fc.restarts, fc.pid) == (0, factory_pid)
+            assert await _until_no_children(fc, 10) == []
+        finally:
+            if stopped:
+                os.kill(factory_pid, signal.SIGCONT)
+            await _close(fc, [])
+
+    asyncio.run(go())
