@@ -16,6 +16,7 @@ import contextlib
 import os
 import signal
 import time
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import psutil
@@ -58,6 +59,29 @@ def _held_group(tmp_path: Path, name: str) -> Path:
     return fifo
 
 
+@contextlib.asynccontextmanager
+async def _factory(fifos: tuple[Path, ...] = ()) -> AsyncIterator[tuple[
+        factory_client.FactoryClient, int]]:
+    """A started factory and its pid; at the end every held child is let go, then it ends."""
+    fc = factory_client.FactoryClient(confine=False, backend=platform.current())
+    await fc.start()
+    assert fc.pid is not None
+    try:
+        yield fc, fc.pid
+    finally:
+        await _close(fc, list(fifos))
+
+
+@contextlib.contextmanager
+def _stopped(pid: int) -> Iterator[None]:
+    """The factory stopped (SIGSTOP): what is sent to it waits in its socket, unread."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
 async def _close(fc: factory_client.FactoryClient, fifos: list[Path]) -> None:
     """Let every held child go and end what a failed test left, then the factory."""
     readers = [os.open(f, os.O_RDONLY | os.O_NONBLOCK) for f in fifos]
@@ -75,14 +99,12 @@ def test_a_spawn_given_up_after_the_fork_ends_its_child(tmp_path: Path) -> None:
     fifo = _held_group(tmp_path, "held")
 
     async def go() -> None:
-        fc = factory_client.FactoryClient(confine=False, backend=platform.current())
-        await fc.start()
-        try:
+        async with _factory((fifo,)) as (fc, factory_pid):
             held = asyncio.create_task(_spawn(fc, ["/bin/sleep", "300"], str(fifo)))
             deadline = time.monotonic() + 20
-            while not [c for c in _children(fc.pid or 0)] and time.monotonic() < deadline:
+            while not _children(factory_pid) and time.monotonic() < deadline:
                 await asyncio.sleep(0.02)
-            assert _children(fc.pid or 0), "the factory never forked the child"
+            assert _children(factory_pid), "the factory never forked the child"
             held.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await held
@@ -91,8 +113,6 @@ def test_a_spawn_given_up_after_the_fork_ends_its_child(tmp_path: Path) -> None:
             proc = await asyncio.wait_for(_spawn(fc, ["/bin/sh", "-c", "exit 4"]), 20)
             assert await asyncio.wait_for(proc.wait(), 20) == 4
             assert fc.footprint()["children"] == 0
-        finally:
-            await _close(fc, [fifo])
 
     asyncio.run(go())
 
@@ -101,33 +121,21 @@ def test_a_spawn_given_up_before_the_fork_ends_its_child_when_it_is_forked() -> 
     marker = f"given-up-{os.getpid()}-{time.monotonic_ns()}"
 
     async def go() -> None:
-        fc = factory_client.FactoryClient(confine=False, backend=platform.current())
-        await fc.start()
-        factory_pid = fc.pid
-        assert factory_pid is not None
-        stopped = False
-        try:
-            # The factory is stopped: the request waits in its socket, unread, unforked.
-            os.kill(factory_pid, signal.SIGSTOP)
-            stopped = True
-            given_up = asyncio.create_task(
-                _spawn(fc, ["/bin/sh", "-c", f"sleep 300; : {marker}"]))
-            await asyncio.sleep(0.3)
-            assert not given_up.done() and not _children(factory_pid)
-            given_up.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await given_up
-            os.kill(factory_pid, signal.SIGCONT)  # it reads the request now, and forks
-            stopped = False
+        async with _factory() as (fc, factory_pid):
+            with _stopped(factory_pid):
+                given_up = asyncio.create_task(
+                    _spawn(fc, ["/bin/sh", "-c", f"sleep 300; : {marker}"]))
+                await asyncio.sleep(0.3)
+                assert not given_up.done() and not _children(factory_pid)
+                given_up.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await given_up
+            # The factory reads the request now, and forks.
             proc = await asyncio.wait_for(_spawn(fc, ["/bin/sh", "-c", "exit 6"]), 20)
             assert await asyncio.wait_for(proc.wait(), 20) == 6
             assert await _until_no_children(fc, 10) == []
             assert not [p.pid for p in psutil.process_iter(["cmdline"])
                         if marker in " ".join(p.info["cmdline"] or ())]
-        finally:
-            if stopped:
-                os.kill(factory_pid, signal.SIGCONT)
-            await _close(fc, [])
 
     asyncio.run(go())
 
@@ -135,39 +143,26 @@ def test_a_spawn_given_up_before_the_fork_ends_its_child_when_it_is_forked() -> 
 def test_a_spawn_given_up_mid_message_still_sends_all_of_it() -> None:
     """A request bigger than the socket's buffer, given up while its tail waits for the
     (stopped) factory to read: the tail still goes, so the factory reads the next request
-    whole. Before, the cut message ran into the next one: the factory died of the garbage
-    and was restarted, and what it had started went with it."""
+    whole. Before, the cut message ran into the next one and the factory's next read hung."""
 
     async def go() -> None:
-        fc = factory_client.FactoryClient(confine=False, backend=platform.current())
-        await fc.start()
-        factory_pid = fc.pid
-        assert factory_pid is not None
-        stopped = False
-        try:
-            os.kill(factory_pid, signal.SIGSTOP)
-            stopped = True
-            # ~1 MiB of environment (each value under the kernel's 128 KiB a string), past
-            # the socket's buffer: the send waits on its tail.
-            big = {f"PAD{i}": "x" * 100_000 for i in range(10)}
-            given_up = asyncio.create_task(fc.spawn(
-                ["/bin/sh", "-c", "sleep 300"], env=big, cwd="/", fds=[], join=None,
-                kind="service", label="t"))
-            await asyncio.sleep(0.3)
-            assert not given_up.done()
-            given_up.cancel()
-            await asyncio.sleep(0.1)
-            os.kill(factory_pid, signal.SIGCONT)
-            stopped = False
+        async with _factory() as (fc, factory_pid):
+            with _stopped(factory_pid):
+                # ~1 MiB of environment (each value under the kernel's 128 KiB a string),
+                # past the socket's buffer: the send waits on its tail.
+                big = {f"PAD{i}": "x" * 100_000 for i in range(10)}
+                given_up = asyncio.create_task(fc.spawn(
+                    ["/bin/sh", "-c", "sleep 300"], env=big, cwd="/", fds=[], join=None,
+                    kind="service", label="t"))
+                await asyncio.sleep(0.3)
+                assert not given_up.done()
+                given_up.cancel()
+                await asyncio.sleep(0.1)
             with pytest.raises(asyncio.CancelledError):
                 await asyncio.wait_for(given_up, 20)
             proc = await asyncio.wait_for(_spawn(fc, ["/bin/sh", "-c", "exit 3"]), 20)
             assert await asyncio.wait_for(proc.wait(), 20) == 3
             assert (fc.restarts, fc.pid) == (0, factory_pid)
             assert await _until_no_children(fc, 10) == []
-        finally:
-            if stopped:
-                os.kill(factory_pid, signal.SIGCONT)
-            await _close(fc, [])
 
     asyncio.run(go())
