@@ -4,7 +4,8 @@ rule), its jobs are released and requeued, and every job finishes after the hold
 
 Real memory pressure is made on the `local` backend: the agent's floors are set 2.5 GiB under
 the memory available when the scenario starts, and a child process of the harness allocates
-(and touches) memory until what is available is under the hard floor, for a moment. It is
+(and touches) memory until what is available is under the hard floor, and keeps it there
+while the scenario looks (up to its cap, whatever other work frees meanwhile). It is
 skipped in favour of the host rule where that cannot be done safely: in containers (they
 share the host's memory figures, and other nodes would see the pressure too) and on machines
 with under 8.5 GiB free.
@@ -54,12 +55,20 @@ def _pressure_child(target: int) -> subprocess.Popen[bytes]:
     are available: what the machine's other work uses meanwhile does not move the result.
     Started before the jobs, so that its interpreter's start-up (seconds on a loaded machine)
     is not in the window in which the jobs must still be using the service."""
+    # After its first fill it keeps what is available at the target (up to the cap): other
+    # work on the machine (parallel test workers) freeing a GiB would otherwise lift the hold
+    # before the scenario sees it.
     code = ("import sys, time, psutil\nsys.stdout.write('started\\n'); sys.stdout.flush()\n"
             "sys.stdin.readline()\nheld = []\n"
-            f"while psutil.virtual_memory().available > {target} and "
+            "def fill():\n"
+            f"    while psutil.virtual_memory().available > {target} and "
             f"len(held) * {CHUNK} < {int(CAP_GIB * GIB)}:\n"
-            f"    held.append(bytearray(b'\\x01') * {CHUNK})\n"
-            "sys.stdout.write(f'held {len(held)}\\n'); sys.stdout.flush(); time.sleep(300)\n")
+            f"        held.append(bytearray(b'\\x01') * {CHUNK})\n"
+            "fill()\nsys.stdout.write(f'held {len(held)}\\n'); sys.stdout.flush()\n"
+            "end = time.monotonic() + 300\n"
+            "while time.monotonic() < end:\n"
+            "    time.sleep(0.1)\n"
+            "    fill()\n")
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
                          stdin=subprocess.PIPE, start_new_session=True)
     assert p.stdout is not None
