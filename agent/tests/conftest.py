@@ -31,6 +31,7 @@ LINUX_ONLY = {
     "test_factory.py": "the process factory (fork + the Linux sandbox)",
     "test_factory_start.py": "the process factory (fork + the Linux sandbox)",
     "test_factory_overlap.py": "the process factory (fork + the Linux sandbox)",
+    "test_factory_given_up.py": "the process factory (fork + the Linux sandbox)",
     "test_host_pidfd.py": "pidfds",
     "test_refusals.py": "seccomp user notification",
     "test_sandbox_agent.py": "Landlock and seccomp walls",

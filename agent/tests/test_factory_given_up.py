@@ -25,8 +25,6 @@ import pytest
 from oarbank_agent import platform
 from oarbank_agent.platform.linux.factory import client as factory_client
 
-pytestmark = pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="Linux's factory")
-
 
 async def _spawn(fc: factory_client.FactoryClient, argv: list[str],
                  join: str | None = None) -> factory_client.FactoryProcess:
