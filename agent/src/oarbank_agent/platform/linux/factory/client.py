@@ -223,7 +223,8 @@ class FactoryClient:
         self._abandoned.add(rid)  # state: its forked/started ends it; started/failed forgets it
 
     def _end_child(self, pid: int, quiet: bool = False) -> None:
-        """Its group, and the child itself: it may not be in its own session yet."""
+        """Its group, and the child itself: it may not be in its own session yet. ``quiet``:
+        the caller logs why (or has already, for this child)."""
         if not quiet:
             log.info("process factory: ending pid %d, forked for a spawn given up", pid)
         self.backend.groups.of(pid).kill(also=pid)
@@ -252,8 +253,7 @@ class FactoryClient:
                     finally:
                         io.off_writable(sock.fileno())
                 except OSError as exc:
-                    self._lost(f"sending to it failed: {exc}")
-                    raise FactoryLost(f"the process factory is gone ({exc})") from None
+                    raise self._send_failed(exc) from None
             if sent is not None:
                 sent()
             if n < len(data):  # the descriptors went with the first byte
@@ -268,10 +268,14 @@ class FactoryClient:
                         break
                 failure = rest.exception()
                 if failure is not None:
-                    self._lost(f"sending to it failed: {failure}")
-                    raise FactoryLost(f"the process factory is gone ({failure})") from None
+                    raise self._send_failed(failure) from None
                 if cancelled:
                     raise asyncio.CancelledError
+
+    def _send_failed(self, exc: BaseException) -> FactoryLost:
+        """The factory's socket refused a send: it is lost (what to raise)."""
+        self._lost(f"sending to it failed: {exc}")
+        return FactoryLost(f"the process factory is gone ({exc})")
 
     # --- what the factory says ------------------------------------------------------------
 
@@ -301,24 +305,26 @@ class FactoryClient:
         if op == "hello" and self._hello is not None and not self._hello.done():
             self._hello.set_result(int(msg["pid"]))
         elif op == "forked":
-            if int(msg["id"]) in self._abandoned:
-                self._end_child(int(msg["pid"]))
+            rid, pid = int(msg["id"]), int(msg["pid"])
+            if rid in self._abandoned:
+                self._end_child(pid)
             else:
-                self._forked[int(msg["id"])] = int(msg["pid"])
+                self._forked[rid] = pid
         elif op == "started":
-            pending = self._pending.get(int(msg["id"]))
-            pid = int(msg["pid"])
+            rid, pid = int(msg["id"]), int(msg["pid"])
+            pending = self._pending.get(rid)
             proc = self._live[pid] = FactoryProcess(pid, *(pending[1:] if pending else ()))
             if msg.get("cached") is True:  # offered its script's code (scriptcache.py)
                 self.from_cache += 1
             if pending is not None and not pending[0].done():
                 pending[0].set_result(proc)
-            if int(msg["id"]) in self._abandoned:
-                self._abandoned.discard(int(msg["id"]))
+            if rid in self._abandoned:
+                self._abandoned.discard(rid)
                 self._end_child(pid, quiet=True)  # again: its exit comes, and clears _live
         elif op == "failed":
-            self._abandoned.discard(int(msg["id"]))
-            pending = self._pending.get(int(msg["id"]))
+            rid = int(msg["id"])
+            self._abandoned.discard(rid)
+            pending = self._pending.get(rid)
             if pending is not None and not pending[0].done():
                 pending[0].set_exception(_spawn_error(msg))
         elif op == "exit":
@@ -363,8 +369,7 @@ class FactoryClient:
                 log.exception("process factory: on_lost failed")
         for proc in orphans:
             proc.lost = True
-            # Its group, and the child itself: it may not be in its own session yet.
-            self.backend.groups.of(proc.pid).kill(also=proc.pid)
+            self._end_child(proc.pid, quiet=True)
             t = asyncio.create_task(self._until_gone(proc))
             self._orphan_watch.add(t)
             t.add_done_callback(self._orphan_watch.discard)
