@@ -24,7 +24,9 @@ from typing import Any
 
 import psutil
 import pytest
-from agent_helpers import MODFILES, read_jsonl, write_module
+from agent_helpers import read_jsonl, write_module
+
+from testsupport import memhog
 
 GiB = 1 << 30
 SAFETY = int(1.5 * GiB)  # the hog never takes more than available - SAFETY
@@ -37,7 +39,7 @@ class Hog:
         cap = psutil.virtual_memory().available - SAFETY
         assert cap > 0, "this machine has too little memory available for a pressure test"
         self.proc = subprocess.Popen(
-            [sys.executable, str(MODFILES / "memhog.py"), str(target_available), str(cap)],
+            [sys.executable, memhog.__file__, str(target_available), str(cap)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True)
 
     def event(self) -> dict[str, Any]:

@@ -3,8 +3,9 @@
 rule), its jobs are released and requeued, and every job finishes after the hold lifts.
 
 Real memory pressure is made on the `local` backend: the agent's floors are set 2.5 GiB under
-the memory available when the scenario starts, and a child process of the harness allocates
-(and touches) memory until what is available is under the hard floor, and keeps it there
+the memory available when the scenario starts, and a child process of the harness
+(`testsupport/memhog.py`) allocates and touches memory: before the jobs, down to a little
+above the soft floor; once they use the service, on under the hard floor, and keeps it there
 while the scenario looks (up to its cap, whatever other work frees meanwhile). It is
 skipped in favour of the host rule where that cannot be done safely: in containers (they
 share the host's memory figures, and other nodes would see the pressure too) and on machines
@@ -17,95 +18,114 @@ import contextlib
 import json
 import subprocess
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 import psutil
 
 from harness.scenario import Ctx, scenario
 from harness.scenarios.common import FAST, loads, wait_portal, wait_row
+from testsupport import memhog
 
 GIB = 1 << 30
 # The hard floor sits this far below what is available at the start: wide enough that other
 # work on the machine (parallel test workers) does not cross it by itself.
 HARD_BELOW_GIB = 2.5
-SOFT_ABOVE_HARD_GIB = 0.4
-BELOW_FLOOR_GIB = 0.5  # the pressure child allocates until available is this far under it
+SOFT_ABOVE_HARD_GIB = 0.25
+# Before the jobs, the pressure child takes memory down to this far above the soft floor and
+# holds it there; at the scenario's word it takes the rest, to this far under the hard floor.
+# Fresh memory can come at 100-200 MB/s on a VM (the host backs it on first touch): the last
+# stretch (0.85 GiB) lands in seconds, the whole way (3 GiB) could outlast the jobs' hold.
+REST_ABOVE_SOFT_GIB = 0.3
+BELOW_FLOOR_GIB = 0.3
 CAP_GIB = 6.0  # ... but never more than this (other work may free memory meanwhile)
-CHUNK = 128 << 20
+HOLD_S = 30  # how long each job holds the service
 
 
-def _pressure_plan(ctx: Ctx) -> tuple[str, tuple[str, ...], int]:
-    """("memory", agent flags, target available bytes) when real pressure can be made safely
-    here, else ("rule", (), 0)."""
+@dataclass(frozen=True)
+class _Plan:
+    mode: str  # "memory" (real pressure) or "rule" (the owner's evict rule)
+    flags: tuple[str, ...] = ()  # the agent's floors
+    rest: int = 0  # available bytes the pressure child holds before the word
+    target: int = 0  # ... and after it
+
+
+def _pressure_plan(ctx: Ctx) -> _Plan:
+    """Real memory pressure where it can be made safely here, else the owner's rule."""
     vm = psutil.virtual_memory()
     if ctx.backend.name != "local" or vm.available < (HARD_BELOW_GIB + CAP_GIB) * GIB:
-        return "rule", (), 0
+        return _Plan("rule")
     hard = (vm.available - HARD_BELOW_GIB * GIB) / vm.total
     soft = hard + SOFT_ABOVE_HARD_GIB * GIB / vm.total
+    rest = int(soft * vm.total + REST_ABOVE_SOFT_GIB * GIB)
     target = int(hard * vm.total - BELOW_FLOOR_GIB * GIB)
     ctx.note(f"memory: {vm.available / GIB:.1f} of {vm.total / GIB:.1f} GiB available; floors "
-             f"hard {hard:.3f} soft {soft:.3f}; the pressure child allocates until "
-             f"{target / GIB:.1f} GiB are available (at most {CAP_GIB:g} GiB)")
-    return "memory", ("--mem-hard-floor", f"{hard:.4f}", "--mem-soft-floor", f"{soft:.4f}",
-                      "--mem-recover-margin", "0.005", "--mem-sample-s", "0.5"), target
+             f"hard {hard:.3f} soft {soft:.3f}; the pressure child holds {rest / GIB:.1f} GiB "
+             f"available before the jobs, then {target / GIB:.1f} (at most {CAP_GIB:g} GiB)")
+    return _Plan("memory", ("--mem-hard-floor", f"{hard:.4f}", "--mem-soft-floor",
+                            f"{soft:.4f}", "--mem-recover-margin", "0.005",
+                            "--mem-sample-s", "0.5"), rest, target)
 
 
-def _pressure_child(target: int) -> subprocess.Popen[bytes]:
-    """A child that, once told to, allocates (and touches) memory until only `target` bytes
-    are available: what the machine's other work uses meanwhile does not move the result.
-    Started before the jobs, so that its interpreter's start-up (seconds on a loaded machine)
-    is not in the window in which the jobs must still be using the service."""
-    # After its first fill it keeps what is available at the target (up to the cap): other
-    # work on the machine (parallel test workers) freeing a GiB would otherwise lift the hold
-    # before the scenario sees it.
-    code = ("import sys, time, psutil\nsys.stdout.write('started\\n'); sys.stdout.flush()\n"
-            "sys.stdin.readline()\nheld = []\n"
-            "def fill():\n"
-            f"    while psutil.virtual_memory().available > {target} and "
-            f"len(held) * {CHUNK} < {int(CAP_GIB * GIB)}:\n"
-            f"        held.append(bytearray(b'\\x01') * {CHUNK})\n"
-            "fill()\nsys.stdout.write(f'held {len(held)}\\n'); sys.stdout.flush()\n"
-            "end = time.monotonic() + 300\n"
-            "while time.monotonic() < end:\n"
-            "    time.sleep(0.1)\n"
-            "    fill()\n")
-    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
-                         stdin=subprocess.PIPE, start_new_session=True)
-    assert p.stdout is not None
-    p.stdout.readline()  # "started"
-    return p
+class _PressureChild:
+    """testsupport's memhog, resting at the plan's level until told to go on to its target."""
 
+    def __init__(self, plan: _Plan) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, memhog.__file__, str(plan.target), str(int(CAP_GIB * GIB)),
+             "--rest", str(plan.rest)],
+            stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True, start_new_session=True)
 
-def _allocate(p: subprocess.Popen[bytes]) -> float:
-    """GiB the child took (touched once its "held" line arrives)."""
-    assert p.stdin is not None and p.stdout is not None
-    p.stdin.write(b"go\n")
-    p.stdin.flush()
-    return int(p.stdout.readline().split()[1]) * CHUNK / GIB
+    def event(self, want: str) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the pressure child exited before {want!r}")
+        ev: dict[str, Any] = json.loads(line)
+        return ev
+
+    def go(self) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+        return self.event("crossed")
+
+    def end(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.kill()
+        self.proc.wait(30)
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe:
+                pipe.close()
 
 
 @scenario("yield", "memory pressure (or an evict rule) stops the yieldable service with its "
           "jobs released and requeued; they finish after the hold lifts", needs_portal=True)
 def yield_(ctx: Ctx) -> None:
-    mode, flags, target = _pressure_plan(ctx)
-    child = _pressure_child(target) if mode == "memory" else None
+    plan = _pressure_plan(ctx)
+    child = _PressureChild(plan) if plan.mode == "memory" else None
     try:
-        reason = "preempt_memory" if mode == "memory" else "preempt_protection"
-        node = ctx.node("yield-a", ["fastmodel"], flags=flags,
+        reason = "preempt_memory" if child is not None else "preempt_protection"
+        node = ctx.node("yield-a", ["fastmodel"], flags=plan.flags,
                         settings={FAST: {"load_s": 0.3, "slots": 4, "model_gb": 1.0}})
-        # Each job holds the service 20 s: long enough that the pressure lands while they use it,
+        if child is not None:  # most of the way down before the jobs (it took that meanwhile)
+            ev = child.event("resting")
+            ctx.note(f"pressure child resting: holds {ev['allocated'] / GIB:.1f} GiB, "
+                     f"{ev['available'] / GIB:.1f} GiB available")
+        # Each job holds the service: long enough that the pressure lands while they use it,
         # even on a loaded machine (the scenario checks that it did); short enough that released
         # jobs finish soon after the hold, before other work on the machine moves the floors.
-        jobs = [node.submit(FAST, "generate", {"prompts": [f"y{i}"], "hold_s": 20})["job_id"]
+        jobs = [node.submit(FAST, "generate", {"prompts": [f"y{i}"], "hold_s": HOLD_S})["job_id"]
                 for i in range(3)]
         r = wait_row(ctx, node, FAST, "model", "ready with users",
                      lambda r: r["ready"] and r["users"] >= 1, 60)
         ctx.note(f"service ready with {r['users']} user(s), {len(jobs)} jobs submitted")
 
         if child is not None:
-            took = _allocate(child)
-            ctx.note(f"pressure child holds {took:.1f} GiB "
-                     f"({psutil.virtual_memory().available / GIB:.1f} GiB available now)")
+            ev = child.go()
+            ctx.check(ev["event"] == "crossed", f"the pressure child stopped at its cap: {ev}")
+            ctx.note(f"pressure child holds {ev['allocated'] / GIB:.1f} GiB "
+                     f"({ev['available'] / GIB:.1f} GiB available now)")
         else:
             rr = node.cli("protect", "--state-dir", node.host_to_node(node.state_dir), "--evict")
             ctx.check(rr.rc == 0, f"protect --evict failed: {rr}")
@@ -131,13 +151,8 @@ def yield_(ctx: Ctx) -> None:
         ctx.note(f"portal row: state={pr['state']} stopped_reason={pr['stopped_reason']}")
     finally:
         if child is not None:
-            with contextlib.suppress(ProcessLookupError):
-                child.kill()
-            child.wait(30)
-            for pipe in (child.stdin, child.stdout):
-                if pipe:
-                    pipe.close()
-    if mode == "memory":
+            child.end()
+    if child is not None:
         ctx.note("pressure child ended")
     else:
         rr = node.cli("protect", "--state-dir", node.host_to_node(node.state_dir), "--end-evict")
