@@ -77,15 +77,28 @@ def open_store(where: str | Path, *, history: History | None = None,
     return HeartbeatStore(where, history=history)
 
 
-_ROW_SQL = ("INSERT INTO service_rows (module, node_id, service, hostname, health, running,"
-            " ready, accepting, error, held, disabled, withdrawn, gpu_api_missing, lifecycle,"
-            " users, endpoint, reported_at, raw, received_at, heartbeat_s, agent_stopped,"
-            " rss_bytes, loads) VALUES ")
+ROW_COLUMNS = ("module, node_id, service, hostname, health, running, ready, accepting, error,"
+               " held, disabled, withdrawn, gpu_api_missing, lifecycle, users, endpoint,"
+               " reported_at, raw, received_at, heartbeat_s, agent_stopped, rss_bytes, loads")
+_ROW_SQL = f"INSERT INTO service_rows ({ROW_COLUMNS}) VALUES "
 _ROW_VALUES = "(" + ", ".join("?" * 23) + ")"
 # A node's rows go in multi-row INSERTs (fewer statements than one per row), two rows each:
 # 46 parameters, under the 50 up to which psycopg caches a statement's parsing (above it every
 # execute parses the SQL again) and far under SQLite's 32,766.
 _ROWS_PER_INSERT = 2
+
+
+def service_row_values(hb: Heartbeat, now: float) -> list[tuple[Any, ...]]:
+    """A report's service rows, as ROW_COLUMNS' values (received at ``now``)."""
+    stopped = int(hb.agent_stopped)
+    return [
+        (r.module, hb.node_id, r.service, hb.hostname, r.health, int(r.running),
+         int(r.ready), int(r.accepting), r.error, r.held, int(r.disabled),
+         int(r.withdrawn), int(r.gpu_api_missing), r.lifecycle, r.users,
+         int(r.endpoint), hb.time, json.dumps(r.raw, sort_keys=True), now,
+         hb.heartbeat_s, stopped, *service_metrics(r).values())
+        for r in hb.services
+    ]
 
 
 class HeartbeatStore:
@@ -156,22 +169,19 @@ class HeartbeatStore:
             return Outcome("not_applied", f"a report of {hb.node_id} received later "
                                           f"({at}) is already stored")
         tx.run("DELETE FROM service_rows WHERE node_id = ?", (hb.node_id,))
-        rows = [
-            (r.module, hb.node_id, r.service, hb.hostname, r.health, int(r.running),
-             int(r.ready), int(r.accepting), r.error, r.held, int(r.disabled),
-             int(r.withdrawn), int(r.gpu_api_missing), r.lifecycle, r.users,
-             int(r.endpoint), hb.time, json.dumps(r.raw, sort_keys=True), now,
-             hb.heartbeat_s, stopped, *service_metrics(r).values())
-            for r in hb.services
-        ]
+        rows = service_row_values(hb, now)
         for i in range(0, len(rows), _ROWS_PER_INSERT):
             chunk = rows[i:i + _ROWS_PER_INSERT]
             tx.run(_ROW_SQL + ", ".join([_ROW_VALUES] * len(chunk)),
                    [v for row in chunk for v in row])
         store_metrics.record_samples(tx, self.kind, hb, now, self.history)
+        self.saw_modules(hb)
+        return None
+
+    def saw_modules(self, hb: Heartbeat) -> None:
+        """A stored report's modules join the ones the history's roll-up visits."""
         if self._sample_modules is not None:
             self._sample_modules.update(r.module for r in hb.services)
-        return None
 
     def after_write(self, now: float) -> None:
         """After a report's commit: the history's roll-up, at most once a minute."""

@@ -17,7 +17,8 @@ Outcomes: ``applied``; ``not_applied`` (a later report of the node is stored alr
 send its whole snapshot).
 
 On PostgreSQL the unchanged reports of a batch are one statement (arrays unnested into a
-chain of data-modifying CTEs); on SQLite a few C-level statements each.
+chain of data-modifying CTEs), and its whole reports with something new a statement per table
+for all of them; on SQLite a few C-level statements each.
 """
 
 from __future__ import annotations
@@ -28,9 +29,9 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .heartbeat import Heartbeat, StillAlive
+from .heartbeat import NODE_METRICS, Heartbeat, StillAlive
 from .services_query import iso_utc
-from .store_metrics import sample_conflict
+from .store_metrics import SAMPLE_INSERT, sample_conflict, sample_values
 
 if TYPE_CHECKING:
     from .store import HeartbeatStore
@@ -81,14 +82,11 @@ _FOLD_COLUMNS = ("r.module, r.node_id, r.service, {fine}, {bucket}, r.hostname,"
                  " r.ready * r.running * (1 - r.agent_stopped),"
                  " CASE WHEN r.agent_stopped = 1 THEN 0 ELSE r.users END, r.rss_bytes, r.loads,"
                  " n.mem_used_bytes, n.mem_reserved_bytes, n.gpu_mem_used_bytes, 1")
-_INSERT_SAMPLES = ("INSERT INTO node_samples (module, node_id, service, res_s, t, hostname,"
-                   " running, ready, users, rss_bytes, loads, mem_used_bytes,"
-                   " mem_reserved_bytes, gpu_mem_used_bytes, samples)")
 
 
 def _touch_sqlite(tx: Any, store: HeartbeatStore, items: list[Report]) -> set[str]:
     fine = store.history.fine_s
-    fold = (f"{_INSERT_SAMPLES} SELECT {_FOLD_COLUMNS.format(fine=fine, bucket='?')}"
+    fold = (f"{SAMPLE_INSERT} SELECT {_FOLD_COLUMNS.format(fine=fine, bucket='?')}"
             " FROM service_rows r JOIN nodes n ON n.node_id = r.node_id WHERE r.node_id = ?"
             + sample_conflict("sqlite"))
     touched = set()
@@ -131,7 +129,7 @@ def _touch_postgres(tx: Any, store: HeartbeatStore, items: list[Report]) -> set[
         " r AS (UPDATE service_rows s SET reported_at = v.reported_at,"
         " received_at = v.received_at FROM v, touched t WHERE s.node_id = t.node_id"
         " AND v.node_id = t.node_id RETURNING s.*),"
-        f" folded AS ({_INSERT_SAMPLES} SELECT "
+        f" folded AS ({SAMPLE_INSERT} SELECT "
         + _FOLD_COLUMNS.format(fine=fine, bucket="n.bucket")
         + " FROM r JOIN touched n ON n.node_id = r.node_id"
         + sample_conflict("postgresql") + ")"
@@ -142,6 +140,76 @@ def _touch_postgres(tx: Any, store: HeartbeatStore, items: list[Report]) -> set[
         [it.received_at for it in items],
         [float(int(it.received_at // fine) * fine) for it in items]))
     return {r["node_id"] for r in rows}
+
+
+# The batch's whole reports on PostgreSQL: a statement per table for all of them (arrays
+# unnested), not a handful per report; the same upsert, ordering check and token check as
+# store.py's write_full, which SQLite keeps (its statements cost no round trip).
+_PG_NODE_UPSERT = (
+    "INSERT INTO nodes (node_id, hostname, reported_at, received_at, heartbeat_s,"
+    " agent_stopped, mem_used_bytes, mem_reserved_bytes, mem_total_bytes, gpu_mem_used_bytes,"
+    " gpu_mem_total_bytes, rows_digest) SELECT v.node_id, v.hostname, v.reported_at,"
+    " v.received_at, v.heartbeat_s, v.agent_stopped, v.mem_used, v.mem_reserved, v.mem_total,"
+    " v.gpu_used, v.gpu_total, v.digest FROM unnest(?::text[], ?::text[], ?::float8[],"
+    " ?::float8[], ?::float8[], ?::int4[], ?::int8[], ?::int8[], ?::int8[], ?::int8[],"
+    " ?::int8[], ?::text[], ?::text[]) AS v(node_id, hostname, reported_at, received_at,"
+    " heartbeat_s, agent_stopped, mem_used, mem_reserved, mem_total, gpu_used, gpu_total,"
+    " digest, token_hash){checked}"
+    " ON CONFLICT (node_id) DO UPDATE SET"
+    " hostname = excluded.hostname, reported_at = excluded.reported_at,"
+    " received_at = excluded.received_at, heartbeat_s = excluded.heartbeat_s,"
+    " agent_stopped = excluded.agent_stopped, mem_used_bytes = excluded.mem_used_bytes,"
+    " mem_reserved_bytes = excluded.mem_reserved_bytes,"
+    " mem_total_bytes = excluded.mem_total_bytes,"
+    " gpu_mem_used_bytes = excluded.gpu_mem_used_bytes,"
+    " gpu_mem_total_bytes = excluded.gpu_mem_total_bytes, rows_digest = excluded.rows_digest"
+    " WHERE nodes.received_at <= excluded.received_at RETURNING node_id")
+_PG_ROW_TYPES = ("text", "text", "text", "text", "text", "int4", "int4", "int4", "text", "text",
+                 "int4", "int4", "int4", "text", "int4", "int4", "float8", "text", "float8",
+                 "float8", "int4", "int8", "int8")  # ROW_COLUMNS'
+_PG_SAMPLE_TYPES = ("text", "text", "text", "int8", "float8", "text", "int8", "int8", "int8",
+                    "int8", "int8", "int8", "int8", "int8")  # sample_values'
+
+
+def _unnest(types: tuple[str, ...]) -> str:
+    return "unnest(" + ", ".join(f"?::{t}[]" for t in types) + ")"
+
+
+def _columns(rows: list[tuple[Any, ...]], width: int) -> list[list[Any]]:
+    """Rows as one list per column (the arrays a statement unnests)."""
+    return [list(c) for c in zip(*rows, strict=True)] if rows else [[] for _ in range(width)]
+
+
+def _write_full_postgres(tx: Any, store: HeartbeatStore,
+                         items: list[tuple[Report, Heartbeat]]) -> dict[str, Outcome]:
+    from .store import ROW_COLUMNS, service_row_values
+
+    checked = "" if items[0][0].token_hash is None else (
+        " JOIN node_tokens t ON t.node_id = v.node_id AND t.token_hash = v.token_hash")
+    nodes = [(hb.node_id, hb.hostname, hb.time, it.received_at, hb.heartbeat_s,
+              int(hb.agent_stopped), *((hb.metrics or {}).get(k) for k in NODE_METRICS),
+              it.digest, it.token_hash)
+             for it, hb in items]
+    won = {r["node_id"] for r in tx.all(_PG_NODE_UPSERT.format(checked=checked),
+                                        _columns(nodes, 13))}
+    out = {it.node_id: _why_not(tx, it) for it, _ in items if it.node_id not in won}
+    mine = [(it, hb) for it, hb in items if it.node_id in won]
+    if not mine:
+        return out
+    tx.run("DELETE FROM service_rows WHERE node_id = ANY(?::text[])",
+           ([it.node_id for it, _ in mine],))
+    rows = [row for it, hb in mine for row in service_row_values(hb, it.received_at)]
+    if rows:
+        tx.run(f"INSERT INTO service_rows ({ROW_COLUMNS}) SELECT * FROM "
+               + _unnest(_PG_ROW_TYPES), _columns(rows, len(_PG_ROW_TYPES)))
+        samples = [s for it, hb in mine for s in sample_values(hb, it.received_at,
+                                                                store.history)]
+        tx.run(f"{SAMPLE_INSERT} SELECT *, 1 FROM " + _unnest(_PG_SAMPLE_TYPES)
+               + sample_conflict("postgresql"), _columns(samples, len(_PG_SAMPLE_TYPES)))
+    for it, hb in mine:
+        store.saw_modules(hb)
+        out[it.node_id] = Outcome("applied", digest=it.digest)
+    return out
 
 
 def _why_not(tx: Any, it: Report) -> Outcome:
@@ -165,20 +233,25 @@ def record_batch(store: HeartbeatStore, items: list[Report]) -> list[Outcome]:
         raise ValueError("record_batch: one report per node in a batch")
     out: dict[str, Outcome] = {}
     with store.backend.write(pipelined=True) as tx:
-        touch = _touch_postgres if store.kind == "postgresql" else _touch_sqlite
-        touched = touch(tx, store, items)
+        postgres = store.kind == "postgresql"
+        touched = (_touch_postgres if postgres else _touch_sqlite)(tx, store, items)
+        whole: list[tuple[Report, Heartbeat]] = []  # whole reports with something new
         for it in items:
             if it.node_id in touched:
                 out[it.node_id] = Outcome("applied", digest=it.digest)
             elif isinstance(it.what, StillAlive):
                 out[it.node_id] = _why_not(tx, it)
-            elif it.token_hash is not None and tx.one(
+            else:
+                whole.append((it, it.what))
+        if postgres and whole:
+            out.update(_write_full_postgres(tx, store, whole))
+        for it, hb in [] if postgres else whole:
+            if it.token_hash is not None and tx.one(
                     "SELECT 1 AS ok FROM node_tokens WHERE node_id = ? AND token_hash = ?",
                     (it.node_id, it.token_hash)) is None:
                 out[it.node_id] = Outcome("revoked", "the token was revoked or replaced")
-            else:
-                won = store.write_full(tx, it.what, it.received_at, it.digest)
-                out[it.node_id] = won if won is not None else Outcome("applied",
-                                                                      digest=it.digest)
+                continue
+            won = store.write_full(tx, hb, it.received_at, it.digest)
+            out[it.node_id] = won if won is not None else Outcome("applied", digest=it.digest)
     store.after_write(time.time())
     return [out[it.node_id] for it in items]

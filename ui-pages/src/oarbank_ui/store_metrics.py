@@ -45,8 +45,8 @@ from .heartbeat import Heartbeat, service_metrics
 from .metrics_cache import BucketCache
 from .services_query import QueryError, derive_state, iso_utc
 
-__all__ = ["MAX_SCAN", "History", "NODES_PARAMS", "METRICS_PARAMS", "compact", "node_metrics",
-           "nodes_query", "record_samples", "sample_conflict"]
+__all__ = ["MAX_SCAN", "History", "NODES_PARAMS", "METRICS_PARAMS", "SAMPLE_INSERT", "compact",
+           "node_metrics", "nodes_query", "record_samples", "sample_conflict", "sample_values"]
 
 MAX_SCAN = 100_000
 NODES_PARAMS = ("node_id", "hostname", "state", "online")
@@ -85,7 +85,7 @@ def _greatest(kind: str, a: str, b: str) -> str:
     return f"max({a}, {b})" if kind == "sqlite" else f"GREATEST({a}, {b})"
 
 
-_SAMPLE_INSERT = ("INSERT INTO node_samples (module, node_id, service, res_s, t, hostname,"
+SAMPLE_INSERT = ("INSERT INTO node_samples (module, node_id, service, res_s, t, hostname,"
                   " running, ready, users, rss_bytes, loads, mem_used_bytes,"
                   " mem_reserved_bytes, gpu_mem_used_bytes, samples)")
 
@@ -108,17 +108,22 @@ def record_samples(tx: Any, kind: str, hb: Heartbeat, now: float, h: History) ->
     """Fold one stored report into its fine buckets (inside the report's transaction)."""
     if not hb.services:
         return
+    sql = (SAMPLE_INSERT + " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1)"
+           + sample_conflict(kind))
+    tx.many(sql, sample_values(hb, now, h))
+
+
+def sample_values(hb: Heartbeat, now: float, h: History) -> list[tuple[Any, ...]]:
+    """A report's samples for its fine bucket: SAMPLE_INSERT's values but ``samples`` (1)."""
     bucket = float(int(now // h.fine_s) * h.fine_s)
     m = hb.metrics or {}
-    sql = (_SAMPLE_INSERT + " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1)"
-           + sample_conflict(kind))
     stopped = hb.agent_stopped
-    tx.many(sql, [
+    return [
         (r.module, hb.node_id, r.service, h.fine_s, bucket, hb.hostname,
          int(r.running and not stopped), int(r.ready and r.running and not stopped),
          0 if stopped else r.users, *service_metrics(r).values(), m.get("mem_used_bytes"),
          m.get("mem_reserved_bytes"), m.get("gpu_mem_used_bytes"))
-        for r in hb.services])
+        for r in hb.services]
 
 
 def compact(tx: Any, kind: str, now: float, h: History,

@@ -1,0 +1,113 @@
+"""One group-commit batch holding every kind of report, on SQLite and a real PostgreSQL: each
+report gets its own outcome and only its own rows change (on PostgreSQL the batch's whole
+reports are written a statement per table for all of them, not one node at a time)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from portal_helpers import MODULE_ID, heartbeat, service_row
+
+from oarbank_ui.heartbeat import parse_report
+from oarbank_ui.store import open_store
+from oarbank_ui.store_batch import Report, record_batch, report_digest
+from oarbank_ui.tokens import token_hash
+
+
+@pytest.fixture
+def store(store_url: str):  # type: ignore[no-untyped-def]
+    s = open_store(store_url)
+    yield s
+    s.close()
+
+
+def report(doc: dict[str, Any], at: float, token: str) -> Report:
+    digest = doc["alive"] if "alive" in doc else report_digest(doc)
+    return Report(parse_report(doc), digest, at, token_hash(token))
+
+
+def rows(store: Any, node_id: str) -> list[tuple[Any, ...]]:
+    """The node's stored rows: (service, users, reported_at, rss_bytes)."""
+    with store.backend.read() as tx:
+        return sorted((r["service"], r["users"], r["reported_at"], r["rss_bytes"]) for r in tx.all(
+            "SELECT * FROM service_rows WHERE node_id = ? AND module = ?",
+            (node_id, MODULE_ID)))
+
+
+def samples(store: Any, node_id: str) -> list[tuple[str, int, int]]:
+    """The node's history samples: (service, users, samples folded in)."""
+    with store.backend.read() as tx:
+        return sorted((r["service"], r["users"], r["samples"]) for r in tx.all(
+            "SELECT service, users, samples FROM node_samples WHERE node_id = ?", (node_id,)))
+
+
+def test_every_kind_of_report_in_one_batch_gets_its_own_outcome(store: Any) -> None:
+    tokens = {n: store.issue_token(n)[0] for n in ("new", "changed", "older", "revoked", "same")}
+    t0 = time.time() // 300 * 300 + 1  # every report below in one 5-minute history bucket
+    before = {
+        "changed": heartbeat("changed", service_row(service="a", users=1),
+                             service_row(service="b", users=2), t=t0),
+        "older": heartbeat("older", service_row(users=7), t=t0 + 50),
+        "revoked": heartbeat("revoked", service_row(users=3), t=t0),
+        "same": heartbeat("same", service_row(users=4), t=t0),
+    }
+    first = record_batch(store, [report(d, t0 + (50 if n == "older" else 0), tokens[n])
+                                 for n, d in before.items()])
+    assert [o.status for o in first] == ["applied"] * 4, first
+    old_token = tokens["revoked"]
+    store.issue_token("revoked")  # a new token: the old one is refused from now on
+
+    now = t0 + 10
+    docs = {
+        "new": heartbeat("new", service_row(service="x", users=5), t=now),
+        "changed": heartbeat("changed", service_row(service="a", users=9), t=now),
+        "older": heartbeat("older", service_row(users=8), t=now),  # received before t0 + 50
+        "revoked": heartbeat("revoked", service_row(users=6), t=now),
+        "same": dict(before["same"], time=now),  # nothing new but its time
+    }
+    batch = [report(docs[n], now, old_token if n == "revoked" else tokens[n]) for n in docs]
+    out = dict(zip(docs, record_batch(store, batch), strict=True))
+
+    assert {n: o.status for n, o in out.items()} == {
+        "new": "applied", "changed": "applied", "older": "not_applied", "revoked": "revoked",
+        "same": "applied"}, out
+    assert "received later" in out["older"].reason
+    assert out["new"].digest == report_digest(docs["new"])
+    # rows: replaced whole where applied (b gone), untouched where refused, times refreshed
+    # where nothing was new
+    assert rows(store, "new") == [("x", 5, now, None)]
+    assert rows(store, "changed") == [("a", 9, now, None)]
+    assert rows(store, "older") == [("model", 7, t0 + 50, None)]
+    assert rows(store, "revoked") == [("model", 3, t0, None)]
+    assert rows(store, "same") == [("model", 4, now, None)]
+    # a sample per stored report and service, folded into its 5-minute bucket (t0 and t0 + 10
+    # share one): the most users seen, how many samples; refused reports add none
+    assert samples(store, "new") == [("x", 5, 1)]
+    assert samples(store, "changed") == [("a", 9, 2), ("b", 2, 1)]
+    assert samples(store, "older") == [("model", 7, 1)]
+    assert samples(store, "revoked") == [("model", 3, 1)]
+    assert samples(store, "same") == [("model", 4, 2)]
+
+    # the digest each applied report was answered with is the one a still-alive may name
+    later = now + 10
+    alive = [report({"node_id": n, "hostname": f"host-{n}", "time": later,
+                     "alive": out[n].digest}, later, tokens[n]) for n in ("new", "changed")]
+    assert [o.status for o in record_batch(store, alive)] == ["applied", "applied"]
+    assert rows(store, "changed") == [("a", 9, later, None)]
+
+
+def test_a_batch_of_whole_reports_keeps_each_nodes_rows_apart(store: Any) -> None:
+    # many nodes with several services each, all new in one batch, then all changed in one
+    tokens = {f"n{i:03d}": store.issue_token(f"n{i:03d}")[0] for i in range(60)}
+    for round_, t in enumerate((time.time(), time.time() + 5)):
+        docs = [heartbeat(n, *(service_row(service=f"s{k}", users=i * 10 + k + round_,
+                                           rss_bytes=1000 * i if k else None)
+                               for k in range(i % 4 + 1)), t=t)
+                for i, n in enumerate(tokens)]
+        out = record_batch(store, [report(d, t, tokens[d["node_id"]]) for d in docs])
+        assert all(o.applied for o in out), [o for o in out if not o.applied]
+        for i, n in enumerate(tokens):
+            assert rows(store, n) == [(f"s{k}", i * 10 + k + round_, t, 1000 * i if k else None)
+                                      for k in range(i % 4 + 1)], n
