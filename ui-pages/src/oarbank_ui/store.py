@@ -77,6 +77,14 @@ def open_store(where: str | Path, *, history: History | None = None,
     return HeartbeatStore(where, history=history)
 
 
+NODE_COLUMNS = ("node_id, hostname, reported_at, received_at, heartbeat_s, agent_stopped,"
+                " mem_used_bytes, mem_reserved_bytes, mem_total_bytes, gpu_mem_used_bytes,"
+                " gpu_mem_total_bytes, rows_digest")
+# A node's report replaces the stored one only if it was received no earlier (the order of
+# reports is the order they reached the portal); the node ids it replaced come back.
+NODE_WON = (" ON CONFLICT (node_id) DO UPDATE SET "
+            + ", ".join(f"{c} = excluded.{c}" for c in NODE_COLUMNS.split(", ")[1:])
+            + " WHERE nodes.received_at <= excluded.received_at RETURNING node_id")
 ROW_COLUMNS = ("module, node_id, service, hostname, health, running, ready, accepting, error,"
                " held, disabled, withdrawn, gpu_api_missing, lifecycle, users, endpoint,"
                " reported_at, raw, received_at, heartbeat_s, agent_stopped, rss_bytes, loads")
@@ -146,20 +154,8 @@ class HeartbeatStore:
         stopped = int(hb.agent_stopped)
         m = hb.metrics or {}
         won = tx.one(
-            "INSERT INTO nodes (node_id, hostname, reported_at, received_at, heartbeat_s,"
-            " agent_stopped, mem_used_bytes, mem_reserved_bytes, mem_total_bytes,"
-            " gpu_mem_used_bytes, gpu_mem_total_bytes, rows_digest) VALUES (?, ?, ?, ?, ?, ?,"
-            " ?, ?, ?, ?, ?, ?) ON CONFLICT (node_id) DO UPDATE SET"
-            " hostname = excluded.hostname, reported_at = excluded.reported_at,"
-            " received_at = excluded.received_at, heartbeat_s = excluded.heartbeat_s,"
-            " agent_stopped = excluded.agent_stopped,"
-            " mem_used_bytes = excluded.mem_used_bytes,"
-            " mem_reserved_bytes = excluded.mem_reserved_bytes,"
-            " mem_total_bytes = excluded.mem_total_bytes,"
-            " gpu_mem_used_bytes = excluded.gpu_mem_used_bytes,"
-            " gpu_mem_total_bytes = excluded.gpu_mem_total_bytes,"
-            " rows_digest = excluded.rows_digest"
-            " WHERE nodes.received_at <= excluded.received_at RETURNING node_id",
+            f"INSERT INTO nodes ({NODE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            + NODE_WON,
             (hb.node_id, hb.hostname, hb.time, now, hb.heartbeat_s, stopped,
              m.get("mem_used_bytes"), m.get("mem_reserved_bytes"), m.get("mem_total_bytes"),
              m.get("gpu_mem_used_bytes"), m.get("gpu_mem_total_bytes"), digest))

@@ -145,25 +145,8 @@ def _touch_postgres(tx: Any, store: HeartbeatStore, items: list[Report]) -> set[
 # The batch's whole reports on PostgreSQL: a statement per table for all of them (arrays
 # unnested), not a handful per report; the same upsert, ordering check and token check as
 # store.py's write_full, which SQLite keeps (its statements cost no round trip).
-_PG_NODE_UPSERT = (
-    "INSERT INTO nodes (node_id, hostname, reported_at, received_at, heartbeat_s,"
-    " agent_stopped, mem_used_bytes, mem_reserved_bytes, mem_total_bytes, gpu_mem_used_bytes,"
-    " gpu_mem_total_bytes, rows_digest) SELECT v.node_id, v.hostname, v.reported_at,"
-    " v.received_at, v.heartbeat_s, v.agent_stopped, v.mem_used, v.mem_reserved, v.mem_total,"
-    " v.gpu_used, v.gpu_total, v.digest FROM unnest(?::text[], ?::text[], ?::float8[],"
-    " ?::float8[], ?::float8[], ?::int4[], ?::int8[], ?::int8[], ?::int8[], ?::int8[],"
-    " ?::int8[], ?::text[], ?::text[]) AS v(node_id, hostname, reported_at, received_at,"
-    " heartbeat_s, agent_stopped, mem_used, mem_reserved, mem_total, gpu_used, gpu_total,"
-    " digest, token_hash){checked}"
-    " ON CONFLICT (node_id) DO UPDATE SET"
-    " hostname = excluded.hostname, reported_at = excluded.reported_at,"
-    " received_at = excluded.received_at, heartbeat_s = excluded.heartbeat_s,"
-    " agent_stopped = excluded.agent_stopped, mem_used_bytes = excluded.mem_used_bytes,"
-    " mem_reserved_bytes = excluded.mem_reserved_bytes,"
-    " mem_total_bytes = excluded.mem_total_bytes,"
-    " gpu_mem_used_bytes = excluded.gpu_mem_used_bytes,"
-    " gpu_mem_total_bytes = excluded.gpu_mem_total_bytes, rows_digest = excluded.rows_digest"
-    " WHERE nodes.received_at <= excluded.received_at RETURNING node_id")
+_PG_NODE_TYPES = ("text", "text", "float8", "float8", "float8", "int4", "int8", "int8", "int8",
+                  "int8", "int8", "text")  # NODE_COLUMNS'
 _PG_ROW_TYPES = ("text", "text", "text", "text", "text", "int4", "int4", "int4", "text", "text",
                  "int4", "int4", "int4", "text", "int4", "int4", "float8", "text", "float8",
                  "float8", "int4", "int8", "int8")  # ROW_COLUMNS'
@@ -182,16 +165,21 @@ def _columns(rows: list[tuple[Any, ...]], width: int) -> list[list[Any]]:
 
 def _write_full_postgres(tx: Any, store: HeartbeatStore,
                          items: list[tuple[Report, Heartbeat]]) -> dict[str, Outcome]:
-    from .store import ROW_COLUMNS, service_row_values
+    from .store import NODE_COLUMNS, NODE_WON, ROW_COLUMNS, service_row_values
 
-    checked = "" if items[0][0].token_hash is None else (
-        " JOIN node_tokens t ON t.node_id = v.node_id AND t.token_hash = v.token_hash")
+    # the nodes' values, then each report's token hash (the join keeps those that match)
     nodes = [(hb.node_id, hb.hostname, hb.time, it.received_at, hb.heartbeat_s,
               int(hb.agent_stopped), *((hb.metrics or {}).get(k) for k in NODE_METRICS),
               it.digest, it.token_hash)
              for it, hb in items]
-    won = {r["node_id"] for r in tx.all(_PG_NODE_UPSERT.format(checked=checked),
-                                        _columns(nodes, 13))}
+    checked = "" if items[0][0].token_hash is None else (
+        " JOIN node_tokens t ON t.node_id = v.node_id AND t.token_hash = v.token_hash")
+    columns = NODE_COLUMNS.split(", ")
+    upsert = (f"INSERT INTO nodes ({NODE_COLUMNS}) SELECT "
+              + ", ".join(f"v.{c}" for c in columns) + " FROM "
+              + _unnest((*_PG_NODE_TYPES, "text")) + f" AS v({NODE_COLUMNS}, token_hash)"
+              + checked + NODE_WON)
+    won = {r["node_id"] for r in tx.all(upsert, _columns(nodes, len(_PG_NODE_TYPES) + 1))}
     out = {it.node_id: _why_not(tx, it) for it, _ in items if it.node_id not in won}
     mine = [(it, hb) for it, hb in items if it.node_id in won]
     if not mine:
@@ -212,8 +200,23 @@ def _write_full_postgres(tx: Any, store: HeartbeatStore,
     return out
 
 
+def _write_full_sqlite(tx: Any, store: HeartbeatStore,
+                       items: list[tuple[Report, Heartbeat]]) -> dict[str, Outcome]:
+    out: dict[str, Outcome] = {}
+    for it, hb in items:
+        if it.token_hash is not None and tx.one(
+                "SELECT 1 AS ok FROM node_tokens WHERE node_id = ? AND token_hash = ?",
+                (it.node_id, it.token_hash)) is None:
+            out[it.node_id] = Outcome("revoked", "the token was revoked or replaced")
+            continue
+        won = store.write_full(tx, hb, it.received_at, it.digest)
+        out[it.node_id] = won if won is not None else Outcome("applied", digest=it.digest)
+    return out
+
+
 def _why_not(tx: Any, it: Report) -> Outcome:
-    """A report that changed nothing: which of the reasons it was (the rare path)."""
+    """A report the batch did not store (a still-alive that touched nothing, a whole report
+    that did not win its node's upsert): which of the reasons it was (the rare path)."""
     if it.token_hash is not None and tx.one(
             "SELECT 1 AS ok FROM node_tokens WHERE node_id = ? AND token_hash = ?",
             (it.node_id, it.token_hash)) is None:
@@ -245,13 +248,7 @@ def record_batch(store: HeartbeatStore, items: list[Report]) -> list[Outcome]:
                 whole.append((it, it.what))
         if postgres and whole:
             out.update(_write_full_postgres(tx, store, whole))
-        for it, hb in [] if postgres else whole:
-            if it.token_hash is not None and tx.one(
-                    "SELECT 1 AS ok FROM node_tokens WHERE node_id = ? AND token_hash = ?",
-                    (it.node_id, it.token_hash)) is None:
-                out[it.node_id] = Outcome("revoked", "the token was revoked or replaced")
-                continue
-            won = store.write_full(tx, hb, it.received_at, it.digest)
-            out[it.node_id] = won if won is not None else Outcome("applied", digest=it.digest)
+        elif whole:
+            out.update(_write_full_sqlite(tx, store, whole))
     store.after_write(time.time())
     return [out[it.node_id] for it in items]
