@@ -28,6 +28,12 @@ from agent_helpers import read_jsonl, write_module
 
 from testsupport import memhog
 
+# Every test that pushes the host's memory down runs in this one xdist group (also the yield
+# scenario's in harness/tests): one test's hog crosses the floors another test's agent set
+# relative to what was available when it started (CI: the hard-floor test's service held again
+# by the soft-floor test's hog after its own hold had lifted).
+pytestmark = pytest.mark.xdist_group("memory_pressure")
+
 GiB = 1 << 30
 SAFETY = int(1.5 * GiB)  # the hog never takes more than available - SAFETY
 

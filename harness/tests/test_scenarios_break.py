@@ -17,6 +17,9 @@ import pytest
 from harness_test_helpers import REPO
 
 pytestmark = pytest.mark.slow
+# The yield scenario pushes the host's memory down: it runs in the group of every test that
+# does (agent/tests/test_memory_pressure.py), never beside another one.
+MEMORY_PRESSURE = pytest.mark.xdist_group("memory_pressure")
 
 
 def _run(tmp_path: Path, scenario: str, *agent_flags: str, modules: Path | None = None,
@@ -74,6 +77,7 @@ def test_idle_stop_fails_when_the_service_is_not_stopped_after_idle_timeout(
     assert "waiting for idle-a model row: stopped with no users" in cell["error"]
 
 
+@MEMORY_PRESSURE
 def test_yield_fails_when_the_memory_guard_never_acts(tmp_path: Path) -> None:
     rc, cell = _run(tmp_path, "yield", "--mem-hard-floor=0", "--mem-soft-floor=0")
     assert rc == 1 and cell["outcome"] == "failed"
@@ -110,8 +114,10 @@ AGENT_FAULTS = [
 ]
 
 
-@pytest.mark.parametrize(("scenario", "fault", "error"), AGENT_FAULTS,
-                         ids=[f"{s}-{f}" for s, f, _ in AGENT_FAULTS])
+@pytest.mark.parametrize(("scenario", "fault", "error"), [
+    pytest.param(*case, id=f"{case[0]}-{case[1]}",
+                 marks=[MEMORY_PRESSURE] if case[0] == "yield" else [])
+    for case in AGENT_FAULTS])
 def test_scenario_fails_when_the_agent_breaks_what_it_checks(tmp_path: Path, scenario: str,
                                                               fault: str, error: str) -> None:
     rc, cell = _run(tmp_path, scenario, fault=fault)
