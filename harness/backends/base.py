@@ -202,7 +202,8 @@ class Node(ABC):
             try:
                 record = json.loads(r.stdout.strip().splitlines()[-1])
             except (ValueError, IndexError):
-                raise NodeError(f"{self.node_id}: submit --wait gave no job record: {r}")
+                raise NodeError(f"{self.node_id}: submit --wait gave no job record: {r}; "
+                                f"{self._jobs_then()}")
             if record.get("job_id"):
                 self.jobs.append(record["job_id"])
             return {**record, "_rc": r.rc}
@@ -234,6 +235,16 @@ class Node(ABC):
             ):
                 return row
         return None
+
+    def _jobs_then(self) -> str:
+        """What the agent says of its jobs, for an error where the CLI said nothing (seen once
+        under Wine: `submit --wait` exited 1 with no output; did the job run, and end how?)."""
+        try:
+            jobs = self.job_states().values()
+        except NodeError as exc:
+            return f"and then {exc}"
+        return "the agent's jobs then: " + ", ".join(
+            f"{j['job_id']} {j.get('state')} ({j.get('attempts')} attempt(s))" for j in jobs)
 
     def job_states(self) -> dict[str, dict[str, Any]]:
         """Every job the agent lists, by id."""
