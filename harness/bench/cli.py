@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import shlex
 import sys
 import time
 import traceback
@@ -49,6 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "2-core machine the targets are for)")
     p.add_argument("--portal-stores", default="sqlite,postgresql", metavar="LIST",
                    help="with --portal: which stores (default sqlite,postgresql)")
+    p.add_argument("--portal-serve-args", default="", metavar="ARGS",
+                   help="with --portal: more options for the portal (`oarbank-portal serve`), "
+                        "shell-quoted, e.g. '--ingest-linger-ms 2' to measure a setting "
+                        "against its default side by side")
     p.add_argument("--portal-sweep", default="", metavar="RATES",
                    help="with --portal: instead, in steady state, each of these rates "
                         "(e.g. 250,500,1000), the highest held with p99 <= 100 ms, 2x it "
@@ -116,7 +121,8 @@ def _portal(args: argparse.Namespace) -> int:
         return 0
     out = args.out.with_name("portal.json")
     results = run_portal_bench(nodes=args.portal_nodes, seconds=args.portal_seconds,
-                               stores=stores, workers=args.portal_workers, out=out)
+                               stores=stores, workers=args.portal_workers,
+                               serve_args=tuple(shlex.split(args.portal_serve_args)), out=out)
     print(results["table"])
     print(f"\nportal bench: {len(stores)} store(s), {args.portal_nodes} nodes, "
           f"{args.portal_seconds:g} s each, {args.portal_workers} portal worker(s); load average "

@@ -76,10 +76,11 @@ def _row(service: str) -> dict[str, Any]:
 
 
 class PortalProcess:
-    def __init__(self, db: str, folder: Path, workers: int) -> None:
+    def __init__(self, db: str, folder: Path, workers: int,
+                 serve_args: tuple[str, ...] = ()) -> None:
         argv = [sys.executable, "-m", "oarbank_ui.cli", "serve", "--db", db, "--module",
                 str(MODELSERVER), "--listen", "127.0.0.1:0", "--pool-size", "8",
-                "--workers", str(workers)]
+                "--workers", str(workers), *serve_args]
         self.log = open(folder / "portal.log", "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=self.log,
                                      stdin=subprocess.DEVNULL, start_new_session=True)
@@ -286,7 +287,8 @@ def _measured_load(portal: PortalProcess, tokens: list[tuple[str, str]], rate: f
 
 
 def _one_store(kind: str, db: str, folder: Path, nodes: int, rate: float,
-               seconds: float, workers: int, db_pid: int | None = None) -> dict[str, Any]:
+               seconds: float, workers: int, db_pid: int | None = None,
+               serve_args: tuple[str, ...] = ()) -> dict[str, Any]:
     from oarbank_ui.store import open_store
 
     store = open_store(db)
@@ -294,7 +296,7 @@ def _one_store(kind: str, db: str, folder: Path, nodes: int, rate: float,
     tokens = store.issue_tokens([f"node-{i:05d}" for i in range(nodes)])
     issued_s = time.perf_counter() - t0
     store.close()
-    portal = PortalProcess(db, folder, workers)
+    portal = PortalProcess(db, folder, workers, serve_args)
     try:
         loads = {}
         for senders in SENDERS:  # the worst case first, then what a fleet of agents sends
@@ -385,19 +387,24 @@ def _table(results: dict[str, Any]) -> str:
 
 def run_portal_bench(*, nodes: int = 10_000, period_s: float = 10.0, seconds: float = 60.0,
                      stores: tuple[str, ...] = ("sqlite", "postgresql"), workers: int = 2,
-                     out: Path | None = None) -> dict[str, Any]:
+                     serve_args: tuple[str, ...] = (), out: Path | None = None
+                     ) -> dict[str, Any]:
+    """``serve_args``: more of the portal's own options (``oarbank-portal serve``), to measure
+    one setting against another side by side (e.g. ``--ingest-linger-ms 2``)."""
     rate = nodes / period_s
     results: dict[str, Any] = {
         "started_at": time.time(), "nodes": nodes, "period_s": period_s, "seconds": seconds,
         "rate_target": rate, "connections": CONNECTIONS, "cpus": os.cpu_count(),
-        "portal_workers": workers, "load_average_at_start": os.getloadavg(),
+        "portal_workers": workers, "portal_serve_args": list(serve_args),
+        "load_average_at_start": os.getloadavg(),
         "client": "asyncio, open loop, in the bench process", "stores": {}}
     with tempfile.TemporaryDirectory(prefix="oarbank-portal-bench-") as tmp:
         folder = Path(tmp)
         for kind in stores:
             if kind == "sqlite":
                 results["stores"][kind] = _one_store(kind, str(folder / "portal.db"), folder,
-                                                     nodes, rate, seconds, workers)
+                                                     nodes, rate, seconds, workers,
+                                                     serve_args=serve_args)
                 continue
             pg = _pgcluster()
             if pg.server_bindir() is None:
@@ -408,7 +415,8 @@ def run_portal_bench(*, nodes: int = 10_000, period_s: float = 10.0, seconds: fl
             try:
                 results["stores"][kind] = _one_store(kind, cluster.create_database("bench"),
                                                      folder, nodes, rate, seconds, workers,
-                                                     db_pid=cluster.proc.pid)
+                                                     db_pid=cluster.proc.pid,
+                                                     serve_args=serve_args)
             finally:
                 cluster.stop()
     results["load_average_at_end"] = os.getloadavg()

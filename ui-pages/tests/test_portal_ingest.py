@@ -274,3 +274,53 @@ def test_a_database_outage_is_answered_503_at_once_and_outlived(
         assert {r["users"] for r in p.services()} == {4}
     finally:
         cluster.stop()
+
+
+def test_the_linger_waits_only_while_reports_come_that_often() -> None:
+    from oarbank_ui.ingest import linger_for, mean_gap
+
+    linger = 0.010
+    assert linger_for(None, linger) == 0.0  # the first report ever: nobody to wait for
+    mean = None
+    for _ in range(20):  # 1,000 reports/s
+        mean = mean_gap(mean, 0.001)
+    assert mean == pytest.approx(0.001) and linger_for(mean, linger) == linger
+    mean = mean_gap(mean, 5.0)  # a pause: the next batch does not wait
+    assert linger_for(mean, linger) == 0.0
+    quick = 0
+    while linger_for(mean, linger) == 0.0:  # the stream is back: lingers again within ~20
+        mean, quick = mean_gap(mean, 0.001), quick + 1
+    assert 10 <= quick <= 30, quick
+    quiet = None
+    for _ in range(20):  # a node every 2 s: never waits
+        quiet = mean_gap(quiet, 2.0)
+        assert linger_for(quiet, linger) == 0.0
+    assert linger_for(0.001, 0.0) == 0.0  # --ingest-linger-ms 0: never waits
+
+
+def test_a_lone_report_on_a_quiet_portal_is_not_held_for_the_linger(
+        start_portal: Any, store_url: str) -> None:
+    linger_s = 0.9  # an answer that waited for it would take this long at least
+    p = start_portal(db=store_url, args=("--ingest-bound-s", "10", "--ingest-linger-ms",
+                                         str(linger_s * 1000)))
+    docs = [heartbeat(f"q{i}", service_row(users=i)) for i in range(4)]
+    assert p.post_heartbeat(docs[0]).status == 200  # the token cache filled
+    took = []
+    for d in docs[1:]:
+        time.sleep(1.5)  # reports further apart than the linger
+        t0 = time.monotonic()
+        assert p.post_heartbeat(d).status == 200
+        took.append(time.monotonic() - t0)
+    assert max(took) < linger_s / 2, f"answers took {took} s: held for the linger"
+    assert [(r["node_id"], r["users"]) for r in p.services()] == [
+        (d["node_id"], d["services"][0]["users"]) for d in docs]
+
+
+@pytest.mark.parametrize("bad", ["-1", "100"])
+def test_a_bad_linger_is_refused_by_name(bad: str, tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, "-m", "oarbank_ui.cli", "serve", "--db",
+                        str(tmp_path / "p.db"), "--ingest-linger-ms", bad],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert "--ingest-linger-ms must be >= 0 and under a tenth of --ingest-bound-s (100 ms)" \
+        in r.stderr, r.stderr

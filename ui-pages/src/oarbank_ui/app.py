@@ -114,7 +114,7 @@ class Portal:
         self.metrics = PortalMetrics(lambda: self.store.summary(now=self.clock()))
         self._refusal_log = _RefusalLog()
         self._ingest: HeartbeatIngest | None = None
-        self.ingest_options: dict[str, Any] = {}  # HeartbeatIngest's bound_s, retry_after_s
+        self.ingest_options: dict[str, Any] = {}  # HeartbeatIngest's keywords (cli.py)
 
     @property
     def ingest(self) -> HeartbeatIngest:

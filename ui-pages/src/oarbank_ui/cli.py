@@ -24,6 +24,7 @@ from typing import Any
 
 from oarbank_sdk.manifest import ManifestError
 
+from .ingest import DEFAULT_LINGER_S
 from .store import HeartbeatStore, is_postgres_url, open_store
 from .store_metrics import History
 
@@ -67,6 +68,10 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--ingest-bound-s", type=float, default=1.0, metavar="S",
                    help="no heartbeat waits longer than S seconds for its answer: past half of "
                         "it reports are refused 503 with Retry-After (default 1)")
+    s.add_argument("--ingest-linger-ms", type=float, default=DEFAULT_LINGER_S * 1000,
+                   metavar="MS",
+                   help="a heartbeat waits up to MS milliseconds for others to share its "
+                        "commit, while they arrive that often (default 10; 0: never waits)")
     s.add_argument("--retry-after-s", type=int, default=10, metavar="S",
                    help="the Retry-After of a refused heartbeat (default 10: a period)")
     s.add_argument("-v", "--verbose", action="store_true", help="log every request")
@@ -160,6 +165,9 @@ def _serve_in(args: argparse.Namespace) -> int:
         return _fail("--refresh-s must be > 0")
     if args.ingest_bound_s <= 0 or args.retry_after_s < 1:
         return _fail("--ingest-bound-s must be > 0 and --retry-after-s >= 1")
+    if not 0 <= args.ingest_linger_ms < args.ingest_bound_s * 1000 * 0.1:
+        return _fail(f"--ingest-linger-ms must be >= 0 and under a tenth of --ingest-bound-s "
+                     f"({args.ingest_bound_s * 100:g} ms), got {args.ingest_linger_ms:g}")
     if args.read_timeout_s <= 0 or args.max_connections < 1 or args.pool_size < 1:
         return _fail("--read-timeout-s, --max-connections and --pool-size must be > 0")
     if bool(args.tls_cert) != bool(args.tls_key):
@@ -206,7 +214,8 @@ def _serve_in(args: argparse.Namespace) -> int:
 
 
 def _with_ingest(portal: Any, args: argparse.Namespace) -> Any:
-    portal.ingest_options = {"bound_s": args.ingest_bound_s, "retry_after_s": args.retry_after_s}
+    portal.ingest_options = {"bound_s": args.ingest_bound_s, "retry_after_s": args.retry_after_s,
+                             "linger_s": args.ingest_linger_ms / 1000}
     return portal
 
 

@@ -1,11 +1,18 @@
 """Group commit with a queue bounded in time: the portal's one writer of heartbeats.
 
 Requests hand their checked report to ``GroupCommit.submit``; one thread per portal process
-takes every report waiting (distinct nodes, at most ``max_batch``; the first waits up to
-``linger_s``, 2 ms, for others to join), stores them in one transaction
-(``store_batch.record_batch``) and only then settles each report's future: a report is
-answered after its commit, never before. While a batch is written the next one
+takes every report waiting (distinct nodes, at most ``max_batch``), stores them in one
+transaction (``store_batch.record_batch``) and only then settles each report's future: a
+report is answered after its commit, never before. While a batch is written the next one
 gathers, so the busier the portal, the more reports share a commit.
+
+The linger: a batch's first report waits up to ``linger_s`` (10 ms) for others to join it,
+but only while reports arrive faster than that (``linger_for``): a lone report on a quiet
+portal is written at once. Why 10 ms: at 1,000 reports/s on two workers a 2 ms linger left one
+or two reports a transaction, and each transaction's own cost (its statements' round trips,
+the commit, the writer's wake-ups) was most of PostgreSQL's CPU per report; 10 ms cut the
+portal's and PostgreSQL's CPU per report by about a third there (harness/bench/README.md) for
+10 ms more on each answer, far inside the bound.
 
 The queue is measured in time, not count: ``age()`` is how long the oldest report not yet
 committed has waited (the one being written included). Past ``admit_fraction`` of the bound a
@@ -34,9 +41,11 @@ from typing import Any
 
 from .store_batch import Outcome, Report, record_batch
 
-__all__ = ["GroupCommit", "admits"]
+__all__ = ["GroupCommit", "admits", "linger_for", "mean_gap", "DEFAULT_LINGER_S"]
 
 log = logging.getLogger("oarbank_ui.ingest")
+
+DEFAULT_LINGER_S = 0.010
 
 Future = asyncio.Future[Outcome] | concurrent.futures.Future[Outcome]
 
@@ -44,6 +53,20 @@ Future = asyncio.Future[Outcome] | concurrent.futures.Future[Outcome]
 def admits(age_s: float, bound_s: float, fraction: float) -> bool:
     """Whether a report joins a queue whose oldest entry has waited ``age_s``."""
     return age_s < bound_s * fraction
+
+
+GAP_WEIGHT = 0.2  # of the newest gap in the moving mean: about the last ten arrivals count
+
+
+def mean_gap(mean_s: float | None, gap_s: float) -> float:
+    """The moving mean of the time between arrivals, with one more gap."""
+    return gap_s if mean_s is None else mean_s + GAP_WEIGHT * (gap_s - mean_s)
+
+
+def linger_for(mean_gap_s: float | None, linger_s: float) -> float:
+    """How long a batch's first report waits for others: ``linger_s`` while reports arrive
+    within it of each other on average, else nothing (no one is expected to join)."""
+    return linger_s if mean_gap_s is not None and mean_gap_s < linger_s else 0.0
 
 
 @dataclass
@@ -57,7 +80,7 @@ class _Pending:
 class GroupCommit:
     def __init__(self, store: Any, *, bound_s: float = 1.0, max_batch: int = 1000,
                  admit_fraction: float = 0.5, drop_fraction: float = 0.8,
-                 linger_s: float = 0.002,
+                 linger_s: float = DEFAULT_LINGER_S,
                  on_batch: Callable[[int, float], None] | None = None,
                  on_settled: Callable[[list[tuple[Report, Outcome]]], None] | None = None,
                  ) -> None:
@@ -74,6 +97,8 @@ class GroupCommit:
         self._cond = threading.Condition()
         self._queue: deque[_Pending] = deque()
         self._writing_since: float | None = None  # the oldest report of the batch being written
+        self._last_arrival: float | None = None
+        self._mean_gap: float | None = None  # between arrivals (mean_gap), for linger_for
         self._closing = False
         self._thread: threading.Thread | None = None
 
@@ -101,7 +126,11 @@ class GroupCommit:
                 self._thread = threading.Thread(target=self._run, name="group-commit",
                                                 daemon=True)
                 self._thread.start()
-            self._queue.append(_Pending(report, time.monotonic(), future, loop))
+            now = time.monotonic()
+            if self._last_arrival is not None:
+                self._mean_gap = mean_gap(self._mean_gap, now - self._last_arrival)
+            self._last_arrival = now
+            self._queue.append(_Pending(report, now, future, loop))
             if len(self._queue) == 1 or len(self._queue) >= self.max_batch:
                 self._cond.notify()  # the writer waits for a first report, or lingers
 
@@ -122,9 +151,9 @@ class GroupCommit:
                 self._cond.wait()
             if not self._queue:
                 return None
-            # linger: the batch's first report waits up to linger_s for others to join it
+            # linger: the batch's first report waits for others to join it while they come
             # (a commit per report or two cost a transaction's whole overhead each)
-            deadline = self._queue[0].queued + self.linger_s
+            deadline = self._queue[0].queued + linger_for(self._mean_gap, self.linger_s)
             while len(self._queue) < self.max_batch and not self._closing:
                 left = deadline - time.monotonic()
                 if left <= 0:

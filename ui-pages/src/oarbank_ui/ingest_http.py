@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.concurrency import run_in_threadpool
 
 from .heartbeat import Heartbeat, HeartbeatError, StillAlive, parse_report
-from .ingest import GroupCommit
+from .ingest import DEFAULT_LINGER_S, GroupCommit
 from .responses import Admission, Response, json_response
 from .store_batch import Outcome, Report, record_batch, report_digest
 from .tokens import bearer_token, token_hash
@@ -61,12 +61,13 @@ def _counters(m: Any, report: Report, outcome: Outcome) -> tuple[Any, ...]:
 
 class HeartbeatIngest:
     def __init__(self, portal: Portal, *, bound_s: float = 1.0, retry_after_s: int = 10,
-                 max_batch: int = 1000) -> None:
+                 max_batch: int = 1000, linger_s: float = DEFAULT_LINGER_S) -> None:
         self.portal = portal
         self.bound_s = bound_s
         self.retry_after_s = retry_after_s
         m = portal.metrics
         self.writer = GroupCommit(portal.store, bound_s=bound_s, max_batch=max_batch,
+                                  linger_s=linger_s,
                                   on_batch=lambda n, s: m.batch_done(n, s, self.writer.age()),
                                   on_settled=self._count)
         self._nodes: dict[str, str] = {}  # token hash -> node id
