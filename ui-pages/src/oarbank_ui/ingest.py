@@ -10,9 +10,10 @@ The linger: a batch's first report waits up to ``linger_s`` (10 ms) for others t
 but only while reports arrive faster than that (``linger_for``): a lone report on a quiet
 portal is written at once. Why 10 ms: at 1,000 reports/s on two workers a 2 ms linger left one
 or two reports a transaction, and each transaction's own cost (its statements' round trips,
-the commit, the writer's wake-ups) was most of PostgreSQL's CPU per report; 10 ms cut the
-portal's and PostgreSQL's CPU per report by about a third there (harness/bench/README.md) for
-10 ms more on each answer, far inside the bound.
+the commit, the writer's wake-ups) was most of PostgreSQL's CPU per report; 10 ms cut
+PostgreSQL's CPU per report by 30-40 % there and the portal's by 10-30 %
+(harness/bench/README.md, fourth pass) for up to 10 ms more on each answer, far inside the
+bound.
 
 The queue is measured in time, not count: ``age()`` is how long the oldest report not yet
 committed has waited (the one being written included). Past ``admit_fraction`` of the bound a
