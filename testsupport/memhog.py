@@ -32,6 +32,9 @@ import time
 import psutil
 
 PAGE = 4096
+# The pytest-xdist group of every test that runs this hog: one test's pressure crosses the
+# floors another test's agent set, so they never run side by side.
+XDIST_GROUP = "memory_pressure"
 
 
 def say(event: str, **kw: object) -> None:

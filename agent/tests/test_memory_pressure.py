@@ -32,7 +32,7 @@ from testsupport import memhog
 # scenario's in harness/tests): one test's hog crosses the floors another test's agent set
 # relative to what was available when it started (CI: the hard-floor test's service held again
 # by the soft-floor test's hog after its own hold had lifted).
-pytestmark = pytest.mark.xdist_group("memory_pressure")
+pytestmark = pytest.mark.xdist_group(memhog.XDIST_GROUP)
 
 GiB = 1 << 30
 SAFETY = int(1.5 * GiB)  # the hog never takes more than available - SAFETY

@@ -16,10 +16,12 @@ from pathlib import Path
 import pytest
 from harness_test_helpers import REPO
 
+from testsupport import memhog
+
 pytestmark = pytest.mark.slow
 # The yield scenario pushes the host's memory down: it runs in the group of every test that
 # does (agent/tests/test_memory_pressure.py), never beside another one.
-MEMORY_PRESSURE = pytest.mark.xdist_group("memory_pressure")
+MEMORY_PRESSURE = pytest.mark.xdist_group(memhog.XDIST_GROUP)
 
 
 def _run(tmp_path: Path, scenario: str, *agent_flags: str, modules: Path | None = None,
