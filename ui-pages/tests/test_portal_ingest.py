@@ -168,7 +168,11 @@ def test_still_alive_keeps_a_node_fresh_without_its_rows(start_portal: Any,
         time.sleep(0.2)
     (row,) = p.services()
     assert (row["state"], row["users"], row["reported_at"]) == ("ready", 2, last)
-    assert metric(p.get("/metrics").text, "oarbank_portal_reports_still_alive_total") >= 5
+    scraped = p.get("/metrics").text
+    assert metric(scraped, "oarbank_portal_reports_still_alive_total") >= 5
+    # /metrics judges the row's liveness as the query does: by its node's last report
+    assert metric(scraped, "oarbank_portal_services", module=MODULE_ID, state="ready",
+                  stopped_reason="") == 1, scraped
     # a still-alive naming a report the portal does not hold: send the whole snapshot
     r = p.post_heartbeat(short | {"alive": "0" * 64})
     assert r.status == 409 and r.headers.get("x-oarbank-send") == "full", r.text
@@ -182,6 +186,8 @@ def test_still_alive_keeps_a_node_fresh_without_its_rows(start_portal: Any,
     assert r.status == 400 and "alive: must be the digest" in r.json()["error"]
     time.sleep(1.5)  # no report for over 3 periods: stale, as before
     assert p.services()[0]["state"] == "unknown"
+    assert metric(p.get("/metrics").text, "oarbank_portal_services", module=MODULE_ID,
+                  state="unknown", stopped_reason="node not reporting") == 1
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import pytest
 from portal_helpers import MODULE_ID, heartbeat, service_row
 
 from oarbank_ui.heartbeat import parse_report
-from oarbank_ui.store import open_store
+from oarbank_ui.store import open_store, services_sql
 from oarbank_ui.store_batch import Report, record_batch, report_digest
 from oarbank_ui.tokens import token_hash
 
@@ -29,11 +29,11 @@ def report(doc: dict[str, Any], at: float, token: str) -> Report:
 
 
 def rows(store: Any, node_id: str) -> list[tuple[Any, ...]]:
-    """The node's stored rows: (service, users, reported_at, rss_bytes)."""
+    """The node's rows as the store's readers see them: (service, users, reported_at,
+    rss_bytes)."""
     with store.backend.read() as tx:
         return sorted((r["service"], r["users"], r["reported_at"], r["rss_bytes"]) for r in tx.all(
-            "SELECT * FROM service_rows WHERE node_id = ? AND module = ?",
-            (node_id, MODULE_ID)))
+            services_sql("node_id = ? AND module = ?"), (node_id, MODULE_ID, 100)))
 
 
 def samples(store: Any, node_id: str) -> list[tuple[str, int, int]]:

@@ -31,7 +31,7 @@ from .store_metrics import History
 from .tokens import new_token, token_hash
 
 __all__ = ["HeartbeatStore", "MAX_NODES_PAGE", "RecordResult", "StoreBackend", "is_postgres_url",
-           "open_store"]
+           "open_store", "services_sql"]
 
 MAX_NODES_PAGE = 1000
 # services_page(limit=ALL_ROWS): every row of the module, for a source that aggregates them
@@ -88,6 +88,24 @@ NODE_WON = (" ON CONFLICT (node_id) DO UPDATE SET "
 ROW_COLUMNS = ("module, node_id, service, hostname, health, running, ready, accepting, error,"
                " held, disabled, withdrawn, gpu_api_missing, lifecycle, users, endpoint,"
                " reported_at, raw, received_at, heartbeat_s, agent_stopped, rss_bytes, loads")
+# A service row's liveness is its node's: a report that says nothing new refreshes only the
+# node's times (store_batch.py), so readers take ``reported_at`` and ``received_at`` from
+# ``nodes``; the rows' own two columns say when the rows themselves were last written.
+_ROW_OWN_COLUMNS = ", ".join(c for c in ROW_COLUMNS.split(", ")
+                             if c not in ("reported_at", "received_at"))
+
+
+def services_sql(where: str) -> str:
+    """The ``services`` query's rows (``where`` on service_rows' columns; then ORDER BY and a
+    LIMIT parameter), each with its node's times. The page of rows is cut first, through the
+    primary key, and only its rows look their node up, by the node's key: a join before the
+    LIMIT, or a hash join after it, may read every node."""
+    node = "(SELECT n.{0} FROM nodes n WHERE n.node_id = s.node_id) AS {0}"
+    return (f"SELECT {_ROW_OWN_COLUMNS}, {node.format('reported_at')},"
+            f" {node.format('received_at')} FROM (SELECT * FROM service_rows WHERE {where}"
+            " ORDER BY node_id, service LIMIT ?) s ORDER BY node_id, service")
+
+
 _ROW_SQL = f"INSERT INTO service_rows ({ROW_COLUMNS}) VALUES "
 _ROW_VALUES = "(" + ", ".join("?" * 23) + ")"
 # A node's rows go in multi-row INSERTs (fewer statements than one per row), two rows each:
@@ -270,15 +288,15 @@ class HeartbeatStore:
         if not names:
             return [], False
         limit = max(0, min(limit, MAX_ROWS)) if limit != ALL_ROWS else limit
-        sql = f"SELECT * FROM service_rows WHERE module IN ({', '.join('?' * len(names))})"
+        where = f"module IN ({', '.join('?' * len(names))})"
         args: list[Any] = list(names)
         if node_id is not None:
-            sql += " AND node_id = ?"
+            where += " AND node_id = ?"
             args.append(node_id)
         if service is not None:
-            sql += " AND service = ?"
+            where += " AND service = ?"
             args.append(service)
-        sql += " ORDER BY node_id, service LIMIT ?"
+        sql = services_sql(where)
         args.append(limit + 1)  # one more than asked: tells whether the answer is cut
         with self.backend.read(snapshot=False) as tx:
             rows = tx.all(sql, args)
@@ -330,9 +348,11 @@ class HeartbeatStore:
             nodes = tx.all("SELECT agent_stopped, received_at < ? - 3 * heartbeat_s AS stale,"
                            " COUNT(*) AS n FROM nodes GROUP BY 1, 2", (t,))
             groups = tx.all(
-                "SELECT module, running, ready, held, disabled, withdrawn, gpu_api_missing,"
-                " agent_stopped, received_at < ? - 3 * heartbeat_s AS stale, COUNT(*) AS n"
-                " FROM service_rows GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9", (t,))
+                "SELECT s.module, s.running, s.ready, s.held, s.disabled, s.withdrawn,"
+                " s.gpu_api_missing, s.agent_stopped,"
+                " n.received_at < ? - 3 * s.heartbeat_s AS stale, COUNT(*) AS n"
+                " FROM service_rows s JOIN nodes n ON n.node_id = s.node_id"
+                " GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9", (t,))
         live = {"reporting": 0, "stale": 0, "stopped": 0}
         for n in nodes:
             key = "stopped" if n["agent_stopped"] else "stale" if n["stale"] else "reporting"
@@ -355,12 +375,11 @@ class HeartbeatStore:
     def query_plan(self, module: str) -> str:
         """The store's plan for the module-filtered query (tests check it uses the key)."""
         with self.backend.read() as tx:
+            sql = services_sql("module IN (?)")
             if self.kind == "sqlite":
-                rows = tx.all("EXPLAIN QUERY PLAN SELECT * FROM service_rows WHERE module IN (?)"
-                              " ORDER BY node_id, service LIMIT 200", (module,))
+                rows = tx.all(f"EXPLAIN QUERY PLAN {sql}", (module, 200))
                 return " | ".join(str(r["detail"]) for r in rows)
-            rows = tx.all("EXPLAIN SELECT * FROM service_rows WHERE module IN (?)"
-                          " ORDER BY node_id, service LIMIT 200", (module,))
+            rows = tx.all(f"EXPLAIN {sql}", (module, 200))
             return " | ".join(str(next(iter(r.values()))) for r in rows)
 
 

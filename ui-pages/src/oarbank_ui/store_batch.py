@@ -4,9 +4,10 @@ answered on its own.
 A report either says something new or it does not. The node's row keeps a digest of its last
 stored report (everything but its ``time``, ``report_digest``); a report whose digest matches,
 and a short "still alive" naming it (``StillAlive``), only refresh the node's times and fold
-one more sample into its history bucket from the rows already stored: no row is deleted,
-re-encoded or inserted. A report with something new replaces the node's rows as before
-(store.py's ``write_full``).
+one more sample into its history bucket from the rows already stored: no service row is
+written at all (readers take a row's times from its node, store.py's ``SERVICE_ROWS_FROM``;
+rewriting three rows' times was a third of PostgreSQL's work for such a report). A report
+with something new replaces the node's rows as before (store.py's ``write_full``).
 
 Every write checks the node's token inside the transaction (``node_tokens``), so a token
 revoked or rotated after the portal cached it (ingest.py) is refused at the next report:
@@ -76,7 +77,6 @@ _TOKEN_OK = ("EXISTS (SELECT 1 FROM node_tokens t WHERE t.node_id = {node}"
 
 _SQLITE_TOUCH = ("UPDATE nodes SET reported_at = ?, received_at = ? WHERE node_id = ?"
                  " AND rows_digest = ? AND received_at <= ?")
-_SQLITE_ROWS = "UPDATE service_rows SET reported_at = ?, received_at = ? WHERE node_id = ?"
 _FOLD_COLUMNS = ("r.module, r.node_id, r.service, {fine}, {bucket}, r.hostname,"
                  " r.running * (1 - r.agent_stopped),"
                  " r.ready * r.running * (1 - r.agent_stopped),"
@@ -99,7 +99,6 @@ def _touch_sqlite(tx: Any, store: HeartbeatStore, items: list[Report]) -> set[st
         if tx.run(sql, args) != 1:
             continue
         touched.add(it.node_id)
-        tx.run(_SQLITE_ROWS, (it.what.time, it.received_at, it.node_id))
         tx.run(fold, (float(int(it.received_at // fine) * fine), it.node_id))
     return touched
 
@@ -115,8 +114,8 @@ def _touch_postgres(tx: Any, store: HeartbeatStore, items: list[Report]) -> set[
     # nodes and service_rows whole for each batch; their indexes are the way in
     tx.run("SET LOCAL enable_seqscan = off")
     # one statement for the whole batch: which nodes say nothing new, their times refreshed,
-    # their rows' times too, one sample each folded in; node ids are distinct in a batch, so
-    # no row is touched twice (ON CONFLICT would refuse that)
+    # one sample per row folded in; node ids are distinct in a batch, so no sample is touched
+    # twice (ON CONFLICT would refuse that)
     sql = (
         "WITH v AS (SELECT * FROM unnest(?::text[], ?::text[], ?::text[], ?::float8[],"
         " ?::float8[], ?::float8[]) AS v(node_id, digest, token_hash, reported_at,"
@@ -126,12 +125,9 @@ def _touch_postgres(tx: Any, store: HeartbeatStore, items: list[Report]) -> set[
         " AND n.rows_digest = v.digest AND n.received_at <= v.received_at"
         " RETURNING n.node_id, v.bucket, n.mem_used_bytes, n.mem_reserved_bytes,"
         " n.gpu_mem_used_bytes),"
-        " r AS (UPDATE service_rows s SET reported_at = v.reported_at,"
-        " received_at = v.received_at FROM v, touched t WHERE s.node_id = t.node_id"
-        " AND v.node_id = t.node_id RETURNING s.*),"
         f" folded AS ({SAMPLE_INSERT} SELECT "
         + _FOLD_COLUMNS.format(fine=fine, bucket="n.bucket")
-        + " FROM r JOIN touched n ON n.node_id = r.node_id"
+        + " FROM service_rows r JOIN touched n ON n.node_id = r.node_id"
         + sample_conflict("postgresql") + ")"
         " SELECT node_id FROM touched")
     rows = tx.all(sql, (
