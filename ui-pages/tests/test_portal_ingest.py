@@ -190,6 +190,36 @@ def test_still_alive_keeps_a_node_fresh_without_its_rows(start_portal: Any,
                   state="unknown", stopped_reason="node not reporting") == 1
 
 
+def test_a_whole_report_sent_again_is_stored_as_nothing_new_and_whole_once_the_store_moved_on(
+        start_portal: Any, store_url: str) -> None:
+    """An agent that sends whole reports only (an old one) repeats the same snapshot: the
+    portal answers it as a whole report and keeps the node fresh. When another portal on the
+    same database has stored something else for the node since, the repeated report is stored
+    whole again (not refused, not lost)."""
+    p = start_portal(db=store_url)
+    other = start_portal(db=store_url)
+    token = p.token("n1")
+    a = heartbeat("n1", service_row(users=2))
+    first = p.post_heartbeat(a, token=token)
+    assert first.status == 200, first.text
+    t = time.time()
+    again = p.post_heartbeat(a | {"time": t}, token=token)
+    assert again.status == 200 and again.json() == first.json(), again.text  # services: 1
+    (row,) = p.services()
+    assert (row["users"], row["reported_at"], row["state"]) == (2, t, "ready")
+    assert metric(p.get("/metrics").text, "oarbank_portal_reports_still_alive_total") == 0
+    # the other portal stores a different snapshot of n1 (users 7) ...
+    b = other.post_heartbeat(heartbeat("n1", service_row(users=7)), token=token)
+    assert b.status == 200 and b.json()["alive"] != first.json()["alive"], b.text
+    assert p.services()[0]["users"] == 7
+    # ... then n1 sends its first snapshot again, to the first portal: stored whole
+    t = time.time()
+    back = p.post_heartbeat(a | {"time": t}, token=token)
+    assert back.status == 200 and back.json() == first.json(), back.text
+    (row,) = other.services()
+    assert (row["users"], row["reported_at"]) == (2, t)
+
+
 @pytest.fixture(scope="module")
 def old_portal_src(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The portal package as it was before this change, from git."""

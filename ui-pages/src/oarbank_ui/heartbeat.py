@@ -31,7 +31,7 @@ from oarbank_sdk.manifest import LIFECYCLES, SERVICE_NAME
 from oarbank_sdk.servicerow import BOOL_FIELDS, ServiceRow
 
 __all__ = ["NODE_METRICS", "SERVICE_METRICS", "Heartbeat", "HeartbeatError", "ServiceRow",
-           "StillAlive", "parse_heartbeat", "parse_report", "service_metrics"]
+           "StillAlive", "parse_heartbeat", "parse_report", "parse_unchanged", "service_metrics"]
 
 NODE_METRICS = ("mem_used_bytes", "mem_reserved_bytes", "mem_total_bytes", "gpu_mem_used_bytes",
                 "gpu_mem_total_bytes")
@@ -206,6 +206,14 @@ def _head(doc: dict[str, Any]) -> tuple[str, str, float, float]:
         if key not in doc:
             raise HeartbeatError(f"{key}: missing")
     return (*_identity(doc), _period(doc))
+
+
+def parse_unchanged(doc: dict[str, Any], digest: str) -> StillAlive:
+    """A whole report whose digest (``store_batch.report_digest``) is that of a report this
+    portal validated and stored: the same document but its ``time``, so only its head is
+    checked again; it stands for a still-alive naming ``digest``."""
+    node_id, hostname, t, period = _head(doc)
+    return StillAlive(node_id, hostname, t, digest, period)
 
 
 def parse_report(doc: Any) -> Heartbeat | StillAlive:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.concurrency import run_in_threadpool
 
-from .heartbeat import Heartbeat, HeartbeatError, StillAlive, parse_report
+from .heartbeat import Heartbeat, HeartbeatError, StillAlive, parse_report, parse_unchanged
 from .ingest import DEFAULT_LINGER_S, GroupCommit
 from .responses import Admission, Response, json_response
 from .store_batch import Outcome, Report, record_batch, report_digest
@@ -56,7 +56,7 @@ def _counters(m: Any, report: Report, outcome: Outcome) -> tuple[Any, ...]:
         return ()
     if not outcome.applied:
         return (m.not_applied,)
-    return (m.accepted, m.still_alive) if isinstance(report.what, StillAlive) else (m.accepted,)
+    return (m.accepted, m.still_alive) if report.short else (m.accepted,)
 
 
 class HeartbeatIngest:
@@ -71,6 +71,9 @@ class HeartbeatIngest:
                                   on_batch=lambda n, s: m.batch_done(n, s, self.writer.age()),
                                   on_settled=self._count)
         self._nodes: dict[str, str] = {}  # token hash -> node id
+        # node id -> the digest of its report this process last stored: a whole report with
+        # that digest again is not validated again (parse_unchanged), only its head
+        self._stored: dict[str, str] = {}
         self._preloaded = False
 
     # -- the event loop's path (asgi.py) ---------------------------------------------------
@@ -156,15 +159,22 @@ class HeartbeatIngest:
             doc = json.loads(body)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             return portal.refuse("malformed", 400, f"heartbeat: not JSON ({e})")
+        # a whole report's digest first: the same as the one this process last stored for the
+        # node, it is that report again (validated then) but its time
+        digest = (report_digest(doc) if isinstance(doc, dict)
+                  and not ("alive" in doc and "services" not in doc) else "")
+        unchanged = bool(digest) and self._stored.get(node_id) == digest
         try:
-            what = parse_report(doc)
+            what = parse_unchanged(doc, digest) if unchanged else parse_report(doc)
         except HeartbeatError as e:
             return portal.refuse("malformed", 400, f"heartbeat: {e}")
         if what.node_id != node_id:
             return portal.refuse("wrong_node", 403, f"heartbeat: the token is node {node_id!r}'s;"
                                  f" this report is for {what.node_id!r}")
-        digest = what.digest if isinstance(what, StillAlive) else report_digest(doc)
-        return Report(what, digest, received_at, token_h)
+        if unchanged:
+            return Report(what, digest, received_at, token_h, whole=doc)
+        return Report(what, what.digest if isinstance(what, StillAlive) else digest,
+                      received_at, token_h)
 
     def record_now(self, report: Report) -> Outcome:
         """Store one report in its own transaction (the in-process path; no queue)."""
@@ -190,13 +200,25 @@ class HeartbeatIngest:
         if not counted:
             for counter in _counters(portal.metrics, report, outcome):
                 counter.inc()
+        self._remember(report.node_id, outcome.digest if outcome.applied else None)
         doc: dict[str, Any] = {"ok": True, "applied": outcome.applied,
                                "reason": outcome.reason or None, "node_id": report.node_id}
         if isinstance(report.what, Heartbeat):
             doc["services"] = len(report.what.services)
+        elif report.whole is not None:
+            doc["services"] = len(report.whole["services"])
         if outcome.digest is not None:
             doc["alive"] = outcome.digest
         return json_response(200, doc)
+
+    def _remember(self, node_id: str, digest: str | None) -> None:
+        """What this process last stored for ``node_id`` (None: it does not know)."""
+        if digest is None:
+            self._stored.pop(node_id, None)
+            return
+        if len(self._stored) >= _MAX_CACHED and node_id not in self._stored:
+            self._stored.clear()
+        self._stored[node_id] = digest
 
     def _overloaded(self, why: str) -> Response:
         self.portal.metrics.queue_age.set(self.writer.age())  # no batch ends while it is stuck

@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .heartbeat import NODE_METRICS, Heartbeat, StillAlive
+from .heartbeat import NODE_METRICS, Heartbeat, StillAlive, parse_heartbeat
 from .services_query import iso_utc
 from .store_metrics import SAMPLE_INSERT, sample_conflict, sample_values
 
@@ -55,10 +55,26 @@ class Report:
     digest: str  # the full report's own digest, or the one a still-alive names
     received_at: float
     token_hash: str | None = None  # None: no token check (in-process callers, tests)
+    # A whole report whose digest this portal stored before: ``what`` is its StillAlive
+    # (heartbeat.parse_unchanged) and this its document, parsed only if the store no longer
+    # holds that digest (another portal stored something newer, the node was removed).
+    whole: dict[str, Any] | None = None
 
     @property
     def node_id(self) -> str:
         return self.what.node_id
+
+    @property
+    def short(self) -> bool:
+        """Whether the node sent a short still-alive (not its whole report)."""
+        return isinstance(self.what, StillAlive) and self.whole is None
+
+    def heartbeat(self) -> Heartbeat:
+        """The whole report (parsed now if it stood as unchanged)."""
+        if isinstance(self.what, Heartbeat):
+            return self.what
+        assert self.whole is not None, "a short still-alive has no whole report"
+        return parse_heartbeat(self.whole)
 
 
 @dataclass(frozen=True)
@@ -238,10 +254,10 @@ def record_batch(store: HeartbeatStore, items: list[Report]) -> list[Outcome]:
         for it in items:
             if it.node_id in touched:
                 out[it.node_id] = Outcome("applied", digest=it.digest)
-            elif isinstance(it.what, StillAlive):
+            elif it.short:
                 out[it.node_id] = _why_not(tx, it)
             else:
-                whole.append((it, it.what))
+                whole.append((it, it.heartbeat()))
         if postgres and whole:
             out.update(_write_full_postgres(tx, store, whole))
         elif whole:
