@@ -360,3 +360,12 @@ def test_a_bad_linger_is_refused_by_name(bad: str, tmp_path: Path) -> None:
     assert r.returncode == 2
     assert "--ingest-linger-ms must be >= 0 and under a tenth of --ingest-bound-s (100 ms)" \
         in r.stderr, r.stderr
+
+
+def test_a_short_bound_set_alone_brings_the_default_linger_down(start_portal: Any,
+                                                                store_url: str) -> None:
+    # a 0.2 s bound leaves room for a 20 ms linger at most: the default 25 ms gives way
+    # (to a twentieth of the bound) instead of refusing an option the operator never set
+    p = start_portal(db=store_url, args=("--ingest-bound-s", "0.2"))
+    r = p.post_heartbeat(heartbeat("n1", service_row()))
+    assert r.status == 200 and r.json()["applied"] is True, r.text

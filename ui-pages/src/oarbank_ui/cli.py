@@ -31,6 +31,7 @@ from .store_metrics import History
 __all__ = ["main"]
 
 DEFAULT_LISTEN = "127.0.0.1:8470"
+DEFAULT_LINGER_MS = DEFAULT_LINGER_S * 1000
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -68,10 +69,10 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--ingest-bound-s", type=float, default=1.0, metavar="S",
                    help="no heartbeat waits longer than S seconds for its answer: past half of "
                         "it reports are refused 503 with Retry-After (default 1)")
-    s.add_argument("--ingest-linger-ms", type=float, default=DEFAULT_LINGER_S * 1000,
-                   metavar="MS",
+    s.add_argument("--ingest-linger-ms", type=float, default=None, metavar="MS",
                    help="a heartbeat waits up to MS milliseconds for others to share its "
-                        "commit, while they arrive that often (default 10; 0: never waits)")
+                        f"commit, while they arrive that often (default {DEFAULT_LINGER_MS:g}, "
+                        "or a twentieth of --ingest-bound-s if that is less; 0: never waits)")
     s.add_argument("--retry-after-s", type=int, default=10, metavar="S",
                    help="the Retry-After of a refused heartbeat (default 10: a period)")
     s.add_argument("-v", "--verbose", action="store_true", help="log every request")
@@ -165,6 +166,8 @@ def _serve_in(args: argparse.Namespace) -> int:
         return _fail("--refresh-s must be > 0")
     if args.ingest_bound_s <= 0 or args.retry_after_s < 1:
         return _fail("--ingest-bound-s must be > 0 and --retry-after-s >= 1")
+    if args.ingest_linger_ms is None:  # a shorter bound set alone brings the linger down
+        args.ingest_linger_ms = min(DEFAULT_LINGER_MS, args.ingest_bound_s * 1000 / 20)
     if not 0 <= args.ingest_linger_ms < args.ingest_bound_s * 1000 * 0.1:
         return _fail(f"--ingest-linger-ms must be >= 0 and under a tenth of --ingest-bound-s "
                      f"({args.ingest_bound_s * 100:g} ms), got {args.ingest_linger_ms:g}")

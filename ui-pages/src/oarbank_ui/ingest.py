@@ -6,14 +6,15 @@ transaction (``store_batch.record_batch``) and only then settles each report's f
 report is answered after its commit, never before. While a batch is written the next one
 gathers, so the busier the portal, the more reports share a commit.
 
-The linger: a batch's first report waits up to ``linger_s`` (10 ms) for others to join it,
+The linger: a batch's first report waits up to ``linger_s`` (25 ms) for others to join it,
 but only while reports arrive faster than that (``linger_for``): a lone report on a quiet
-portal is written at once. Why 10 ms: at 1,000 reports/s on two workers a 2 ms linger left one
-or two reports a transaction, and each transaction's own cost (its statements' round trips,
-the commit, the writer's wake-ups) was most of PostgreSQL's CPU per report; 10 ms cut
-PostgreSQL's CPU per report by 30-40 % there and the portal's by 10-30 %
-(harness/bench/README.md, fourth pass) for up to 10 ms more on each answer, far inside the
-bound.
+portal is written at once. Why 25 ms: a transaction has a fixed cost (its statements' round
+trips and planning, the commit, the writer's wake-ups; about 0.8 ms of portal and PostgreSQL
+CPU together) besides each report's own (about 0.1 ms). At 1,000 reports/s on two workers a
+2 ms linger left one or two reports a transaction, 10 ms about 7, 25 ms about 16: portal and
+PostgreSQL CPU per report 0.62-0.68 ms at 10 ms, 0.44-0.46 ms at 25 ms as agents send
+(harness/bench/README.md, fourth and fifth passes), for up to 25 ms more on each answer,
+far inside the bound (p99 from due 30-47 ms).
 
 The queue is measured in time, not count: ``age()`` is how long the oldest report not yet
 committed has waited (the one being written included). Past ``admit_fraction`` of the bound a
@@ -46,7 +47,7 @@ __all__ = ["GroupCommit", "admits", "linger_for", "mean_gap", "DEFAULT_LINGER_S"
 
 log = logging.getLogger("oarbank_ui.ingest")
 
-DEFAULT_LINGER_S = 0.010
+DEFAULT_LINGER_S = 0.025
 
 Future = asyncio.Future[Outcome] | concurrent.futures.Future[Outcome]
 
