@@ -5,8 +5,8 @@ A report either says something new or it does not. The node's row keeps a digest
 stored report (everything but its ``time``, ``report_digest``); a report whose digest matches,
 and a short "still alive" naming it (``StillAlive``), only refresh the node's times and fold
 one more sample into its history bucket from the rows already stored: no service row is
-written at all (readers take a row's times from its node, store.py's ``SERVICE_ROWS_FROM``;
-rewriting three rows' times was a third of PostgreSQL's work for such a report). A report
+written at all (readers take a row's times from its node, store.py's ``services_sql``;
+rewriting three rows' times was about 40 % of PostgreSQL's work for such a report). A report
 with something new replaces the node's rows as before (store.py's ``write_full``).
 
 Every write checks the node's token inside the transaction (``node_tokens``), so a token
