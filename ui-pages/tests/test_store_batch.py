@@ -111,3 +111,41 @@ def test_a_batch_of_whole_reports_keeps_each_nodes_rows_apart(store: Any) -> Non
         for i, n in enumerate(tokens):
             assert rows(store, n) == [(f"s{k}", i * 10 + k + round_, t, 1000 * i if k else None)
                                       for k in range(i % 4 + 1)], n
+
+
+ODD_TEXTS = ['say "hi", {then} \\ go', "NULL", "null", "", "line one\nline two\ttab",
+             "dès ünïcode, 漢字, \U0001F680", "x" * 4096]
+
+
+def test_a_batch_stores_every_text_and_number_exactly_as_reported(store: Any) -> None:
+    # the batch's rows travel as one parameter per statement (on PostgreSQL a JSON document
+    # the server takes apart): quoting, escapes, NULL-looking text, non-ASCII, the longest
+    # text a report may hold, 64-bit counts and a time's every digit come back as they went
+    tokens = {f"odd{i}": store.issue_token(f"odd{i}")[0] for i in range(len(ODD_TEXTS))}
+    t = 1_733_322_222.123456789  # more digits than a float keeps: the float itself must
+    docs = []
+    for i, (n, text) in enumerate(zip(tokens, ODD_TEXTS, strict=True)):
+        doc = heartbeat(n, service_row(service="model", error=text, held=text or None,
+                                       health=None, rss_bytes=2**63 - 1 - i, loads=2**31 - 1),
+                        hostname=f"{text[:200]}#{i}", t=t + i)
+        doc["metrics"] = {"mem_used_bytes": 2**62 + i, "mem_reserved_bytes": None,
+                          "mem_total_bytes": 2**63 - 1, "gpu_mem_used_bytes": 0,
+                          "gpu_mem_total_bytes": None}
+        docs.append(doc)
+    out = record_batch(store, [report(d, t + 1, tokens[d["node_id"]]) for d in docs])
+    assert all(o.applied for o in out), out
+    with store.backend.read() as tx:
+        for i, d in enumerate(docs):
+            row = tx.one(services_sql("node_id = ? AND module = ?"),
+                         (d["node_id"], MODULE_ID, 10))
+            assert row is not None
+            want = d["services"][0]
+            assert (row["error"], row["held"], row["health"], row["hostname"],
+                    row["rss_bytes"], row["loads"], row["reported_at"]) == (
+                want["error"], want["held"], None, d["hostname"], want["rss_bytes"],
+                want["loads"], d["time"]), d["node_id"]
+            node = tx.one("SELECT hostname, reported_at, mem_used_bytes, mem_reserved_bytes,"
+                          " mem_total_bytes FROM nodes WHERE node_id = ?", (d["node_id"],))
+            assert node == {"hostname": d["hostname"], "reported_at": d["time"],
+                            "mem_used_bytes": 2**62 + i, "mem_reserved_bytes": None,
+                            "mem_total_bytes": 2**63 - 1}, d["node_id"]
