@@ -190,6 +190,20 @@ def test_still_alive_keeps_a_node_fresh_without_its_rows(start_portal: Any,
                   state="unknown", stopped_reason="node not reporting") == 1
 
 
+def test_a_text_postgresql_cannot_hold_is_refused_by_name_and_changes_nothing(
+        start_portal: Any, store_url: str) -> None:
+    # PostgreSQL's text holds no NUL: unchecked, such a report failed its batch and was
+    # answered 503 "send it again", the same report again, forever; on SQLite it was stored
+    p = start_portal(db=store_url)
+    doc = heartbeat("n1", service_row(users=2))
+    assert p.post_heartbeat(doc).status == 200
+    bad = heartbeat("n1", service_row(users=3, error="boom\x00"))
+    r = p.post_heartbeat(bad)
+    assert r.status == 400, r.text
+    assert "services[0].error: must not contain NUL" in r.json()["error"]
+    assert [row["users"] for row in p.services()] == [2]
+
+
 def test_a_whole_report_sent_again_is_stored_as_nothing_new_and_whole_once_the_store_moved_on(
         start_portal: Any, store_url: str) -> None:
     """An agent that sends whole reports only (an old one) repeats the same snapshot: the

@@ -105,6 +105,8 @@ def _text(value: Any, where: str, key: str = "", *, nullable: bool = False,
         raise HeartbeatError(f"{_at(where, key)}: must not be empty")
     if len(value) > MAX_TEXT:
         raise HeartbeatError(f"{_at(where, key)}: longer than {MAX_TEXT} characters")
+    if "\x00" in value:  # PostgreSQL's text holds no NUL: refused here, by name, on every store
+        raise HeartbeatError(f"{_at(where, key)}: must not contain NUL characters (\\u0000)")
     return value
 
 
