@@ -118,9 +118,9 @@ ODD_TEXTS = ['say "hi", {then} \\ go', "NULL", "null", "", "line one\nline two\t
 
 
 def test_a_batch_stores_every_text_and_number_exactly_as_reported(store: Any) -> None:
-    # the batch's rows travel as one parameter per statement (on PostgreSQL a JSON document
-    # the server takes apart): quoting, escapes, NULL-looking text, non-ASCII, the longest
-    # text a report may hold, 64-bit counts and a time's every digit come back as they went
+    # the batch's rows travel as one parameter per column (on PostgreSQL an array literal
+    # the server unnests): quoting, escapes, NULL-looking text, non-ASCII, the longest text
+    # a report may hold, 64-bit counts and a time's every digit come back as they went
     tokens = {f"odd{i}": store.issue_token(f"odd{i}")[0] for i in range(len(ODD_TEXTS))}
     t = 1_733_322_222.123456789  # more digits than a float keeps: the float itself must
     docs = []

@@ -17,10 +17,9 @@ Outcomes: ``applied``; ``not_applied`` (a later report of the node is stored alr
 ``revoked``; ``send_full`` (a still-alive whose digest is not the stored one: the node must
 send its whole snapshot).
 
-On PostgreSQL the unchanged reports of a batch are one statement (a chain of data-modifying
-CTEs), and its whole reports with something new a statement per table for all of them, each
-statement's rows sent as one JSON parameter (``_from_json``); on SQLite a few C-level
-statements each.
+On PostgreSQL the unchanged reports of a batch are one statement (arrays unnested into a
+chain of data-modifying CTEs), and its whole reports with something new a statement per table
+for all of them; on SQLite a few C-level statements each.
 """
 
 from __future__ import annotations
@@ -120,10 +119,6 @@ def _touch_sqlite(tx: Any, store: HeartbeatStore, items: list[Report]) -> set[st
     return touched
 
 
-_PG_TOUCH_TYPES = ("text", "text", "text", "float8", "float8", "float8")
-_PG_TOUCH_NAMES = ["node_id", "digest", "token_hash", "reported_at", "received_at", "bucket"]
-
-
 def _touch_postgres(tx: Any, store: HeartbeatStore, items: list[Report]) -> set[str]:
     fine = store.history.fine_s
     if len({it.token_hash is None for it in items}) > 1:
@@ -131,14 +126,16 @@ def _touch_postgres(tx: Any, store: HeartbeatStore, items: list[Report]) -> set[
     # the token, checked by its unique index (a join, not a subquery over every token)
     checked = "" if items[0].token_hash is None else (
         " JOIN node_tokens t ON t.node_id = v.node_id AND t.token_hash = v.token_hash")
-    # the planner takes the batch's handful of rows for as many as the tables: it would scan
+    # the planner takes the unnested handful for as many rows as the tables: it would scan
     # nodes and service_rows whole for each batch; their indexes are the way in
     tx.run("SET LOCAL enable_seqscan = off")
     # one statement for the whole batch: which nodes say nothing new, their times refreshed,
     # one sample per row folded in; node ids are distinct in a batch, so no sample is touched
     # twice (ON CONFLICT would refuse that)
     sql = (
-        "WITH v AS " + _from_json(_PG_TOUCH_TYPES, _PG_TOUCH_NAMES) + ","
+        "WITH v AS (SELECT * FROM unnest(?::text[], ?::text[], ?::text[], ?::float8[],"
+        " ?::float8[], ?::float8[]) AS v(node_id, digest, token_hash, reported_at,"
+        " received_at, bucket)),"
         " touched AS (UPDATE nodes n SET reported_at = v.reported_at,"
         " received_at = v.received_at FROM v" + checked + " WHERE n.node_id = v.node_id"
         " AND n.rows_digest = v.digest AND n.received_at <= v.received_at"
@@ -149,14 +146,16 @@ def _touch_postgres(tx: Any, store: HeartbeatStore, items: list[Report]) -> set[
         + " FROM service_rows r JOIN touched n ON n.node_id = r.node_id"
         + sample_conflict("postgresql") + ")"
         " SELECT node_id FROM touched")
-    rows = tx.all(sql, (_json([(it.node_id, it.digest, it.token_hash, it.what.time,
-                                it.received_at, float(int(it.received_at // fine) * fine))
-                               for it in items]),))
+    rows = tx.all(sql, (
+        [it.node_id for it in items], [it.digest for it in items],
+        [it.token_hash for it in items], [it.what.time for it in items],
+        [it.received_at for it in items],
+        [float(int(it.received_at // fine) * fine) for it in items]))
     return {r["node_id"] for r in rows}
 
 
-# The batch's whole reports on PostgreSQL: a statement per table for all of them (their rows
-# as one JSON parameter), not a handful per report; the same upsert, ordering check and token check as
+# The batch's whole reports on PostgreSQL: a statement per table for all of them (arrays
+# unnested), not a handful per report; the same upsert, ordering check and token check as
 # store.py's write_full, which SQLite keeps (its statements cost no round trip).
 _PG_NODE_TYPES = ("text", "text", "float8", "float8", "float8", "int4", "int8", "int8", "int8",
                   "int8", "int8", "text")  # NODE_COLUMNS'
@@ -167,20 +166,13 @@ _PG_SAMPLE_TYPES = ("text", "text", "text", "int8", "float8", "text", "int8", "i
                     "int8", "int8", "int8", "int8", "int8")  # sample_values'
 
 
-def _from_json(types: tuple[str, ...], names: list[str] | None = None) -> str:
-    """A statement's rows, sent as one JSON array of arrays (``_json``) and taken apart by
-    the server: psycopg dumps a Python list as an array literal element by element in Python
-    (with a regex per string), about 13 us a row of 23 values, where ``json.dumps`` takes
-    about 3; jsonb is parsed once, so each ``->>`` is a lookup."""
-    names = names or [f"c{i}" for i in range(len(types))]
-    return ("(SELECT " + ", ".join(f"(e->>{i})::{t} AS {n}"
-                                   for i, (t, n) in enumerate(zip(types, names, strict=True)))
-            + " FROM jsonb_array_elements(?::jsonb) AS e)")
+def _unnest(types: tuple[str, ...]) -> str:
+    return "unnest(" + ", ".join(f"?::{t}[]" for t in types) + ")"
 
 
-def _json(rows: list[tuple[Any, ...]]) -> str:
-    # allow_nan=False: JSON has no NaN or Infinity (none is valid in a checked report)
-    return json.dumps(rows, separators=(",", ":"), allow_nan=False)
+def _columns(rows: list[tuple[Any, ...]], width: int) -> list[list[Any]]:
+    """Rows as one list per column (the arrays a statement unnests)."""
+    return [list(c) for c in zip(*rows, strict=True)] if rows else [[] for _ in range(width)]
 
 
 def _write_full_postgres(tx: Any, store: HeartbeatStore,
@@ -197,9 +189,9 @@ def _write_full_postgres(tx: Any, store: HeartbeatStore,
     columns = NODE_COLUMNS.split(", ")
     upsert = (f"INSERT INTO nodes ({NODE_COLUMNS}) SELECT "
               + ", ".join(f"v.{c}" for c in columns) + " FROM "
-              + _from_json((*_PG_NODE_TYPES, "text"), [*columns, "token_hash"]) + " AS v"
+              + _unnest((*_PG_NODE_TYPES, "text")) + f" AS v({NODE_COLUMNS}, token_hash)"
               + checked + NODE_WON)
-    won = {r["node_id"] for r in tx.all(upsert, (_json(nodes),))}
+    won = {r["node_id"] for r in tx.all(upsert, _columns(nodes, len(_PG_NODE_TYPES) + 1))}
     out = {it.node_id: _why_not(tx, it) for it, _ in items if it.node_id not in won}
     mine = [(it, hb) for it, hb in items if it.node_id in won]
     if not mine:
@@ -209,11 +201,11 @@ def _write_full_postgres(tx: Any, store: HeartbeatStore,
     rows = [row for it, hb in mine for row in service_row_values(hb, it.received_at)]
     if rows:
         tx.run(f"INSERT INTO service_rows ({ROW_COLUMNS}) SELECT * FROM "
-               + _from_json(_PG_ROW_TYPES) + " AS v", (_json(rows),))
+               + _unnest(_PG_ROW_TYPES), _columns(rows, len(_PG_ROW_TYPES)))
         samples = [s for it, hb in mine for s in sample_values(hb, it.received_at,
                                                                 store.history)]
-        tx.run(f"{SAMPLE_INSERT} SELECT *, 1 FROM " + _from_json(_PG_SAMPLE_TYPES) + " AS v"
-               + sample_conflict("postgresql"), (_json(samples),))
+        tx.run(f"{SAMPLE_INSERT} SELECT *, 1 FROM " + _unnest(_PG_SAMPLE_TYPES)
+               + sample_conflict("postgresql"), _columns(samples, len(_PG_SAMPLE_TYPES)))
     for it, hb in mine:
         store.saw_modules(hb)
         out[it.node_id] = Outcome("applied", digest=it.digest)
