@@ -4,7 +4,9 @@ and shown in `status`."""
 
 from __future__ import annotations
 
+import asyncio
 import re
+import sqlite3
 import subprocess
 import time
 from collections.abc import Iterator
@@ -13,6 +15,8 @@ from typing import Any
 
 import pytest
 from agent_helpers import PORTAL, RunningAgent, running_portal, write_module
+
+from oarbank_agent.reporting.heartbeat import HeartbeatSender
 
 
 @pytest.fixture
@@ -81,3 +85,35 @@ def test_textfile_and_refusals(tmp_path: Path, portal: dict[str, Any]) -> None:
     figures = samples(prom.read_text())
     assert figures[f'oarbank_agent_services{{module="test.agent.echo",{node},'
                    'state="stopped"}'] == 1
+
+
+def test_a_service_error_with_nul_reaches_the_portal(tmp_path: Path,
+                                                      portal: dict[str, Any]) -> None:
+    # a service's error may carry whatever its process wrote; the portal refuses NUL (its
+    # PostgreSQL store cannot hold one): the agent sends each as U+FFFD, and the node stays
+    # reported
+    token = portal_cli("token", "issue", "nul-node", db=portal["db"])
+    row = {"module": "dev.example.nul", "service": "model", "health": "unhealthy",
+           "running": False, "ready": False, "accepting": False,
+           "error": "start exited with 1: weights\x00missing", "held": None,
+           "disabled": False, "withdrawn": False, "gpu_api_missing": False,
+           "lifecycle": "on_demand", "users": 0, "endpoint": True}
+
+    def report() -> dict[str, Any]:
+        return {"node_id": "nul-node", "hostname": "nul-host", "time": time.time(),
+                "services": [dict(row)]}
+
+    async def main() -> HeartbeatSender:
+        sender = HeartbeatSender(portal["url"], report, period_s=0.2, token=token)
+        sender.start()
+        deadline = time.monotonic() + 30
+        while sender.posts_ok + sender.posts_failed < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await sender.aclose()
+        return sender
+
+    sender = asyncio.run(main())
+    assert sender.posts_ok >= 2 and sender.posts_failed == 0, sender.status()
+    with sqlite3.connect(portal["db"]) as db:
+        (stored,) = db.execute("SELECT error FROM service_rows WHERE node_id = 'nul-node'")
+    assert stored == ("start exited with 1: weights\ufffdmissing",)

@@ -267,6 +267,7 @@ class HeartbeatSender:
     def _body(self, last: bool = False) -> bytes:
         doc = self._report()
         doc["heartbeat_s"] = self.period_s
+        _without_nul(doc)
         if last:
             doc["agent_stopped"] = True
             for row in doc.get("services", []):
@@ -418,6 +419,20 @@ class HeartbeatSender:
         with contextlib.suppress(OSError):
             await writer.wait_closed()
         return int(fields[1]), reply, retry_after
+
+
+_ROW_TEXTS = ("error", "health", "held")
+
+
+def _without_nul(doc: dict[str, Any]) -> None:
+    """Each NUL in a row's text as U+FFFD: a service's error may carry whatever its process
+    wrote, and a portal refuses a report with NUL in it (PostgreSQL's text cannot hold one),
+    which would leave the node unreported for as long as the error stands."""
+    for row in doc.get("services", []):
+        for key in _ROW_TEXTS:
+            text = row.get(key)
+            if isinstance(text, str) and "\x00" in text:
+                row[key] = text.replace("\x00", "\ufffd")
 
 
 async def _bounded(coro: Coroutine[Any, Any, _T], timeout: float) -> _T:
