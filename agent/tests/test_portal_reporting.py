@@ -17,6 +17,7 @@ import pytest
 from agent_helpers import PORTAL, RunningAgent, running_portal, write_module
 
 from oarbank_agent.reporting.heartbeat import HeartbeatSender
+from testsupport.senders import until_answered
 
 
 @pytest.fixture
@@ -103,16 +104,8 @@ def test_a_service_error_with_nul_reaches_the_portal(tmp_path: Path,
         return {"node_id": "nul-node", "hostname": "nul-host", "time": time.time(),
                 "services": [dict(row)]}
 
-    async def main() -> HeartbeatSender:
-        sender = HeartbeatSender(portal["url"], report, period_s=0.2, token=token)
-        sender.start()
-        deadline = time.monotonic() + 30
-        while sender.posts_ok + sender.posts_failed < 2 and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        await sender.aclose()
-        return sender
-
-    sender = asyncio.run(main())
+    sender = asyncio.run(until_answered(
+        HeartbeatSender(portal["url"], report, period_s=0.2, token=token), 2, 30))
     assert sender.posts_ok >= 2 and sender.posts_failed == 0, sender.status()
     with sqlite3.connect(portal["db"]) as db:
         (stored,) = db.execute("SELECT error FROM service_rows WHERE node_id = 'nul-node'")

@@ -14,12 +14,13 @@ import socket
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from portal_helpers import MODULE_ID, auth, heartbeat, service_row
+
+from testsupport.senders import until_answered
 
 CLI = [sys.executable, "-m", "oarbank_ui.cli"]
 
@@ -137,13 +138,8 @@ def test_the_agents_sender_against_the_portal(start_portal, caplog) -> None:  # 
         return heartbeat("node-s", service_row(users=1))
 
     async def run(tok: str, posts: int) -> HeartbeatSender:
-        s = HeartbeatSender(p.url, report, period_s=0.05, token=tok)
-        s.start()
-        deadline = time.monotonic() + 10
-        while s.posts_ok + s.posts_failed < posts and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-        await s.aclose()
-        return s
+        return await until_answered(HeartbeatSender(p.url, report, period_s=0.05, token=tok),
+                                    posts, 10)
 
     s = asyncio.run(run(token, 2))
     assert s.posts_ok >= 2 and s.refusals == {}
@@ -175,13 +171,8 @@ def test_heartbeats_over_https(start_portal, tmp_path: Path) -> None:  # type: i
     report = lambda: heartbeat("node-t", service_row(users=3))  # noqa: E731
 
     async def one(ca_file: str | None) -> HeartbeatSender:
-        s = HeartbeatSender(p.url, report, period_s=10, retries=0, token=token, ca_file=ca_file)
-        s.start()
-        deadline = time.monotonic() + 10
-        while s.posts_ok + s.posts_failed < 1 and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-        await s.aclose()
-        return s
+        return await until_answered(HeartbeatSender(p.url, report, period_s=10, retries=0,
+                                                    token=token, ca_file=ca_file), 1, 10)
 
     ok = asyncio.run(one(str(ca_pem)))
     assert ok.posts_ok == 1, ok.last_error
