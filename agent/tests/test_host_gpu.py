@@ -52,3 +52,17 @@ def test_override_is_validated() -> None:
     assert gpuapis.from_override("none").apis == ()
     with pytest.raises(ValueError, match="unknown GPU API quantum"):
         gpuapis.from_override("cuda,quantum")
+
+
+def test_a_runners_gpu_detect_agrees_with_the_agent() -> None:
+    # Upstream's runners call oarbank_sdk.gpu.detect() (in their own process) to learn which
+    # APIs they reach; on a node it must name what the agent's report names, probe by probe.
+    from oarbank_sdk import gpu
+
+    if backends.name() == "darwin":
+        pytest.skip("the darwin profile probes what a Mac has; a runner here probes Linux's")
+    agent = gpuapis.detect(timeout_s=20)
+    runner = gpu.detect()
+    assert runner["host"] == sorted(agent.apis)
+    for api, said in agent.probes.items():
+        assert said == ("present" if api in runner["host"] else f"absent: {runner['evidence'][api]}")

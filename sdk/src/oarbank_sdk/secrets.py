@@ -1,0 +1,46 @@
+"""The secrets delivered to this job (``OARBANK_SECRETS_FILE``), by upstream's names
+(``from oarbank_sdk import secrets``). Standard library only.
+
+    key = secrets.get("provider_key")   # SecretMissing when this job was given none by that name
+
+The file is a JSON object ``{name: value}``. This agent delivers no secrets yet, so a runner
+here sees none (``names() == []``); never log a value or write it into a result.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+__all__ = ["ENV", "SecretMissing", "get", "names"]
+
+ENV = "OARBANK_SECRETS_FILE"
+
+
+class SecretMissing(LookupError):
+    """No secret by that name was delivered to this job."""
+
+
+def _delivered() -> dict[str, str]:
+    where = os.environ.get(ENV)
+    if not where:
+        return {}
+    with open(where, encoding="utf-8") as f:
+        doc = json.load(f)
+    if not isinstance(doc, dict):
+        raise ValueError(f"{ENV} ({where}) must hold a JSON object")
+    return {str(k): str(v) for k, v in doc.items()}
+
+
+def names() -> list[str]:
+    """The names delivered to this job, sorted."""
+    return sorted(_delivered())
+
+
+def get(name: str) -> str:
+    """The value of secret ``name``; ``SecretMissing`` when it was not delivered."""
+    value = _delivered().get(name)
+    if value is None:
+        raise SecretMissing(f"secret {name!r} was not delivered to this job (its stage must "
+                            "list it, and this agent delivers no secrets yet)")
+    return value
