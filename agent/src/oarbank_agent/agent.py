@@ -36,6 +36,7 @@ from oarbank_agent.modules.table import ModuleSpec, ModuleTable
 from oarbank_agent.operate import answers, control, drain, reload
 from oarbank_agent.protection import apply
 from oarbank_agent.protection import decisions as protection
+from oarbank_agent.protection.evictor import Evictor
 from oarbank_agent.protection.guard import Action, Guard, GuardConfig
 from oarbank_agent.reporting import status as nodestatus
 from oarbank_agent.sandbox import containment, escapewatch, resourcelimits
@@ -105,6 +106,10 @@ class Agent:
                               stopping=self._stop,
                               charge_released=config.fault == faults.CHARGE_RELEASED)
         self.jobs: dict[str, JobRecord] = self.queue.jobs  # every job this agent knows
+        # Demand eviction: idle services stopped to make room for a job memory holds back.
+        self.evictor = Evictor(self.supervisor, self.admission, self.queue.admit,
+                               lambda job_id: self.jobs[job_id].module)
+        self.queue.after_admit.append(self.evictor.after_pass)
         # The modules (modules/table.py): loading, refusals, runners' doctors, module list |
         # add | disable | enable | remove; the agent reads its parts through these names.
         self.table = ModuleTable(state_dir=self.state_dir, node=self.node,
@@ -316,6 +321,7 @@ class Agent:
 
     async def shutdown(self) -> None:
         await self.guard.aclose()
+        self.evictor.close()
         if self._manual_task is not None:
             self._manual_task.cancel()
             await asyncio.gather(self._manual_task, return_exceptions=True)

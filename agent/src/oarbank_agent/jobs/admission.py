@@ -20,6 +20,9 @@ Rules:
   GPU job is admitted only when no other GPU job holds tokens, and no GPU job is admitted
   next to an exclusive one. A waiting GPU job blocks later GPU jobs (the GPU is a pool too).
 - ``paused``: a readable reason (e.g. memory pressure) while nothing may be admitted.
+- ``memory_blocked``: after a pass, the first job held back only by memory (its pool tokens
+  are there), what it is short of and the services it reserves: what demand eviction
+  (``protection/eviction.py``) would make room for. None when no such job waits.
 
 Pool keys are ``"<module id>/<pool>"``: two modules may both name a pool ``model``.
 """
@@ -31,7 +34,7 @@ from dataclasses import dataclass, field
 
 from oarbank_agent.protection.decisions import memory_fits
 
-__all__ = ["Request", "Admission"]
+__all__ = ["Request", "Admission", "MemoryBlock"]
 
 _MEM = "\0memory"  # pseudo-pool names for the no-overtaking rule
 _GPU = "\0gpu"
@@ -56,6 +59,17 @@ class Request:
         return out
 
 
+@dataclass(frozen=True)
+class MemoryBlock:
+    """The first job memory holds back: how much of each resource is short (``mem_gb``:
+    the budget), and the services it reserves (never evicted for it)."""
+
+    job_id: str
+    short: dict[str, float]
+    need: dict[str, float]  # what it asks for, per resource
+    reserves: frozenset[str]
+
+
 class Admission:
     def __init__(self) -> None:
         self.capacity: dict[str, int] = {}
@@ -67,6 +81,7 @@ class Admission:
         self.gpu_allowed = True
         self.paused: str | None = None  # why nothing is admitted now (memory pressure)
         self._why: dict[str, str] = {}  # job id -> why it waits (memory / GPU), last pass
+        self.memory_blocked: MemoryBlock | None = None  # the last pass's (see above)
 
     # --- inputs ---------------------------------------------------------------------------
 
@@ -100,6 +115,7 @@ class Admission:
         admitted: list[Request] = []
         blocked: set[str] = set()
         self._why = {}
+        self.memory_blocked = None
         if self.paused is not None:
             self._why = {job_id: self.paused for job_id in self._queue}
             return admitted
@@ -148,11 +164,19 @@ class Admission:
             return False
         if self.budget_gb is not None:
             need = self._mem_request(req)
-            if need > 0 and not memory_fits(self.charged_gb(), need, self.budget_gb):
+            charged = self.charged_gb()
+            if need > 0 and not memory_fits(charged, need, self.budget_gb):
                 self._why[req.job_id] = (
-                    f"waiting for memory: needs {need:g} GB; {self.charged_gb():g} of "
+                    f"waiting for memory: needs {need:g} GB; {charged:g} of "
                     f"{self.budget_gb:g} GB budget charged")
+                if self.memory_blocked is None and self._tokens_free(req):
+                    self.memory_blocked = MemoryBlock(
+                        req.job_id, {"mem_gb": round(charged + need - self.budget_gb, 9)},
+                        {"mem_gb": need}, frozenset(req.services_mem))
                 return False
+        return self._tokens_free(req)
+
+    def _tokens_free(self, req: Request) -> bool:
         for pool in req.needs:
             if self.capacity.get(pool, 0) <= 0:
                 return False
@@ -160,6 +184,11 @@ class Admission:
             if self.capacity.get(pool, 0) - self.in_use.get(pool, 0) < n:
                 return False
         return True
+
+    def note(self, job_id: str, text: str) -> None:
+        """Add to why a job waits (demand eviction says what it is stopping for it)."""
+        if job_id in self._why:
+            self._why[job_id] = f"{self._why[job_id]}; {text}"
 
     # --- views ----------------------------------------------------------------------------
 

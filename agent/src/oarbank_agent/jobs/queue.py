@@ -22,6 +22,7 @@ import asyncio
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from oarbank_agent import recovery
@@ -67,6 +68,9 @@ class JobQueue:
                             service_keys=placement.service_keys, on_over=self._run_over,
                             charge_released=charge_released)
         self.runs.closed = self.closed
+        # Called after each admission pass, before the waiting jobs' reasons are written
+        # (demand eviction: protection/evictor.py).
+        self.after_admit: list[Callable[[], None]] = []
 
     # --- in --------------------------------------------------------------------------------
 
@@ -138,6 +142,8 @@ class JobQueue:
             # written as `running` (or final), with what changed here.
             self.runs.start(rec, self.modules[rec.module])
         self._update_users()
+        for cb in self.after_admit:
+            cb()
         for job_id in self.admission.waiting():
             why = self.admission.why_waiting(job_id)
             if why is not None:

@@ -46,6 +46,10 @@ States::
 - *Offered*: its pools count (capacities from its fingerprint) unless it is withdrawn, held or
   GPU-missing. *Hopeless*: a job waiting for it would wait forever (shutting down, manual,
   held, GPU-missing or withdrawn), so nobody waits.
+- *Evicted* (demand eviction, ``protection/eviction.py``): an idle ready service asked to make
+  room for a waiting job (``evict_for``: which job, of which module) is stopped with reason
+  ``evicted``; that text stays readable (``stopped_for``) until its next start. A user
+  arriving first cancels the request. ``always`` services are never evicted.
 - Test-only faults (``faults.py``) are inputs too: ``idle_stop`` false (``no_idle_stop``) means
   an idle service is never stopped and no idle timer is set; ``flat_backoff`` means every
   delay is ``backoff_initial_s``.
@@ -63,6 +67,7 @@ from dataclasses import dataclass, replace
 from enum import Enum
 
 DISABLED = "disabled"  # the stop reason of a service whose module was disabled
+EVICTED = "evicted"  # the stop reason of an idle service stopped to make room for a job
 
 __all__ = [
     "State",
@@ -81,6 +86,8 @@ __all__ = [
     "set_held",
     "set_disabled",
     "DISABLED",
+    "EVICTED",
+    "set_evict",
     "set_gpu_missing",
     "shut_down",
     "with_faults",
@@ -162,6 +169,8 @@ class ServiceState:
     held: str | None = None  # host protection keeps it down, with this reason
     disabled: bool = False  # its module is disabled on this node (module disable)
     gpu_missing: str | None = None  # the GPU_API_MISSING text: never started on this node
+    evict_for: str | None = None  # demand eviction asks it to stop for this (job, module)
+    stopped_for: str | None = None  # what its last stop (``evicted``) made room for
     shutting_down: bool = False  # the agent is stopping
     idle_stop: bool = True  # False only under the test fault no_idle_stop
     flat_backoff: bool = False  # True only under the test fault flat_backoff
@@ -225,11 +234,13 @@ def apply(s: ServiceState, event: Event, now: float, *, error: str | None = None
         return replace(s, state=to, failures=0, error=None, retry_at=None,
                        idle_since=None if s.users else now, stopped_reason=None)
     if event is Event.START:
-        return replace(s, state=to, retry_at=None, stopped_reason=None)
+        return replace(s, state=to, retry_at=None, stopped_reason=None, stopped_for=None,
+                       evict_for=None)
     if event is Event.STOP:
-        return replace(s, state=to, stopped_reason=reason)
+        return replace(s, state=to, stopped_reason=reason, evict_for=None,
+                       stopped_for=s.evict_for if reason == EVICTED else None)
     if event is Event.STOPPED:
-        return replace(s, state=to, idle_since=None)
+        return replace(s, state=to, idle_since=None, evict_for=None)
     if event is Event.FORGET:
         return replace(s, state=to, retry_at=None)
     return replace(s, state=to)  # pragma: no cover - every event is handled above
@@ -245,8 +256,8 @@ def set_timings(s: ServiceState, *, idle_timeout_s: float, backoff_initial_s: fl
 
 def set_users(s: ServiceState, users: int, now: float) -> ServiceState:
     """New user count; starts the idle clock when it drops to zero, clears it when one comes."""
-    if users > 0:
-        return replace(s, users=users, idle_since=None)
+    if users > 0:  # a user first: an eviction asked meanwhile is off
+        return replace(s, users=users, idle_since=None, evict_for=None)
     if s.users > 0 or s.idle_since is None:
         return replace(s, users=0, idle_since=now)
     return replace(s, users=0)
@@ -261,6 +272,11 @@ def resume_idle(s: ServiceState, since: float) -> ServiceState:
 def set_held(s: ServiceState, reason: str | None) -> ServiceState:
     """Host protection holds it down (``reason``) or lifts its hold (None)."""
     return replace(s, held=reason)
+
+
+def set_evict(s: ServiceState, for_what: str | None) -> ServiceState:
+    """Demand eviction asks an idle service to stop for ``for_what`` (None: no longer)."""
+    return replace(s, evict_for=for_what)
 
 
 def set_disabled(s: ServiceState, disabled: bool) -> ServiceState:
@@ -371,6 +387,8 @@ def _lifecycle_decision(s: ServiceState, now: float, shutting_down: bool) -> Dec
             return Decision("start")
         return Decision(wake_at=retry_at)
     # READY
+    if s.lifecycle != "always" and s.users == 0 and s.evict_for is not None:
+        return Decision("stop", reason=EVICTED)
     if s.lifecycle == "on_demand" and s.users == 0:
         since = s.idle_since if s.idle_since is not None else now
         due = since + s.idle_timeout_s

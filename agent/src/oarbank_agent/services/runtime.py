@@ -93,7 +93,8 @@ def ready(rt: ServiceRuntime) -> bool:
 def details(rt: ServiceRuntime, now: float) -> dict[str, Any]:
     """What ``status`` adds to a row for an operator (not in heartbeats): the daemon's pid
     (its hello, else its group's leader) and its group, uptime, seconds until the idle stop, why it last
-    stopped, starts and restarts (starts after a failure). ``now``: unix time."""
+    stopped (and, evicted, for which job), starts and restarts (starts after a failure).
+    ``now``: unix time."""
     s = rt.st
     pid = None
     if rt.channel is not None and rt.channel.hello.done() and not rt.channel.hello.cancelled():
@@ -109,6 +110,8 @@ def details(rt: ServiceRuntime, now: float) -> dict[str, Any]:
         else None,
         "idle_stop_in_s": idle_in,
         "last_stop_reason": s.stopped_reason,
+        # evicted: the job (and its module) it was stopped to make room for
+        "evicted_for": s.stopped_for,
         "starts": rt.starts,
         "restarts": rt.restarts,
         "idle_timeout_s": s.idle_timeout_s,

@@ -105,7 +105,10 @@ class Supervisor(Starting, Stopping):
         rt = self.services[key]
         if users == rt.st.users:
             return
-        rt.st = lc.set_users(rt.st, users, time.time())
+        now = time.time()
+        if users > rt.st.users or users == 0:  # one more use, or the last one left
+            self.stats.used(key, now, arrived=users > rt.st.users)
+        rt.st = lc.set_users(rt.st, users, now)
         self._changed(rt)
         self.poke(rt)
 
@@ -123,6 +126,13 @@ class Supervisor(Starting, Stopping):
             self._resolve_waiters(rt, False)
         self._inputs_changed(rt)
         return True
+
+    def evict(self, key: str, for_what: str) -> None:
+        """Demand eviction: stop this idle service (reason ``evicted``) to make room for
+        ``for_what`` (a job, of a module). Nothing happens if it has users by now."""
+        rt = self.services[key]
+        rt.st = lc.set_evict(rt.st, for_what)
+        self.poke(rt)
 
     def set_disabled(self, key: str, disabled: bool, *, live: bool = True) -> bool:
         """Its module is disabled or enabled (``lifecycle.set_disabled``): not started, pools

@@ -19,6 +19,7 @@ from oarbank_agent.operate import logsetup
 from oarbank_agent.services import detachedwatch, ops
 from oarbank_agent.services import fingerprint as fingerprints
 from oarbank_agent.services import lifecycle as lc
+from oarbank_agent.services.loadstats import LoadStats
 from oarbank_agent.services.runtime import ServiceRuntime
 
 if TYPE_CHECKING:
@@ -36,6 +37,8 @@ class SupervisorBase:
         self.registry = registry
         self.channels = channels  # endpoint channels, shared with the broker
         self.services: dict[str, ServiceRuntime] = {}
+        # Measured load times and uses, kept across runs (demand eviction's inputs).
+        self.stats = LoadStats(node.state_dir)
         self.on_change: list[Callable[[str], None]] = []  # fired on every service change
         self.on_capacity: list[Callable[[str], None]] = []  # pools of a service changed
         # Set once by ``shutdown`` (and into every service's state, where decisions read it);
@@ -144,7 +147,11 @@ class SupervisorBase:
         if rt.st.state is lc.State.READY:
             rt.ready_at = time.time()
             rt.stop_note = None
+            if event is lc.Event.READY and rt.start_began is not None:
+                self.stats.loaded(rt.key, time.monotonic() - rt.start_began)  # start to ready
             self._resolve_waiters(rt, True)
+        elif rt.st.state is lc.State.STOPPED and event is lc.Event.STOPPED:
+            self.stats.save()  # its uses so far, for the next agent
         elif rt.st.state is lc.State.WITHDRAWN:
             self._resolve_waiters(rt, False)
             for cb in self.on_capacity:
