@@ -34,6 +34,7 @@ from oarbank_agent.keep.adopt import Keeping
 from oarbank_agent.modules.loaded import ModuleCtx, NodeInfo
 from oarbank_agent.modules.table import ModuleSpec, ModuleTable
 from oarbank_agent.operate import answers, control, drain, reload
+from oarbank_agent.platform.api import Tether
 from oarbank_agent.protection import apply
 from oarbank_agent.protection import decisions as protection
 from oarbank_agent.protection.evictor import Evictor
@@ -147,6 +148,7 @@ class Agent:
         self.reload_source: Callable[[], reload.Reloaded] | None = None
         self._reloading: asyncio.Task[Any] | None = None
         self._hurry = asyncio.Event()  # a second stop request: the drain waits no longer
+        self._tether: Tether | None = None  # runners die with this agent (platform's tether)
 
     # --- the parts' answers, as the rest of the agent asks for them -------------------------
 
@@ -211,6 +213,10 @@ class Agent:
         loop = asyncio.get_running_loop()
         # Stop and reload requests (signals on POSIX): the backend's.
         platform.current().requests.install(loop, self.request_stop, self._reload_on_request)
+        # Fate sharing, before any runner can start: from now on every runner (and all it
+        # started) is killed the moment this agent ends, however it ends (platform/posix/
+        # tether.py; on Windows the job objects do it), so no work goes on unseen.
+        self._tether = self._start_tether()
         # Test-only faults: the lifecycle's inputs (decisions), and one effect (error text).
         self.supervisor.set_faults(idle_stop=self.fault != faults.NO_IDLE_STOP,
                                    flat_backoff=self.fault == faults.FLAT_BACKOFF)
@@ -270,6 +276,31 @@ class Agent:
                                      self.stop_reason or "stop", self._hurry)
         finally:
             await self.shutdown()
+
+    def _start_tether(self) -> Tether | None:
+        host = platform.current().tether
+        if host is None:
+            return None
+        try:
+            tether = host.start(self.state_dir)
+        except OSError as exc:
+            log.warning("runners will outlive this agent if it is killed: its watcher did not "
+                        "start (%s); the next agent ends them", exc)
+            return None
+        log.info("runners die with this agent: watcher pid %d", tether.pid)
+        return tether
+
+    async def _stop_tether(self) -> None:
+        """Every runner is ended: the watcher goes (it sees EOF), reaped here."""
+        tether, self._tether = self._tether, None
+        if tether is None:
+            return
+        tether.close()
+        for _ in range(500):
+            if tether.exited():
+                return
+            await asyncio.sleep(0.01)
+        tether.kill()
 
     @staticmethod
     def _tell_manager(fields: dict[str, str]) -> None:
@@ -344,6 +375,7 @@ class Agent:
         self.keeping.close()
         await self.broker.aclose()
         containment.current().close()  # every group is ended: what held them is empty
+        await self._stop_tether()
         log.info("stopped: every service and job process ended; exiting")
 
     # --- control requests -----------------------------------------------------------------

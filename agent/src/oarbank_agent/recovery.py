@@ -20,11 +20,17 @@ Rules:
   is whatever the predecessor left that no record names (``Groups.sweep``: a group made just
   before a crash has no record yet).
 - A job whose record shows an attempt that began and never finished (the agent died or stopped
-  under it) gets that attempt back: it is *released*, not charged, not a failure. Attempt
-  numbers are never reused (the next attempt id follows the interrupted one).
+  under it) is first looked at: if its runner's files prove it finished (``jobs/collect.py``:
+  a complete, valid ``result.json``, or a ``failure.json`` naming its fault) its outcome is
+  *collected*, recorded as if the agent had seen the runner exit (the history entry says
+  ``collected``), and nothing runs again. Otherwise the attempt is *released*, not charged,
+  not a failure, and runs again. Attempt numbers are never reused (the next attempt id follows
+  the interrupted one). The runners are dead by then: the agent's watcher killed them when it
+  died (``platform/posix/tether.py``; Windows: the job objects), or ``end_leftovers`` did.
 
 ``end_leftovers`` runs before anything is started; ``adopt_running`` after the first
-fingerprints; ``uncharge_interrupted`` on each job record before it is requeued.
+fingerprints; ``collect_interrupted``, then ``uncharge_interrupted``, on each job record
+before it is requeued; ``after_restart`` counts both for ``status``.
 """
 
 from __future__ import annotations
@@ -34,17 +40,25 @@ import time
 from typing import TYPE_CHECKING
 
 from oarbank_agent import platform, procs
+from oarbank_agent.jobs import collect
+from oarbank_agent.jobs import machine as jobs
 from oarbank_agent.services import ops
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+    from pathlib import Path
+
     from oarbank_agent.jobs.store import JobRecord
     from oarbank_agent.services.supervisor import Supervisor
 
-__all__ = ["end_leftovers", "adopt_running", "uncharge_interrupted", "INTERRUPTED"]
+__all__ = ["end_leftovers", "adopt_running", "uncharge_interrupted", "collect_interrupted",
+           "after_restart", "INTERRUPTED", "COLLECTED"]
 
 log = logging.getLogger("oarbank_agent.recovery")
 
 INTERRUPTED = "the agent stopped during this attempt; it was requeued without charge"
+# A history entry's ``collected``: the outcome was read after a restart, the runner not re-run.
+COLLECTED = "after an agent restart: the runner had finished; its outcome was collected"
 
 
 def _service_of(rec: procs.GroupRecord) -> str | None:
@@ -122,13 +136,64 @@ async def adopt_running(registry: procs.ProcessRegistry, sup: Supervisor,
         registry.remove(rec.group)
 
 
-def uncharge_interrupted(rec: JobRecord) -> bool:
-    """Give back an attempt that began and never finished. True if there was one.
-
-    Finished and released attempts each leave a history entry; an attempt counted in
+def _interrupted(rec: JobRecord) -> bool:
+    """Finished and released attempts each leave a history entry; an attempt counted in
     ``attempts`` with no entry of its own was interrupted by the agent going away."""
     finished = sum(1 for h in rec.history if h.get("outcome") != "released")
-    if rec.attempts <= finished:
+    return rec.attempts > finished
+
+
+def collect_interrupted(rec: JobRecord, job_dir: Path, max_inline_kb: float,
+                        max_attempts: int) -> collect.Verdict | None:
+    """Record the outcome of an interrupted attempt whose runner finished (``collect.py``
+    decides from its workdir). The verdict when there was an interrupted attempt (collected
+    or not), None when there was none. A collected job is final, or ``admitted`` after a
+    transient failure with attempts left (the caller requeues it)."""
+    if not _interrupted(rec):
+        return None
+    number = rec.attempts + rec.released
+    workdir = job_dir / f"a{number}"
+    verdict = collect.decide(
+        collect.seen(workdir / "result.json", int(max_inline_kb * 1024)),
+        collect.seen(workdir / "failure.json", collect.FAILURE_MAX_BYTES), max_inline_kb)
+    if not verdict.collect:
+        return verdict
+    assert verdict.state is not None
+    # queued|admitted|running -> running: the attempt the record shows, as it was
+    rec.state = jobs.apply(rec.state, jobs.Event.COLLECT).value
+    now = time.time()
+    rec.history.append({"attempt": rec.attempts, "attempt_id": f"{rec.job_id}.{number}",
+                        "wire_attempt": rec.wire_attempt,
+                        "started_at": rec.started_at or now, "finished_at": now,
+                        "outcome": verdict.state, "exit_code": None, "reason": verdict.reason,
+                        "fault": verdict.fault, "collected": COLLECTED})
+    event = jobs.after_attempt(verdict.state, verdict.fault, rec.attempts, max_attempts, [], 0)
+    # running -> succeeded | failed, or -> admitted (a transient failure, attempts left)
+    rec.state = jobs.apply(rec.state, event).value
+    rec.exit_code, rec.reason = None, verdict.reason
+    if event is jobs.Event.RETRY:
+        return verdict
+    if verdict.state == "retry":
+        rec.reason = f"{verdict.reason} (gave up after {rec.attempts} attempts)"
+    rec.result = verdict.result
+    rec.finished_at = now
+    return verdict
+
+
+def after_restart(records: Iterable[JobRecord]) -> dict[str, int]:
+    """``status``' counts over the jobs the agent keeps: ``collected``, jobs with an attempt
+    whose outcome was collected after a restart; ``rerun``, jobs with an attempt the agent
+    stopped or died under, run again."""
+    collected = rerun = 0
+    for rec in records:
+        collected += any(h.get("collected") for h in rec.history)
+        rerun += any(h.get("reason") == INTERRUPTED for h in rec.history)
+    return {"collected": collected, "rerun": rerun}
+
+
+def uncharge_interrupted(rec: JobRecord) -> bool:
+    """Give back an attempt that began and never finished. True if there was one."""
+    if not _interrupted(rec):
         return False
     number = rec.attempts + rec.released
     rec.attempts -= 1

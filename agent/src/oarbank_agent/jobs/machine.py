@@ -31,6 +31,9 @@ States::
   again, so such a job ends.
 - ``recover``: a restarted agent found the job unfinished (any non-final state) and queues it
   again; an interrupted attempt is given back (``recovery.uncharge_interrupted``).
+- ``collect``: a restarted agent found that the interrupted attempt finished after all (its
+  runner's files prove it: ``collect.py``): the job is ``running`` again, as it was, and the
+  attempt's outcome follows as ``succeed``, ``fail`` or ``retry`` (then ``recover``).
 - ``succeeded`` and ``failed`` are final: no event leaves them.
 
 The effect layer (``jobrun.py``, ``agent.py``) performs the transition, labels it with a
@@ -72,6 +75,7 @@ class Event(str, Enum):
     REQUEUE = "requeue"  # the agent is stopping: resumed by the next agent on the state dir
     RELEASE = "release"  # host protection ended it: requeued ahead, not charged
     RECOVER = "recover"  # a restarted agent found it unfinished
+    COLLECT = "collect"  # ... and its interrupted attempt finished: its outcome follows
 
 
 # (state, event) -> state. Anything not here is a bug in the effect layer.
@@ -92,6 +96,10 @@ TRANSITIONS: dict[tuple[State, Event], State] = {
     (State.QUEUED, Event.RECOVER): State.QUEUED,
     (State.ADMITTED, Event.RECOVER): State.QUEUED,
     (State.RUNNING, Event.RECOVER): State.QUEUED,
+    # The record may lag the attempt it shows (a save lost to the kill): any unfinished state.
+    (State.QUEUED, Event.COLLECT): State.RUNNING,
+    (State.ADMITTED, Event.COLLECT): State.RUNNING,
+    (State.RUNNING, Event.COLLECT): State.RUNNING,
 }
 
 # Final states: what `wait` waits for, what a restart leaves alone.

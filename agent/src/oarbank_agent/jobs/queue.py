@@ -7,9 +7,10 @@
   a job still waiting says why (admission's reason, or its service's: ``waiting.py``).
 - A run over (``JobRuns``' ``on_over``): its tokens go back, a released job is requeued ahead
   of later ones, admission runs again, the services' users are updated.
-- ``recover`` (agent start): every unfinished record of the state dir is requeued
-  (``recover``), and attempt numbers on the channel continue after the highest recorded
-  (removed records' included: ``JobStore.wire_floor``).
+- ``recover`` (agent start): an interrupted attempt whose runner finished is collected
+  (``recovery.collect_interrupted``: its outcome recorded, not run again); every unfinished
+  record of the state dir is requeued (``recover``), and attempt numbers on the channel
+  continue after the highest recorded (removed records' included: ``JobStore.wire_floor``).
 - ``prune``: final jobs older than ``--keep-jobs-s`` are removed, record and workdirs
   (``jobs.expired`` decides), so a busy node's state dir and memory stay bounded.
 
@@ -29,6 +30,7 @@ from oarbank_agent import recovery
 from oarbank_agent.jobs import machine as jobs
 from oarbank_agent.jobs import placement, runnerhealth, waiting
 from oarbank_agent.jobs.run import JobRuns, move
+from oarbank_agent.modules import compat
 from oarbank_agent.operate import control
 
 if TYPE_CHECKING:
@@ -95,11 +97,24 @@ class JobQueue:
                 log.warning("job %s: module %s / stage %s is not loaded; left queued",
                             rec.job_id, rec.module, rec.stage)
                 continue
+            stage = ctx.manifest.stage(rec.stage)
+            assert stage is not None
+            seen = recovery.collect_interrupted(rec, self.store.job_dir(rec.job_id),
+                                                compat.max_inline_kb(ctx.manifest),
+                                                stage.max_attempts)
+            if seen is not None and seen.collect:
+                log.warning("job %s: its runner finished before the agent stopped (%s): "
+                            "outcome %s collected, not run again", rec.job_id, seen.why,
+                            seen.state)
+                if rec.state in jobs.TERMINAL:
+                    self.store.save(rec)
+                    continue
             # queued|admitted|running (previous agent) -> queued; an interrupted attempt is
             # not charged
-            if recovery.uncharge_interrupted(rec):
-                log.warning("job %s: its attempt was interrupted by the agent stopping; "
-                            "requeued without charge", rec.job_id)
+            elif recovery.uncharge_interrupted(rec):
+                log.warning("job %s: its attempt was interrupted by the agent stopping "
+                            "(%s); requeued without charge", rec.job_id,
+                            seen.why if seen is not None else "no outcome")
             move(rec, jobs.Event.RECOVER)
             self.store.save(rec)
             self._enqueue(rec, ctx)

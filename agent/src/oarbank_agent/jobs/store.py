@@ -67,7 +67,9 @@ class JobRecord:
         d.pop("result")
         d.update(released=self.released, wire_attempt=self.wire_attempt,
                  submitted_at=self.submitted_at, started_at=self.started_at,
-                 finished_at=self.finished_at)
+                 finished_at=self.finished_at,
+                 # an attempt's outcome read after an agent restart (recovery.COLLECTED)
+                 collected=any(bool(h.get("collected")) for h in self.history))
         return d
 
 

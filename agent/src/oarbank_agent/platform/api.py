@@ -7,8 +7,8 @@ arrives), never how an OS does it; a port writes its backend and touches nothing
 Parts (each section below): process groups (``Groups``, ``Group``), memory and CPU limits,
 the sandbox wrapper and its probe, the control endpoint, the state-dir lock, stop and reload
 requests, the event loop, the stream type behind the transport, connections by duplication;
-the keeper's socket and the service manager (``--keep-services``) are in ``keepapi.py``.
-"""
+the keeper's socket and the service manager (``--keep-services``) are in ``keepapi.py``, the
+runners' fate sharing with the agent in ``fateapi.py``."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict, TypeVar
 
+from oarbank_agent.platform.fateapi import Tether, TetherHost
 from oarbank_agent.platform.keepapi import KeeperHost, ServiceManager
 
 if TYPE_CHECKING:
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Backend", "FactoryLost", "FileLike", "Watchable", "Watcher", "Streams", "EndpointPathTooLong",
            "ClientHandler", "Endpoint", "StateDirHost", "StateDirRefused", "Requests", "Loops", "FactoryHost",
-           "SandboxHost",
+           "SandboxHost", "Tether", "TetherHost",
            "CONTAINMENT_MODES", "CONTAINMENT_HELP", "ContainmentUnavailable", "Group", "Slot",
            "PopenOptions", "Containment", "Groups", "KeeperHost", "ServiceManager", "Handovers"]
 
@@ -241,7 +242,6 @@ class Loops(Protocol):
 
     def run(self, main: Coroutine[Any, Any, T]) -> T:
         """Run ``main`` to completion on a new loop, as ``asyncio.run`` does."""
-
 
 
 # -- the process factory's host side -------------------------------------------------------------
@@ -475,7 +475,6 @@ class Groups(Protocol):
         allows; the watcher in use, for the log."""
 
 
-
 @dataclass(frozen=True)
 class Backend:
     """The chosen backend: its name and its parts (fields added per part, one section each)."""
@@ -498,3 +497,4 @@ class Backend:
     service_manager: ServiceManager | None = None
     # connections by duplication (Windows); None: the ends ride along the messages (POSIX)
     handovers: Handovers | None = None
+    tether: TetherHost | None = None  # runners die with the agent (fateapi.py); None: Windows

@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
-from oarbank_agent import factory, platform
+from oarbank_agent import factory, platform, recovery
 from oarbank_agent.host import memory
 from oarbank_agent.jobs import machine as jobs
 from oarbank_agent.jobs import waiting
@@ -125,6 +125,10 @@ def status(agent: StatusSource, jobs_limit: int | None = None, jobs_page: int = 
         r.update(supervisor_details(rt, now))  # pid, uptime, idle stop, restarts
     ordered = sorted(agent.jobs.values(), key=lambda r: (r.submitted_at, r.seq))
     rep["jobs_total"] = len(ordered)
+    # Jobs an agent restart touched: an attempt's outcome collected (its runner had finished),
+    # or an interrupted attempt run again. Not in the heartbeat: contract section 6 has no
+    # job fields (the portal reports services), so it stays here, in `status` and its JSON.
+    rep["jobs_after_restart"] = recovery.after_restart(ordered)
     if jobs_limit is not None:
         end = max(0, len(ordered) - jobs_limit * (jobs_page - 1))
         ordered = ordered[max(0, end - jobs_limit):end]

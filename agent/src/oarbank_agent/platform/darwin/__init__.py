@@ -21,6 +21,7 @@ from oarbank_agent.platform.posix.requests import SignalRequests
 from oarbank_agent.platform.posix.sessions import PosixSessions
 from oarbank_agent.platform.posix.statedir import PosixStateDir
 from oarbank_agent.platform.posix.streams import PosixStreams
+from oarbank_agent.platform.posix.tether import PosixTetherHost
 
 __all__ = ["backend"]
 
@@ -36,7 +37,9 @@ def backend() -> Backend:
                    factory=PosixFactoryHost(),
                    # process groups only: no limits, polled (psutil's process table)
                    groups=PosixGroups(system="darwin"),
-                   keeper=PosixKeeperHost(shortcut=False, started=_started))
+                   keeper=PosixKeeperHost(shortcut=False, started=_started),
+                   # runners killed when the agent dies (no PR_SET_PDEATHSIG on macOS)
+                   tether=PosixTetherHost())
 
 
 def _started(pid: int) -> int | None:

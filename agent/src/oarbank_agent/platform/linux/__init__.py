@@ -30,6 +30,7 @@ def backend() -> Backend:
     from oarbank_agent.platform.posix.requests import SignalRequests
     from oarbank_agent.platform.posix.statedir import PosixStateDir
     from oarbank_agent.platform.posix.streams import PosixStreams
+    from oarbank_agent.platform.posix.tether import PosixTetherHost
 
     return Backend(name="linux", sessions=LinuxSessions(), sandbox=LinuxSandboxHost(),
                    # the control plane and the agent's I/O
@@ -41,4 +42,6 @@ def backend() -> Backend:
                    # process groups, their limits and containment
                    groups=LinuxGroups(),
                    keeper=PosixKeeperHost(shortcut=True, started=proctable.start_ticks),
-                   service_manager=SystemdManager())
+                   service_manager=SystemdManager(),
+                   # runners killed when the agent dies
+                   tether=PosixTetherHost())
