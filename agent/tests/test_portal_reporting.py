@@ -5,6 +5,7 @@ and shown in `status`."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import sqlite3
 import subprocess
@@ -107,6 +108,6 @@ def test_a_service_error_with_nul_reaches_the_portal(tmp_path: Path,
     sender = asyncio.run(until_answered(
         HeartbeatSender(portal["url"], report, period_s=0.2, token=token), 2, 30))
     assert sender.posts_ok >= 2 and sender.posts_failed == 0, sender.status()
-    with sqlite3.connect(portal["db"]) as db:
+    with contextlib.closing(sqlite3.connect(portal["db"])) as db:  # sqlite3's `with` only commits
         (stored,) = db.execute("SELECT error FROM service_rows WHERE node_id = 'nul-node'")
     assert stored == ("start exited with 1: weights\ufffdmissing",)

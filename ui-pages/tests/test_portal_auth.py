@@ -9,6 +9,7 @@ with a far-future time used to be stored and freeze that node's rows.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import sqlite3
@@ -104,7 +105,7 @@ def test_token_cli_issue_list_revoke(start_portal, tmp_path: Path) -> None:  # t
     # only the hash is stored: the token appears nowhere in the database files
     for f in Path(p.db).parent.glob("portal.db*"):
         assert token.encode() not in f.read_bytes(), f
-    with sqlite3.connect(p.db) as db:
+    with contextlib.closing(sqlite3.connect(p.db)) as db:  # (sqlite3's own `with` only commits)
         (stored,) = db.execute("SELECT token_hash FROM node_tokens").fetchone()
     assert len(stored) == 64 and stored != token
     listed = portal_cli("token", "list", db=p.db)

@@ -9,6 +9,7 @@ import json
 import os
 import socket
 import time
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -148,3 +149,5 @@ def test_several_workers_on_one_socket(start_portal, store_url) -> None:  # type
     p.proc.terminate()
     assert p.proc.wait(20) == 0
     assert not any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers)
+    if not str(store_url).startswith("postgresql"):  # each worker closed its connections:
+        assert not Path(f"{store_url}-wal").exists()  # the last one folded the WAL back

@@ -5,6 +5,8 @@ queries must give the same answers."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sqlite3
 import sys
 import time
@@ -14,6 +16,7 @@ from typing import Any
 import pytest
 
 from oarbank_ui.heartbeat import HeartbeatError, parse_heartbeat
+from oarbank_ui.migrations import MigrationError
 from oarbank_ui.services_query import COLUMNS, derive_state, derive_stopped_reason
 from oarbank_ui.store import HeartbeatStore, open_store
 
@@ -127,6 +130,25 @@ def test_sqlite_store_uses_wal_and_is_owner_only(tmp_path: Path) -> None:
             == [1, 2, 3, 4]
     finally:
         db.close()
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="reads /proc/self/fd (Linux)")
+def test_a_store_newer_than_the_portal_is_refused_by_name_and_left_closed(tmp_path: Path) -> None:
+    db = tmp_path / "hb.db"
+    HeartbeatStore(db).close()
+    with contextlib.closing(sqlite3.connect(db)) as newer:
+        newer.execute("INSERT INTO schema_migrations VALUES (99, 'from the future', 0)")
+        newer.commit()
+
+    def open_files() -> list[str]:
+        return [os.readlink(f) for f in Path("/proc/self/fd").iterdir() if f.is_symlink()]
+
+    before = open_files()
+    with pytest.raises(MigrationError, match="schema version 99 is newer than this portal"):
+        HeartbeatStore(db)
+    # the refusal still holds the half-made store (its traceback): its connection is closed
+    assert [f for f in open_files() if f.startswith(str(db))] == \
+        [f for f in before if f.startswith(str(db))]
 
 
 def test_query_rows_have_exactly_the_contract_columns(store, make_heartbeat, make_row) -> None:  # type: ignore[no-untyped-def]

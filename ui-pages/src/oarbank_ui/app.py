@@ -116,6 +116,13 @@ class Portal:
         self._ingest: HeartbeatIngest | None = None
         self.ingest_options: dict[str, Any] = {}  # HeartbeatIngest's keywords (cli.py)
 
+    def close(self) -> None:
+        """The group commit writes what it holds and stops, then the store's connections
+        close (SQLite: the last one folds the WAL back into the database file)."""
+        if self._ingest is not None:
+            self._ingest.close()
+        self.store.close()
+
     @property
     def ingest(self) -> HeartbeatIngest:
         """The heartbeat path past its headers (made on first use, in the serving process)."""

@@ -211,6 +211,8 @@ def _serve_in(args: argparse.Namespace) -> int:
             serve(portal, bound, opts)
         except (OSError, ValueError) as e:  # e.g. a TLS file that cannot be read
             return _fail(f"cannot serve: {e}")
+        finally:
+            portal.close()
     finally:
         store.close()
     return 0

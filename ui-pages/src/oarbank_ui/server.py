@@ -302,8 +302,12 @@ def serve_workers(make_portal: Callable[[], Portal], bound: Bound, opts: ServeOp
             try:
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 signal.signal(signal.SIGINT, signal.SIG_DFL)
-                serve(make_portal(), bound, opts, owner=False,
-                      on_started=lambda: _say_ready(ready_w))
+                portal = make_portal()
+                try:
+                    serve(portal, bound, opts, owner=False,
+                          on_started=lambda: _say_ready(ready_w))
+                finally:
+                    portal.close()  # os._exit below runs no finalizer: the store's own close
                 code = 0
             except BaseException:  # noqa: BLE001 - a worker's end is its exit code
                 log.exception("portal worker %d failed", os.getpid())

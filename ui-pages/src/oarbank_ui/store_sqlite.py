@@ -66,12 +66,16 @@ class SQLiteBackend:
         self._wlock = threading.Lock()
         self._rlock = threading.Lock()
         self._w = _connect(self.path)
-        mode = self._w.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-        if str(mode).lower() != "wal":
-            raise RuntimeError(f"{self.path}: SQLite refused WAL mode (got {mode!r})")
-        self._w.execute("PRAGMA synchronous=NORMAL")
-        self._migrate()
-        self._r = _connect(self.path)
+        try:  # a store that cannot open closes what it opened (the caller gets no object)
+            mode = self._w.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise RuntimeError(f"{self.path}: SQLite refused WAL mode (got {mode!r})")
+            self._w.execute("PRAGMA synchronous=NORMAL")
+            self._migrate()
+            self._r = _connect(self.path)
+        except BaseException:
+            self._w.close()
+            raise
 
     def _migrate(self) -> None:
         db = self._w
