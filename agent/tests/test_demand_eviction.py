@@ -7,11 +7,13 @@ stopped and none is stopped sooner than its load time after it became ready."""
 from __future__ import annotations
 
 import json
+import subprocess
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
-from agent_helpers import read_jsonl, runner_file, write_module
+from agent_helpers import PORTAL, read_jsonl, runner_file, running_portal, write_module
 
 LOAD_S = 1.0
 MODS = ("test.agent.a", "test.agent.b")
@@ -109,3 +111,34 @@ def test_under_both_modules_load_none_with_users_is_evicted_and_none_flaps(
         assert any(ready is not None and ready <= start and (stop is None or end <= stop)
                    for _, ready, stop in mine), (j, mine)
     assert "evicting it" in agent.log()
+
+
+def test_the_portal_shows_the_service_was_evicted(start_agent, tmp_path: Path) -> None:
+    mods, settings = two_modules(tmp_path)
+    with running_portal(tmp_path) as portal:
+        token = tmp_path / "portal.token"
+        token.touch(mode=0o600)
+        issued = subprocess.run([*PORTAL, "token", "issue", "test-node", "--db",
+                                 str(portal["db"])], capture_output=True, text=True, timeout=60)
+        assert issued.returncode == 0, issued.stderr
+        token.write_text(issued.stdout.strip() + "\n")
+        agent = start_agent(mods, settings, extra_args=[
+            "--memory-budget-gb", "0.8", "--gpu-apis", "none", "--portal", portal["url"],
+            "--portal-token-file", str(token), "--heartbeat-s", "0.3"])
+        assert agent.run_job("echo", {}, module=MODS[0])["state"] == "succeeded"
+        time.sleep(LOAD_S)
+        job = agent.submit("echo", {}, module=MODS[1])
+        assert agent.wait(job, timeout=60)["state"] == "succeeded"
+        hb = next(r for r in agent.status()["services"] if r["module"] == MODS[0])
+        assert hb["evicted_for"] == f"job {job} of module {MODS[1]}"
+
+        def row() -> dict[str, Any]:
+            url = f"{portal['url']}/v1/queries/services?module={MODS[0]}"
+            with urllib.request.urlopen(url, timeout=10) as r:
+                (only,) = json.loads(r.read())
+            return only  # type: ignore[no-any-return]
+
+        agent.wait_for(lambda: row()["stopped_reason"] == "evicted", timeout=30,
+                       what="the portal's services query answering evicted")
+        assert row()["state"] == "stopped"
+        agent.stop()

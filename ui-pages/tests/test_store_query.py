@@ -17,7 +17,12 @@ import pytest
 
 from oarbank_ui.heartbeat import HeartbeatError, parse_heartbeat
 from oarbank_ui.migrations import MigrationError
-from oarbank_ui.services_query import COLUMNS, derive_state, derive_stopped_reason
+from oarbank_ui.services_query import (
+    COLUMNS,
+    derive_state,
+    derive_stopped_reason,
+    was_evicted,
+)
 from oarbank_ui.store import HeartbeatStore, open_store
 
 MOD = "dev.example.modelserver"
@@ -62,6 +67,27 @@ def test_state_from_running_and_ready() -> None:
 def test_stopped_reason_priority(flags: dict[str, Any], reason: str) -> None:
     assert derive_stopped_reason(running=False, **flags) == reason
     assert derive_stopped_reason(running=True, **flags) is None  # null while running
+
+
+@pytest.mark.parametrize(
+    ("flags", "reason"),
+    [
+        # an evicted service (its row names the job it made room for) says so, after the
+        # contract's four and before the catch-all idle
+        ({"held": None, "disabled": False, "withdrawn": False, "gpu_api_missing": False},
+         "evicted"),
+        ({"held": "preempt_memory", "disabled": False, "withdrawn": False,
+          "gpu_api_missing": False}, "held: preempt_memory"),
+        ({"held": None, "disabled": True, "withdrawn": False, "gpu_api_missing": False},
+         "disabled"),
+    ],
+)
+def test_an_evicted_service_says_so(flags: dict[str, Any], reason: str) -> None:
+    assert derive_stopped_reason(running=False, evicted=True, **flags) == reason
+    assert derive_stopped_reason(running=True, evicted=True, **flags) is None
+    assert was_evicted('{"evicted_for": "job j1 of module b", "service": "m"}')
+    assert not was_evicted('{"evicted_for": null}') and not was_evicted(None)
+    assert not was_evicted('{"evicted_for": ')  # unreadable: not said
 
 
 # -- validation -----------------------------------------------------------------------------

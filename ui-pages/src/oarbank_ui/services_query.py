@@ -12,11 +12,12 @@ not missing, it left.
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
 __all__ = ["AGENT_STOPPED", "COLUMNS", "MAX_ROWS", "STALE_PERIODS", "QueryError", "derive_state",
-           "derive_stopped_reason", "is_stale", "iso_utc", "services_row"]
+           "derive_stopped_reason", "is_stale", "iso_utc", "services_row", "was_evicted"]
 
 STALE_PERIODS = 3
 AGENT_STOPPED = "agent stopped"
@@ -39,8 +40,10 @@ def derive_state(running: bool, ready: bool) -> str:
 
 
 def derive_stopped_reason(*, running: bool, held: str | None, disabled: bool, withdrawn: bool,
-                          gpu_api_missing: bool) -> str | None:
-    """Null while running; otherwise the first that applies, in the contract's priority."""
+                          gpu_api_missing: bool, evicted: bool = False) -> str | None:
+    """Null while running; otherwise the first that applies, in the contract's priority.
+    ``evicted`` (this implementation's addition, before the catch-all ``idle``): the agent
+    stopped the idle service to make room for a job (its row's ``evicted_for``)."""
     if running:
         return None
     if held:
@@ -51,7 +54,18 @@ def derive_stopped_reason(*, running: bool, held: str | None, disabled: bool, wi
         return "withdrawn"
     if gpu_api_missing:
         return "gpu api missing"
-    return "idle"
+    return "evicted" if evicted else "idle"
+
+
+def was_evicted(raw: str | None) -> bool:
+    """Whether a stored row (its ``raw`` JSON, as the agent sent it) names the job it was
+    evicted for."""
+    if not raw or '"evicted_for"' not in raw:
+        return False
+    try:
+        return bool(json.loads(raw).get("evicted_for"))
+    except (ValueError, AttributeError):
+        return False
 
 
 def iso_utc(t: float) -> str:
@@ -89,6 +103,7 @@ def _row(stored: dict[str, Any], running: bool) -> dict[str, Any]:
             disabled=bool(stored["disabled"]),
             withdrawn=bool(stored["withdrawn"]),
             gpu_api_missing=bool(stored["gpu_api_missing"]),
+            evicted=not running and was_evicted(stored.get("raw")),
         ),
         "error": stored["error"],
         "gpu_api_missing": bool(stored["gpu_api_missing"]),

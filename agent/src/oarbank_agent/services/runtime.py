@@ -124,7 +124,7 @@ def row(rt: ServiceRuntime, refused: str | None = None) -> dict[str, Any]:
     s = rt.st.state
     up = s in (lc.State.STARTING, lc.State.READY, lc.State.STOPPING)
     error = rt.st.error or rt.fp_error or rt.stop_note
-    return ServiceRow(
+    doc = ServiceRow(
         module=rt.ctx.id,
         service=rt.svc.name,
         health=rt.health,
@@ -141,3 +141,7 @@ def row(rt: ServiceRuntime, refused: str | None = None) -> dict[str, Any]:
         users=rt.st.users,
         endpoint=rt.svc.endpoint,
     ).as_dict()
+    # Beyond the contract's row (a portal keeps keys it does not know): a service stopped to
+    # make room for a job says which; the portal's services query answers `evicted`.
+    doc["evicted_for"] = rt.st.stopped_for if not up else None
+    return doc
