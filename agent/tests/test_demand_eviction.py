@@ -70,6 +70,8 @@ def test_an_idle_service_makes_room_for_the_job_that_waits(start_agent, tmp_path
     assert row["running"] is False and row["last_stop_reason"] == "evicted"
     assert row["evicted_for"] == f"job {job} of module {MODS[1]}"
     assert f"to make room for job {job} of module {MODS[1]}" in agent.log()
+    table = agent.cli("status", "--state-dir", str(agent.state_dir)).stdout
+    assert f"EVICTED {MODS[0]}/echo: to make room for job {job} of module {MODS[1]}" in table
     stats = json.loads((agent.state_dir / "service_stats.json").read_text())
     assert stats[f"{MODS[0]}/echo"]["loads"] == 1
     assert LOAD_S <= stats[f"{MODS[0]}/echo"]["load_s"] < LOAD_S + 5

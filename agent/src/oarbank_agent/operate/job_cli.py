@@ -125,6 +125,9 @@ def cmd_status(args: argparse.Namespace) -> int:
             "error"]
     rows = [[_cell(r.get(c)) for c in cols] for r in st["services"]]
     _table(cols, rows)
+    for r in st["services"]:  # stopped by demand eviction: for which job
+        if r.get("evicted_for") and not r.get("running"):
+            print(f"EVICTED {r['module']}/{r['service']}: to make room for {r['evicted_for']}")
     for module, why in (st.get("modules_refused") or {}).items():  # loaded nothing of these
         print(f"REFUSED {module}: {why}")
     for module, envs in (st.get("module_envs") or {}).items():  # its own environments
