@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 import pytest
-from agent_helpers import EXAMPLE
+from agent_helpers import EXAMPLE, write_module
 
 from oarbank_agent.platform import choice
 from oarbank_agent.platform.darwin import linuxfree
@@ -23,9 +23,10 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
 PROFILE = {**os.environ, choice.ENV: "darwin"}
 
 
-def _under_profile(code: str) -> subprocess.CompletedProcess[str]:
+def _under_profile(code: str, first: str = "") -> subprocess.CompletedProcess[str]:
+    """``code`` in a new Python under the profile (``first``: imported before it is made)."""
     prelude = "from oarbank_agent import platform; assert platform.current().name == 'darwin'\n"
-    return subprocess.run([sys.executable, "-c", prelude + code], env=PROFILE,
+    return subprocess.run([sys.executable, "-c", first + prelude + code], env=PROFILE,
                           capture_output=True, text=True, timeout=60)
 
 
@@ -80,6 +81,33 @@ def test_what_macos_has_still_works() -> None:
         "print('ok')\n")
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
+
+
+# What the standard library decided at import, when it still had Linux's calls, decided as
+# macOS's CPython does (imported first here, as the agent has them before its platform).
+@pytest.mark.parametrize("code", [
+    # 3.13: the default thread pools take their size from os.process_cpu_count, which Linux's
+    # CPython counts from sched_getaffinity (a NameError once that was gone)
+    "import asyncio; assert asyncio.run(asyncio.to_thread(lambda: 7)) == 7",
+    "import concurrent.futures as cf\nwith cf.ThreadPoolExecutor() as p: p.submit(int).result()",
+    "import os; assert getattr(os, 'process_cpu_count', os.cpu_count)() == os.cpu_count()",
+    "import os; assert not hasattr(os, 'sched_getaffinity')",  # still gone: macOS lacks it
+    "import tempfile; tempfile.TemporaryFile().close()",  # Linux's decided on O_TMPFILE
+])
+def test_what_the_standard_library_decided_at_import_works_as_on_macos(code: str) -> None:
+    done = _under_profile(code, first="import asyncio, concurrent.futures, os, tempfile\n")
+    assert done.returncode == 0, done.stderr
+    assert linuxfree.MESSAGE not in done.stderr, done.stderr
+
+
+def test_an_agent_under_the_profile_starts_and_runs_a_job(start_agent, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """On every Python the README names (3.13's asyncio sized its default pool through
+    sched_getaffinity: the agent died at its first to_thread)."""
+    agent = start_agent([write_module(tmp_path / "mod")], env=PROFILE)
+    job = agent.run_job("plain", {})
+    assert job["state"] == "succeeded", agent.why(job)
+    assert agent.status()["process_factory"]["mode"] == "off"
+    assert linuxfree.MESSAGE not in agent.log() and "Traceback" not in agent.log()
 
 
 def test_the_choice() -> None:

@@ -3,8 +3,11 @@ Linux-only call under ``OARBANK_PLATFORM=darwin`` fails loudly, naming the call.
 
 Two halves. Attributes macOS's CPython does not have (``os.pipe2``, ``os.pidfd_open``,
 ``socket.SOCK_CLOEXEC``, ``select.epoll``...) are deleted from their modules, so a call raises
-``AttributeError`` as it would there; ``selectors.DefaultSelector`` becomes ``PollSelector``
-(macOS's is kqueue, which Linux has not: poll is what both have). And an audit hook
+``AttributeError`` as it would there; what the standard library decided at import from them
+is decided again as macOS's CPython does (``selectors.DefaultSelector`` becomes
+``PollSelector``: macOS's is kqueue, which Linux has not, poll is what both have; 3.13's
+``os.process_cpu_count`` is ``os.cpu_count``), so the interpreter's own calls keep working
+and only ours fail. And an audit hook
 (``sys.addaudithook``, which cannot be removed) refuses what has no attribute to delete:
 opening or listing ``/proc`` and ``/sys/fs/cgroup``, importing ``pyseccomp``, looking up Linux
 symbols through ``ctypes`` (``prctl``, ``syscall``, Landlock, seccomp), running Linux-only
@@ -114,11 +117,19 @@ def install() -> None:
 
 def _stdlib_as_on_macos() -> None:
     """What the standard library decided at import from what is now gone, decided as macOS's
-    does: ``selectors`` picks poll (``_no_epoll_selector``); ``shutil`` copies no xattrs."""
+    does: ``selectors`` picks poll (``_no_epoll_selector``); ``shutil`` copies no xattrs;
+    ``tempfile`` does not try ``O_TMPFILE``; 3.13's ``os.process_cpu_count`` (the size of
+    asyncio's and concurrent.futures' default pools) is ``os.cpu_count``, where Linux's counts
+    the ``sched_getaffinity`` mask (a NameError once that is gone: no agent could start)."""
     _no_epoll_selector()
+    if sys.version_info >= (3, 13):
+        os.process_cpu_count = os.cpu_count
     shutil = sys.modules.get("shutil")
     if shutil is not None:
         shutil._copyxattr = lambda *args, **kwargs: None  # type: ignore[attr-defined]
+    tempfile = sys.modules.get("tempfile")
+    if tempfile is not None and hasattr(tempfile, "_O_TMPFILE_WORKS"):
+        tempfile._O_TMPFILE_WORKS = False  # type: ignore[attr-defined]
 
 
 def _no_epoll_selector() -> None:
