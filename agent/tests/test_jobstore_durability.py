@@ -9,6 +9,8 @@ makes its data durable, a folder's fsync the names in it."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -81,3 +83,47 @@ def test_the_folders_a_first_start_makes_are_durable_in_their_parents(
     calls.clear()
     JobStore(state)  # a restart: nothing new to make durable
     assert calls == []
+
+
+def test_the_wire_floor_is_as_durable_as_a_record(
+        tmp_path: Path, calls: list[tuple[str, int]]) -> None:
+    """The floor stands for removed records' attempt numbers: its bytes and its rename are
+    fsynced before keep_wire_floor returns (the queue removes the records after it)."""
+    store = JobStore(tmp_path)
+    calls.clear()
+    store.keep_wire_floor(7)
+    assert calls == [("fsync", _ino(store.dir / "wire_floor")),  # its bytes
+                     ("fsync", _ino(store.dir))]                 # its name (the rename)
+    calls.clear()
+    store.keep_wire_floor(3)  # a floor never goes down, and nothing is written for it
+    assert calls == [] and JobStore(tmp_path).wire_floor() == 7
+
+
+_CRASHING = """
+import os, signal, sys
+from pathlib import Path
+from oarbank_agent.jobs.store import JobStore
+real = os.replace
+def replace(src, dst):
+    if sys.argv[2] == "after":
+        real(src, dst)
+    os.kill(os.getpid(), signal.SIGKILL)  # the agent dies here (a crash, not an exception)
+os.replace = replace
+JobStore(Path(sys.argv[1])).keep_wire_floor(9)
+"""
+
+
+@pytest.mark.parametrize(("when", "floor"), [("before", 5), ("after", 9)])
+def test_a_crash_while_the_floor_is_written_leaves_a_floor_a_restart_reads(
+        tmp_path: Path, when: str, floor: int) -> None:
+    """A real process killed (SIGKILL) just before, or just after, the floor's rename: the
+    next store reads the old floor or the new one, never nothing, and writes again over the
+    temp file the crash left."""
+    JobStore(tmp_path).keep_wire_floor(5)
+    r = subprocess.run([sys.executable, "-c", _CRASHING, str(tmp_path), when], timeout=60)
+    assert r.returncode == -9
+    store = JobStore(tmp_path)
+    assert store.wire_floor() == floor
+    store.keep_wire_floor(11)
+    assert JobStore(tmp_path).wire_floor() == 11
+    assert sorted(p.name for p in store.dir.iterdir()) == ["wire_floor"]

@@ -85,6 +85,20 @@ def _fsync_folder(path: str, o_directory: int) -> None:
         os.close(dfd)
 
 
+def _replace(path: str, data: bytes, *, durable: bool) -> None:
+    """Write ``path`` whole: a temp file beside it (fsynced when ``durable``), renamed over
+    it. Raises FileNotFoundError, having written nothing, when its folder does not exist."""
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | fileflags.NOT_INHERITED, 0o600)
+    try:
+        os.write(fd, data)
+        if durable:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
 class JobStore:
     def __init__(self, state_dir: Path) -> None:
         self.dir = state_dir / "jobs"
@@ -117,26 +131,17 @@ class JobStore:
         durable = rec.state == "queued" or rec.state in TERMINAL
         d = os.path.join(self._root, rec.job_id)
         path = os.path.join(d, "job.json")
-        tmp = path + ".tmp"
         # Compact, and the fields as they are (json copies nothing; asdict's deep copy and an
         # indent, which takes json's pure-Python encoder, made a save ~1.6 ms on the loop).
         data = json.dumps({name: getattr(rec, name) for name in _FIELDS},
                           separators=(",", ":")).encode("utf-8")
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | fileflags.NOT_INHERITED
         made_folder = False
         try:
-            fd = os.open(tmp, flags, 0o600)
+            _replace(path, data, durable=durable)
         except FileNotFoundError:  # the job's first save: its folder is made then
             os.makedirs(d, exist_ok=True)
             made_folder = True
-            fd = os.open(tmp, flags, 0o600)
-        try:
-            os.write(fd, data)
-            if durable:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
+            _replace(path, data, durable=durable)
         o_directory = fileflags.DIRECTORY
         if not durable or o_directory is None:
             return  # (Windows: no folder to fsync; its rename is journalled by NTFS)
@@ -153,11 +158,13 @@ class JobStore:
 
     def keep_wire_floor(self, n: int) -> None:
         """Attempt numbers on the channel up to ``n`` were used by records removed since: a
-        restarted agent continues after them, not after what is left."""
+        restarted agent continues after them, not after what is left. As durable as a
+        record (fsynced, its rename too) before it returns, so before those records go: a
+        crash can never leave the numbers neither recorded nor floored (handed out twice)."""
         if n > self.wire_floor():
-            tmp = self.dir / "wire_floor.tmp"
-            tmp.write_text(f"{n}\n", encoding="utf-8")
-            os.replace(tmp, self.dir / "wire_floor")
+            _replace(os.path.join(self._root, "wire_floor"), f"{n}\n".encode(), durable=True)
+            if fileflags.DIRECTORY is not None:
+                _fsync_folder(self._root, fileflags.DIRECTORY)
 
     def wire_floor(self) -> int:
         try:
