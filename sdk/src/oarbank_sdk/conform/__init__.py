@@ -7,6 +7,7 @@ failure). The steps it takes are listed in ``kit``'s banner; the other modules a
 - ``service``: one endpoint service run as the agent runs it (start, checks, stop).
 - ``goldens``: the goldens through the module's runner.
 - ``specs``: the service specs over handed connections.
+- ``runnerspecs``: the runner specs, and a line for each other kind of ``conformance.json`` entry.
 - ``host``: what the kit does as an agent would (op environment, ops, groups, runner).
 - ``agentends``: the agent's ends of a channel and of a connector (re-exported by ``host``).
 - ``doctor``: the runner's ``doctor --json`` answer, held to the contract's form.

@@ -16,7 +16,7 @@ from oarbank_sdk.conform import host, inputs
 from oarbank_sdk.conform.report import FAIL, OK, SKIP, Report
 from oarbank_sdk.conform.service import ServiceUnderTest, Wrap, gpu_compute
 
-__all__ = ["load_json", "run_goldens"]
+__all__ = ["load_json", "run_attempt", "run_goldens"]
 
 
 # --- goldens -----------------------------------------------------------------------------------
@@ -57,7 +57,6 @@ def run_goldens(m: _manifest.Manifest, node: host.NodeDirs, sut: dict[str, Servi
     if m.runner is None:
         report.add(FAIL, "goldens", f"{len(files)} golden(s) but the manifest has no [runner]")
         return
-    runner_argv = node.expand(m.runner.exec, m.bundle)
     for i, path in enumerate(files):
         name = f"golden {path.stem}"
         g, err = load_json(path)
@@ -73,37 +72,12 @@ def run_goldens(m: _manifest.Manifest, node: host.NodeDirs, sut: dict[str, Servi
         if stage is None:
             report.add(FAIL, name, f"stage {g['stage']!r} is not in the manifest")
             continue
-        needed = []
-        for pool in stage.pools:
-            svc = m.service_for_pool(pool)
-            if svc is not None and svc.endpoint:
-                needed.append(svc.name)
-        not_ready = [s for s in needed if not (s in sut and sut[s].ready)]
-        if not_ready:
+        attempt = f"conform-golden-{i + 1}"
+        t0 = time.monotonic()
+        a, not_ready = run_attempt(m, node, sut, wrap, stage, g["payload"], attempt)
+        if a is None:
             report.add(SKIP, name, f"needs service(s) {not_ready}, not ready")
             continue
-        attempt = f"conform-golden-{i + 1}"
-        connectors = {}
-        for s in needed:
-            ch = sut[s].channel
-            assert ch is not None  # a ready service has its channel
-            connectors[s] = host.Connector(attempt, ch)
-        t0 = time.monotonic()
-        try:
-            walls = {"read": [m.bundle, node.settings_file, *node.env_reads],
-                     "write": [node.root / "attempts" / attempt],  # <W>, made by run_runner
-                     "gpu": gpu_compute(m)}
-            a = host.run_runner(wrap(runner_argv, **walls), node, attempt, stage.name,
-                                g["payload"], dict(stage.pools), connectors, m.bundle,
-                                stage.timeout_s, extra_env=dict(m.runner.env),
-                                grace_s=m.runner.stop_grace_s)
-        finally:
-            # The attempt is over: close its connectors, tell every service it reached.
-            for s, c in connectors.items():
-                c.close()
-                ch = sut[s].channel
-                if ch is not None and ch.is_open:
-                    ch.ended(attempt)
         elapsed = time.monotonic() - t0
         if a.rc is None:
             report.add(FAIL, name, f"runner did not finish within timeout_s ({stage.timeout_s:g} s)")
@@ -133,4 +107,40 @@ def run_goldens(m: _manifest.Manifest, node: host.NodeDirs, sut: dict[str, Servi
                        f"({a.connects} connection(s), {elapsed:.2f} s)")
 
 
-# --- service specs -----------------------------------------------------------------------------
+def run_attempt(m: _manifest.Manifest, node: host.NodeDirs, sut: dict[str, ServiceUnderTest],
+                wrap: Wrap, stage: _manifest.Stage, payload: Any, attempt: str,
+                **run_kwargs: Any) -> tuple[host.Attempt | None, list[str]]:
+    """One attempt of ``stage`` through the module's runner, sandboxed with the agent's walls
+    and a connector to each endpoint service whose pool the stage reserves: ``(attempt,
+    [])``, or ``(None, services)`` when some of those services are not ready (nothing run).
+    ``run_kwargs`` go to ``host.run_runner`` (``spec_extra``, ``prepare``, ``events``)."""
+    assert m.runner is not None
+    needed = []
+    for pool in stage.pools:
+        svc = m.service_for_pool(pool)
+        if svc is not None and svc.endpoint:
+            needed.append(svc.name)
+    not_ready = [s for s in needed if not (s in sut and sut[s].ready)]
+    if not_ready:
+        return None, not_ready
+    connectors = {}
+    for s in needed:
+        ch = sut[s].channel
+        assert ch is not None  # a ready service has its channel
+        connectors[s] = host.Connector(attempt, ch)
+    try:
+        walls = {"read": [m.bundle, node.settings_file, *node.env_reads],
+                 "write": [node.root / "attempts" / attempt],  # <W>, made by run_runner
+                 "gpu": gpu_compute(m)}
+        a = host.run_runner(wrap(node.expand(m.runner.exec, m.bundle), **walls), node, attempt,
+                            stage.name, payload, dict(stage.pools), connectors, m.bundle,
+                            stage.timeout_s, extra_env=dict(m.runner.env),
+                            grace_s=m.runner.stop_grace_s, **run_kwargs)
+    finally:
+        # The attempt is over: close its connectors, tell every service it reached.
+        for s, c in connectors.items():
+            c.close()
+            ch = sut[s].channel
+            if ch is not None and ch.is_open:
+                ch.ended(attempt)
+    return a, []

@@ -27,8 +27,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -310,18 +312,28 @@ def run_runner(
     timeout_s: float,
     extra_env: dict[str, str] | None = None,
     grace_s: float = 2.0,
+    *,
+    spec_extra: dict[str, Any] | None = None,
+    prepare: Callable[[Path], None] | None = None,
+    events: bool = False,
 ) -> Attempt:
     """One attempt: spec.json, the runner in its own process group with the connectors
     inherited, wait (``timeout_s``), end the group, collect result.json / failure.json.
-    The caller closes the connectors and sends ``ended``."""
+    The caller closes the connectors and sends ``ended``. ``spec_extra``: more keys of
+    spec.json (``datasets``, ``mounts``); ``prepare(workdir)`` runs before the runner starts
+    (to place mounted files); ``events``: pass ``--events <W>/events.ndjson``."""
     w = node.attempt_dir(attempt_id)
     spec = {"job_id": f"job-{attempt_id}", "attempt_id": attempt_id, "stage": stage,
-            "payload": payload}
+            "payload": payload, **(spec_extra or {})}
     (w / "spec.json").write_text(json.dumps(spec), encoding="utf-8")
+    if prepare is not None:
+        prepare(w)
     env = runner_env(node, attempt_id, w, pools, connectors, extra_env)
     fds = tuple(c.child_fd for c in connectors.values() if c.child_fd is not None)
     cmd = [*argv, "run", "--spec", str(w / "spec.json"), "--workdir", str(w),
            "--out", str(w / "result.json")]
+    if events:
+        cmd += ["--events", str(w / "events.ndjson")]
     # Windows: the job object first, so each connector can tell the attempt's pids (bad_pid)
     # from its first connect on.
     job = winjobs.Job() if WINDOWS else None

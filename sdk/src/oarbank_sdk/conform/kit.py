@@ -26,6 +26,12 @@ What it does, in order, each step one or more checks (``ok``, ``FAIL``, ``skip``
    (``conform.doctor``; the older ``{"ok": ...}`` form is a ``warn``).
 5. ``golden <name>``: each ``goldens/*.json`` through the module's runner, with a connector
    this kit brokers itself; every key of ``expected.payload`` must equal the result's.
+   ``runner spec <name>``: each ``runner_specs`` entry of ``conformance.json`` through the
+   runner (fixture datasets with a ``dir`` copied in read-only), its exit code, artifacts or
+   ``failure.json`` reason as ``expect`` says (``conform.runnerspecs``); every other kind of
+   entry the file holds gets one line: run here, or ``skip`` naming why it has no meaning on
+   this project's node (``ops``, ``params``, ``store``, ``node_classes``: a coordinator;
+   ``secrets``, ``images``, ``tools``, ``net``: what this agent does not serve).
 6. ``spec <name>``: each ``service_specs`` entry of ``conformance.json``, as HTTP/1.1 with
    ``Connection: close`` over a connection handed to the service; the status must match
    ``expect.status`` (default 200) and the JSON answer contain ``expect.body`` if given.
@@ -57,6 +63,7 @@ from oarbank_sdk.conform import doctor, envs, host, inputs
 from oarbank_sdk.conform import start as starting
 from oarbank_sdk.conform.goldens import run_goldens
 from oarbank_sdk.conform.report import FAIL, OK, SKIP, WARN, Report
+from oarbank_sdk.conform.runnerspecs import run_runner_specs
 from oarbank_sdk.conform.service import SPECS_ATTEMPT, ServiceUnderTest, Wrap, gpu_compute
 from oarbank_sdk.conform.specs import run_specs
 
@@ -170,6 +177,7 @@ def _conform(module_dir: Path, report: Report, sandbox: bool | None, keep: bool)
 
         doctor.check_doctor(m, node, wrap, gpu_compute(m), report)
         run_goldens(m, node, services, wrap, report)
+        run_runner_specs(m, node, services, wrap, report)
 
         # One connection per ready service stays open through the specs: `ended` must close it.
         for name, s in services.items():
