@@ -104,6 +104,9 @@ def test_table_cells() -> None:
         ("2026-01-01T00:00:00Z", "timestamp", "2026-01-01 00:00:00 UTC"),
         ("nope", "timestamp", WRONG), ("x", "text", "x"), (5, "text", "5"),
         ({"a": 1}, "text", WRONG), (None, "integer", ""), ("x", "sparkline", "x"),
+        (["cuda", "vulkan"], "text", "cuda, vulkan"), ([1, 2.5, True], "text", "1, 2.5, true"),
+        ([], "text", ""), ([["a"]], "text", WRONG), ([{"a": 1}], "text", WRONG),
+        (["x"], "sparkline", "x"),
     ],
 )
 def test_column_types(value: Any, ctype: str, text: str) -> None:
@@ -173,6 +176,22 @@ def test_node_in_params() -> None:
     assert [i["value"]["text"] for i in kv["items"]] == ["0", "no", "h-b"]
     # A page shows no node: "$node" there cannot be answered.
     assert view_of(body)["body"][0]["unavailable"]
+
+
+def test_a_list_value_renders_as_its_items_in_default_columns_and_kv_items() -> None:
+    # Upstream's gpuinfo reports gpu_apis_host as a list: it must read as the list, not "—".
+    rows = [{"node_id": "a", "gpu_apis_host": ["cuda", "vulkan"]},
+            {"node_id": "b", "gpu_apis_host": []}]
+    body = [{"type": "table", "source": {"query": "services"},
+             "columns": [{"key": "node_id"}, {"key": "gpu_apis_host"}]},
+            {"type": "kv", "source": {"query": "services", "params": {"node_id": "a"}},
+             "items": [{"label": "GPU APIs", "field": "gpu_apis_host"}]}]
+    table, kv = view_of(body, rows=rows)["body"]
+    assert [r[1]["text"] for r in table["rows"]] == ["cuda, vulkan", ""]
+    assert not any(r[1]["wrong"] for r in table["rows"])
+    assert kv["items"][0]["value"]["text"] == "cuda, vulkan"
+    html = page_html(view_of(body, rows=rows))
+    assert html.count("cuda, vulkan") == 2 and "not a valid text value" not in html
 
 
 def test_status_with_no_rows_is_a_dash() -> None:

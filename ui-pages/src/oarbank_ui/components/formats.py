@@ -205,7 +205,28 @@ def format_cell(value: Any, ctype: Any, *, now: float, tones: Any = None, missin
         return cell("true" if value else "false", kind)
     if is_number(value):
         return cell(_plain_number(value) + suffix, kind)
+    if isinstance(value, list):
+        return _list_cell(value, kind, suffix)
     return wrong
+
+
+def _list_cell(items: list[Any], kind: str, suffix: str) -> dict[str, Any]:
+    """A list of texts, numbers or booleans (upstream's ``gpu_apis_host``) as its items joined
+    by commas; a list holding an object or a list is not text."""
+    parts = []
+    for v in items:
+        if isinstance(v, bool):
+            parts.append("true" if v else "false")
+        elif isinstance(v, str):
+            parts.append(v)
+        elif is_number(v):
+            parts.append(_plain_number(v))
+        else:
+            return cell(WRONG, kind, title="a list holding an object or a list: not a valid "
+                        f"{kind} value", wrong=True)
+    if not parts:
+        return cell("", kind, title="an empty list")
+    return cell(", ".join(parts) + suffix, kind, title=f"a list of {len(parts)}")
 
 
 def direction_tones(values: list[Any], direction: Any, by_sign: bool = False
