@@ -1,7 +1,9 @@
 """Every workflow of the monorepo. `nox -l` lists them.
 
-- tests      the whole test suite (real processes, descriptors, sandbox, browser), in parallel
-- tests_darwin_profile  the agent's tests as macOS runs them, on Linux (OARBANK_PLATFORM=darwin)
+- tests      the whole test suite (real processes, descriptors, sandbox, browser), in parallel,
+             once per Python the README promises that this machine has (`tests-3.13`: one)
+- tests_darwin_profile  the agent's tests as macOS runs them, on Linux (OARBANK_PLATFORM=darwin),
+             per Python as `tests`
 - fresh      the README's two commands on a clean clone in a bare Debian container
 - lint       ruff, plus actionlint on the CI workflows when it is installed
 - typecheck  mypy over the three distributions
@@ -14,18 +16,69 @@
              agents on the macOS backend)
 - bench      the benchmarks (`nox -s bench -- --quick`)
 - flakes     the suite several rounds under load, with a socket tracer: tests that fail sometimes
-- windows    the SDK's tests under Windows' own CPython in Wine (`-- <pytest args>` for others)
+- windows    the SDK's tests under Windows' own CPython in Wine (`-- --cpython 3.11`: that
+             version, default 3.13; `-- <pytest args>` for other tests)
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+from pathlib import Path
 
 import nox
 
 nox.options.sessions = ["tests"]
 nox.options.reuse_existing_virtualenvs = True
+# A Python this machine lacks is skipped, saying so (nox turns this on by itself where CI is
+# set, which would fail every workflow that installs one Python); .ci/run asks for
+# --error-on-missing-interpreters on the versions it must run.
+nox.options.error_on_missing_interpreters = False
+
+# The Pythons the README promises; `tests` and `tests_darwin_profile` run on each.
+PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
+HERE = Path(__file__).resolve().parent
+
+
+def _runs(python: str) -> bool:
+    try:
+        return subprocess.run([python, "-c", ""], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def _expose_pyenv_pythons() -> None:
+    """Make each promised Python that pyenv holds findable as ``pythonX.Y``: pyenv's shims
+    answer only for the versions its global setting names (the others exit 127), so nox would
+    find a shim that cannot run. Each such interpreter is linked into ``.nox/.pythons``, put
+    first on PATH; a ``pythonX.Y`` that already runs from PATH is left as it is."""
+    root = os.environ.get("PYENV_ROOT") or os.path.expanduser("~/.pyenv")
+    versions = Path(root) / "versions"
+    if not versions.is_dir():
+        return
+    links = HERE / ".nox" / ".pythons"
+    for version in PYTHONS:
+        name = f"python{version}"
+        found = shutil.which(name)
+        if found and "shims" not in Path(found).parts and _runs(found):
+            continue
+        # the newest patch release pyenv has of this version (3.13.0 < 3.13.10)
+        builds = sorted(versions.glob(f"{version}.*/bin/{name}"),
+                        key=lambda p: [int(x) if x.isdigit() else -1
+                                       for x in p.parts[-3].split(".")])
+        if not builds or not _runs(str(builds[-1])):
+            continue
+        links.mkdir(parents=True, exist_ok=True)
+        link = links / name
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(builds[-1])
+    if links.is_dir():
+        os.environ["PATH"] = f"{links}{os.pathsep}{os.environ.get('PATH', '')}"
+
+
+_expose_pyenv_pythons()
 
 PACKAGES = ["-e", "sdk[web]", "-e", "agent", "-e", "ui-pages"]  # [web]: oarbank_sdk.web
 TEST_DEPS = ["pytest>=7", "pytest-timeout", "pytest-xdist", "hypothesis", "playwright", "requests",
@@ -44,7 +97,7 @@ def _parallel() -> list[str]:
     return [] if WORKERS == "1" else ["-n", WORKERS, "--dist", "loadgroup"]
 
 
-@nox.session
+@nox.session(python=PYTHONS)
 def tests(session: nox.Session) -> None:
     _install(session, *TEST_DEPS)
     session.run("pytest", *_parallel(), *session.posargs)  # none: pyproject's testpaths
@@ -55,7 +108,7 @@ AGENT_TEST_DEPS = ["pytest>=7", "pytest-timeout", "pytest-xdist", "hypothesis",
                    "fastapi", "openai"]  # test_web_agent.py: examples/openai-compatible
 
 
-@nox.session
+@nox.session(python=PYTHONS)
 def tests_darwin_profile(session: nox.Session) -> None:
     """The agent's tests as macOS runs them, on Linux: ``OARBANK_PLATFORM=darwin`` selects the
     macOS backend, and its tripwire makes every Linux-only call fail naming itself
@@ -149,6 +202,7 @@ def bench(session: nox.Session) -> None:
 @nox.session
 def windows(session: nox.Session) -> None:
     """The SDK's tests (or the pytest arguments after --) under Windows' own embeddable CPython
-    3.11 in Wine (harness/wine.py: installs wine64 with apt when missing, which needs root;
-    the CPython, its Windows wheels and the Wine prefix are cached under .cache/windows/)."""
+    in Wine, 3.13 unless ``-- --cpython X.Y`` names another the README promises
+    (harness/wine.py: installs wine64 with apt when missing, which needs root; each CPython,
+    its Windows wheels and the Wine prefix are cached under .cache/windows/)."""
     session.run("python", "-m", "harness.wine", *session.posargs)

