@@ -57,8 +57,12 @@ def outermost_file() -> str:
 
 
 def report() -> dict:
+    # Signals and SIG_DFL/SIG_IGN by number: they are IntEnums, whose str() is the number
+    # from 3.11 and the name ("Signals.SIGHUP", "Handlers.SIG_DFL") on 3.10.
     def disp(s: int) -> str:
         h = signal.getsignal(s)
+        if isinstance(h, int):
+            return str(int(h))
         return getattr(h, "__name__", None) or str(h)
 
     def cmdline(path: str) -> list[str]:
@@ -75,7 +79,7 @@ def report() -> dict:
         "fds": fds(),
         "rlimits": {n: resource.getrlimit(getattr(resource, n)) for n in dir(resource)
                     if n.startswith("RLIMIT_")},
-        "signals": {str(s): disp(s) for s in signal.valid_signals()
+        "signals": {str(int(s)): disp(s) for s in signal.valid_signals()
                     if s not in (signal.SIGKILL, signal.SIGSTOP)},
         "status": status_fields(), "landlock": landlock(),
         "session": [os.getsid(0) == os.getpid(), os.getpgid(0) == os.getpid()],
