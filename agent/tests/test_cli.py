@@ -138,16 +138,18 @@ def test_demo_runs_the_example(tmp_path: Path) -> None:
 
 
 def test_restarted_agent_ends_leftovers_and_resumes_jobs(start_agent, echo_module: Path) -> None:
-    first = start_agent([echo_module])
+    # linger_after_eof: a daemon that outlives its channel, so the restart has a group to end.
+    first = start_agent([echo_module], {"echo": {"linger_after_eof": True}})
     job = first.submit("echo", {"requests": 1, "sleep_s": 60, "sleep_below_attempt": 2})
     first.wait_for(lambda: any(r["event"] == "sleep"
                                for r in read_jsonl(first.module_data() / "runs.jsonl")),
                    what="the runner to be past its requests")
     first.kill()
-    left = processes_referencing(first.state_dir)
-    # The runner outlives a crashed agent (the service daemon may too, until it sees its
-    # channel's end of file and exits on its own: a race this test does not depend on).
-    assert any("echo_runner.py run" in p for p in left), left
+    # The runner dies with the crashed agent (its watcher kills it: platform/posix/tether.py);
+    # the service's daemon does not.
+    first.wait_for(lambda: not any("echo_runner.py run" in p
+                                   for p in processes_referencing(first.state_dir)),
+                   timeout=5, what="the runner to die with its agent")
     recs = sorted(p.name for p in (first.state_dir / "procs").glob("*.json"))
     assert recs, "the crashed agent's group records are the restart's to-do list"
     second = start_agent([echo_module], state_dir=first.state_dir)
@@ -159,7 +161,7 @@ def test_restarted_agent_ends_leftovers_and_resumes_jobs(start_agent, echo_modul
     hellos = [e["pid"] for e in read_jsonl(second.module_data() / "events.jsonl")
               if e["event"] == "hello"]
     assert len(set(hellos)) == 2  # the endpoint service was not adopted: a new daemon
-    assert "ended a process group left by a previous agent" in second.log(), (left, recs)
+    assert "ended a process group left by a previous agent" in second.log(), recs
 
 
 def test_a_wait_outlasts_the_control_connections_own_timeout(start_agent, echo_module: Path) -> None:
