@@ -83,6 +83,7 @@ _expose_pyenv_pythons()
 PACKAGES = ["-e", "sdk[web]", "-e", "agent", "-e", "ui-pages"]  # [web]: oarbank_sdk.web
 TEST_DEPS = ["pytest>=7", "pytest-timeout", "pytest-xdist", "hypothesis", "playwright", "requests",
              "docker", "trustme",  # trustme: a throwaway CA for the portal's TLS tests
+             "nvidia-ml-py",  # the agent's GPU memory reading, tested with no GPU present
              "fastapi", "openai"]  # oarbank_sdk.web's tests and examples/openai-compatible
 # Tests run in parallel (pytest-xdist): most of their time is spent waiting on real processes,
 # so more workers than cores pays. OARBANK_TEST_WORKERS overrides (1: in this process).

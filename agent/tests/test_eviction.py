@@ -132,3 +132,37 @@ def test_the_lifecycle_stops_an_idle_service_asked_to_make_room() -> None:
     # a user first: no eviction; a pinned service: never
     assert lc.decide(lc.set_users(s, 1, 2.0), 2.0) == lc.Decision()
     assert lc.decide(lc.set_evict(_ready(lifecycle="always"), "x"), 2.0) == lc.Decision()
+
+
+def test_gpu_memory_is_a_budget_too() -> None:
+    """No GPU here: the GPUs' memory given as a number, as NVML's total would be."""
+    a = Admission()
+    a.gpu_budget_gb = 8.0
+    a.service_gpu_charges = {"a/llm": 6.0}  # an idle LLM holds 6 of 8 GB
+    a.enqueue(Request("jb", services_gpu={"b/reranker": 4.0}))
+    a.enqueue(Request("jc"))  # charges nothing: goes ahead
+    assert [r.job_id for r in a.admit()] == ["jc"]
+    assert a.why_waiting("jb") == "waiting for GPU memory: needs 4 GB; 6 of 8 GB charged"
+    block = a.memory_blocked
+    assert block is not None and block.short == {"gpu_mem_gb": 2.0}
+    assert block.reserves == {"b/reranker"}
+    # host memory fits (no budget), so only a service holding GPU memory helps
+    plan = choose(block.short, [idle("a/cpu", 4.0), idle("a/llm", 0.0, gpu=6.0)],
+                  protect=block.reserves)
+    assert plan.victims == ("a/llm",)
+    a.service_gpu_charges = {}
+    assert [r.job_id for r in a.admit()] == ["jb"]
+    assert a.service_gpu_charges == {"b/reranker": 4.0}
+
+
+def test_both_budgets_short_at_once() -> None:
+    a = Admission()
+    a.budget_gb, a.gpu_budget_gb = 1.0, 8.0
+    a.service_charges, a.service_gpu_charges = {"a/llm": 0.8}, {"a/llm": 6.0}
+    a.enqueue(Request("jb", services_mem={"b/m": 0.5}, services_gpu={"b/m": 4.0}))
+    assert a.admit() == []
+    assert a.why_waiting("jb") == ("waiting for memory: needs 0.5 GB; 0.8 of 1 GB budget "
+                                   "charged; waiting for GPU memory: needs 4 GB; 6 of 8 GB "
+                                   "charged")
+    assert a.memory_blocked is not None
+    assert a.memory_blocked.short == {"mem_gb": pytest.approx(0.3), "gpu_mem_gb": 2.0}

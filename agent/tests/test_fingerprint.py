@@ -33,6 +33,28 @@ def test_unhealthy_or_unknown_health_offers_nothing() -> None:
     assert "health 'great'" in (odd.problem or "")
 
 
-def test_bad_counts_and_reserve_are_dropped_not_fatal() -> None:
-    fp = parse(dict(GOOD, pools={"a": -1, "b": True, "c": 2.5, "d": 3}, reserve={"mem_gb": "x"}))
-    assert (fp.pools, fp.reserve_gb) == ({"d": 3}, 0.0)
+def test_bad_counts_are_dropped_not_fatal() -> None:
+    fp = parse(dict(GOOD, pools={"a": -1, "b": True, "c": 2.5, "d": 3}))
+    assert (fp.pools, fp.reserve_gb) == ({"d": 3}, 0.5)
+
+
+def test_gpu_memory_may_be_reserved() -> None:
+    fp = parse(dict(GOOD, reserve={"mem_gb": 0.5, "gpu_mem_gb": 6}))
+    assert (fp.reserve_gb, fp.reserve_gpu_gb, fp.problem) == (0.5, 6.0, None)
+    assert parse(dict(GOOD, reserve={})).reserve_gb == 0.0
+
+
+@pytest.mark.parametrize(("reserve", "problem"), [
+    ({"mem_tb": 1}, "fingerprint: reserve.mem_tb: unknown unit (this agent knows mem_gb, "
+                    "gpu_mem_gb)"),
+    ({"mem_gb": -1}, "fingerprint: reserve.mem_gb: must be a number >= 0 (GB), got -1"),
+    ({"gpu_mem_gb": -0.5}, "fingerprint: reserve.gpu_mem_gb: must be a number >= 0 (GB), "
+                           "got -0.5"),
+    ({"mem_gb": "x"}, "fingerprint: reserve.mem_gb: must be a number >= 0 (GB), got 'x'"),
+    ({"mem_gb": True}, "fingerprint: reserve.mem_gb: must be a number >= 0 (GB), got True"),
+    ([0.5], "fingerprint: reserve must be an object, got list"),
+])
+def test_a_reserve_it_cannot_account_offers_nothing_and_names_the_key(
+        reserve: object, problem: str) -> None:
+    fp = parse(dict(GOOD, reserve=reserve))
+    assert (fp.health, fp.pools, fp.reserve_gb, fp.problem) == ("unhealthy", {}, 0.0, problem)

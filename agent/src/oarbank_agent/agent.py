@@ -26,7 +26,7 @@ from typing import Any
 from oarbank_agent import faults, platform, procs, recovery
 from oarbank_agent.broker.channel import Channels
 from oarbank_agent.broker.handover import Broker
-from oarbank_agent.host import gpuapis
+from oarbank_agent.host import gpuapis, gpumem
 from oarbank_agent.jobs.admission import Admission
 from oarbank_agent.jobs.queue import JobQueue
 from oarbank_agent.jobs.store import JobRecord, JobStore
@@ -99,6 +99,7 @@ class Agent:
         self.keeping = Keeping(self.state_dir, self.supervisor, self.registry,
                                enabled=config.keep_services)
         self.admission = Admission()
+        self.gpu_memory = gpumem.Reader()  # NVML, where there is one (heartbeats, admission)
         self.modules: dict[str, ModuleCtx] = {}  # the module table's; the job queue reads it
         self._stop = asyncio.Event()
         self.queue = JobQueue(store=self.store, supervisor=self.supervisor,
@@ -244,6 +245,8 @@ class Agent:
         await self.table.load_added()  # modules added before a restart (module add)
         self.gpu = await apply.place_gpu_services(self.supervisor, self.gpu)
         self.admission.budget_gb = apply.memory_budget_gb(self.guard.config)
+        self.admission.gpu_budget_gb = await asyncio.to_thread(apply.gpu_budget_gb,
+                                                               self.gpu_memory)
         await asyncio.gather(self.check_runners(),
                              *(self.supervisor.fingerprint(rt)
                                for rt in self.supervisor.services.values()))

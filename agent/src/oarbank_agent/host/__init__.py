@@ -3,6 +3,8 @@ admission see them.
 
 - ``gpuapis``: which GPU APIs this host provides (probes in child processes under a watchdog).
 - ``memory``: available and total memory (what each group holds is the platform backend's).
+- ``gpumem``: each GPU's memory used and total, and what each process holds, from NVML
+  (``nvidia-ml-py``, optional); unknown with the reason where it cannot be read.
 
 Nothing here decides anything about jobs or services, and nothing here starts, ends or limits
 a process: that is the platform backend's (``oarbank_agent.platform``). The GPU probes do ask

@@ -15,6 +15,9 @@ Rules:
   admitted only if that fits the node's ``budget_gb`` next to what is charged (admitted jobs,
   services that run or have users). A job waiting for memory blocks later jobs that charge
   memory (memory is one more pool: no overtaking), not jobs that charge none.
+- GPU memory: the same with ``gpu_budget_gb`` (the GPUs' total memory, where NVML reads it;
+  None: not accounted), the ``reserve.gpu_mem_gb`` of the services a job brings up, and
+  ``service_gpu_charges``.
 - GPU: a job reserving a pool of a GPU service carries ``gpu`` (``shared``/``exclusive``).
   While GPU work is forbidden (``gpu_allowed`` false) no GPU job is admitted. An ``exclusive``
   GPU job is admitted only when no other GPU job holds tokens, and no GPU job is admitted
@@ -48,11 +51,14 @@ class Request:
     mem_gb: float = 0.0  # requires.resources.mem_gb
     services_mem: dict[str, float] = field(default_factory=dict)  # service key -> reserve it
     # brings up (reserves_host_memory services whose pools it reserves)
+    services_gpu: dict[str, float] = field(default_factory=dict)  # service key -> its GPU
+    # memory reserve (reserve.gpu_mem_gb of the services whose pools it reserves)
     gpu: str | None = None  # "shared" | "exclusive" when it reserves a GPU service's pool
 
     def pseudo_pools(self) -> set[str]:
         out = set()
-        if self.mem_gb > 0 or any(v > 0 for v in self.services_mem.values()):
+        if (self.mem_gb > 0 or any(v > 0 for v in self.services_mem.values())
+                or any(v > 0 for v in self.services_gpu.values())):
             out.add(_MEM)
         if self.gpu:
             out.add(_GPU)
@@ -78,6 +84,8 @@ class Admission:
         self._holding: dict[str, Request] = {}
         self.budget_gb: float | None = None  # None: memory is not accounted
         self.service_charges: dict[str, float] = {}  # service key -> reserve charged now
+        self.gpu_budget_gb: float | None = None  # None: GPU memory is not accounted
+        self.service_gpu_charges: dict[str, float] = {}  # service key -> GPU memory charged
         self.gpu_allowed = True
         self.paused: str | None = None  # why nothing is admitted now (memory pressure)
         self._why: dict[str, str] = {}  # job id -> why it waits (memory / GPU), last pass
@@ -129,6 +137,8 @@ class Admission:
                     self.in_use[pool] = self.in_use.get(pool, 0) + n
                 for key, gb in req.services_mem.items():
                     self.service_charges.setdefault(key, gb)  # it will bring them up
+                for key, gb in req.services_gpu.items():
+                    self.service_gpu_charges.setdefault(key, gb)
                 del self._queue[job_id]
                 self._holding[job_id] = req
                 admitted.append(req)
@@ -162,18 +172,32 @@ class Admission:
         if gpu is not None:
             self._why[req.job_id] = gpu
             return False
+        short: dict[str, float] = {}
+        needs: dict[str, float] = {}
+        why = []
         if self.budget_gb is not None:
             need = self._mem_request(req)
             charged = self.charged_gb()
             if need > 0 and not memory_fits(charged, need, self.budget_gb):
-                self._why[req.job_id] = (
-                    f"waiting for memory: needs {need:g} GB; {charged:g} of "
-                    f"{self.budget_gb:g} GB budget charged")
-                if self.memory_blocked is None and self._tokens_free(req):
-                    self.memory_blocked = MemoryBlock(
-                        req.job_id, {"mem_gb": round(charged + need - self.budget_gb, 9)},
-                        {"mem_gb": need}, frozenset(req.services_mem))
-                return False
+                why.append(f"waiting for memory: needs {need:g} GB; {charged:g} of "
+                           f"{self.budget_gb:g} GB budget charged")
+                short["mem_gb"], needs["mem_gb"] = charged + need - self.budget_gb, need
+        if self.gpu_budget_gb is not None:
+            need = sum(gb for key, gb in req.services_gpu.items()
+                       if key not in self.service_gpu_charges)
+            charged = sum(self.service_gpu_charges.values())
+            if need > 0 and not memory_fits(charged, need, self.gpu_budget_gb):
+                why.append(f"waiting for GPU memory: needs {need:g} GB; {charged:g} of "
+                           f"{self.gpu_budget_gb:g} GB charged")
+                short["gpu_mem_gb"] = charged + need - self.gpu_budget_gb
+                needs["gpu_mem_gb"] = need
+        if short:
+            self._why[req.job_id] = "; ".join(why)
+            if self.memory_blocked is None and self._tokens_free(req):
+                self.memory_blocked = MemoryBlock(
+                    req.job_id, {r: round(v, 9) for r, v in short.items()}, needs,
+                    frozenset(req.services_mem) | frozenset(req.services_gpu))
+            return False
         return self._tokens_free(req)
 
     def _tokens_free(self, req: Request) -> bool:

@@ -19,7 +19,8 @@ if TYPE_CHECKING:
     from oarbank_agent.services.supervisor import Supervisor
     from oarbank_sdk import manifest as mf
 
-__all__ = ["service_keys", "request_for", "check", "service_charges", "users_of", "users"]
+__all__ = ["service_keys", "request_for", "check", "service_charges", "service_gpu_charges",
+           "users_of", "users"]
 
 
 def service_keys(ctx: ModuleCtx, stage: mf.Stage) -> list[str]:
@@ -38,18 +39,21 @@ def request_for(rec: JobRecord, ctx: ModuleCtx, sup: Supervisor) -> Request:
     st = ctx.manifest.stage(rec.stage)
     assert st is not None
     services_mem: dict[str, float] = {}
+    services_gpu: dict[str, float] = {}
     gpu: str | None = None
     for key in service_keys(ctx, st):
         rt = sup.services[key]
         if rt.svc.reserves_host_memory:
             services_mem[key] = rt.fp_reserve_gb
+        if rt.fp_reserve_gpu_gb > 0:
+            services_gpu[key] = rt.fp_reserve_gpu_gb
         if rt.svc.gpu.use != "none":
             # A job reserving a GPU service's pool is a GPU job.
             gpu = "exclusive" if "exclusive" in (gpu, rt.svc.gpu.use) else rt.svc.gpu.use
     return Request(
         rec.job_id, {f"{ctx.id}/{p}": n for p, n in st.pools.items()},
         tuple(f"{ctx.id}/{p}" for p in st.needs_pools), mem_gb=st.mem_gb or 0.0,
-        services_mem=services_mem, gpu=gpu)
+        services_mem=services_mem, services_gpu=services_gpu, gpu=gpu)
 
 
 def check(ctx: ModuleCtx, st: mf.Stage, sup: Supervisor, budget_gb: float | None) -> None:
@@ -74,6 +78,14 @@ def service_charges(sup: Supervisor) -> dict[str, float]:
     up = ("starting", "ready", "stopping")
     return {key: rt.fp_reserve_gb for key, rt in sup.services.items()
             if rt.svc.reserves_host_memory and (rt.st.state.value in up or rt.st.users > 0)}
+
+
+def service_gpu_charges(sup: Supervisor) -> dict[str, float]:
+    """Services charge the GPU memory their fingerprint reserves while they run or have
+    users (``reserve.gpu_mem_gb``)."""
+    up = ("starting", "ready", "stopping")
+    return {key: rt.fp_reserve_gpu_gb for key, rt in sup.services.items()
+            if rt.fp_reserve_gpu_gb > 0 and (rt.st.state.value in up or rt.st.users > 0)}
 
 
 def users_of(sup: Supervisor, admission: Admission, key: str) -> list[str]:

@@ -146,6 +146,7 @@ class JobQueue:
             return
         # Reserving services charge the budget while they run or have users.
         self.admission.service_charges = placement.service_charges(self.supervisor)
+        self.admission.service_gpu_charges = placement.service_gpu_charges(self.supervisor)
         for req in self.admission.admit():
             rec = self.jobs[req.job_id]
             # queued -> admitted (tokens taken)

@@ -11,7 +11,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from oarbank_agent.host import gpuapis, memory
+from oarbank_agent.host import gpuapis, gpumem, memory
 from oarbank_agent.protection import decisions as protection
 from oarbank_agent.protection import hostrules
 from oarbank_agent.protection.guard import (
@@ -34,7 +34,8 @@ if TYPE_CHECKING:
     from oarbank_agent.jobs.queue import JobQueue
     from oarbank_agent.services.supervisor import Supervisor
 
-__all__ = ["apply", "memory_budget_gb", "place_gpu_services", "restore_rules"]
+__all__ = ["apply", "gpu_budget_gb", "memory_budget_gb", "place_gpu_services",
+           "restore_rules"]
 
 log = logging.getLogger("oarbank_agent")
 
@@ -57,6 +58,18 @@ def memory_budget_gb(config: GuardConfig) -> float:
     if config.budget_gb is not None:
         return config.budget_gb
     return round(memory.total_bytes() / 2**30 * DEFAULT_BUDGET_FRACTION, 2)
+
+
+def gpu_budget_gb(reader: gpumem.Reader) -> float | None:
+    """GPU memory for fleet work: the GPUs' total as NVML reads it (None: not accounted, with
+    the reason logged)."""
+    read = reader.read()
+    if read.total_bytes is None:
+        log.info("%s: GPU memory is not accounted in admission", read.error)
+        return None
+    log.info("GPU memory: %s", ", ".join(f"GPU {g['index']} {g['name']}: "
+                                         f"{g['total_bytes'] / 2**30:.1f} GB" for g in read.gpus))
+    return round(read.total_bytes / 2**30, 2)
 
 
 def restore_rules(guard: Guard, state_dir: Path,

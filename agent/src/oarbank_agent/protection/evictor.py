@@ -45,8 +45,9 @@ class Evictor:
 
     def charges(self, rt: ServiceRuntime) -> dict[str, float]:
         """What stopping ``rt`` gives back, per resource admission accounts."""
-        gb = self.admission.service_charges.get(rt.key, 0.0)
-        return {"mem_gb": gb} if gb > 0 else {}
+        out = {"mem_gb": self.admission.service_charges.get(rt.key, 0.0),
+               "gpu_mem_gb": self.admission.service_gpu_charges.get(rt.key, 0.0)}
+        return {r: v for r, v in out.items() if v > 0}
 
     def after_pass(self) -> None:
         """An admission pass is over: make room for the job memory holds back, if any."""

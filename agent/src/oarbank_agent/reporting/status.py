@@ -19,7 +19,7 @@ from oarbank_agent.services.supervisor import details as supervisor_details
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from oarbank_agent.host import gpuapis
+    from oarbank_agent.host import gpuapis, gpumem
     from oarbank_agent.jobs.admission import Admission
     from oarbank_agent.jobs.runnerhealth import RunnerHealth
     from oarbank_agent.jobs.store import JobRecord
@@ -46,6 +46,7 @@ class StatusSource(Protocol):
     admission: Admission
     fault: str | None
     heartbeat: Any
+    gpu_memory: gpumem.Reader
 
     @property
     def gpu(self) -> gpuapis.Detection | None: ...
@@ -63,18 +64,23 @@ def _add_metrics(doc: dict[str, Any], agent: StatusSource) -> None:
     """What the portal's ``nodes`` and ``node_metrics`` queries read (ui-pages heartbeat.py):
     the node's memory in use and in total, what running services reserve (admission's
     charges), and on each service row its resident memory (its group's, while it runs) and
-    how many times this agent started it. GPU memory is not read here: null. What cannot be
-    read is null, never a failed heartbeat."""
+    how many times this agent started it. GPU memory (NVML: host/gpumem.py): each GPU's used
+    and total, and per service what its processes hold where the driver says; unknown is null
+    with ``gpu_mem_error`` saying why, never zero. What cannot be read is null, never a failed
+    heartbeat."""
     runtimes = list(agent.supervisor.services.values())
     groups = [rt.group for rt in runtimes if rt.group is not None]
     try:
         rss = platform.current().groups.resident(groups) if groups else {}
     except Exception:  # a group gone between listing and reading: no figure this time
         rss = {}
+    gpu = agent.gpu_memory.read()
     for row, rt in zip(doc["services"], runtimes, strict=True):
         held = rss.get(rt.group) if rt.group is not None and row.get("running") else None
         row["rss_bytes"] = int(held) if held is not None else None
         row["loads"] = rt.starts
+        row["gpu_mem_bytes"] = (gpu.held_by(set(rt.group.members()))
+                                if rt.group is not None and row.get("running") else None)
     try:
         total = memory.total_bytes()
         used: int | None = int(total * (1.0 - memory.available_fraction()))
@@ -82,8 +88,10 @@ def _add_metrics(doc: dict[str, Any], agent: StatusSource) -> None:
         total, used = 0, None
     reserved = sum(agent.admission.service_charges.values())
     doc["metrics"] = {"mem_used_bytes": used, "mem_reserved_bytes": int(reserved * 2**30),
-                      "mem_total_bytes": total or None, "gpu_mem_used_bytes": None,
-                      "gpu_mem_total_bytes": None}
+                      "mem_total_bytes": total or None, "gpu_mem_used_bytes": gpu.used_bytes,
+                      "gpu_mem_total_bytes": gpu.total_bytes, "gpu_mem_error": gpu.error,
+                      "gpus": gpu.gpus, "gpu_mem_reserved_bytes": int(
+                          sum(agent.admission.service_gpu_charges.values()) * 2**30)}
 
 
 def _report(agent: StatusSource) -> dict[str, Any]:

@@ -81,6 +81,7 @@ class SupervisorBase:
             fp = fingerprints.parse(res.doc)
             rt.health, rt.fp_pools, rt.fp_running = fp.health, fp.pools, fp.running
             rt.fp_reserve_gb, rt.fp_error = fp.reserve_gb, fp.problem
+            rt.fp_reserve_gpu_gb = fp.reserve_gpu_gb
             if fp.problem:
                 log.warning("%s: %s", rt.key, fp.problem)
         else:
