@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import http.client
 import importlib
 import inspect
 import io
@@ -186,6 +187,25 @@ def test_response_headers_answer_lower_case_names(service):
     assert names and all(n == n.lower() for n in names), names
     assert dict(r.headers.items())["x-mixed-case"] == "yes"
     assert isinstance(r.body, bytes) and r.json()["attempt_type"] == "int"
+    # A dict, as upstream's: it serialises, and compares with one in any case.
+    assert isinstance(r.headers, dict) and "X-MIXED-CASE" in r.headers
+    assert json.loads(json.dumps(r.headers))["x-mixed-case"] == "yes"
+    assert r.headers == {k.upper(): v for k, v in r.headers.items()}
+
+
+def test_repeated_headers_are_joined_and_kept_apart():
+    msg = http.client.HTTPMessage()
+    msg["Set-Thing"] = "a"
+    msg["set-thing"] = "b"
+    msg["Content-Type"] = "text/plain; charset=latin-1"
+    r = ep.Response(200, msg, "é".encode("latin-1"))
+    assert r.headers["SET-THING"] == "a, b" and r.headers.get_all("set-thing") == ["a", "b"]
+    assert r.headers.get_all("nope") is None and r.headers.get("nope", 1) == 1
+    assert r.text == "é" and json.dumps(r.headers)
+    r.headers["X-New"] = "1"
+    assert list(r.headers) == ["set-thing", "content-type", "x-new"]
+    del r.headers["X-NEW"]
+    assert "x-new" not in r.headers
 
 
 def test_http_connection_defaults_to_no_timeout_and_keeps_alive(service):

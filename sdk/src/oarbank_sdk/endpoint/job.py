@@ -261,10 +261,47 @@ class HTTPConnection(http.client.HTTPConnection):
         raise EndpointError("bad_request", "endpoint connections cannot be tunnelled")
 
 
-class Headers(http.client.HTTPMessage):
-    """Response headers under lower-cased names: lookups work in any case, iterating yields
-    lower-case names (as upstream's dict of headers does), repeated headers stay repeated.
-    Equal to another ``Headers`` or a mapping with the same names (any case) and values."""
+class Headers(dict):  # str -> str, a dict so that json.dumps takes it
+    """Response headers: a ``dict`` under lower-cased names, as upstream's is (``json.dumps``
+    takes it, iterating yields lower-case names), whose lookups take a name in any case. A
+    header sent more than once is one entry, its values joined by ", " (HTTP's own rule);
+    ``get_all(name)`` gives them apart. Equal to a mapping or message with the same names (any
+    case) and values."""
+
+    def __init__(self, headers: Message | Mapping[str, str] | None = None) -> None:
+        super().__init__()
+        self._all: dict[str, list[str]] = {}
+        for name, value in (headers or {}).items():
+            self._all.setdefault(name.lower(), []).append(value)
+        for name, values in self._all.items():
+            super().__setitem__(name, ", ".join(values))
+
+    def __getitem__(self, name: str) -> str:
+        return super().__getitem__(name.lower())
+
+    def __setitem__(self, name: str, value: str) -> None:
+        self._all[name.lower()] = [value]
+        super().__setitem__(name.lower(), value)
+
+    def __delitem__(self, name: str) -> None:
+        self._all.pop(name.lower(), None)
+        super().__delitem__(name.lower())
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and super().__contains__(name.lower())
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return super().get(name.lower(), default)
+
+    def get_all(self, name: str, failobj: Any = None) -> list[str] | Any:
+        """Every value sent under ``name``, in order (``failobj`` when there is none)."""
+        return list(self._all.get(name.lower(), [])) or failobj
+
+    def get_content_charset(self, failobj: Any = None) -> str | Any:
+        """The ``charset`` parameter of Content-Type, lower-cased (``failobj`` if none)."""
+        msg = Message()
+        msg["Content-Type"] = self.get("content-type", "")
+        return msg.get_content_charset(failobj)
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Message):
@@ -273,17 +310,13 @@ class Headers(http.client.HTTPMessage):
             theirs = [(str(k), v) for k, v in other.items()]
         else:
             return NotImplemented
-        return sorted((k.lower(), v) for k, v in self.items()) == sorted(
-            (k.lower(), v) for k, v in theirs)
+        return dict(self) == {k.lower(): v for k, v in theirs}
 
-    __hash__ = None  # type: ignore[assignment]  # mutable, like the dict it stands for
+    __hash__ = None  # mutable, like the dict it is
 
 
 def _lower_cased(headers: Message | Mapping[str, str] | None) -> Headers:
-    out = Headers()
-    for name, value in (headers or {}).items():
-        out[name.lower()] = value  # HTTPMessage appends: repeated headers stay repeated
-    return out
+    return headers if isinstance(headers, Headers) else Headers(headers)
 
 
 @dataclass(repr=False)
@@ -293,7 +326,8 @@ class Response:
     The first three fields, in that order and with those defaults, are upstream's (a
     dataclass there too: equal when status, headers and body are); ``reason`` (the status
     line's text, not compared) and ``text`` are ours. ``headers`` (a mapping or a message)
-    becomes a ``Headers``: names lower-cased, lookups in any case. ``json()`` parses the body.
+    becomes a ``Headers``: a dict under lower-cased names, lookups in any case. ``json()``
+    parses the body.
     """
 
     status: int
@@ -308,7 +342,7 @@ class Response:
     def text(self) -> str:
         """The body decoded with the Content-Type charset (UTF-8 when none is given)."""
         # always a Headers after __post_init__
-        charset = self.headers.get_content_charset() if isinstance(self.headers, Message) else None
+        charset = self.headers.get_content_charset() if isinstance(self.headers, Headers) else None
         return self.body.decode(charset or "utf-8", errors="replace")
 
     def json(self) -> Any:
