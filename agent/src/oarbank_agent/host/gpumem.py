@@ -75,7 +75,8 @@ class Reader:
             return GpuMemory(error=error)
         nv = self._nvml
         try:
-            gpus, by_pid = [], {}
+            gpus: list[dict[str, Any]] = []
+            by_pid: dict[int, int] = {}
             for i in range(nv.nvmlDeviceGetCount()):
                 h = nv.nvmlDeviceGetHandleByIndex(i)
                 mem = nv.nvmlDeviceGetMemoryInfo(h)
