@@ -45,7 +45,8 @@ def test_a_module_runs_its_service_and_runner_in_its_own_environment(
         tmp_path: Path, start_agent: Callable[..., RunningAgent]) -> None:
     """six (pure Python) and numpy (a binary wheel), neither of which the agent has: the ops,
     the daemon they start, the doctor and the run each import them from the module's
-    environment, under the sandbox; the host's SDK is seen from it; status names the env."""
+    environment, under the sandbox; the host's SDK is seen from it; status names the env.
+    Building it tries no socket (the sandbox would refuse it and the agent say so)."""
     for name in ("six", "numpy"):
         with pytest.raises(ImportError):
             __import__(name)  # (the agent's own interpreter lacks them: the test means it)
@@ -70,6 +71,7 @@ def test_a_module_runs_its_service_and_runner_in_its_own_environment(
         assert r["numpy_sum"] == 45
         assert not r["sdk"].startswith(str(env)), r["sdk"]  # the host's SDK
     assert job["result"]["payload"]["libs"]["six"][0] == version_of(six)
+    assert "the sandbox refused" not in agent.log(), agent.log()[-3000:]
 
 
 @pytest.mark.linux_only("runs under --sandbox required: the Linux launcher's walls")

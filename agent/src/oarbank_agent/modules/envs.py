@@ -8,16 +8,19 @@ the agent (their argv and environment are the SDK's, ``manifest/requirements.py`
 installs the same way), each started like an op (``procs.spawn``: its own group, inside the sandbox launcher,
 reading the bundle, writing only the new environment, no network):
 
-1. ``<host python> -I -m venv --system-site-packages --without-pip <env>``, then a ``.pth`` file
-   (written by the agent) that adds the host's own site folders after the environment's: the
-   SDK and its closure are the host's, a pinned copy in the environment comes first. When the
-   host's interpreter is itself a venv that does not see the base installation's site folder
-   (the usual agent install), ``--system-site-packages`` is left out: the environment sees what
-   the host sees and no more (with it, a base's ``.pth`` files would run in every module
-   process, 56 ms a start on the machine measured, and its packages would be importable);
-2. ``<env python> -I -m pip install --no-index --find-links <bundle>/wheels --require-hashes
-   --only-binary :all: --no-deps --ignore-installed -r <requirements>`` with no pip config
-   (``PIP_CONFIG_FILE`` is the null device) and no cache.
+1. ``<host python> -I -m venv --system-site-packages --without-pip <env>``. When the host's
+   interpreter is itself a venv that does not see the base installation's site folder (the
+   usual agent install), ``--system-site-packages`` is left out: the environment sees what the
+   host sees and no more (with it, a base's ``.pth`` files would run in every module process,
+   56 ms a start on the machine measured, and its packages would be importable);
+2. ``<env python> -I -c <boot> <host pip's folder> install --no-index --find-links
+   <bundle>/wheels --require-hashes --only-binary :all: --no-deps --ignore-installed -r
+   <requirements>`` with no pip config (``PIP_CONFIG_FILE`` is the null device) and no cache:
+   pip sees the environment and its own folder, and makes no socket (the SDK's
+   ``requirements.PIP_BOOT`` says why);
+3. a ``.pth`` file (written by the agent) that adds the host's own site folders after the
+   environment's: the SDK and its closure are the host's, a pinned copy in the environment
+   comes first.
 
 Only then is ``.ready`` written: a folder without it is a torn build, removed and built again.
 Concurrent loads of one digest await one build. A failed build is removed and its reason (pip's
@@ -103,9 +106,13 @@ class Envs:
         log_path = env.parent / f"{env.name}.log"
         try:
             await self._child(reqs.venv_argv(env), env, bundle, log_path, label, "venv")
+            try:
+                pip = reqs.pip_argv(env, bundle, req)
+            except reqs.RequirementsError as exc:
+                raise EnvError(str(exc)) from None
+            await self._child(pip, env, bundle, log_path, label, "pip install")
+            # after pip: the host's site folders are not pip's to read (reqs.PIP_BOOT)
             (reqs.env_purelib(env) / reqs.HOST_PTH).write_text(reqs.host_pth())
-            await self._child(reqs.pip_argv(env, bundle, req),
-                              env, bundle, log_path, label, "pip install")
         except BaseException:
             shutil.rmtree(env, ignore_errors=True)
             log_path.unlink(missing_ok=True)  # (its reason is in the refusal)

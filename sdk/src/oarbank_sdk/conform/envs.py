@@ -46,10 +46,11 @@ def _build(env: Path, bundle: Path, req: Path, wrap: Wrap) -> str | None:
     tmp = env / ".tmp"
     tmp.mkdir()
     walls = {"read": [bundle], "write": [env]}
-    for what, argv in (("venv", reqs.venv_argv(env)), ("pip install", None)):
-        if argv is None:
-            (reqs.env_purelib(env) / reqs.HOST_PTH).write_text(reqs.host_pth())
-            argv = reqs.pip_argv(env, bundle, req)
+    try:
+        steps = (("venv", reqs.venv_argv(env)), ("pip install", reqs.pip_argv(env, bundle, req)))
+    except reqs.RequirementsError as exc:
+        return str(exc)
+    for what, argv in steps:
         try:
             done = subprocess.run(wrap(argv, **walls), cwd=str(env), env=reqs.install_env(tmp),
                                   stdin=subprocess.DEVNULL, capture_output=True, text=True,
@@ -60,6 +61,8 @@ def _build(env: Path, bundle: Path, req: Path, wrap: Wrap) -> str | None:
             lines = (done.stdout + done.stderr).splitlines()
             errors = [ln.strip() for ln in lines if ln.startswith("ERROR:")] or lines[-3:]
             return f"{what} failed (exit {done.returncode}): " + " / ".join(errors)[:1500]
+    # after pip: the host's site folders are not pip's to read (reqs.PIP_BOOT)
+    (reqs.env_purelib(env) / reqs.HOST_PTH).write_text(reqs.host_pth())
     return None
 
 

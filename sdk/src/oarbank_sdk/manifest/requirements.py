@@ -11,9 +11,10 @@ interpreter); ``parse`` reads one (``RequirementsError`` names the line); ``prob
 
 How a node (the agent, and ``conform`` as the agent would) installs one, offline, each step a
 child inside the sandbox that reads the bundle and writes only the new environment:
-``venv_argv`` (a venv that sees the host's site folders: ``--system-site-packages`` only where
-the host's interpreter sees the base installation's, plus ``host_pth`` written into it) and
-``pip_argv`` with ``install_env`` (no pip configuration, no cache, no index).
+``venv_argv`` (``--system-site-packages`` only where the host's interpreter sees the base
+installation's), ``pip_argv`` with ``install_env`` (no pip configuration, no cache, no index;
+pip sees the environment and the host's pip, no more), and then ``host_pth`` written into it
+(the environment sees the host's site folders).
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ from pathlib import Path
 
 __all__ = ["FILE", "WHEELS", "Pin", "RequirementsError", "requirements_for", "parse",
            "wheels_for", "wheel_problems", "normalize", "sha256_file", "script_of",
-           "HOST_PTH", "venv_argv", "host_pth", "pip_argv", "install_env", "env_python",
-           "env_purelib", "host_site_dirs", "sees_system_site", "host_identity"]
+           "HOST_PTH", "venv_argv", "host_pth", "pip_argv", "pip_folder", "install_env",
+           "env_python", "env_purelib", "host_site_dirs", "sees_system_site", "host_identity"]
 
 FILE = "requirements.txt"
 WHEELS = "wheels"
@@ -251,12 +252,38 @@ def host_pth() -> str:
     return "".join(f"import site; site.addsitedir({d!r})\n" for d in host_site_dirs())
 
 
+# How the install step starts pip (``python -I -c PIP_BOOT <pip's folder> install ...``), run
+# before ``host_pth`` is written, so its path is the environment's own plus pip's folder:
+# - not the host's site folders: their .pth files add folders the sandbox does not let the step
+#   read (an editable install's source, the agent's own among them), and pip lists every folder
+#   on its path, failing on the first it cannot (its importlib backend, 3.11+; found on 3.12+,
+#   whose venvs have no setuptools: looking it up for its User-Agent walks the whole path);
+# - no IPv6 probe: importing pip imports urllib3, which opens an AF_INET6 socket to learn
+#   whether IPv6 works unless ``socket.has_ipv6`` says no. An offline install needs no socket
+#   and the sandbox refuses every one (and reports the attempt), so the step says no first.
+PIP_BOOT = ("import runpy,socket,sys;socket.has_ipv6=False;sys.path.append(sys.argv.pop(1));"
+            "runpy.run_module('pip',run_name='__main__',alter_sys=True)")
+
+
+def pip_folder() -> str:
+    """The folder this interpreter imports pip from (the install step's pip). Raises
+    ``RequirementsError`` when it has none."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("pip")
+    if spec is None or not spec.origin:
+        raise RequirementsError(f"{sys.executable} has no pip: a module environment is "
+                                "installed with the host interpreter's pip")
+    return os.path.dirname(os.path.dirname(os.path.abspath(spec.origin)))
+
+
 def pip_argv(env: Path, bundle: Path, req: Path) -> list[str]:
-    """The contract's install, run with the environment's interpreter (pip is the host's)."""
-    return [str(env_python(env)), "-I", "-m", "pip", "install", "--no-index", "--find-links",
-            str(bundle / WHEELS), "--require-hashes", "--only-binary", ":all:", "--no-deps",
-            "--ignore-installed", "--no-cache-dir", "--disable-pip-version-check", "--no-input",
-            "--no-warn-script-location", "-r", str(req)]
+    """The contract's install, run with the environment's interpreter (pip is the host's; see
+    ``PIP_BOOT``). Raises ``RequirementsError`` (``pip_folder``)."""
+    return [str(env_python(env)), "-I", "-c", PIP_BOOT, pip_folder(), "install", "--no-index",
+            "--find-links", str(bundle / WHEELS), "--require-hashes", "--only-binary", ":all:",
+            "--no-deps", "--ignore-installed", "--no-cache-dir", "--disable-pip-version-check",
+            "--no-input", "--no-warn-script-location", "-r", str(req)]
 
 
 def install_env(tmp: Path) -> dict[str, str]:
