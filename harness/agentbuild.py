@@ -1,8 +1,9 @@
 """Another version of the agent, built and installed as an operator upgrading a node would:
 this checkout's agent package with its version set to ``version``, built into a wheel and
-installed (not editable) into a venv of its own. The agent's dependencies (the SDK, psutil,
-pyseccomp) come from the harness's venv, so no index is needed. The wheel alone is what a
-container node installs over its own agent (it is pure Python)."""
+installed (not editable) into a venv of its own. The wheel is built in ``buildenv``'s venv
+(what agent/pyproject.toml's [build-system] requires). The agent's dependencies (the SDK,
+psutil, pyseccomp) come from the harness's venv, so no index is needed. The wheel alone is what
+a container node installs over its own agent (it is pure Python)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import subprocess
 import sys
 import sysconfig
 from pathlib import Path
+
+from harness.buildenv import build_python
 
 __all__ = ["build_agent_wheel", "install_agent_version"]
 
@@ -47,8 +50,8 @@ def build_agent_wheel(dest: Path, version: str, timeout_s: float = 300.0) -> Pat
     dest.mkdir(parents=True, exist_ok=True)
     src = _versioned_copy(dest, version)
     wheels = dest / "wheels"
-    _run([*_PIP, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
-          "-w", str(wheels), str(src)], timeout_s)
+    _run([str(build_python(timeout_s)), *_PIP[1:], "wheel", "--no-deps", "--no-build-isolation",
+          "--no-index", "-q", "-w", str(wheels), str(src)], timeout_s)
     (wheel,) = wheels.glob(f"oarbank_agent-{version}-*.whl")
     return wheel
 

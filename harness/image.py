@@ -23,13 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.buildenv import DISTS, REPO, build_python
 from harness.cache import cache_dir
 from harness.rootfs import ensure_rootfs
 
 __all__ = ["REPO", "DISTS", "NodeImage", "source_hash", "ensure_base_image", "ensure_image"]
 
-REPO = Path(__file__).resolve().parent.parent
-DISTS = ("sdk", "agent", "ui-pages")
 VENV = "/opt/oarbank"
 
 
@@ -78,7 +77,7 @@ def _deps_hash(repo: Path = REPO) -> str:
 def _wheels(python: str, srchash: str) -> tuple[Path, Path]:
     """(dependency wheels for `python`, our own wheels). Dependencies are cached by the
     pyproject files' hash, so a source change only rebuilds our three pure-Python wheels,
-    offline, with the cached setuptools."""
+    offline, in the cached build venv (buildenv)."""
     root = cache_dir() / "wheels"
     pip = [sys.executable, "-m", "pip", "-q"]
     deps = root / f"deps-py{python}-{_deps_hash()}"
@@ -86,16 +85,9 @@ def _wheels(python: str, srchash: str) -> tuple[Path, Path]:
     if not (ours / ".done").is_file():
         shutil.rmtree(ours, ignore_errors=True)
         ours.mkdir(parents=True)
-        # One cached build venv (setuptools + wheel) instead of an isolated build env per
-        # project: seconds instead of half a minute.
-        build = root / "build-venv"
-        bpy = build / ("Scripts/python.exe" if sys.platform == "win32" else "bin/python")
-        if not (build / ".done").is_file():
-            shutil.rmtree(build, ignore_errors=True)
-            subprocess.run([sys.executable, "-m", "venv", str(build)], check=True)
-            subprocess.run([str(bpy), "-m", "pip", "-q", "install", "setuptools>=61", "wheel"],
-                           check=True)
-            (build / ".done").write_text("ok")
+        # One cached build venv (buildenv: what our [build-system] tables require) instead of
+        # an isolated build env per project: seconds instead of half a minute.
+        bpy = build_python()
         subprocess.run([str(bpy), "-m", "pip", "-q", "wheel", "--no-deps",
                         "--no-build-isolation", "-w", str(ours),
                         *(str(REPO / d) for d in DISTS)], check=True)

@@ -6,10 +6,12 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import pytest
 from harness_test_helpers import ECHO, ECHO_ID
 
 from harness.agentbuild import install_agent_version
 from harness.backends.local import LocalBackend
+from harness.buildenv import DISTS, build_requires
 
 
 def test_the_installed_version_is_the_one_that_runs(tmp_path: Path) -> None:
@@ -39,3 +41,17 @@ def test_a_local_node_runs_the_installed_agent(tmp_path: Path) -> None:
     finally:
         node.cleanup()
     assert backend.leftovers() == []
+
+
+def test_the_build_venv_holds_what_the_build_system_tables_require(tmp_path: Path) -> None:
+    """The wheels are built with what each pyproject.toml's [build-system] lists (no
+    setuptools is assumed of the harness's venv: 3.12+ venvs have none); a table without its
+    list is refused, naming the file."""
+    for dist, requires in zip(DISTS, (["setuptools>=61"], ["setuptools>=61", "x"], ["y"]), strict=True):
+        (tmp_path / dist).mkdir()
+        (tmp_path / dist / "pyproject.toml").write_text(
+            f"[build-system]\nrequires = {requires!r}\nbuild-backend = 'b'\n")
+    assert build_requires(tmp_path) == ["setuptools>=61", "x", "y"]
+    (tmp_path / "agent" / "pyproject.toml").write_text("[project]\nname = 'a'\n")
+    with pytest.raises(RuntimeError, match=r"agent/pyproject.toml: \[build-system\] requires"):
+        build_requires(tmp_path)
