@@ -57,3 +57,15 @@ def test_gpuinfo_names_this_nodes_platform_and_gpu_apis(
     prov = result["provenance"]
     assert prov["platform"] == platform
     assert prov["gpu_apis_host"] == sorted(gpu["apis"])
+
+
+def test_reel_checkpoints_on_the_events_file_the_agent_passes(
+        tmp_path: Path, start_agent: Callable[..., RunningAgent]) -> None:
+    # reel declares upstream's `checkpoint` capability; nine frames, a checkpoint every four:
+    # Checkpoints.write announces each on --events (without the file it raises).
+    agent = start_agent([_copy(tmp_path, "reel")])
+    job = agent.run_job("render", {"frames": 9, "seed": 3, "every": 4}, module="reel")
+    assert job["state"] == "succeeded", agent.why(job)
+    assert job["result"]["payload"]["frames"] == 9
+    checkpoints = [e for e in job["events"]["events"] if e.get("kind") == "checkpoint"]
+    assert [e["data"] for e in checkpoints] == [{"next": 4}, {"next": 8}], job

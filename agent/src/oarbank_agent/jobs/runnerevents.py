@@ -2,8 +2,10 @@
 section 4), kept with the attempt.
 
 A runner says it emits events in its manifest: ``[runner].capabilities`` lists ``"events"``
-(the contract's ``[runner]`` keys; the checker reads ``capabilities`` as a list of strings).
-Only such a runner gets the flag: one that does not know it would refuse its argv.
+(the contract's ``[runner]`` keys; the checker reads ``capabilities`` as a list of strings), or
+upstream's ``"progress_events"`` or ``"checkpoint"`` (a checkpoint is announced as an event:
+upstream's ``Checkpoints.write`` fails without the file). Only such a runner gets the flag: one
+that does not know it would refuse its argv.
 
 The file is the runner's, in its workdir, one JSON object per line. Once the attempt is over
 (its whole group ended) the agent keeps it bounded, like its other state: a file over
@@ -26,6 +28,7 @@ from oarbank_sdk import manifest as mf
 __all__ = ["CAPABILITY", "FILE", "FILE_MAX", "KEEP", "argv", "collect", "declared", "parse"]
 
 CAPABILITY = "events"
+UPSTREAM_CAPABILITIES = ("progress_events", "checkpoint")  # upstream's names that get it too
 FILE = "events.ndjson"
 FILE_MAX = 1 << 20  # bytes of an attempt's events file kept on disk
 KEEP = 20  # events kept in the attempt's history entry (the last ones)
@@ -34,7 +37,7 @@ KEEP = 20  # events kept in the attempt's history entry (the last ones)
 def declared(manifest: mf.Manifest) -> bool:
     runner = manifest.raw.get("runner")
     caps = runner.get("capabilities") if isinstance(runner, dict) else None
-    return isinstance(caps, list) and CAPABILITY in caps
+    return isinstance(caps, list) and any(c in caps for c in (CAPABILITY, *UPSTREAM_CAPABILITIES))
 
 
 def argv(workdir: Path) -> list[str]:
