@@ -292,7 +292,7 @@ def _measured_load(portal: PortalProcess, tokens: list[tuple[str, str]], rate: f
 def _one_store(kind: str, db: str, folder: Path, nodes: int, rate: float,
                seconds: float, workers: int, db_pid: int | None = None,
                serve_args: tuple[str, ...] = ()) -> dict[str, Any]:
-    from oarbank_ui.store import open_store
+    from oarbank_ui.store.heartbeats import open_store
 
     store = open_store(db)
     t0 = time.perf_counter()

@@ -97,7 +97,7 @@ def _measured(portals: list[PortalProcess], db_pid: int | None, tokens: list[tup
 
 def _store(kind: str, db: str, folder: Path, nodes: int, rates: list[float], seconds: float,
            workers: int, db_pid: int | None) -> dict[str, Any]:
-    from oarbank_ui.store import open_store
+    from oarbank_ui.store.heartbeats import open_store
 
     store = open_store(db)
     tokens = list(store.issue_tokens([f"node-{i:05d}" for i in range(nodes)]).items())

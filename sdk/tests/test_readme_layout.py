@@ -19,6 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 AGENT_FOLDERS = ("broker", "host", "jobs", "keep", "modules", "operate", "platform",
                  "protection", "reporting", "sandbox", "services")
+UI_FOLDERS = ("ingest", "pages", "queries", "store", "web")
 # README -> (the folder its table describes, subfolders described elsewhere).
 LAYOUTS = {
     "sdk/README.md": ("sdk/src/oarbank_sdk", ("sandbox",)),
@@ -38,7 +39,12 @@ LAYOUTS = {
     "agent/src/oarbank_agent/reporting/README.md": ("agent/src/oarbank_agent/reporting", ()),
     "agent/src/oarbank_agent/sandbox/README.md": ("agent/src/oarbank_agent/sandbox", ()),
     "agent/src/oarbank_agent/services/README.md": ("agent/src/oarbank_agent/services", ()),
-    "ui-pages/README.md": ("ui-pages/src/oarbank_ui", ()),
+    "ui-pages/README.md": ("ui-pages/src/oarbank_ui", UI_FOLDERS),
+    "ui-pages/src/oarbank_ui/ingest/README.md": ("ui-pages/src/oarbank_ui/ingest", ()),
+    "ui-pages/src/oarbank_ui/pages/README.md": ("ui-pages/src/oarbank_ui/pages", ()),
+    "ui-pages/src/oarbank_ui/queries/README.md": ("ui-pages/src/oarbank_ui/queries", ()),
+    "ui-pages/src/oarbank_ui/store/README.md": ("ui-pages/src/oarbank_ui/store", ()),
+    "ui-pages/src/oarbank_ui/web/README.md": ("ui-pages/src/oarbank_ui/web", ()),
     "harness/README.md": ("harness", ("tests",)),
 }
 

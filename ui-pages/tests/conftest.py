@@ -120,7 +120,7 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 def issue_token(db: str | Path, node_id: str) -> str:
     """A node token, issued straight into the store (what `oarbank-portal token issue` does;
     in-process so a test posting for 200 nodes does not start 200 processes)."""
-    from oarbank_ui.store import open_store
+    from oarbank_ui.store.heartbeats import open_store
 
     store = open_store(str(db), min_size=1, max_size=1) if str(db).startswith(
         "postgresql") else open_store(db)

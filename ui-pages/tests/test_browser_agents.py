@@ -215,8 +215,8 @@ def test_two_agents_on_one_portal(start_portal, browser_page, read_table, screen
     screenshot(page, "two-agents")
     # What the agents' heartbeats say about memory reaches the nodes query: the node's memory
     # and, while its model service runs, the service's resident memory and its starts.
-    from oarbank_ui.components.shape import Shaping
-    from oarbank_ui.store import open_store
+    from oarbank_ui.queries.shape import Shaping
+    from oarbank_ui.store.heartbeats import open_store
 
     store = open_store(portal.db)
     try:

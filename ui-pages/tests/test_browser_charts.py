@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import expect
 
-from oarbank_ui.store import open_store
+from oarbank_ui.store.heartbeats import open_store
 
 pytestmark = pytest.mark.browser
 

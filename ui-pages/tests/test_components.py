@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 
 from oarbank_sdk.page_forms import Target
-from oarbank_ui.components.formats import apply_format, direction_tones
-from oarbank_ui.components.shape import ShapeError, read_shaping, shape_rows
-from oarbank_ui.components.when import WhenError, evaluate
-from oarbank_ui.html import Templates
-from oarbank_ui.render import NOT_SUPPORTED, UNAVAILABLE, WRONG, RenderContext, build_view
+from oarbank_ui.pages.components.formats import apply_format, direction_tones
+from oarbank_ui.pages.components.when import WhenError, evaluate
+from oarbank_ui.pages.html import Templates
+from oarbank_ui.pages.render import NOT_SUPPORTED, UNAVAILABLE, WRONG, RenderContext, build_view
+from oarbank_ui.queries.shape import ShapeError, read_shaping, shape_rows
 
 NOW = 1_800_000_000.0
 SVG = "{http://www.w3.org/2000/svg}"

@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from oarbank_ui.components.shape import Shaping, read_shaping
-from oarbank_ui.heartbeat import HeartbeatError, parse_heartbeat
-from oarbank_ui.services_query import QueryError
-from oarbank_ui.store import HeartbeatStore, open_store
-from oarbank_ui.store_metrics import History
+from oarbank_ui.ingest.validate import HeartbeatError, parse_heartbeat
+from oarbank_ui.queries.nodes import History
+from oarbank_ui.queries.services import QueryError
+from oarbank_ui.queries.shape import Shaping, read_shaping
+from oarbank_ui.store.heartbeats import HeartbeatStore, open_store
 
 MOD = "dev.example.modelserver"
 T0 = 1_800_000_000.0  # a multiple of 3600: buckets start on it
@@ -197,7 +197,7 @@ def test_the_fleet_over_time_from_kept_buckets_equals_a_fresh_read(store_url: st
                 compact_every_s=60)
     s = open_store(store_url, history=h)
     try:
-        from oarbank_ui import store_metrics
+        from oarbank_ui.queries import nodes as node_queries
 
         shaping = read_shaping({"group_by": "t", "agg": {"node_id": "count", "users": "sum"}})
         for m in range(0, 300):
@@ -209,7 +209,7 @@ def test_the_fleet_over_time_from_kept_buckets_equals_a_fresh_read(store_url: st
                 params = {"state": "ready", "since": T0 - 3600}
                 kept = s.host_query("node_metrics", [MOD], params, shaping, now=at + 1)
                 with s.backend.read() as tx:
-                    fresh = store_metrics.node_metrics(tx, [MOD], params, shaping, at + 1)
+                    fresh = node_queries.node_metrics(tx, [MOD], params, shaping, at + 1)
                 assert kept == fresh, f"minute {m}"
         edge = T0 + 3 * 3600  # what is older than an hour, in hours: rolled up
         assert [r["t"] for r in kept if r["t"] < edge] == [T0 + 3600, T0 + 7200]  # retention
@@ -308,7 +308,7 @@ def test_grouped_by_node_the_limit_picks_the_same_groups_as_shaping_would(store:
                      "limit": 3}):
         got = q(store, "node_metrics", {"since": T0}, now=now, **shaping)
         every = q(store, "node_metrics", {"since": T0}, now=now, fields=None, limit=200)
-        from oarbank_ui.components.shape import shape_rows
+        from oarbank_ui.queries.shape import shape_rows
 
         assert got == shape_rows(every, read_shaping(shaping)), shaping
 
@@ -334,8 +334,8 @@ def test_the_queries_over_http_as_fixtures_capture_them(start_portal, make_heart
 def test_an_aggregate_of_services_counts_every_row_not_the_first_200(store: HeartbeatStore
                                                                       ) -> None:
     from oarbank_sdk.manifest import load
-    from oarbank_ui.modules import PortalModule
-    from oarbank_ui.page_links import services_fetch
+    from oarbank_ui.pages.links import services_fetch
+    from oarbank_ui.pages.modules import PortalModule
 
     for i in range(250):
         report(store, f"n{i:03d}", T0, row(users=1))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from oarbank_ui.app import MAX_BODY
+from oarbank_ui.web.app import MAX_BODY
 
 MOD = "dev.example.modelserver"
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "modelserver"

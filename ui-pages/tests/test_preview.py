@@ -81,7 +81,7 @@ def test_relative_fixture_times_render_relative_to_now(tmp_path: Path) -> None:
 
 
 def test_fixture_times_resolve_only_relative_values() -> None:
-    from oarbank_ui.fixture_times import resolve_rows
+    from oarbank_ui.queries.times import resolve_rows
 
     rows = [{"a": "-5m", "b": "-1.5h", "c": "now", "d": "-2d", "e": "5m", "f": "-5x", "g": 3}]
     assert resolve_rows(rows, 1000000.0) == [{"a": 999700.0, "b": 994600.0, "c": 1000000.0,

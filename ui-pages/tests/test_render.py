@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from oarbank_ui.html import Templates
-from oarbank_ui.render import (
+from oarbank_ui.pages.html import Templates
+from oarbank_ui.pages.render import (
     NOT_SUPPORTED,
     UNAVAILABLE,
     WRONG,

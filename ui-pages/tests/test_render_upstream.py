@@ -12,11 +12,11 @@ from typing import Any
 
 from oarbank_sdk.manifest import load
 from oarbank_sdk.page_forms import Target
-from oarbank_ui.app import link_resolver
-from oarbank_ui.html import Templates
-from oarbank_ui.modules import PortalModule
-from oarbank_ui.preview import write_preview
-from oarbank_ui.render import NOT_SUPPORTED, WRONG, RenderContext, build_view
+from oarbank_ui.pages.html import Templates
+from oarbank_ui.pages.links import link_resolver
+from oarbank_ui.pages.modules import PortalModule
+from oarbank_ui.pages.preview import write_preview
+from oarbank_ui.pages.render import NOT_SUPPORTED, WRONG, RenderContext, build_view
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "modelserver"
 NOW = 1_800_000_000.0

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from portal_helpers import MODULE_ID, heartbeat, service_row
 
-from oarbank_ui.heartbeat import parse_report
-from oarbank_ui.store import open_store, services_sql
-from oarbank_ui.store_batch import Report, record_batch, report_digest
-from oarbank_ui.tokens import token_hash
+from oarbank_ui.ingest.validate import parse_report
+from oarbank_ui.store.heartbeats import open_store, services_sql
+from oarbank_ui.store.tokens import token_hash
+from oarbank_ui.store.write import Report, record_batch, report_digest
 
 
 @pytest.fixture

@@ -15,15 +15,15 @@ from typing import Any
 
 import pytest
 
-from oarbank_ui.heartbeat import HeartbeatError, parse_heartbeat
-from oarbank_ui.migrations import MigrationError
-from oarbank_ui.services_query import (
+from oarbank_ui.ingest.validate import HeartbeatError, parse_heartbeat
+from oarbank_ui.queries.services import (
     COLUMNS,
     derive_state,
     derive_stopped_reason,
     was_evicted,
 )
-from oarbank_ui.store import HeartbeatStore, open_store
+from oarbank_ui.store.heartbeats import HeartbeatStore, open_store
+from oarbank_ui.store.migrations import MigrationError
 
 MOD = "dev.example.modelserver"
 
@@ -280,7 +280,7 @@ def test_services_query_over_1000_nodes(store, make_heartbeat, make_row) -> None
 
 def test_the_largest_report_is_stored_whole(store, make_heartbeat, make_row) -> None:  # type: ignore[no-untyped-def]
     """2,000 rows (MAX_SERVICES): written in chunks that stay under SQLite's parameter limit."""
-    from oarbank_ui.heartbeat import MAX_SERVICES
+    from oarbank_ui.ingest.validate import MAX_SERVICES
 
     rows = [make_row(service=f"s{i:04d}") for i in range(MAX_SERVICES)]
     record(store, make_heartbeat("big", *rows))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from markupsafe import escape
 
-from oarbank_ui.uicontract import PORTAL_UI_CONTRACT, notice
+from oarbank_ui.pages.uicontract import PORTAL_UI_CONTRACT, notice
 
 MOD = "dev.example.modelserver"
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "modelserver"

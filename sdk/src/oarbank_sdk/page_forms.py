@@ -1,5 +1,5 @@
 """The two forms of link targets and kv items a page may use (contract section 7), read once for
-the checker (``pages.py``) and the portal's renderer (``oarbank_ui.render``), so the two never
+the checker (``pages.py``) and the portal's renderer (``oarbank_ui.pages.render``), so the two never
 disagree on what a page means.
 
 - ``link.to``: a string path (this project's form), or a typed target object naming exactly one

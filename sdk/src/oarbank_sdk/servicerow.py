@@ -1,5 +1,5 @@
 """A service's row in a heartbeat (contract section 6), defined once: the agent builds it
-(``Supervisor.row``) and the portal reads it back (``oarbank_ui.heartbeat``).
+(``Supervisor.row``) and the portal reads it back (``oarbank_ui.ingest.validate``).
 
 ``as_dict`` is the row as it goes over the wire, its keys in this order. ``raw`` is only set
 by a reader: the row exactly as it arrived, keys this SDK does not know included (a newer agent

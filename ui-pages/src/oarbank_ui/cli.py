@@ -24,9 +24,9 @@ from typing import Any
 
 from oarbank_sdk.manifest import ManifestError
 
-from .ingest import DEFAULT_LINGER_S
-from .store import HeartbeatStore, is_postgres_url, open_store
-from .store_metrics import History
+from .ingest.group_commit import DEFAULT_LINGER_S
+from .queries.nodes import History
+from .store.heartbeats import HeartbeatStore, is_postgres_url, open_store
 
 __all__ = ["main"]
 
@@ -121,7 +121,7 @@ def _open(args: argparse.Namespace, **pool: Any) -> HeartbeatStore | None:
         return None
     shown = args.db
     if is_postgres_url(args.db):
-        from .store_postgres import redact
+        from .store.postgres import redact
 
         shown = redact(args.db)
     try:
@@ -144,7 +144,7 @@ def _serve(args: argparse.Namespace) -> int:
     if args.workers > 1:
         import tempfile
 
-        # before prometheus_client is imported (metrics.py): its values go to shared files
+        # before prometheus_client is imported (web/prometheus.py): its values go to shared files
         metrics_dir = tempfile.mkdtemp(prefix="oarbank-portal-metrics-")
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
     try:
@@ -158,9 +158,9 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _serve_in(args: argparse.Namespace) -> int:
     # Imported here: `token` and `node` need neither the web stack nor the page renderer.
-    from .app import Portal
-    from .modules import load_modules
-    from .server import ServeOptions, bind, serve, serve_workers
+    from .pages.modules import load_modules
+    from .web.app import Portal
+    from .web.server import ServeOptions, bind, serve, serve_workers
 
     if args.refresh_s <= 0:
         return _fail("--refresh-s must be > 0")
@@ -278,7 +278,7 @@ def _node(args: argparse.Namespace) -> int:
 
 
 def _preview(args: argparse.Namespace) -> int:
-    from .preview import write_preview
+    from .pages.preview import write_preview
 
     try:
         written = write_preview(Path(args.module_dir), Path(args.out), node=args.node)

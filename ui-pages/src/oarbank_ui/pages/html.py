@@ -20,7 +20,7 @@ class Templates:
         self.static = static
         self.home = home
         self.env = jinja2.Environment(
-            loader=jinja2.PackageLoader("oarbank_ui", "templates"),
+            loader=jinja2.PackageLoader("oarbank_ui.pages", "templates"),
             autoescape=True,  # all templates are HTML
             undefined=jinja2.StrictUndefined,
             trim_blocks=True,

@@ -12,7 +12,7 @@ What this layer adds to the request logic, and why:
   away is not a heartbeat.
 - The store is blocking (sqlite3, psycopg's pool): requests run in Starlette's thread pool,
   the event loop only moves bytes.
-- A report (``POST /v1/heartbeat``) does not enter Starlette at all: asgi_heartbeat.py answers
+- A report (``POST /v1/heartbeat``) does not enter Starlette at all: heartbeat.py answers
   it with the same checks, on a shorter path.
 """
 
@@ -30,7 +30,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from .app import MAX_BODY, Portal, route_name
-from .asgi_heartbeat import Truncated, build_heartbeat_app, is_heartbeat_post, read_body
+from .heartbeat import Truncated, build_heartbeat_app, is_heartbeat_post, read_body
 from .responses import Response as PortalResponse
 from .responses import error_response
 
@@ -103,7 +103,7 @@ def build_app(portal: Portal, *, read_timeout_s: float = 10.0) -> Any:
         return _to_starlette(r)
 
     routed = Starlette(routes=[Route("/{path:path}", endpoint, methods=_METHODS)])
-    # a report skips Starlette altogether (asgi_heartbeat.py: the same checks and answers)
+    # a report skips Starlette altogether (heartbeat.py: the same checks and answers)
     heartbeat = build_heartbeat_app(portal, read_timeout_s=read_timeout_s)
 
     async def app(scope: Any, receive: Any, send: Any) -> None:

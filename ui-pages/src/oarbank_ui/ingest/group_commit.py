@@ -2,7 +2,7 @@
 
 Requests hand their checked report to ``GroupCommit.submit``; one thread per portal process
 takes every report waiting (distinct nodes, at most ``max_batch``), stores them in one
-transaction (``store_batch.record_batch``) and only then settles each report's future: a
+transaction (``store.write.record_batch``) and only then settles each report's future: a
 report is answered after its commit, never before. While a batch is written the next one
 gathers, so the busier the portal, the more reports share a commit.
 
@@ -41,7 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .store_batch import Outcome, Report, record_batch
+from ..store.write import Outcome, Report, record_batch
 
 __all__ = ["GroupCommit", "admits", "linger_for", "mean_gap", "DEFAULT_LINGER_S"]
 

@@ -211,7 +211,7 @@ def _head(doc: dict[str, Any]) -> tuple[str, str, float, float]:
 
 
 def parse_unchanged(doc: dict[str, Any], digest: str) -> StillAlive:
-    """A whole report whose digest (``store_batch.report_digest``) is that of a report this
+    """A whole report whose digest (``store.write.report_digest``) is that of a report this
     portal validated and stored: the same document but its ``time``, so only its head is
     checked again; it stands for a still-alive naming ``digest``."""
     node_id, hostname, t, period = _head(doc)

@@ -22,12 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from . import store_metrics
-from .components.shape import Shaping
-from .heartbeat import Heartbeat, service_metrics
-from .metrics_cache import BucketCache
-from .services_query import MAX_ROWS, is_stale, iso_utc, services_row
-from .store_metrics import History
+from ..ingest.validate import Heartbeat, service_metrics
+from ..queries import nodes as node_queries
+from ..queries.bucket_cache import BucketCache
+from ..queries.nodes import History
+from ..queries.services import MAX_ROWS, is_stale, iso_utc, services_row
+from ..queries.shape import Shaping
 from .tokens import new_token, token_hash
 
 __all__ = ["HeartbeatStore", "MAX_NODES_PAGE", "RecordResult", "StoreBackend", "is_postgres_url",
@@ -71,7 +71,7 @@ def open_store(where: str | Path, *, history: History | None = None,
                **pool: Any) -> HeartbeatStore:
     """``postgresql://user@host/db`` -> PostgreSQL; anything else is an SQLite file."""
     if isinstance(where, str) and is_postgres_url(where):
-        from .store_postgres import PostgresBackend
+        from .postgres import PostgresBackend
 
         return HeartbeatStore(PostgresBackend(where, **pool), history=history)
     return HeartbeatStore(where, history=history)
@@ -89,7 +89,7 @@ ROW_COLUMNS = ("module, node_id, service, hostname, health, running, ready, acce
                " held, disabled, withdrawn, gpu_api_missing, lifecycle, users, endpoint,"
                " reported_at, raw, received_at, heartbeat_s, agent_stopped, rss_bytes, loads")
 # A service row's liveness is its node's: a report that says nothing new refreshes only the
-# node's times (store_batch.py), so readers take ``reported_at`` and ``received_at`` from
+# node's times (write.py), so readers take ``reported_at`` and ``received_at`` from
 # ``nodes``; the rows' own two columns say when the rows themselves were last written.
 _ROW_OWN_COLUMNS = ", ".join(c for c in ROW_COLUMNS.split(", ")
                              if c not in ("reported_at", "received_at"))
@@ -131,7 +131,7 @@ class HeartbeatStore:
     def __init__(self, backend: StoreBackend | str | Path, *,
                  history: History | None = None) -> None:
         if isinstance(backend, (str, Path)):
-            from .store_sqlite import SQLiteBackend
+            from .sqlite import SQLiteBackend
 
             backend = SQLiteBackend(backend)
         self.backend = backend
@@ -166,8 +166,8 @@ class HeartbeatStore:
 
     def write_full(self, tx: Any, hb: Heartbeat, now: float, digest: str | None) -> Any:
         """Inside a write: replace the node's rows with ``hb``'s, keep ``digest`` as the
-        node's (store_batch.py). None when stored; else the ``not_applied`` Outcome."""
-        from .store_batch import Outcome
+        node's (write.py). None when stored; else the ``not_applied`` Outcome."""
+        from .write import Outcome
 
         stopped = int(hb.agent_stopped)
         m = hb.metrics or {}
@@ -188,7 +188,7 @@ class HeartbeatStore:
             chunk = rows[i:i + _ROWS_PER_INSERT]
             tx.run(_ROW_SQL + ", ".join([_ROW_VALUES] * len(chunk)),
                    [v for row in chunk for v in row])
-        store_metrics.record_samples(tx, self.kind, hb, now, self.history)
+        node_queries.record_samples(tx, self.kind, hb, now, self.history)
         self.saw_modules(hb)
         return None
 
@@ -204,11 +204,11 @@ class HeartbeatStore:
             self.compact(now=now)
 
     def compact(self, *, now: float | None = None) -> dict[str, int]:
-        """Roll aged samples up and drop expired ones (``store_metrics.compact``)."""
+        """Roll aged samples up and drop expired ones (``node_queries.compact``)."""
         t = time.time() if now is None else now
         with self.backend.write() as tx:
             seen = sorted(self._sample_modules) if self._sample_modules is not None else None
-            done = store_metrics.compact(tx, self.kind, t, self.history, seen)
+            done = node_queries.compact(tx, self.kind, t, self.history, seen)
             if self._sample_modules is None:
                 self._sample_modules = set()
                 self._sample_modules.update(r["module"] for r in tx.all(
@@ -306,15 +306,15 @@ class HeartbeatStore:
     def host_query(self, query: str, modules: Iterable[str], params: dict[str, Any],
                    shaping: Shaping, *, now: float | None = None) -> list[dict[str, Any]]:
         """The ``nodes`` or ``node_metrics`` host query for a module (its names), shaped;
-        ``QueryError`` for a bad parameter or field (``store_metrics``)."""
+        ``QueryError`` for a bad parameter or field (``queries/nodes.py``)."""
         names = list(dict.fromkeys(modules))
         if not names:
             return []
         t = time.time() if now is None else now
         with self.backend.read() as tx:
             if query == "nodes":
-                return store_metrics.nodes_query(tx, names, params, shaping, t)
-            return store_metrics.node_metrics(tx, names, params, shaping, t, self.buckets)
+                return node_queries.nodes_query(tx, names, params, shaping, t)
+            return node_queries.node_metrics(tx, names, params, shaping, t, self.buckets)
 
     def nodes(self, *, now: float | None = None, limit: int = MAX_NODES_PAGE,
               after: str | None = None) -> tuple[list[dict[str, Any]], str | None]:

@@ -11,7 +11,7 @@ from typing import Any
 
 from oarbank_sdk.page_forms import Target
 
-from .shape import ShapeError, Shaping, read_shaping, shape_rows
+from ...queries.shape import ShapeError, Shaping, read_shaping, shape_rows
 
 __all__ = ["HOST_CONTRACT", "MAX_PER_CONTAINER", "NEEDS_CONTRACT", "NOT_SUPPORTED", "UNAVAILABLE",
            "WRONG", "RenderContext", "SourceFailed", "placeholder", "requires_gate", "rows_of",

@@ -2,11 +2,11 @@
 
 - The token: node ids by token hash, cached in the process (a lookup per report was a third of
   the store's work), every issued token read at the first report. The cache is only a hint:
-  every write checks the token again inside its transaction (store_batch.py), and a report
+  every write checks the token again inside its transaction (store/write.py), and a report
   whose token was revoked or replaced meanwhile is answered 401 and its entry dropped. A token
   not in the cache is looked up in the thread pool.
 - The report: parsed on the event loop (a thread hop costs about as much as the parsing),
-  a full heartbeat or a still-alive (heartbeat.py), its node's own.
+  a full heartbeat or a still-alive (ingest/validate.py), its node's own.
 - Backpressure: when the group commit's queue is older than its admission limit
   (``GroupCommit.overloaded``) the report is answered 503 with ``Retry-After`` before it is
   parsed, and one that waited too long in the queue the same way; a report's answer never
@@ -25,11 +25,11 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.concurrency import run_in_threadpool
 
-from .heartbeat import Heartbeat, HeartbeatError, StillAlive, parse_report, parse_unchanged
-from .ingest import DEFAULT_LINGER_S, GroupCommit
+from ..ingest.group_commit import DEFAULT_LINGER_S, GroupCommit
+from ..ingest.validate import Heartbeat, HeartbeatError, StillAlive, parse_report, parse_unchanged
+from ..store.tokens import bearer_token, token_hash
+from ..store.write import Outcome, Report, record_batch, report_digest
 from .responses import Admission, Response, json_response
-from .store_batch import Outcome, Report, record_batch, report_digest
-from .tokens import bearer_token, token_hash
 
 if TYPE_CHECKING:
     from .app import Portal

@@ -1,7 +1,7 @@
 """A source's shaping options (UI contract: ``fields``, ``group_by`` with ``agg``, ``order_by``
 with ``descending``, ``limit`` <= 200), read once and applied to rows in Python. The store
 applies the same options in SQL for the queries it answers over many rows (``nodes``,
-``node_metrics``: ``store_metrics.py``); ``shape_rows`` is what a fixture (preview) and the
+``node_metrics``: ``nodes.py``); ``shape_rows`` is what a fixture (preview) and the
 ``services`` query get, so a page shows the same either way.
 
 - ``agg`` maps a field to one of ``count`` (its non-null values), ``sum``, ``mean``,

@@ -1,16 +1,16 @@
-"""Many nodes' reports in one transaction (group commit, ``ingest.py``), each checked and
+"""Many nodes' reports in one transaction (group commit, ``ingest/group_commit.py``), each checked and
 answered on its own.
 
 A report either says something new or it does not. The node's row keeps a digest of its last
 stored report (everything but its ``time``, ``report_digest``); a report whose digest matches,
 and a short "still alive" naming it (``StillAlive``), only refresh the node's times and fold
 one more sample into its history bucket from the rows already stored: no service row is
-written at all (readers take a row's times from its node, store.py's ``services_sql``;
+written at all (readers take a row's times from its node, heartbeats.py's ``services_sql``;
 rewriting three rows' times was about 40 % of PostgreSQL's work for such a report). A report
-with something new replaces the node's rows as before (store.py's ``write_full``).
+with something new replaces the node's rows as before (heartbeats.py's ``write_full``).
 
 Every write checks the node's token inside the transaction (``node_tokens``), so a token
-revoked or rotated after the portal cached it (ingest.py) is refused at the next report:
+revoked or rotated after the portal cached it (web/reports.py) is refused at the next report:
 ``Outcome.status`` is then ``revoked``.
 
 Outcomes: ``applied``; ``not_applied`` (a later report of the node is stored already);
@@ -30,12 +30,12 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .heartbeat import NODE_METRICS, Heartbeat, StillAlive, parse_heartbeat
-from .services_query import iso_utc
-from .store_metrics import SAMPLE_INSERT, sample_conflict, sample_values
+from ..ingest.validate import NODE_METRICS, Heartbeat, StillAlive, parse_heartbeat
+from ..queries.nodes import SAMPLE_INSERT, sample_conflict, sample_values
+from ..queries.services import iso_utc
 
 if TYPE_CHECKING:
-    from .store import HeartbeatStore
+    from .heartbeats import HeartbeatStore
 
 __all__ = ["Outcome", "Report", "record_batch", "report_digest"]
 
@@ -156,7 +156,7 @@ def _touch_postgres(tx: Any, store: HeartbeatStore, items: list[Report]) -> set[
 
 # The batch's whole reports on PostgreSQL: a statement per table for all of them (arrays
 # unnested), not a handful per report; the same upsert, ordering check and token check as
-# store.py's write_full, which SQLite keeps (its statements cost no round trip).
+# heartbeats.py's write_full, which SQLite keeps (its statements cost no round trip).
 _PG_NODE_TYPES = ("text", "text", "float8", "float8", "float8", "int4", "int8", "int8", "int8",
                   "int8", "int8", "text")  # NODE_COLUMNS'
 _PG_ROW_TYPES = ("text", "text", "text", "text", "text", "int4", "int4", "int4", "text", "text",
@@ -177,7 +177,7 @@ def _columns(rows: list[tuple[Any, ...]], width: int) -> list[list[Any]]:
 
 def _write_full_postgres(tx: Any, store: HeartbeatStore,
                          items: list[tuple[Report, Heartbeat]]) -> dict[str, Outcome]:
-    from .store import NODE_COLUMNS, NODE_WON, ROW_COLUMNS, service_row_values
+    from .heartbeats import NODE_COLUMNS, NODE_WON, ROW_COLUMNS, service_row_values
 
     # the nodes' values, then each report's token hash (the join keeps those that match)
     nodes = [(hb.node_id, hb.hostname, hb.time, it.received_at, hb.heartbeat_s,

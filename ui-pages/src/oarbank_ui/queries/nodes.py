@@ -13,7 +13,7 @@ So a node costs at most ``fine_keep_s / fine_s + retention_s / coarse_s`` sample
 bucket is rolled once, when all of it is older than ``fine_keep_s``): replicas may race.
 
 Queries (each filtered to the module's rows, then shaped like every source:
-``components/shape.py``; ``limit`` <= 200):
+``shape.py``; ``limit`` <= 200):
 
 - ``nodes``: one row per node reporting the module: ``node_id``, ``hostname``, ``online``
   (reporting and not stale), ``liveness``, ``state`` (its best service: ``ready``,
@@ -31,7 +31,7 @@ Queries (each filtered to the module's rows, then shaped like every source:
   of the whole fleet reads one row per bucket, not one per sample; ``median`` and ``p95``
   are computed here over at most ``MAX_SCAN`` samples. Without ``order_by`` rows come in
   time order. Grouped by ``t``, buckets that can no longer change are answered from
-  ``metrics_cache`` (per process) and only the others are read.
+  ``bucket_cache.py`` (per process) and only the others are read.
 """
 
 from __future__ import annotations
@@ -39,11 +39,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .components.shape import Shaping, shape_rows
-from .fixture_times import resolve
-from .heartbeat import Heartbeat, service_metrics
-from .metrics_cache import BucketCache
-from .services_query import QueryError, derive_state, iso_utc
+from ..ingest.validate import Heartbeat, service_metrics
+from .bucket_cache import BucketCache
+from .services import QueryError, derive_state, iso_utc
+from .shape import Shaping, shape_rows
+from .times import resolve
 
 __all__ = ["MAX_SCAN", "History", "NODES_PARAMS", "METRICS_PARAMS", "SAMPLE_INSERT", "compact",
            "node_metrics", "nodes_query", "record_samples", "sample_conflict", "sample_values"]
@@ -192,7 +192,7 @@ _NODE_MEM = ("mem_used_bytes", "mem_reserved_bytes", "mem_total_bytes", "gpu_mem
 
 def _nodes_sql(names: list[str], params: dict[str, Any], now: float) -> tuple[str, list[Any]]:
     """One row per node of the module, state and liveness decided in SQL (as
-    ``services_query`` decides them) so filters and aggregates never load the whole fleet."""
+    ``services.py`` decides them) so filters and aggregates never load the whole fleet."""
     stale = "n.received_at < ? - 3 * n.heartbeat_s"
     sql = ("SELECT n.node_id AS node_id, n.hostname AS hostname, n.reported_at AS reported_at,"
            " n.received_at AS received_at, n.agent_stopped AS agent_stopped,"

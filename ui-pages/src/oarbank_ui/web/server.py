@@ -36,7 +36,7 @@ except ImportError:  # pragma: no cover - pure-Python fallback, same behaviour
 
 from .app import Portal
 from .asgi import build_app
-from .asgi_heartbeat import is_heartbeat_post
+from .heartbeat import is_heartbeat_post
 from .hosts import default_hosts
 
 __all__ = ["ServeOptions", "bind", "serve", "serve_workers"]

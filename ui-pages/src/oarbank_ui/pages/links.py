@@ -10,11 +10,11 @@ from urllib.parse import quote
 
 from oarbank_sdk.page_forms import Target
 
-from .components.shape import Shaping, shape_rows
+from ..queries.services import MAX_ROWS, QueryError
+from ..queries.shape import Shaping, shape_rows
+from ..store.heartbeats import ALL_ROWS, HeartbeatStore
 from .modules import PortalModule
 from .render import PORTAL_QUERIES
-from .services_query import MAX_ROWS, QueryError
-from .store import ALL_ROWS, HeartbeatStore
 
 __all__ = ["link_resolver", "services_fetch"]
 
@@ -31,7 +31,7 @@ def _panel_href(node_id: str, module_id: str, panel_id: str) -> str:
 def services_fetch(store: HeartbeatStore, module: PortalModule,
                    now: Callable[[], float] = time.time) -> Callable[..., Any]:
     """The query runner a module's pages use: ``services`` (``node_id``/``service``, shaped
-    here) and ``nodes``/``node_metrics`` (``store_metrics``: shaped by the store), every one
+    here) and ``nodes``/``node_metrics`` (``queries/nodes.py``: shaped by the store), every one
     filtered to the module's rows. ``fetch.shaped(query, params, shaping)`` is what the
     renderer calls."""
 

@@ -15,10 +15,10 @@ import json
 from typing import Any
 from urllib.parse import urlencode
 
+from ...queries.shape import sort_key
 from .base import RenderContext, SourceFailed, malformed, rows_of, string_prop
 from .elsewhere import OPERATION
 from .formats import direction_tones, format_cell, is_number, when_of
-from .shape import sort_key
 
 __all__ = ["json_view", "logs", "table"]
 

@@ -7,7 +7,7 @@ params filter rows by equality on the keys rows have (``since``/``until`` by the
 The result is static HTML in ``--out``:
 ``index.html``, ``page-<id>.html``, ``panel-<id>.html`` and ``static/``; open it in a browser.
 Panels show the node given with ``--node`` (default: the first ``node_id`` in the fixtures).
-A row value ``"-5m"`` (or ``"now"``) is a time relative to the preview (``fixture_times``).
+A row value ``"-5m"`` (or ``"now"``) is a time relative to the preview (``queries/times.py``).
 What the module uses that this project accepts without acting on (upstream's keys, sources and
 components: ``oarbank_sdk.pages.module_notes``) is said once each on stderr
 (``oarbank-portal: note: ...``); such components preview as placeholders that say why, even
@@ -30,11 +30,11 @@ from oarbank_sdk.manifest import load
 from oarbank_sdk.page_forms import Target
 from oarbank_sdk.pages import module_notes
 
-from .fixture_times import resolve, resolve_rows
+from ..queries.services import QueryError
+from ..queries.times import resolve, resolve_rows
 from .html import Templates, clock_text
 from .modules import PageFileError, PortalModule
 from .render import RenderContext, build_view
-from .services_query import QueryError
 
 __all__ = ["fixture_fetch", "write_preview"]
 
@@ -135,7 +135,7 @@ def write_preview(module_dir: Path, out: Path, *, node: str | None = None) -> li
     static = out / "static"
     static.mkdir(exist_ok=True)
     for name in ("portal.css",):
-        (static / name).write_bytes(resources.files("oarbank_ui").joinpath("static", name)
+        (static / name).write_bytes(resources.files("oarbank_ui.pages").joinpath("static", name)
                                     .read_bytes())
     written: list[Path] = []
     links = []

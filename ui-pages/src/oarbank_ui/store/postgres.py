@@ -1,7 +1,7 @@
 """The fleet store's connections: PostgreSQL through psycopg 3 and its connection pool.
 
 Several portal processes may share one database: every write is one transaction, the
-ordering check is part of the node's upsert (store.py), and migrations run under an advisory
+ordering check is part of the node's upsert (heartbeats.py), and migrations run under an advisory
 lock so two portals starting together apply each one once.
 """
 

@@ -31,7 +31,7 @@ class Migration:
 
 def available(kind: str) -> list[Migration]:
     """The migrations of one store kind (``sqlite`` or ``postgresql``), in version order."""
-    folder = resources.files("oarbank_ui").joinpath("migrations", kind)
+    folder = resources.files("oarbank_ui.store").joinpath("migrations", kind)
     found = []
     for entry in folder.iterdir():
         m = _NAME.match(entry.name)

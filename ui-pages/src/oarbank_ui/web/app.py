@@ -36,20 +36,20 @@ from urllib.parse import quote, unquote, urlencode
 
 from oarbank_sdk.manifest import UiEntry
 
-from . import uicontract
-from .components.shape import Shaping
+from ..pages import uicontract
+from ..pages.html import Templates, clock_text
+from ..pages.links import _page_href, _panel_href, link_resolver, services_fetch
+from ..pages.modules import PageFileError, PortalModule, find_module
+from ..pages.render import RenderContext, ago_text, build_view, data_views, iso_text
+from ..queries.services import MAX_ROWS, QueryError
+from ..queries.shape import Shaping
+from ..store.heartbeats import MAX_NODES_PAGE, HeartbeatStore
+from ..store.tokens import bearer_token
 from .hosts import HostCheck
-from .html import Templates, clock_text
-from .ingest_http import HeartbeatIngest
-from .metrics import CONTENT_TYPE as METRICS_TYPE
-from .metrics import PortalMetrics
-from .modules import PageFileError, PortalModule, find_module
-from .page_links import _page_href, _panel_href, link_resolver, services_fetch
-from .render import RenderContext, ago_text, build_view, data_views, iso_text
+from .prometheus import CONTENT_TYPE as METRICS_TYPE
+from .prometheus import PortalMetrics
+from .reports import HeartbeatIngest
 from .responses import Admission, Response, error_response, json_response
-from .services_query import MAX_ROWS, QueryError
-from .store import MAX_NODES_PAGE, HeartbeatStore
-from .tokens import bearer_token
 
 __all__ = ["MAX_BODY", "Portal", "route_name", "services_fetch"]
 
@@ -273,7 +273,7 @@ class Portal:
 
     def heartbeat(self, body: bytes, node_id: str) -> Response:
         """A report from the node ``node_id`` (its token's), stored in its own transaction
-        (in-process callers; the server queues reports for group commit: ingest_http.py)."""
+        (in-process callers; the server queues reports for group commit: reports.py)."""
         report = self.ingest.prepare(body, node_id, None)
         if isinstance(report, Response):
             return report
@@ -450,7 +450,7 @@ class Portal:
         suffix = name[name.rfind("."):] if "." in name else ""
         if suffix not in _STATIC_TYPES or "/" in name or name.startswith("."):
             return error_response(404, f"no static file {name!r}")
-        res = resources.files("oarbank_ui").joinpath("static", name)
+        res = resources.files("oarbank_ui.pages").joinpath("static", name)
         if not res.is_file():
             return error_response(404, f"no static file {name!r}")
         return Response(200, res.read_bytes(), _STATIC_TYPES[suffix],
