@@ -136,4 +136,7 @@ def test_finished_attempts_are_collected_unfinished_ones_run_again(
     rows = {j["job_id"]: j for j in st["jobs"]}
     assert [rows[j]["collected"] for j in (done, failed, working)] == [True, True, False]
     assert "outcome succeeded collected, not run again" in second.log()
+    human = second.cli("status", "--state-dir", str(second.state_dir))
+    assert "after agent restarts: 2 job(s) collected (their runner had finished), 1 re-run" \
+        in human.stdout, human.stdout
     second.stop()

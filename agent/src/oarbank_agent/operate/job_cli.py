@@ -146,6 +146,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     jcols = ["job_id", "module", "stage", "state", "attempts", "wire_attempt", "exit_code",
              "reason"]
     _table(jcols, [[_cell(j.get(c)) for c in jcols] for j in st["jobs"]])
+    after = st.get("jobs_after_restart") or {}
+    if after.get("collected") or after.get("rerun"):  # recovery.after_restart
+        print(f"after agent restarts: {after.get('collected', 0)} job(s) collected (their "
+              f"runner had finished), {after.get('rerun', 0)} re-run")
     refused = st.get("sandbox_refusals") or {}
     if refused:  # network attempts the sandbox refused, per service / attempt (refusals.py)
         print()
