@@ -1,11 +1,13 @@
-"""The tree is the architecture: no module over 500 lines, no import circle in the agent or
-the SDK.
+"""The tree is the architecture: no module over 500 lines, no import circle in the agent, the
+SDK, the portal or the harness, and the portal's folders layered.
 
 Every module of ``oarbank_agent``, ``oarbank_sdk`` and ``oarbank_ui`` is read in one sitting
-(the lines of its file, 500 at most). The agent's import graph, read with ``ast`` from every
+(the lines of its file, 500 at most). Each package's import graph, read with ``ast`` from every
 ``import`` and ``from ... import`` of a module (those inside functions and under
-``TYPE_CHECKING`` included: an import put off to break a circle is still one), has no cycle,
-and neither has the SDK's; a failure prints each cycle it found, module by module.
+``TYPE_CHECKING`` included: an import put off to break a circle is still one), has no cycle;
+a failure prints each cycle it found, module by module. The portal's folders import only the
+folders below them (``PORTAL_LAYERS``, ui-pages/README.md's Layout), so no circle can form
+between them either.
 """
 
 from __future__ import annotations
@@ -22,11 +24,15 @@ PACKAGES = {
     "oarbank_sdk": REPO / "sdk" / "src" / "oarbank_sdk",
     "oarbank_ui": REPO / "ui-pages" / "src" / "oarbank_ui",
 }
+# Read for import circles only (the harness is not held to the 500 lines).
+CYCLE_CHECKED = {**PACKAGES, "harness": REPO / "harness"}
+# The portal's folders, top down: each imports only those after it (cli.py sits above all).
+PORTAL_LAYERS = ("web", "pages", "store", "ingest", "queries")
 
 
 def modules(package: str) -> dict[str, Path]:
     """Dotted module name -> its file, for every ``.py`` of ``package``."""
-    root = PACKAGES[package]
+    root = CYCLE_CHECKED[package]
     found = {}
     for path in sorted(root.rglob("*.py")):
         parts = list(path.relative_to(root.parent).with_suffix("").parts)
@@ -125,7 +131,7 @@ def test_no_module_over_500_lines() -> None:
                       + "\n  ".join(long))
 
 
-@pytest.mark.parametrize("package", ["oarbank_agent", "oarbank_sdk"])
+@pytest.mark.parametrize("package", sorted(CYCLE_CHECKED))
 def test_no_import_cycle(package: str) -> None:
     known = modules(package)
     graph = {name: imports(name, path, known) for name, path in known.items()}
@@ -133,6 +139,45 @@ def test_no_import_cycle(package: str) -> None:
     assert not found, f"import cycles in {package} (one cycle each, then every module of " \
         "its circle):\n  " + "\n  ".join(" -> ".join(c) + f"  [{', '.join(sorted(rest))}]"
                                          for c, rest in found)
+
+
+def upward_imports(graph: dict[str, set[str]], package: str,
+                   layers: tuple[str, ...]) -> list[str]:
+    """Imports from a folder of ``package`` to one listed before it in ``layers`` (or to the
+    package's top-level modules), as "module -> module"."""
+    def layer(name: str) -> int | None:
+        parts = name.split(".")
+        if len(parts) < 3:  # the package or a top-level module (cli): above every folder
+            return -1
+        return layers.index(parts[1]) if parts[1] in layers else None
+
+    found = []
+    for name, deps in sorted(graph.items()):
+        here = layer(name)
+        if here is None or here < 0:
+            continue
+        for dep in sorted(deps):
+            there = layer(dep)
+            if there is not None and there < here:
+                found.append(f"{name} -> {dep}")
+    return found
+
+
+def test_the_portals_folders_are_layered() -> None:
+    known = modules("oarbank_ui")
+    folders = {n.split(".")[1] for n, p in known.items() if p.parent != PACKAGES["oarbank_ui"]}
+    assert folders == set(PORTAL_LAYERS), f"folders of oarbank_ui not in PORTAL_LAYERS: {folders}"
+    graph = {name: imports(name, path, known) for name, path in known.items()}
+    up = upward_imports(graph, "oarbank_ui", PORTAL_LAYERS)
+    assert not up, ("imports against the portal's layers (" + " > ".join(PORTAL_LAYERS)
+                    + "):\n  " + "\n  ".join(up))
+
+
+def test_the_layer_check_finds_an_upward_import() -> None:
+    graph = {"p.cli": {"p.web.app"}, "p.web.app": {"p.store.s"}, "p.store.s": {"p.web.app"},
+             "p.store.t": {"p.cli"}}
+    assert upward_imports(graph, "p", ("web", "store")) == ["p.store.s -> p.web.app",
+                                                            "p.store.t -> p.cli"]
 
 
 def test_the_cycle_finder_finds_one() -> None:

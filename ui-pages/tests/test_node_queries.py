@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 
 from oarbank_ui.ingest.validate import HeartbeatError, parse_heartbeat
-from oarbank_ui.queries.nodes import History
 from oarbank_ui.queries.services import QueryError
 from oarbank_ui.queries.shape import Shaping, read_shaping
 from oarbank_ui.store.heartbeats import HeartbeatStore, open_store
+from oarbank_ui.store.history import History
 
 MOD = "dev.example.modelserver"
 T0 = 1_800_000_000.0  # a multiple of 3600: buckets start on it

@@ -101,7 +101,20 @@ def test_bad_requests(start_portal, http_request) -> None:  # type: ignore[no-un
                                                    p.token("node-a").encode(), MAX_BODY + 1))
         r = http.client.HTTPResponse(s)
         r.begin()
-        assert r.status == 413 and "larger than 1 MiB" in r.read().decode()
+        assert r.status == 413 and "heartbeat: body of" in r.read().decode()
+    # Any other request's body (a PUT on the report's path too) has the same checks (one front
+    # end) but is no report: its refusal is a plain answer, not counted as a report refused.
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(b"PUT /v1/heartbeat HTTP/1.1\r\nHost: %s:%s\r\nContent-Length: %d\r\n\r\n"
+                  % (host.encode(), port.encode(), MAX_BODY + 1))
+        r = http.client.HTTPResponse(s)
+        r.begin()
+        assert r.status == 413, r.status
+        assert r.read().decode() == (
+            f'{{"error": "body of {MAX_BODY + 1} bytes is larger than 1 MiB"}}\n')
+    refused = [line for line in p.get("/metrics").text.splitlines()
+               if line.startswith('oarbank_portal_reports_refused_total{cause="too_large"}')]
+    assert refused == ['oarbank_portal_reports_refused_total{cause="too_large"} 1.0'], refused
 
 
 def test_over_a_unix_socket(start_portal, tmp_path: Path, make_heartbeat, make_row) -> None:  # type: ignore[no-untyped-def]

@@ -10,10 +10,11 @@ from typing import Any
 import pytest
 from portal_helpers import MODULE_ID, heartbeat, service_row
 
+from oarbank_ui.ingest.report import Report, report_digest
 from oarbank_ui.ingest.validate import parse_report
-from oarbank_ui.store.heartbeats import open_store, services_sql
+from oarbank_ui.store.heartbeats import open_store
+from oarbank_ui.store.schema import services_sql
 from oarbank_ui.store.tokens import token_hash
-from oarbank_ui.store.write import Report, record_batch, report_digest
 
 
 @pytest.fixture
@@ -53,7 +54,7 @@ def test_every_kind_of_report_in_one_batch_gets_its_own_outcome(store: Any) -> N
         "revoked": heartbeat("revoked", service_row(users=3), t=t0),
         "same": heartbeat("same", service_row(users=4), t=t0),
     }
-    first = record_batch(store, [report(d, t0 + (50 if n == "older" else 0), tokens[n])
+    first = store.record_batch([report(d, t0 + (50 if n == "older" else 0), tokens[n])
                                  for n, d in before.items()])
     assert [o.status for o in first] == ["applied"] * 4, first
     old_token = tokens["revoked"]
@@ -68,7 +69,7 @@ def test_every_kind_of_report_in_one_batch_gets_its_own_outcome(store: Any) -> N
         "same": dict(before["same"], time=now),  # nothing new but its time
     }
     batch = [report(docs[n], now, old_token if n == "revoked" else tokens[n]) for n in docs]
-    out = dict(zip(docs, record_batch(store, batch), strict=True))
+    out = dict(zip(docs, store.record_batch(batch), strict=True))
 
     assert {n: o.status for n, o in out.items()} == {
         "new": "applied", "changed": "applied", "older": "not_applied", "revoked": "revoked",
@@ -94,7 +95,7 @@ def test_every_kind_of_report_in_one_batch_gets_its_own_outcome(store: Any) -> N
     later = now + 10
     alive = [report({"node_id": n, "hostname": f"host-{n}", "time": later,
                      "alive": out[n].digest}, later, tokens[n]) for n in ("new", "changed")]
-    assert [o.status for o in record_batch(store, alive)] == ["applied", "applied"]
+    assert [o.status for o in store.record_batch(alive)] == ["applied", "applied"]
     assert rows(store, "changed") == [("a", 9, later, None)]
 
 
@@ -106,7 +107,7 @@ def test_a_batch_of_whole_reports_keeps_each_nodes_rows_apart(store: Any) -> Non
                                            rss_bytes=1000 * i if k else None)
                                for k in range(i % 4 + 1)), t=t)
                 for i, n in enumerate(tokens)]
-        out = record_batch(store, [report(d, t, tokens[d["node_id"]]) for d in docs])
+        out = store.record_batch([report(d, t, tokens[d["node_id"]]) for d in docs])
         assert all(o.applied for o in out), [o for o in out if not o.applied]
         for i, n in enumerate(tokens):
             assert rows(store, n) == [(f"s{k}", i * 10 + k + round_, t, 1000 * i if k else None)
@@ -132,7 +133,7 @@ def test_a_batch_stores_every_text_and_number_exactly_as_reported(store: Any) ->
                           "mem_total_bytes": 2**63 - 1, "gpu_mem_used_bytes": 0,
                           "gpu_mem_total_bytes": None}
         docs.append(doc)
-    out = record_batch(store, [report(d, t + 1, tokens[d["node_id"]]) for d in docs])
+    out = store.record_batch([report(d, t + 1, tokens[d["node_id"]]) for d in docs])
     assert all(o.applied for o in out), out
     with store.backend.read() as tx:
         for i, d in enumerate(docs):

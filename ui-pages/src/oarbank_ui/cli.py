@@ -25,8 +25,8 @@ from typing import Any
 from oarbank_sdk.manifest import ManifestError
 
 from .ingest.group_commit import DEFAULT_LINGER_S
-from .queries.nodes import History
 from .store.heartbeats import HeartbeatStore, is_postgres_url, open_store
+from .store.history import History
 
 __all__ = ["main"]
 

@@ -2,9 +2,9 @@
 
 Requests hand their checked report to ``GroupCommit.submit``; one thread per portal process
 takes every report waiting (distinct nodes, at most ``max_batch``), stores them in one
-transaction (``store.write.record_batch``) and only then settles each report's future: a
-report is answered after its commit, never before. While a batch is written the next one
-gathers, so the busier the portal, the more reports share a commit.
+transaction (the ``write`` it is given: ``HeartbeatStore.record_batch``) and only then settles
+each report's future: a report is answered after its commit, never before. While a batch is
+written the next one gathers, so the busier the portal, the more reports share a commit.
 
 The linger: a batch's first report waits up to ``linger_s`` (25 ms) for others to join it,
 but only while reports arrive faster than that (``linger_for``): a lone report on a quiet
@@ -39,9 +39,8 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
-from ..store.write import Outcome, Report, record_batch
+from .report import Outcome, Report
 
 __all__ = ["GroupCommit", "admits", "linger_for", "mean_gap", "DEFAULT_LINGER_S"]
 
@@ -80,13 +79,14 @@ class _Pending:
 
 
 class GroupCommit:
-    def __init__(self, store: Any, *, bound_s: float = 1.0, max_batch: int = 1000,
+    def __init__(self, write: Callable[[list[Report]], list[Outcome]], *, bound_s: float = 1.0,
+                 max_batch: int = 1000,
                  admit_fraction: float = 0.5, drop_fraction: float = 0.8,
                  linger_s: float = DEFAULT_LINGER_S,
                  on_batch: Callable[[int, float], None] | None = None,
                  on_settled: Callable[[list[tuple[Report, Outcome]]], None] | None = None,
                  ) -> None:
-        self.store = store
+        self.write = write  # a batch in one transaction: an outcome each, in order
         self.bound_s = bound_s
         self.max_batch = max_batch
         self.linger_s = linger_s
@@ -194,7 +194,7 @@ class GroupCommit:
 
     def _write(self, batch: list[_Pending]) -> list[Outcome]:
         try:
-            return record_batch(self.store, [p.report for p in batch])
+            return self.write([p.report for p in batch])
         except Exception as e:
             failed = Outcome("store_error", f"{type(e).__name__}: {e}")
             if len(batch) == 1:

@@ -10,28 +10,31 @@ the node's upsert (``... DO UPDATE ... WHERE stored.received_at <= new``), so tw
 receiving two reports of one node at once still keep the later one. The node's ``time`` stays
 as ``reported_at`` for display.
 
-Tokens: one per node, only its SHA-256 kept (tokens.py).
+The writing is ``write.py``'s (one writer for a report alone and a batch); the tables' columns
+``schema.py``'s. Tokens: one per node, only its SHA-256 kept (``tokens.py``).
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..ingest.validate import Heartbeat, service_metrics
+from ..ingest.report import Outcome, Report
+from ..ingest.validate import Heartbeat
 from ..queries import nodes as node_queries
 from ..queries.bucket_cache import BucketCache
-from ..queries.nodes import History
 from ..queries.services import MAX_ROWS, is_stale, iso_utc, services_row
 from ..queries.shape import Shaping
+from .history import History, compact_samples
+from .schema import services_sql
 from .tokens import new_token, token_hash
+from .write import write_reports
 
-__all__ = ["HeartbeatStore", "MAX_NODES_PAGE", "RecordResult", "StoreBackend", "is_postgres_url",
-           "open_store", "services_sql"]
+__all__ = ["ALL_ROWS", "HeartbeatStore", "MAX_NODES_PAGE", "RecordResult", "StoreBackend",
+           "is_postgres_url", "open_store"]
 
 MAX_NODES_PAGE = 1000
 # services_page(limit=ALL_ROWS): every row of the module, for a source that aggregates them
@@ -77,56 +80,6 @@ def open_store(where: str | Path, *, history: History | None = None,
     return HeartbeatStore(where, history=history)
 
 
-NODE_COLUMNS = ("node_id, hostname, reported_at, received_at, heartbeat_s, agent_stopped,"
-                " mem_used_bytes, mem_reserved_bytes, mem_total_bytes, gpu_mem_used_bytes,"
-                " gpu_mem_total_bytes, rows_digest")
-# A node's report replaces the stored one only if it was received no earlier (the order of
-# reports is the order they reached the portal); the node ids it replaced come back.
-NODE_WON = (" ON CONFLICT (node_id) DO UPDATE SET "
-            + ", ".join(f"{c} = excluded.{c}" for c in NODE_COLUMNS.split(", ")[1:])
-            + " WHERE nodes.received_at <= excluded.received_at RETURNING node_id")
-ROW_COLUMNS = ("module, node_id, service, hostname, health, running, ready, accepting, error,"
-               " held, disabled, withdrawn, gpu_api_missing, lifecycle, users, endpoint,"
-               " reported_at, raw, received_at, heartbeat_s, agent_stopped, rss_bytes, loads")
-# A service row's liveness is its node's: a report that says nothing new refreshes only the
-# node's times (write.py), so readers take ``reported_at`` and ``received_at`` from
-# ``nodes``; the rows' own two columns say when the rows themselves were last written.
-_ROW_OWN_COLUMNS = ", ".join(c for c in ROW_COLUMNS.split(", ")
-                             if c not in ("reported_at", "received_at"))
-
-
-def services_sql(where: str) -> str:
-    """The ``services`` query's rows (``where`` on service_rows' columns; then ORDER BY and a
-    LIMIT parameter), each with its node's times. The page of rows is cut first, through the
-    primary key, and only its rows look their node up, by the node's key: a join before the
-    LIMIT, or a hash join after it, may read every node."""
-    node = "(SELECT n.{0} FROM nodes n WHERE n.node_id = s.node_id) AS {0}"
-    return (f"SELECT {_ROW_OWN_COLUMNS}, {node.format('reported_at')},"
-            f" {node.format('received_at')} FROM (SELECT * FROM service_rows WHERE {where}"
-            " ORDER BY node_id, service LIMIT ?) s ORDER BY node_id, service")
-
-
-_ROW_SQL = f"INSERT INTO service_rows ({ROW_COLUMNS}) VALUES "
-_ROW_VALUES = "(" + ", ".join("?" * 23) + ")"
-# A node's rows go in multi-row INSERTs (fewer statements than one per row), two rows each:
-# 46 parameters, under the 50 up to which psycopg caches a statement's parsing (above it every
-# execute parses the SQL again) and far under SQLite's 32,766.
-_ROWS_PER_INSERT = 2
-
-
-def service_row_values(hb: Heartbeat, now: float) -> list[tuple[Any, ...]]:
-    """A report's service rows, as ROW_COLUMNS' values (received at ``now``)."""
-    stopped = int(hb.agent_stopped)
-    return [
-        (r.module, hb.node_id, r.service, hb.hostname, r.health, int(r.running),
-         int(r.ready), int(r.accepting), r.error, r.held, int(r.disabled),
-         int(r.withdrawn), int(r.gpu_api_missing), r.lifecycle, r.users,
-         int(r.endpoint), hb.time, json.dumps(r.raw, sort_keys=True), now,
-         hb.heartbeat_s, stopped, *service_metrics(r).values())
-        for r in hb.services
-    ]
-
-
 class HeartbeatStore:
     def __init__(self, backend: StoreBackend | str | Path, *,
                  history: History | None = None) -> None:
@@ -156,46 +109,23 @@ class HeartbeatStore:
     # -- heartbeats ------------------------------------------------------------------------
 
     def record(self, hb: Heartbeat, *, received_at: float | None = None) -> RecordResult:
-        """Store a node's snapshot in one transaction (all or nothing)."""
+        """Store a node's snapshot in one transaction (all or nothing), without a token check
+        (in-process callers): a batch of one."""
         now = time.time() if received_at is None else received_at
-        # pipelined: the rows and the commit go to PostgreSQL in one round trip
+        got = self.record_batch([Report(hb, None, now)], now=now)[0]
+        return RecordResult(True) if got.applied else RecordResult(False, got.reason)
+
+    def record_batch(self, items: list[Report], *, now: float | None = None) -> list[Outcome]:
+        """Store ``items`` (distinct nodes) in one transaction (``write.py``); an outcome
+        each, in order. ``now``: the clock the history's roll-up goes by (default: this
+        process's)."""
+        # pipelined: the statements and the commit go to PostgreSQL in one round trip
         with self.backend.write(pipelined=True) as tx:
-            refused = self.write_full(tx, hb, now, None)
-        self.after_write(now)
-        return RecordResult(True) if refused is None else RecordResult(False, refused.reason)
-
-    def write_full(self, tx: Any, hb: Heartbeat, now: float, digest: str | None) -> Any:
-        """Inside a write: replace the node's rows with ``hb``'s, keep ``digest`` as the
-        node's (write.py). None when stored; else the ``not_applied`` Outcome."""
-        from .write import Outcome
-
-        stopped = int(hb.agent_stopped)
-        m = hb.metrics or {}
-        won = tx.one(
-            f"INSERT INTO nodes ({NODE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-            + NODE_WON,
-            (hb.node_id, hb.hostname, hb.time, now, hb.heartbeat_s, stopped,
-             m.get("mem_used_bytes"), m.get("mem_reserved_bytes"), m.get("mem_total_bytes"),
-             m.get("gpu_mem_used_bytes"), m.get("gpu_mem_total_bytes"), digest))
-        if won is None:
-            prev = tx.one("SELECT received_at FROM nodes WHERE node_id = ?", (hb.node_id,))
-            at = iso_utc(prev["received_at"]) if prev else "?"
-            return Outcome("not_applied", f"a report of {hb.node_id} received later "
-                                          f"({at}) is already stored")
-        tx.run("DELETE FROM service_rows WHERE node_id = ?", (hb.node_id,))
-        rows = service_row_values(hb, now)
-        for i in range(0, len(rows), _ROWS_PER_INSERT):
-            chunk = rows[i:i + _ROWS_PER_INSERT]
-            tx.run(_ROW_SQL + ", ".join([_ROW_VALUES] * len(chunk)),
-                   [v for row in chunk for v in row])
-        node_queries.record_samples(tx, self.kind, hb, now, self.history)
-        self.saw_modules(hb)
-        return None
-
-    def saw_modules(self, hb: Heartbeat) -> None:
-        """A stored report's modules join the ones the history's roll-up visits."""
-        if self._sample_modules is not None:
-            self._sample_modules.update(r.module for r in hb.services)
+            outcomes, modules = write_reports(tx, self.kind, self.history, items)
+        if self._sample_modules is not None:  # the modules the history's roll-up visits
+            self._sample_modules.update(modules)
+        self.after_write(time.time() if now is None else now)
+        return outcomes
 
     def after_write(self, now: float) -> None:
         """After a report's commit: the history's roll-up, at most once a minute."""
@@ -204,11 +134,11 @@ class HeartbeatStore:
             self.compact(now=now)
 
     def compact(self, *, now: float | None = None) -> dict[str, int]:
-        """Roll aged samples up and drop expired ones (``node_queries.compact``)."""
+        """Roll aged samples up and drop expired ones (``history.compact_samples``)."""
         t = time.time() if now is None else now
         with self.backend.write() as tx:
             seen = sorted(self._sample_modules) if self._sample_modules is not None else None
-            done = node_queries.compact(tx, self.kind, t, self.history, seen)
+            done = compact_samples(tx, self.kind, t, self.history, seen)
             if self._sample_modules is None:
                 self._sample_modules = set()
                 self._sample_modules.update(r["module"] for r in tx.all(

@@ -48,7 +48,7 @@ from ..store.tokens import bearer_token
 from .hosts import HostCheck
 from .prometheus import CONTENT_TYPE as METRICS_TYPE
 from .prometheus import PortalMetrics
-from .reports import HeartbeatIngest
+from .reports import CHALLENGE, STORE_FAILED, TOKEN_UNKNOWN, HeartbeatIngest
 from .responses import Admission, Response, error_response, json_response
 
 __all__ = ["MAX_BODY", "Portal", "route_name", "services_fetch"]
@@ -127,7 +127,8 @@ class Portal:
     def ingest(self) -> HeartbeatIngest:
         """The heartbeat path past its headers (made on first use, in the serving process)."""
         if self._ingest is None:
-            self._ingest = HeartbeatIngest(self, **self.ingest_options)
+            self._ingest = HeartbeatIngest(self.store, self.metrics, self.refuse,
+                                           self.check_token, self.clock, **self.ingest_options)
         return self._ingest
 
     # -- dispatch --------------------------------------------------------------------------
@@ -159,18 +160,16 @@ class Portal:
             return self.refuse("content_type", 415, "heartbeat: Content-Type must be "
                                f"application/json, got {ctype or 'none'}")
         token = bearer_token(headers.get("authorization"))
-        challenge = {"WWW-Authenticate": 'Bearer realm="oarbank-portal"'}
         if token is None:
             return self.refuse("unauthenticated", 401, "heartbeat: no node credential "
                                "(Authorization: Bearer <token>; the portal's operator issues "
-                               "one with `oarbank-portal token issue NODE_ID`)", challenge)
+                               "one with `oarbank-portal token issue NODE_ID`)", CHALLENGE)
         if not lookup:
             return Admission("")
         return self.check_token(token)
 
     def check_token(self, token: str) -> Admission | Response:
         """The node ``token`` names, asked of the store, or the refusal."""
-        challenge = {"WWW-Authenticate": 'Bearer realm="oarbank-portal"'}
         try:
             node = self.store.node_for_token(token)
         except Exception:  # the store is away: the agent retries a 5xx, not a 4xx
@@ -178,8 +177,7 @@ class Portal:
             return self.refuse("store_error", 503, "heartbeat: the portal could not check the "
                                "token (see the portal's log); send it again")
         if node is None:
-            return self.refuse("unauthenticated", 401, "heartbeat: the token is not one this "
-                               "portal issued, or it was revoked", challenge)
+            return self.refuse("unauthenticated", 401, TOKEN_UNKNOWN, CHALLENGE)
         return Admission(node)
 
     def handle(self, method: str, path: str, query: dict[str, list[str]],
@@ -206,8 +204,7 @@ class Portal:
     def _store_down(self, route: str, e: Exception) -> Response:
         log.warning("the store does not answer: %s: %s", type(e).__name__, e)
         if route == "heartbeat":  # a 5xx: the agent sends it again
-            return self.refuse("store_error", 503, "heartbeat: the portal could not store it "
-                               "(see the portal's log); send it again")
+            return self.refuse("store_error", 503, STORE_FAILED)
         if route == "healthz":
             return json_response(503, {"ok": False, "store": self.store.kind,
                                "error": f"{type(e).__name__}: {e}"})
@@ -264,8 +261,7 @@ class Portal:
         except Exception:  # a bug or a store outage must cost one request, not the portal
             log.exception("error answering %s %s", method, path)
             if route == "heartbeat":
-                return route, self.refuse("store_error", 503, "heartbeat: the portal could not "
-                                          "store it (see the portal's log); send it again")
+                return route, self.refuse("store_error", 503, STORE_FAILED)
             return route, error_response(500, "internal error; see the portal's log")
         return route, self._html_error(404, "Not found", f"nothing at {path}")
 

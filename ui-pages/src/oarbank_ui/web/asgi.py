@@ -1,25 +1,28 @@
-"""``Portal.handle`` as an ASGI app (Starlette), for uvicorn (server.py).
+"""The portal's one ASGI front end, for uvicorn (server.py): every request enters here.
 
-What this layer adds to the request logic, and why:
-- The checks that need neither the body nor the store (Host; for a heartbeat its content type
-  and that it carries a token at all) run on the event loop first: a caller without a token
-  is answered before a byte of its body is read. The token itself is looked up with the rest
-  of the request, in one trip to the thread pool (a hop costs about as much as the lookup).
+What this layer adds to the request logic (app.py), and why; each check is written once:
+- The checks that need neither the body nor the store (``Portal.admit(lookup=False)``: Host;
+  for a report its content type and that it carries a token at all) run on the event loop
+  first: a caller without a token is answered before a byte of its body is read.
 - A body must declare its length (411 otherwise) and be at most 1 MiB (413, from the declared
   length, before reading); it must arrive within ``read_timeout_s`` (408 otherwise) so a
-  stalled client holds a connection slot for seconds, not forever.
+  stalled client holds a connection slot for seconds, not forever (``_body``).
 - A body cut short by a disconnect is dropped, never parsed: ``{`` from a client that went
-  away is not a heartbeat.
-- The store is blocking (sqlite3, psycopg's pool): requests run in Starlette's thread pool,
-  the event loop only moves bytes.
-- A report (``POST /v1/heartbeat``) does not enter Starlette at all: heartbeat.py answers
-  it with the same checks, on a shorter path.
+  away is not a heartbeat. Nobody is left to read an answer.
+- A report's refusals are counted by cause and logged (``Portal.refuse``); another request's
+  are plain answers.
+- A report (``POST /v1/heartbeat``), the one request a fleet sends a thousand times a second,
+  takes a short path (``_report_app``): no Starlette ``Request``, ``Response`` or router, the
+  answer sent as two ASGI messages with headers encoded here; past its headers it is
+  ``reports.py``'s (token, parsing, group commit). Every other request goes through Starlette
+  to ``Portal.handle`` in the thread pool (the store is blocking: sqlite3, psycopg's pool).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -30,13 +33,164 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from .app import MAX_BODY, Portal, route_name
-from .heartbeat import Truncated, build_heartbeat_app, is_heartbeat_post, read_body
 from .responses import Response as PortalResponse
 from .responses import error_response
 
-__all__ = ["build_app"]
+__all__ = ["Truncated", "build_app", "is_heartbeat_post", "read_body"]
+
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+ASGIApp = Callable[[dict[str, Any], Receive, Send], Awaitable[None]]
 
 _METHODS = ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"]
+_REPORT_PATHS = (b"/v1/heartbeat", b"/v1/heartbeat/")
+
+
+class Truncated(Exception):
+    """A request's body ended before its Content-Length, or ran past it (the message says)."""
+
+
+def is_heartbeat_post(scope: dict[str, Any]) -> bool:
+    """Whether ``scope`` is a report, judged on the path as sent."""
+    if scope["type"] != "http" or scope["method"] != "POST":
+        return False
+    raw = scope.get("raw_path")
+    if raw is None:
+        raw = scope["path"].encode("latin-1", "replace")
+    return raw in _REPORT_PATHS or raw.rstrip(b"/") == b"/v1/heartbeat"
+
+
+def _headers(scope: Mapping[str, Any]) -> dict[str, str]:
+    """The request's headers, names lower-case, repeated ones joined as HTTP joins them."""
+    headers: dict[str, str] = {}
+    for k, v in scope["headers"]:
+        name = k.decode("latin-1").lower()
+        value = v.decode("latin-1")
+        headers[name] = f"{headers[name]}, {value}" if name in headers else value
+    return headers
+
+
+def _path(scope: Mapping[str, Any]) -> str:
+    # raw_path: the path as sent (Portal.handle decodes each segment itself, so a node id
+    # with an encoded "/" stays one segment).
+    return scope.get("raw_path", scope["path"].encode()).decode("latin-1")
+
+
+async def read_body(receive: Receive, length: int) -> bytes:
+    message = await receive()
+    if message["type"] == "http.disconnect":
+        raise Truncated(f"the client went away after 0 of {length} bytes")
+    body = message.get("body", b"")
+    if not message.get("more_body", False):  # the usual case: the whole body in one message
+        if len(body) != length:
+            raise Truncated(f"{len(body)} of the declared {length} bytes" if len(body) < length
+                             else f"more than the declared {length} bytes")
+        return body
+    chunks = [body]
+    got = len(body)
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise Truncated(f"the client went away after {got} of {length} bytes")
+        chunk = message.get("body", b"")
+        got += len(chunk)
+        if got > length:  # the server enforces Content-Length; this is the belt to its braces
+            raise Truncated(f"more than the declared {length} bytes")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    if got != length:
+        raise Truncated(f"{got} of the declared {length} bytes")
+    return b"".join(chunks)
+
+
+async def _within(coro: Awaitable[bytes], seconds: float) -> bytes:
+    """``coro``'s result, or TimeoutError after ``seconds``: a timer that cancels this task
+    (a third of ``asyncio.timeout``'s cost, and no task of its own as ``wait_for`` makes)."""
+    task = asyncio.current_task()
+    assert task is not None
+    expired: list[bool] = []
+
+    def expire() -> None:
+        expired.append(True)
+        task.cancel()
+
+    timer = asyncio.get_running_loop().call_later(seconds, expire)
+    try:
+        return await coro
+    except asyncio.CancelledError:
+        if not expired:
+            raise  # cancelled from outside (the server stopping): not ours to swallow
+        if hasattr(task, "uncancel"):  # 3.11+: this cancel is handled here
+            task.uncancel()
+        raise TimeoutError from None
+    finally:
+        timer.cancel()
+
+
+async def _body(portal: Portal, receive: Receive, headers: dict[str, str],
+                read_timeout_s: float, *, report: bool) -> bytes | PortalResponse | None:
+    """The body its headers declare, or the answer refusing it (None: it was cut short and
+    nobody is left to answer). ``report``: a refusal is a report's (counted, logged)."""
+    what = "heartbeat: body" if report else "body"
+
+    def refuse(cause: str, status: int, message: str) -> PortalResponse:
+        return portal.refuse(cause, status, message) if report else error_response(status,
+                                                                                   message)
+
+    length = headers.get("content-length", "")
+    if not length.isdigit():
+        return error_response(411, "Content-Length is required")
+    n = int(length)
+    if n > MAX_BODY:
+        return refuse("too_large", 413, f"{what} of {n} bytes is larger than 1 MiB")
+    try:
+        return await _within(read_body(receive, n), read_timeout_s)
+    except (asyncio.TimeoutError, TimeoutError):
+        return refuse("read_timeout", 408, f"{what} not received within {read_timeout_s:g} s")
+    except Truncated as e:
+        refuse("truncated", 400, f"{what} cut short, not parsed ({e})")
+        return None
+
+
+def _report_app(portal: Portal, read_timeout_s: float) -> ASGIApp:
+    """The ASGI callable for reports (``is_heartbeat_post`` scopes only)."""
+
+    async def answer(scope: dict[str, Any], receive: Receive) -> tuple[PortalResponse | None,
+                                                                          bool]:
+        """The answer and whether the connection must close after it (None: nobody to
+        answer, the body was cut short)."""
+        headers = _headers(scope)
+        early = portal.admit("POST", _path(scope), headers, lookup=False)
+        if isinstance(early, PortalResponse):
+            return early, True  # the body was not read: the connection cannot carry another
+        body = await _body(portal, receive, headers, read_timeout_s, report=True)
+        if not isinstance(body, bytes):
+            return body, True
+        # group commit: parsed here, stored with others, answered after the commit
+        return await portal.ingest.post(headers, body), False
+
+    async def app(scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        started = time.perf_counter()
+        try:
+            r, close = await answer(scope, receive)
+        finally:  # every report, refused ones too, from its head to its answer
+            portal.metrics.observe("heartbeat", started)
+        if r is None:
+            body, head = b"", [(b"content-length", b"0"), (b"connection", b"close")]
+            status = 400
+        else:
+            body, status = r.body, r.status
+            head = [(b"content-type", r.content_type.encode("latin-1")),
+                    (b"content-length", str(len(body)).encode("latin-1"))]
+            for k, v in r.headers.items():
+                head.append((k.lower().encode("latin-1"), v.encode("latin-1")))
+            if close:
+                head.append((b"connection", b"close"))
+        await send({"type": "http.response.start", "status": status, "headers": head})
+        await send({"type": "http.response.body", "body": body})
+
+    return app
 
 
 def _to_starlette(r: PortalResponse, *, close: bool = False) -> Response:
@@ -47,7 +201,7 @@ def _to_starlette(r: PortalResponse, *, close: bool = False) -> Response:
     return Response(r.body, status_code=r.status, headers=headers, media_type=r.content_type)
 
 
-def build_app(portal: Portal, *, read_timeout_s: float = 10.0) -> Any:
+def build_app(portal: Portal, *, read_timeout_s: float = 10.0) -> ASGIApp:
     async def endpoint(request: Request) -> Response:
         started = time.perf_counter()
         try:
@@ -57,58 +211,30 @@ def build_app(portal: Portal, *, read_timeout_s: float = 10.0) -> Any:
 
     async def answer(request: Request) -> Response:
         scope = request.scope
-        method = scope["method"]
-        # raw_path: the path as sent (Portal.handle decodes each segment itself, so a node id
-        # with an encoded "/" stays one segment).
-        path = scope.get("raw_path", scope["path"].encode()).decode("latin-1")
-        headers: dict[str, str] = {}
-        for k, v in scope["headers"]:
-            name = k.decode("latin-1").lower()
-            value = v.decode("latin-1")
-            headers[name] = f"{headers[name]}, {value}" if name in headers else value
-        query = parse_qs(scope.get("query_string", b"").decode("latin-1"),
-                         keep_blank_values=True)
-        is_heartbeat = path.rstrip("/") == "/v1/heartbeat"
+        method, path, headers = scope["method"], _path(scope), _headers(scope)
         early = portal.admit(method, path, headers, lookup=False)
         if isinstance(early, PortalResponse):
             return _to_starlette(early, close=method == "POST")
         body = b""
         if method in ("POST", "PUT", "PATCH"):
-            length = headers.get("content-length", "")
-            if not length.isdigit():
-                return _to_starlette(error_response(411, "Content-Length is required"), close=True)
-            n = int(length)
-            if n > MAX_BODY:
-                r = error_response(413, "body larger than 1 MiB")
-                if is_heartbeat:
-                    r = portal.refuse("too_large", 413, f"heartbeat: body of {n} bytes is "
-                                      "larger than 1 MiB")
-                return _to_starlette(r, close=True)
-            try:
-                # wait_for, not asyncio.timeout: the package runs on Python 3.10 too
-                body = await asyncio.wait_for(read_body(request.receive, n), read_timeout_s)
-            except asyncio.TimeoutError:
-                r = portal.refuse("read_timeout", 408, f"heartbeat: body not received within "
-                                  f"{read_timeout_s:g} s")
-                return _to_starlette(r, close=True)
-            except Truncated as e:
-                # Nobody is left to read an answer; the refusal is counted and logged.
-                portal.refuse("truncated", 400, f"heartbeat: body cut short, not parsed ({e})")
+            got = await _body(portal, request.receive, headers, read_timeout_s, report=False)
+            if got is None:  # nobody is left to read an answer
                 return Response(b"", status_code=400, headers={"Connection": "close"})
-        if is_heartbeat and method == "POST":
-            # group commit: parsed here, stored with others, answered after the commit
-            return _to_starlette(await portal.ingest.post(headers, body))
+            if isinstance(got, PortalResponse):
+                return _to_starlette(got, close=True)
+            body = got
+        query = parse_qs(scope.get("query_string", b"").decode("latin-1"),
+                         keep_blank_values=True)
         r = await run_in_threadpool(portal.handle, method, path, query, body, headers, None,
                                     False)
         return _to_starlette(r)
 
     routed = Starlette(routes=[Route("/{path:path}", endpoint, methods=_METHODS)])
-    # a report skips Starlette altogether (heartbeat.py: the same checks and answers)
-    heartbeat = build_heartbeat_app(portal, read_timeout_s=read_timeout_s)
+    report = _report_app(portal, read_timeout_s)
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
         if is_heartbeat_post(scope):
-            await heartbeat(scope, receive, send)
+            await report(scope, receive, send)
             return
         await routed(scope, receive, send)
 

@@ -1,4 +1,6 @@
-"""``POST /v1/heartbeat`` past its headers: the token, the report, its answer.
+"""``POST /v1/heartbeat`` past its headers (``asgi.py`` checked them and read the body): the
+token, the report, its answer. It gets what it needs of the portal (its store, figures,
+refusals, token check, clock) as arguments, so it never imports the app that makes it.
 
 - The token: node ids by token hash, cached in the process (a lookup per report was a third of
   the store's work), every issued token read at the first report. The cache is only a hint:
@@ -20,19 +22,18 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 
 from ..ingest.group_commit import DEFAULT_LINGER_S, GroupCommit
+from ..ingest.report import Outcome, Report, report_digest
 from ..ingest.validate import Heartbeat, HeartbeatError, StillAlive, parse_report, parse_unchanged
+from ..store.heartbeats import HeartbeatStore
 from ..store.tokens import bearer_token, token_hash
-from ..store.write import Outcome, Report, record_batch, report_digest
+from .prometheus import PortalMetrics
 from .responses import Admission, Response, json_response
-
-if TYPE_CHECKING:
-    from .app import Portal
 
 __all__ = ["HeartbeatIngest"]
 
@@ -59,14 +60,26 @@ def _counters(m: Any, report: Report, outcome: Outcome) -> tuple[Any, ...]:
     return (m.accepted, m.still_alive) if report.short else (m.accepted,)
 
 
+# Refusals the app makes too, worded once.
+CHALLENGE = {"WWW-Authenticate": 'Bearer realm="oarbank-portal"'}
+TOKEN_UNKNOWN = "heartbeat: the token is not one this portal issued, or it was revoked"
+STORE_FAILED = ("heartbeat: the portal could not store it (see the portal's log); send it "
+                "again")
+
+Refuse = Callable[..., Response]  # (cause, status, message, headers=None): counted, logged
+
+
 class HeartbeatIngest:
-    def __init__(self, portal: Portal, *, bound_s: float = 1.0, retry_after_s: int = 10,
+    def __init__(self, store: HeartbeatStore, metrics: PortalMetrics, refuse: Refuse,
+                 check_token: Callable[[str], Admission | Response],
+                 clock: Callable[[], float], *, bound_s: float = 1.0, retry_after_s: int = 10,
                  max_batch: int = 1000, linger_s: float = DEFAULT_LINGER_S) -> None:
-        self.portal = portal
+        self.store, self.metrics, self.refuse = store, metrics, refuse
+        self.check_token, self.clock = check_token, clock
         self.bound_s = bound_s
         self.retry_after_s = retry_after_s
-        m = portal.metrics
-        self.writer = GroupCommit(portal.store, bound_s=bound_s, max_batch=max_batch,
+        m = metrics
+        self.writer = GroupCommit(store.record_batch, bound_s=bound_s, max_batch=max_batch,
                                   linger_s=linger_s,
                                   on_batch=lambda n, s: m.batch_done(n, s, self.writer.age()),
                                   on_settled=self._count)
@@ -118,7 +131,7 @@ class HeartbeatIngest:
         """A batch's answers to come, counted as ``answer`` counts them, one write a figure
         (each is a lock and an mmap write with ``--workers``). Runs on the event loop before
         the batch's futures are settled, so a scrape after an answer sees its report."""
-        m = self.portal.metrics
+        m = self.metrics
         counts = {m.accepted: 0, m.not_applied: 0, m.still_alive: 0}
         for report, outcome in settled:
             for counter in _counters(m, report, outcome):
@@ -132,16 +145,16 @@ class HeartbeatIngest:
         ``--workers N`` looks up each node's token on its first report, a fleet's worth of
         lookups in the first period."""
         try:
-            with self.portal.store.session():
-                known = self.portal.store.token_nodes(limit=_MAX_CACHED)
+            with self.store.session():
+                known = self.store.token_nodes(limit=_MAX_CACHED)
         except Exception:  # the cache is a hint: reports look their tokens up one by one
             log.exception("reading the issued tokens failed; looking each up on its report")
             return
         self._nodes.update(known)
 
     def _lookup(self, token: str) -> str | Response:
-        with self.portal.store.session():
-            got = self.portal.check_token(token)
+        with self.store.session():
+            got = self.check_token(token)
         if not isinstance(got, Admission):
             return got
         if len(self._nodes) >= _MAX_CACHED:
@@ -153,12 +166,11 @@ class HeartbeatIngest:
 
     def prepare(self, body: bytes, node_id: str, token_h: str | None) -> Report | Response:
         """The checked report of ``node_id``, or the refusal to answer."""
-        portal = self.portal
-        received_at = portal.clock()  # the order of reports is the order they arrived here
+        received_at = self.clock()  # the order of reports is the order they arrived here
         try:
             doc = json.loads(body)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            return portal.refuse("malformed", 400, f"heartbeat: not JSON ({e})")
+            return self.refuse("malformed", 400, f"heartbeat: not JSON ({e})")
         # a whole report's digest first: the same as the one this process last stored for the
         # node, it is that report again (validated then) but its time
         digest = (report_digest(doc) if isinstance(doc, dict)
@@ -167,9 +179,9 @@ class HeartbeatIngest:
         try:
             what = parse_unchanged(doc, digest) if unchanged else parse_report(doc)
         except HeartbeatError as e:
-            return portal.refuse("malformed", 400, f"heartbeat: {e}")
+            return self.refuse("malformed", 400, f"heartbeat: {e}")
         if what.node_id != node_id:
-            return portal.refuse("wrong_node", 403, f"heartbeat: the token is node {node_id!r}'s;"
+            return self.refuse("wrong_node", 403, f"heartbeat: the token is node {node_id!r}'s;"
                                  f" this report is for {what.node_id!r}")
         if unchanged:
             return Report(what, digest, received_at, token_h, whole=doc)
@@ -178,27 +190,23 @@ class HeartbeatIngest:
 
     def record_now(self, report: Report) -> Outcome:
         """Store one report in its own transaction (the in-process path; no queue)."""
-        return record_batch(self.portal.store, [report])[0]
+        return self.store.record_batch([report])[0]
 
     def answer(self, report: Report, outcome: Outcome, *, counted: bool = False) -> Response:
         """The answer to ``report``; ``counted``: its batch counted it (``_count``)."""
-        portal = self.portal
         if outcome.status == "revoked":
             if report.token_hash is not None:
                 self._nodes.pop(report.token_hash, None)
-            return portal.refuse("unauthenticated", 401, "heartbeat: the token is not one this "
-                                 "portal issued, or it was revoked",
-                                 {"WWW-Authenticate": 'Bearer realm="oarbank-portal"'})
+            return self.refuse("unauthenticated", 401, TOKEN_UNKNOWN, CHALLENGE)
         if outcome.status == "send_full":
-            return portal.refuse("alive_unknown", 409, f"heartbeat: {outcome.reason}",
+            return self.refuse("alive_unknown", 409, f"heartbeat: {outcome.reason}",
                                  {"X-Oarbank-Send": "full"})
         if outcome.status == "overloaded":
             return self._overloaded(outcome.reason)
         if outcome.status == "store_error":
-            return portal.refuse("store_error", 503, "heartbeat: the portal could not store it "
-                                 "(see the portal's log); send it again")
+            return self.refuse("store_error", 503, STORE_FAILED)
         if not counted:
-            for counter in _counters(portal.metrics, report, outcome):
+            for counter in _counters(self.metrics, report, outcome):
                 counter.inc()
         self._remember(report.node_id, outcome.digest if outcome.applied else None)
         doc: dict[str, Any] = {"ok": True, "applied": outcome.applied,
@@ -221,8 +229,8 @@ class HeartbeatIngest:
         self._stored[node_id] = digest
 
     def _overloaded(self, why: str) -> Response:
-        self.portal.metrics.queue_age.set(self.writer.age())  # no batch ends while it is stuck
-        return self.portal.refuse("overloaded", 503, f"heartbeat: {why}; send the whole report "
+        self.metrics.queue_age.set(self.writer.age())  # no batch ends while it is stuck
+        return self.refuse("overloaded", 503, f"heartbeat: {why}; send the whole report "
                                   f"again after {self.retry_after_s} s",
                                   {"Retry-After": str(self.retry_after_s)})
 

@@ -35,8 +35,7 @@ except ImportError:  # pragma: no cover - pure-Python fallback, same behaviour
     _Fast = None  # type: ignore[assignment,misc]
 
 from .app import Portal
-from .asgi import build_app
-from .heartbeat import is_heartbeat_post
+from .asgi import build_app, is_heartbeat_post
 from .hosts import default_hosts
 
 __all__ = ["ServeOptions", "bind", "serve", "serve_workers"]

@@ -1,7 +1,7 @@
 -- What a heartbeat says about the node's memory and GPU (read when the report has it), each
 -- service's resident memory and load count, and the bounded history the nodes and
 -- node_metrics queries read: one sample per node, module, service and time bucket (res_s
--- wide), fine buckets first, rolled up into coarse ones as they age (store_metrics.py).
+-- wide), fine buckets first, rolled up into coarse ones as they age (store/history.py).
 ALTER TABLE nodes ADD COLUMN mem_used_bytes BIGINT;
 ALTER TABLE nodes ADD COLUMN mem_reserved_bytes BIGINT;
 ALTER TABLE nodes ADD COLUMN mem_total_bytes BIGINT;
