@@ -218,8 +218,9 @@ class Node(ABC):
         return self.cli("submit", "--state-dir", self.host_to_node(self.state_dir), *args)
 
     def status(self) -> dict[str, Any]:
+        # every job, not the agent's default page of the 50 latest (job_states, wait_jobs)
         r = self.cli("status", "--state-dir", self.host_to_node(self.state_dir), "--json",
-                     timeout_s=30)
+                     "--per-page", "0", timeout_s=30)
         if r.rc != 0:
             raise NodeError(f"{self.node_id}: status failed: {r}")
         try:
