@@ -6,6 +6,7 @@ from harness.scenarios import (
     agent_restart,
     agent_upgrade,
     crash_loop,
+    evict_for_job,
     gpu_real,
     gpu_shared_start,
     idle_stop,
@@ -14,5 +15,5 @@ from harness.scenarios import (
     yield_,
 )
 
-__all__ = ["agent_restart", "agent_upgrade", "crash_loop", "gpu_real", "gpu_shared_start",
-           "idle_stop", "listener_refused", "oom_limit", "yield_"]
+__all__ = ["agent_restart", "agent_upgrade", "crash_loop", "evict_for_job", "gpu_real",
+           "gpu_shared_start", "idle_stop", "listener_refused", "oom_limit", "yield_"]

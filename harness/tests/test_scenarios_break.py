@@ -113,6 +113,7 @@ AGENT_FAULTS = [
     ("crash-loop", "flat_backoff", "restart gaps"),
     ("crash-loop", "bare_start_errors", "the withdrawn reason is not the module's"),
     ("yield", "charge_released", "a released attempt was charged"),
+    ("evict-for-job", "no_demand_eviction", "did not start within"),
 ]
 
 

@@ -111,7 +111,8 @@ class Agent:
         # Demand eviction: idle services stopped to make room for a job memory holds back.
         self.evictor = Evictor(self.supervisor, self.admission, self.queue.admit,
                                lambda job_id: self.jobs[job_id].module)
-        self.queue.after_admit.append(self.evictor.after_pass)
+        if config.fault != faults.NO_DEMAND_EVICTION:  # test-only fault: never evict
+            self.queue.after_admit.append(self.evictor.after_pass)
         # The modules (modules/table.py): loading, refusals, runners' doctors, module list |
         # add | disable | enable | remove; the agent reads its parts through these names.
         self.table = ModuleTable(state_dir=self.state_dir, node=self.node,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 __all__ = ["ENV", "KEEP_PREDECESSOR_GROUPS", "NO_IDLE_STOP", "FLAT_BACKOFF", "BARE_START_ERRORS",
-           "CHARGE_RELEASED", "FAULTS", "from_env", "describe"]
+           "CHARGE_RELEASED", "NO_DEMAND_EVICTION", "FAULTS", "from_env", "describe"]
 
 ENV = "OARBANK_AGENT_FAULT"
 KEEP_PREDECESSOR_GROUPS = "keep_predecessor_groups"
@@ -19,6 +19,7 @@ NO_IDLE_STOP = "no_idle_stop"
 FLAT_BACKOFF = "flat_backoff"
 BARE_START_ERRORS = "bare_start_errors"
 CHARGE_RELEASED = "charge_released"
+NO_DEMAND_EVICTION = "no_demand_eviction"
 FAULTS = {
     KEEP_PREDECESSOR_GROUPS: "restart recovery does not end the previous agent's process "
                              "groups: they keep running",
@@ -29,6 +30,8 @@ FAULTS = {
                        "own reason (its stderr)",
     CHARGE_RELEASED: "an attempt released by host protection is counted against the job "
                      "(charged) like a failed one",
+    NO_DEMAND_EVICTION: "no idle service is stopped to make room for a job memory holds back "
+                        "(it waits for the idle timeout)",
 }
 
 
