@@ -91,7 +91,7 @@ def kv(*items: Any, source: bool = True) -> dict:
     ({"page": ""}, "body[0].to.page", "non-empty string"),
     ({"node": ["a"]}, "body[0].to.node", "got a list"),
     (["/x"], "body[0].to", "a string path or a target object"),
-    (3, "body[0].to", "got a number"),
+    (3, "body[0].to", "got an integer"),
 ])
 def test_bad_link_targets_are_named(to: Any, key: str, fragment: str) -> None:
     found = problems(link(to))
@@ -104,7 +104,7 @@ def test_bad_link_targets_are_named(to: Any, key: str, fragment: str) -> None:
     ([{"value": 1}], "body[0].items[0].label", "needs a label"),
     ([{"label": "x"}], "body[0].items[0].field", "required key is missing"),
     ([{"field": ""}], "body[0].items[0].field", "non-empty string"),
-    ([{"field": "a", "format": 3}], "body[0].items[0].format", "got a number"),
+    ([{"field": "a", "format": 3}], "body[0].items[0].format", "got an integer"),
     ([{"field": "a", "type": True}], "body[0].items[0].type", "got a boolean"),
     ([7], "body[0].items[0]", "a field name or an item object"),
 ])

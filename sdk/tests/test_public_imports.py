@@ -132,7 +132,7 @@ def test_public_uses_and_private_names_of_ones_own_are_not_findings() -> None:
         "import oarbank_sdk",
         "from oarbank_sdk import __version__, sandbox",
         "from oarbank_sdk.protocol import current_transport, wire",
-        "from oarbank_sdk.jsonkind import kind_of as _kind",
+        "from oarbank_sdk.valuekind import kind_of as _kind",
         "from . import _local",
         "import os._private_looking_but_not_sdk",
         "_mine = object()",

@@ -98,7 +98,7 @@ def test_an_evicted_service_says_so(flags: dict[str, Any], reason: str) -> None:
     [
         (lambda d: d.pop("node_id"), "node_id: missing"),
         (lambda d: d.update(node_id=""), "node_id: must not be empty"),
-        (lambda d: d.update(node_id=7), "node_id: must be a string, got a number"),
+        (lambda d: d.update(node_id=7), "node_id: must be a string, got an integer"),
         (lambda d: d.update(time="now"), "time: must be unix seconds"),
         (lambda d: d.update(services={}), "services: must be a list, got an object"),
         (lambda d: d["services"][0].pop("users"), "services[0].users: missing"),

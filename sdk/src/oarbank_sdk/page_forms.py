@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .jsonkind import kind_of as _kind
+from .valuekind import kind_of as _kind
 
 __all__ = ["HOST_QUERIES", "NOT_SERVED", "TARGET_KINDS", "UPSTREAM_COMPONENTS", "UPSTREAM_ONLY_TARGETS",
            "UPSTREAM_QUERIES", "KvItem", "Target", "kv_item", "link_target", "not_served"]

@@ -28,8 +28,9 @@ from typing import Any
 
 from ._page_refs import reference_notes, reference_problems
 from .manifest.model import Manifest, Note, Problem
-from .manifest.reader import MISSING, Reader, describe, join
+from .manifest.reader import MISSING, Reader, join
 from .page_forms import kv_item, link_target
+from .valuekind import describe
 
 __all__ = [
     "COLUMN_TYPES",

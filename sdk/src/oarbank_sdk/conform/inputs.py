@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..jsonkind import kind_of as _kind
+from ..valuekind import kind_of as _kind
 
 __all__ = ["CONFORMANCE_FILE", "settings", "upstream_golden"]
 

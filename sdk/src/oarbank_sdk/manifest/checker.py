@@ -493,6 +493,6 @@ def _known_pools(provided: dict[str, str]) -> str:
 
 
 def _d(value: Any) -> str:
-    from .reader import describe
+    from ..valuekind import TABLE, describe
 
-    return describe(value)
+    return describe(value, mapping=TABLE)

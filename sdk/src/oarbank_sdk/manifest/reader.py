@@ -7,16 +7,16 @@ default, so checking goes on and every problem in the file is reported at once.
 
 from __future__ import annotations
 
-import datetime
 import difflib
 import math
 import re
 from collections.abc import Iterable
 from typing import Any
 
+from ..valuekind import TABLE, describe
 from .model import Note, Problem
 
-__all__ = ["MISSING", "Reader", "describe", "join"]
+__all__ = ["MISSING", "Reader", "join"]
 
 # Dots pass through so callers can join a sub-path ("provides.pools") in one go.
 _PLAIN_KEY = re.compile(r"^[A-Za-z0-9_.-]+$")
@@ -38,28 +38,6 @@ def join(path: str, key: str | int) -> str:
     return f"{path}.{part}" if path else part
 
 
-def describe(value: Any) -> str:
-    """What a value is, for "expected X, got Y" messages."""
-    if isinstance(value, bool):
-        return f"a boolean ({'true' if value else 'false'})"
-    if isinstance(value, int):
-        return f"an integer ({value})"
-    if isinstance(value, float):
-        return f"a number ({value})"
-    if isinstance(value, str):
-        shown = value if len(value) <= 40 else value[:37] + "..."
-        return f'a string ("{shown}")'
-    if isinstance(value, list):
-        return "a list"
-    if isinstance(value, dict):
-        return "a table"
-    if isinstance(value, (datetime.date, datetime.time)):
-        return "a date/time"
-    if value is None:
-        return "null"
-    return type(value).__name__
-
-
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -73,7 +51,7 @@ def _is_number(v: Any) -> bool:
 class Reader:
     """Collects problems; every ``get_*`` returns the value, or ``default`` after a problem."""
 
-    def __init__(self, table_word: str = "a table") -> None:
+    def __init__(self, table_word: str = TABLE) -> None:
         self.problems: list[Problem] = []
         self.notes: list[Note] = []
         # "a table" for TOML, "an object" for JSON: the word people see in messages.
@@ -110,7 +88,7 @@ class Reader:
         return default if value is MISSING else value
 
     def _wrong(self, path: str, expected: str, value: Any) -> None:
-        self.add(path, f"expected {expected}, got {describe(value)}")
+        self.add(path, f"expected {expected}, got {describe(value, mapping=self.table_word)}")
 
     # -- typed reads (value already fetched; path is the value's own path) ----------------------
 

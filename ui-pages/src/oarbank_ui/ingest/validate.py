@@ -26,9 +26,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from oarbank_sdk.jsonkind import kind_of as _kind
 from oarbank_sdk.manifest import LIFECYCLES, SERVICE_NAME
 from oarbank_sdk.servicerow import BOOL_FIELDS, ServiceRow
+from oarbank_sdk.valuekind import kind_of as _kind
 
 __all__ = ["NODE_METRICS", "SERVICE_METRICS", "Heartbeat", "HeartbeatError", "ServiceRow",
            "StillAlive", "parse_heartbeat", "parse_report", "parse_unchanged", "service_metrics"]
