@@ -31,8 +31,8 @@ if sys.platform == "win32":
     import _winapi
 
     from oarbank_agent.platform.windows.handover import BadPid, hand_over
-    from oarbank_agent.platform.windows.jobobjects import JobObject, start_in_job
     from oarbank_sdk.protocol import current_transport as current
+    from oarbank_sdk.winjob import JobObject, start_in_job
 
 SYNCHRONIZE = 0x00100000
 WAIT_OBJECT_0 = 0
@@ -101,7 +101,7 @@ def test_terminate_ends_every_process_and_the_job_stays_usable() -> None:
 
 AGENT = r"""
 import subprocess, sys, time
-from oarbank_agent.platform.windows.jobobjects import JobObject, start_in_job
+from oarbank_sdk.winjob import JobObject, start_in_job
 job = JobObject()
 p = start_in_job([sys.executable, "-c", "import time; time.sleep(120)"], job)
 print(p.pid, flush=True)

@@ -30,9 +30,9 @@ if sys.platform == "win32":
     from oarbank_agent.broker.handover import Broker
     from oarbank_agent.platform.api import Backend
     from oarbank_agent.platform.windows.handover import DuplicatingHandovers
-    from oarbank_agent.platform.windows.jobobjects import JobObject, start_in_job
     from oarbank_agent.platform.windows.streams import WindowsStreams
     from oarbank_sdk.protocol import current_transport
+    from oarbank_sdk.winjob import JobObject, start_in_job
 
 SERVICE = r"""
 from oarbank_sdk.service_endpoint import Acceptor

@@ -55,12 +55,13 @@ def test_the_reference_module_passes_the_kit_on_windows() -> None:
 
 
 def test_a_connect_from_outside_the_attempt_is_bad_pid() -> None:
+    from oarbank_sdk import winjob
     from oarbank_sdk._winpipe import PipeStream
-    from oarbank_sdk.conform import host, winjobs
+    from oarbank_sdk.conform import host
 
     channel = host.Channel()
     connector = host.Connector("conform-outsider", channel)
-    job = winjobs.Job()
+    job = winjob.JobObject()
     connector.job = job  # the attempt's job object holds nothing: this process is no member
     assert connector.child_fd is not None
     ours = PipeStream(connector.child_fd)

@@ -12,7 +12,7 @@ On Windows the ends are duplex pipes (``oarbank_sdk._winpipe``) and nothing ride
 message: each end handed over is duplicated into the receiving process (the service's daemon,
 named by its hello; the job process named by its connect, once that pid is known to be in the
 attempt's job object, else ``bad_pid``) and named in the message (``"handle": h``), as the
-Windows agent does (``winjobs``).
+Windows agent does (``oarbank_sdk._winpipe.duplicate_into``).
 
 Each Channel and Connector has one reader thread; sends are serialised by a lock.
 """
@@ -26,7 +26,7 @@ import sys
 import threading
 from typing import Any
 
-from oarbank_sdk import _transport, advice
+from oarbank_sdk import _transport, _winpipe, advice
 from oarbank_sdk._wire import (
     Accepted,
     Connect,
@@ -42,7 +42,6 @@ from oarbank_sdk._wire import (
     parse_from_job,
     parse_from_service,
 )
-from oarbank_sdk.conform import winjobs
 
 __all__ = ["Channel", "Connector", "wire_attempt"]
 
@@ -225,14 +224,14 @@ class Channel(_AgentEnd):
             else:  # the service's copy first, then the message that names it
                 assert self.hello_pid is not None
                 try:
-                    msg["handle"] = winjobs.duplicate_into(self.hello_pid, service_end.fileno())
+                    msg["handle"] = _winpipe.duplicate_into(self.hello_pid, service_end.fileno())
                 except OSError:
                     service_end.close()
                     raise
                 try:
                     _sendall(self.t, self.sock, encode(msg), None)
                 except OSError:
-                    winjobs.close_in(self.hello_pid, msg["handle"])
+                    _winpipe.close_in(self.hello_pid, msg["handle"])
                     service_end.close()
                     raise
             self._pending[conn] = service_end
@@ -316,7 +315,7 @@ class Connector(_AgentEnd):
         handle = None
         if WINDOWS:
             try:
-                handle = winjobs.duplicate_into(parsed.pid, job_end.fileno())
+                handle = _winpipe.duplicate_into(parsed.pid, job_end.fileno())
             except OSError as exc:
                 job_end.close()
                 self._refuse("bad_pid", f"pid {parsed.pid} cannot be given the connection: {exc}")

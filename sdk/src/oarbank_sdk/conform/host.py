@@ -5,7 +5,7 @@ It does what the agent does to one module, and nothing more (contract sections 2
 - ``NodeDirs``: a throw-away node: the module data dir (HOME and TMPDIR inside it), the
   settings, limits and tools files;
 - ``op_env`` / ``run_op``: the exact op environment, each op in its own process group (on
-  Windows a kill-on-close job object, ``winjobs``, known by its leader's pid), its stdout's
+  Windows a kill-on-close job object, ``oarbank_sdk.winjob``, known by its leader's pid), its stdout's
   last JSON line as the answer;
 - ``Channel`` / ``Connector`` (``agentends.py``, re-exported here): the agent's ends of an
   endpoint channel and of an attempt's connector;
@@ -34,9 +34,8 @@ from typing import Any
 
 import psutil
 
-from oarbank_sdk import _transport, environments
+from oarbank_sdk import _transport, environments, winjob
 from oarbank_sdk._opdoc import last_json_object
-from oarbank_sdk.conform import winjobs
 from oarbank_sdk.conform.agentends import Channel, Connector, wire_attempt
 from oarbank_sdk.manifest import platform_token
 
@@ -181,18 +180,19 @@ def run_op(
 
 WINDOWS = sys.platform == "win32"
 # Windows: a group's leader pid -> its job object, until ``end_group``.
-_jobs: dict[int, winjobs.Job] = {}
+_jobs: dict[int, winjob.JobObject] = {}
 
 
-def spawn(argv: list[str], job: winjobs.Job | None = None, **popen: object) -> subprocess.Popen:
+def spawn(argv: list[str], job: winjob.JobObject | None = None,
+          **popen: object) -> subprocess.Popen:
     """``argv`` in a new process group, as the agent starts ops, daemons and runners: POSIX
     its own session; Windows a job object (``job``, or a new one) that ``group_pids`` and
     ``end_group`` know by the leader's pid."""
     if not WINDOWS:
         return subprocess.Popen(argv, start_new_session=True, **popen)  # type: ignore[call-overload]
-    job = job or winjobs.Job()
+    job = job or winjob.JobObject()
     try:
-        proc = job.start(argv, **popen)
+        proc = winjob.start_in_job(argv, job, **popen)
     except BaseException:
         job.close()
         raise
@@ -336,7 +336,7 @@ def run_runner(
         cmd += ["--events", str(w / "events.ndjson")]
     # Windows: the job object first, so each connector can tell the attempt's pids (bad_pid)
     # from its first connect on.
-    job = winjobs.Job() if WINDOWS else None
+    job = winjob.JobObject() if WINDOWS else None
     for c in connectors.values():
         c.job = job
     with open(w / "runner.log", "wb") as log:

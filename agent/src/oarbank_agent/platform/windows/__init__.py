@@ -3,8 +3,9 @@ duplicated into the processes that get them; the agent runs jobs and services on
 under Wine with Windows' own CPython, and on the ``windows-latest`` runner).
 
 Written (each tested with Windows' own CPython under Wine, ``nox -s windows``):
-``jobobjects.py`` (a kill-on-close job object, no breakaway, per op, daemon and runner; a
-process started suspended, assigned, resumed) and ``handover.py`` (a connection's pipe pair,
+the SDK's ``oarbank_sdk.winjob`` (a kill-on-close job object, no breakaway, per op, daemon
+and runner; a process started suspended, assigned, resumed: one binding for the agent and the
+conformance kit) and ``handover.py`` (a connection's pipe pair,
 duplicated into the service's daemon and into the job process the connect names once that pid
 is in the attempt's job object, else ``bad_pid``), ``streams.py`` (the agent's overlapped
 pipe ends behind the broker's readiness calls); the control plane: ``loops.py`` (the proactor

@@ -43,17 +43,18 @@ from oarbank_agent.platform.api import (
 )
 from oarbank_agent.platform.windows import jobapi, proctable, winapi
 from oarbank_agent.platform.windows.jobgroup import KILLED_EXIT, JobGroup
-from oarbank_agent.platform.windows.jobobjects import JobObject
 from oarbank_agent.platform.windows.jobwatch import JobWatch
 from oarbank_agent.platform.windows.limits import WINE_MEMORY_GAP, job_limits
+from oarbank_sdk import winjob
+from oarbank_sdk.winjob import JobObject
 
 __all__ = ["JobGroup", "JobSlot", "JobContainment", "WindowsGroups", "KILLED_EXIT"]
 
 CREATE_NEW_PROCESS_GROUP = 0x00000200
 NAME_PREFIX = "Local\\oarbank-"
 _AGENT_JOB: int | None = None  # the agent's own job (``JobContainment.hold_agent``)
-FLAGS = (winapi.JOB_OBJECT_LIMIT_KILL_ON_JOB_CLOSE
-         | winapi.JOB_OBJECT_LIMIT_DIE_ON_UNHANDLED_EXCEPTION)
+FLAGS = (winjob.JOB_OBJECT_LIMIT_KILL_ON_JOB_CLOSE
+         | winjob.JOB_OBJECT_LIMIT_DIE_ON_UNHANDLED_EXCEPTION)
 
 
 @dataclass
@@ -87,13 +88,13 @@ class JobContainment:
         global _AGENT_JOB
         if _AGENT_JOB is None:
             try:
-                job = winapi.create_job()
+                job = winjob.create_job()
             except OSError as exc:
                 self.note += f"; the agent's own job: none ({exc})"
                 return
             try:
-                jobapi.set_limits(job, FLAGS)
-                winapi.assign(job, jobapi.CURRENT_PROCESS)
+                winjob.set_limits(job, FLAGS)
+                winjob.assign(job, jobapi.CURRENT_PROCESS)
             except OSError as exc:
                 winapi.close(job)
                 self.note += (f"; the agent's own job: not entered ({exc}), so an agent killed "
@@ -133,7 +134,7 @@ class JobSlot:
             winapi.resume_process(process)
         except OSError:
             with contextlib.suppress(OSError):
-                jobapi.terminate_process(process, KILLED_EXIT)
+                winapi.terminate_process(process, KILLED_EXIT)
             self.abandon()
             raise
         finally:
@@ -190,12 +191,12 @@ class WindowsGroups:
         accepted and not enforced, is one too."""
         gaps: dict[str, str] = {}
         try:
-            handle = winapi.create_job()
+            handle = winjob.create_job()
         except OSError as exc:
             return {c: f"no job object: {exc}" for c in ("memory", "cpu")}
         try:
             try:
-                jobapi.set_limits(handle, FLAGS, job_memory=1 << 30)
+                winjob.set_limits(handle, FLAGS, job_memory=1 << 30)
                 if jobapi.is_wine():
                     gaps["memory"] = WINE_MEMORY_GAP
             except OSError as exc:
@@ -222,7 +223,7 @@ class WindowsGroups:
         name = f"{NAME_PREFIX}{os.getpid()}-{secrets.token_hex(12)}"
         job = JobObject.of_handle(jobapi.create_named_job(name))
         try:
-            jobapi.set_limits(job._live(), FLAGS, job_memory=values.memory_bytes)
+            winjob.set_limits(job._live(), FLAGS, job_memory=values.memory_bytes)
             if values.cpu_rate:
                 jobapi.set_cpu_rate(job._live(), values.cpu_rate)
         except BaseException:

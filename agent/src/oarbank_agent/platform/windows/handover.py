@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from oarbank_agent.platform.windows.jobobjects import JobObject
 from oarbank_sdk.protocol import close_in, current_transport, duplicate_into
+from oarbank_sdk.winjob import JobObject
 
 __all__ = ["BadPid", "Handover", "hand_over", "duplicate_pair", "DuplicatingHandovers"]
 

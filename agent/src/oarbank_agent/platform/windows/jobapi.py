@@ -1,5 +1,6 @@
-"""Job object calls the process groups make beyond ``winapi.py``: names, limits, counts, a
-completion port, Ctrl-Break (ctypes).
+"""Job object calls the process groups make beyond the SDK's (``oarbank_sdk.winjob``: create,
+limit, assign, query): names, CPU rate and UI limits, counts, a completion port, Ctrl-Break
+(ctypes), on the SDK's binding of the job calls.
 
 Each wrapper raises ``OSError`` on failure, naming the call; the DLLs load at the first call
 (the module imports on every system, as ``winapi.py`` does).
@@ -14,17 +15,18 @@ from types import SimpleNamespace
 from typing import Any
 
 from oarbank_agent.platform.windows import winapi
+from oarbank_sdk import winjob
+from oarbank_sdk.winjob import JOB_ACCESS
+from oarbank_sdk.winjob import check as _check
 
 __all__ = [
-    "CURRENT_PROCESS", "JOB_ACCESS", "MSG_ACTIVE_PROCESS_ZERO", "MSG_MEMORY_LIMITS", "create_named_job",
-    "open_named_job", "set_limits", "set_cpu_rate", "set_ui_limits", "active_processes",
-    "new_port", "watch_job", "next_message", "post_quit", "ctrl_break", "terminate_process",
-    "wait_process", "is_wine",
+    "CURRENT_PROCESS", "MSG_ACTIVE_PROCESS_ZERO", "MSG_MEMORY_LIMITS", "create_named_job",
+    "open_named_job", "set_cpu_rate", "set_ui_limits", "active_processes",
+    "new_port", "watch_job", "next_message", "post_quit", "ctrl_break", "wait_process",
+    "is_wine",
 ]
 
 CURRENT_PROCESS = -1  # GetCurrentProcess()'s pseudo handle: every access to this process
-JOB_ACCESS = 0x1F001F  # JOB_OBJECT_ALL_ACCESS: assign, query, terminate, set limits
-JOB_OBJECT_LIMIT_JOB_MEMORY = 0x00000200
 ERROR_ALREADY_EXISTS = 183
 _BASIC_ACCOUNTING = 1
 _BASIC_UI_RESTRICTIONS = 4
@@ -62,14 +64,8 @@ class _Port(ctypes.Structure):
 def _api() -> SimpleNamespace:
     k32 = _ct.WinDLL("kernel32", use_last_error=True)
     h, dword, boolean = wintypes.HANDLE, wintypes.DWORD, wintypes.BOOL
-    sig = winapi._sig
+    sig = winjob.sig
     return SimpleNamespace(
-        CreateJobObjectW=sig(k32.CreateJobObjectW, h, ctypes.c_void_p, wintypes.LPCWSTR),
-        OpenJobObjectW=sig(k32.OpenJobObjectW, h, dword, boolean, wintypes.LPCWSTR),
-        SetInformationJobObject=sig(k32.SetInformationJobObject, boolean, h, ctypes.c_int,
-                                    ctypes.c_void_p, dword),
-        QueryInformationJobObject=sig(k32.QueryInformationJobObject, boolean, h, ctypes.c_int,
-                                      ctypes.c_void_p, dword, ctypes.POINTER(dword)),
         CreateIoCompletionPort=sig(k32.CreateIoCompletionPort, h, h, h, ctypes.c_void_p, dword),
         GetQueuedCompletionStatus=sig(k32.GetQueuedCompletionStatus, boolean, h,
                                       ctypes.POINTER(dword), ctypes.POINTER(ctypes.c_void_p),
@@ -77,21 +73,14 @@ def _api() -> SimpleNamespace:
         PostQueuedCompletionStatus=sig(k32.PostQueuedCompletionStatus, boolean, h, dword,
                                        ctypes.c_void_p, ctypes.c_void_p),
         GenerateConsoleCtrlEvent=sig(k32.GenerateConsoleCtrlEvent, boolean, dword, dword),
-        TerminateProcess=sig(k32.TerminateProcess, boolean, h, wintypes.UINT),
         WaitForSingleObject=sig(k32.WaitForSingleObject, dword, h, dword),
     )
-
-
-def _check(ok: object, call: str) -> None:
-    if not ok:
-        err = _ct.get_last_error()
-        raise OSError(None, f"{call}: {_ct.FormatError(err)}", None, err)
 
 
 def create_named_job(name: str) -> int:
     """A new job object called ``name``; FileExistsError if that name is taken (squatted)."""
     _ct.set_last_error(0)  # "exists already" is said only through the last error
-    handle = _api().CreateJobObjectW(None, name)
+    handle = winjob.api().CreateJobObjectW(None, name)
     _check(handle, "CreateJobObjectW")
     if _ct.get_last_error() == ERROR_ALREADY_EXISTS:
         winapi.close(int(handle))
@@ -101,28 +90,14 @@ def create_named_job(name: str) -> int:
 
 def open_named_job(name: str) -> int | None:
     """A handle to the live job object ``name``, None when there is none (it ended)."""
-    handle = _api().OpenJobObjectW(JOB_ACCESS, False, name)
+    handle = winjob.api().OpenJobObjectW(JOB_ACCESS, False, name)
     return int(handle) if handle else None
-
-
-def set_limits(job: int, flags: int, *, job_memory: int = 0, active_processes: int = 0) -> None:
-    """The job's extended limits: ``flags`` (kill on close, ...), the whole job's committed
-    memory (``job_memory`` bytes, 0: none), breakaway never allowed."""
-    info = winapi._ExtendedLimits()
-    if job_memory:
-        flags |= JOB_OBJECT_LIMIT_JOB_MEMORY
-        info.JobMemoryLimit = job_memory
-    info.BasicLimitInformation.LimitFlags = flags
-    info.BasicLimitInformation.ActiveProcessLimit = active_processes
-    _check(_api().SetInformationJobObject(job, winapi._EXTENDED_LIMIT_INFORMATION,
-                                          ctypes.byref(info), ctypes.sizeof(info)),
-           "SetInformationJobObject(extended limits)")
 
 
 def set_cpu_rate(job: int, rate: int) -> None:
     """A hard cap: the job's processes get ``rate`` / 10000 of the machine's CPU time."""
     info = _CpuRate(CPU_RATE_ENABLE | CPU_RATE_HARD_CAP, max(1, min(10000, rate)))
-    _check(_api().SetInformationJobObject(job, _CPU_RATE_CONTROL, ctypes.byref(info),
+    _check(winjob.api().SetInformationJobObject(job, _CPU_RATE_CONTROL, ctypes.byref(info),
                                           ctypes.sizeof(info)),
            "SetInformationJobObject(CPU rate control)")
 
@@ -130,14 +105,14 @@ def set_cpu_rate(job: int, rate: int) -> None:
 def set_ui_limits(job: int, flags: int = UI_LIMIT_ALL) -> None:
     """No desktop switching, no clipboard, no handles of other jobs' windows, ..."""
     info = wintypes.DWORD(flags)
-    _check(_api().SetInformationJobObject(job, _BASIC_UI_RESTRICTIONS, ctypes.byref(info),
+    _check(winjob.api().SetInformationJobObject(job, _BASIC_UI_RESTRICTIONS, ctypes.byref(info),
                                           ctypes.sizeof(info)),
            "SetInformationJobObject(UI restrictions)")
 
 
 def active_processes(job: int) -> int:
     info = _Accounting()
-    _check(_api().QueryInformationJobObject(job, _BASIC_ACCOUNTING, ctypes.byref(info),
+    _check(winjob.api().QueryInformationJobObject(job, _BASIC_ACCOUNTING, ctypes.byref(info),
                                             ctypes.sizeof(info), None),
            "QueryInformationJobObject(accounting)")
     return int(info.ActiveProcesses)
@@ -156,7 +131,7 @@ def watch_job(job: int, port: int, key: int) -> None:
     if key == _QUIT_KEY:
         raise ValueError("key 0 is the port's quit message")
     info = _Port(key, port)
-    _check(_api().SetInformationJobObject(job, _ASSOCIATE_COMPLETION_PORT, ctypes.byref(info),
+    _check(winjob.api().SetInformationJobObject(job, _ASSOCIATE_COMPLETION_PORT, ctypes.byref(info),
                                           ctypes.sizeof(info)),
            "SetInformationJobObject(completion port)")
 
@@ -181,10 +156,6 @@ def ctrl_break(process_group: int) -> bool:
     CREATE_NEW_PROCESS_GROUP, its id the leader's pid); False where it cannot be sent (it
     reaches only processes sharing this process's console)."""
     return bool(_api().GenerateConsoleCtrlEvent(CTRL_BREAK_EVENT, process_group))
-
-
-def terminate_process(process: int, exit_code: int) -> None:
-    _check(_api().TerminateProcess(process, exit_code), "TerminateProcess")
 
 
 def wait_process(process: int, timeout_ms: int) -> bool:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from oarbank_agent.platform.windows import jobapi, proctable, winapi
-from oarbank_agent.platform.windows.jobobjects import JobObject
+from oarbank_sdk.winjob import JobObject
 
 if TYPE_CHECKING:
     from oarbank_agent.platform.windows.jobwatch import JobWatch
@@ -160,6 +160,6 @@ def _kill_pid(pid: int) -> None:
     with contextlib.suppress(OSError):
         process = winapi.open_process(pid, winapi.PROCESS_TERMINATE)
         try:
-            jobapi.terminate_process(process, KILLED_EXIT)
+            winapi.terminate_process(process, KILLED_EXIT)
         finally:
             winapi.close(process)

@@ -14,6 +14,7 @@ import functools
 from collections.abc import Callable
 
 from oarbank_agent.platform.windows import jobapi, winapi
+from oarbank_sdk import winjob
 
 __all__ = ["WindowsSandboxHost", "ENFORCED"]
 
@@ -24,7 +25,7 @@ NO_LAUNCHER = "the SDK's launcher has no Windows wall yet"
 def _job_wall(set_it: Callable[[int], None]) -> str:
     """``enforced`` if a throwaway job takes the limit, else why not."""
     try:
-        handle = winapi.create_job()
+        handle = winjob.create_job()
     except OSError as exc:
         return f"no job object: {exc}"
     try:
@@ -37,7 +38,7 @@ def _job_wall(set_it: Callable[[int], None]) -> str:
 
 
 def _process_limit(job: int) -> None:
-    jobapi.set_limits(job, winapi.JOB_OBJECT_LIMIT_ACTIVE_PROCESS, active_processes=64)
+    winjob.set_limits(job, winjob.JOB_OBJECT_LIMIT_ACTIVE_PROCESS, active_processes=64)
 
 
 @functools.cache

@@ -2,7 +2,7 @@
 loop: a new process group (Ctrl-Break reaches it alone, the starter's Ctrl-C does not) inside
 a job object of its own, so that ending the session ends every process it started.
 
-A session is started suspended, put in its job, then resumed (``jobobjects.start_in_job``):
+A session is started suspended, put in its job, then resumed (``oarbank_sdk.winjob.start_in_job``):
 nothing of it runs outside. ``stop_with_parent``: the job is kill-on-close, so when the
 starter dies (its handles closed by the kernel) the session is ended: killed, not asked,
 since Windows has no death signal to ask with. Without it the job outlives the starter (the
@@ -19,7 +19,8 @@ import threading
 from typing import Any
 
 from oarbank_agent.platform.windows import winapi
-from oarbank_agent.platform.windows.jobobjects import JobObject, start_in_job
+from oarbank_sdk import winjob
+from oarbank_sdk.winjob import JobObject, start_in_job
 
 __all__ = ["WindowsSessions", "CREATE_NEW_PROCESS_GROUP"]
 
@@ -46,8 +47,7 @@ class WindowsSessions:
         try:
             if not stop_with_parent:  # the same job without kill-on-close
                 assert job.handle is not None
-                winapi.set_job_limits(job.handle,
-                                      winapi.JOB_OBJECT_LIMIT_DIE_ON_UNHANDLED_EXCEPTION)
+                winjob.set_limits(job.handle, winjob.JOB_OBJECT_LIMIT_DIE_ON_UNHANDLED_EXCEPTION)
             flags = popen.pop("creationflags", 0) | CREATE_NEW_PROCESS_GROUP
             proc = start_in_job(argv, job, creationflags=flags, **popen)
         except BaseException:
