@@ -1,0 +1,108 @@
+"""Placement (contract 10.5) row by row: the pure decision a claim gets, no store, no clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from oarbank_ui.dispatch.placement import Candidate, Node, Pick, cold_allowed, decide
+
+M, N = "dev.example.a", "dev.example.b"
+
+
+def cand(module: str = M, state: str = "ready", slots: int = 4, backlog: int = 10,
+         wait: float = 1.0, **kw: object) -> Candidate:
+    kw.setdefault("service", "model")
+    return Candidate(module, kw.pop("stage", "generate"), state, slots, backlog, wait,  # type: ignore[arg-type]
+                     **kw)  # type: ignore[arg-type]
+
+
+# (why, node, candidates, expected picks as (module, count, placement))
+ROWS = [
+    ("ready with free tokens: as many as the tokens",
+     Node(8), [cand(slots=3)], [(M, 3, "ready")]),
+    ("never more than the backlog", Node(8), [cand(slots=4, backlog=2)], [(M, 2, "ready")]),
+    ("never more than max_grants", Node(2), [cand(slots=4)], [(M, 2, "ready")]),
+    ("ready before starting, whatever waited longer",
+     Node(3), [cand(N, "starting", slots=4, wait=30), cand(M, "ready", slots=2, wait=1)],
+     [(M, 2, "ready"), (N, 1, "starting")]),
+    ("starting when nothing is ready", Node(8), [cand(state="starting", slots=2)],
+     [(M, 2, "starting")]),
+    ("a trickle stays put: 1 job x 1 s over 4 warm tokens elsewhere < a 30 s load",
+     Node(8), [cand(state="stopped", backlog=1, warm_tokens=4, load_s=30, job_s=1)], []),
+    ("a burst spreads: 200 jobs x 1 s over 4 warm tokens = 50 s > a 30 s load",
+     Node(8), [cand(state="stopped", backlog=200, warm_tokens=4, load_s=30, job_s=1)],
+     [(M, 4, "cold")]),
+    ("no warm copy anywhere: a cold start whatever the backlog",
+     Node(8), [cand(state="stopped", backlog=1, warm_tokens=0, load_s=300)], [(M, 1, "cold")]),
+    ("unknown times count as 1 s jobs and 60 s loads: 100 / 2 = 50 s < 60 s",
+     Node(8), [cand(state="stopped", backlog=100, warm_tokens=2)], []),
+    ("unknown times: 130 / 2 = 65 s > 60 s", Node(8),
+     [cand(state="stopped", backlog=130, warm_tokens=2)], [(M, 4, "cold")]),
+    ("a cold copy whose memory does not fit is not started",
+     Node(8, free_mem_gb=2, evictable_mem_gb=1), [cand(state="stopped", mem_gb=4)], []),
+    ("... it fits with what the agent would evict",
+     Node(8, free_mem_gb=2, evictable_mem_gb=3), [cand(state="stopped", mem_gb=4)],
+     [(M, 4, "cold")]),
+    ("one cold start per claim: the longest-waiting", Node(8),
+     [cand(M, "stopped", wait=5), cand(N, "stopped", wait=9)], [(N, 4, "cold")]),
+    ("no free token: nothing", Node(8), [cand(slots=0)], []),
+    ("a stage without a pool takes max_grants", Node(5),
+     [cand(state="none", slots=0, service=None)], [(M, 5, "ready")]),
+    ("two ready modules share max_grants a job at a time, the longest-waiting first",
+     Node(5), [cand(M, slots=4, wait=2), cand(N, slots=4, wait=3)],
+     [(N, 3, "ready"), (M, 2, "ready")]),
+    ("no starving: B's job waited past 60 s: first, even on a stopped service",
+     Node(2), [cand(M, "ready", slots=4, wait=10), cand(N, "stopped", backlog=1, wait=61,
+                                                         warm_tokens=8, load_s=30)],
+     [(N, 1, "cold"), (M, 1, "ready")]),
+    ("... but a load longer than 60 s is waited for first",
+     Node(2), [cand(M, "ready", slots=4, wait=10), cand(N, "stopped", backlog=1, wait=61,
+                                                         warm_tokens=8, load_s=90)],
+     [(M, 2, "ready")]),
+    ("stages of one service share its tokens", Node(8),
+     [cand(stage="a", slots=3, wait=2), cand(stage="b", slots=3, wait=1)],
+     [("a", 2, "ready"), ("b", 1, "ready")]),
+]
+
+
+@pytest.mark.parametrize("why,node,cands,expected", ROWS, ids=[r[0] for r in ROWS])
+def test_warm_aware(why: str, node: Node, cands: list[Candidate],
+                    expected: list[tuple[str, int, str]]) -> None:
+    got = decide(node, cands)
+    if any(e[0] in ("a", "b") for e in expected):
+        assert sorted((p.stage, p.count, p.placement) for p in got) == sorted(expected), why
+    else:
+        assert sorted((p.module, p.count, p.placement) for p in got) == sorted(expected), why
+
+
+BLIND = [
+    ("first come, first served: the longest-waiting stage first, whatever is warm", Node(6),
+     [cand(M, "ready", wait=1), cand(N, "stopped", wait=5, warm_tokens=100)],
+     [(N, 4, "cold"), (M, 2, "ready")]),
+    ("blind to the backlog's cost: a trickle still starts a cold copy", Node(8),
+     [cand(state="stopped", backlog=1, warm_tokens=4, load_s=30, job_s=1)], [(M, 1, "cold")]),
+]
+
+
+@pytest.mark.parametrize("why,node,cands,expected", BLIND, ids=[r[0] for r in BLIND])
+def test_warm_blind(why: str, node: Node, cands: list[Candidate],
+                    expected: list[tuple[str, int, str]]) -> None:
+    got = decide(node, cands, mode="warm-blind")
+    assert sorted((p.module, p.count, p.placement) for p in got) == sorted(expected), why
+
+
+def test_cold_allowed_is_the_formula() -> None:
+    # backlog x job_s / warm_tokens > load_s, exactly at the edge
+    edge = cand(state="stopped", backlog=120, warm_tokens=4, load_s=30, job_s=1)
+    assert not cold_allowed(edge, Node(8))  # 120 / 4 = 30: not longer than a load
+    assert cold_allowed(cand(state="stopped", backlog=121, warm_tokens=4, load_s=30, job_s=1),
+                        Node(8))
+
+
+def test_an_unknown_mode_is_refused() -> None:
+    with pytest.raises(ValueError, match="warm-aware, warm-blind"):
+        decide(Node(1), [], mode="random")
+
+
+def test_picks_are_picks() -> None:
+    assert decide(Node(1), [cand()]) == [Pick(M, "generate", 1, "ready")]
