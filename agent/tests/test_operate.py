@@ -385,7 +385,7 @@ def test_a_second_sigterm_ends_the_drain_at_once(start_agent, echo_module: Path)
 def test_heartbeat_rows_stay_the_contracts_status_adds_details(tmp_path: Path) -> None:
     from oarbank_agent.modules.loaded import ModuleCtx
     from oarbank_agent.services import lifecycle as lc
-    from oarbank_agent.services.supervisor import ServiceRuntime, details, row
+    from oarbank_agent.services.runtime import ServiceRuntime, details, row
     from oarbank_sdk import manifest as mf
 
     m = mf.load(write_module(tmp_path / "mod"))

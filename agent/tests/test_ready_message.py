@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from agent_helpers import read_jsonl
 
-from oarbank_agent.services import supervisor
+from oarbank_agent.services import starter
 
 
 def _events(agent, name: str) -> list[float]:
@@ -84,21 +84,21 @@ def _poll_starts(until_s: float, *, factory: bool, says_ready: bool = False) -> 
     starts, t = [], 0.0
     while t <= until_s:
         starts.append(t)
-        t += supervisor.ready_poll_gap(t, factory=factory, says_ready=says_ready)
+        t += starter.ready_poll_gap(t, factory=factory, says_ready=says_ready)
     return starts
 
 
 def test_how_often_the_ready_op_is_polled() -> None:
-    gap = supervisor.ready_poll_gap
+    gap = starter.ready_poll_gap
     # Tight right after the hello (a fork from the process factory is cheap; a process
     # started directly costs more: a looser floor), then a tenth of the time waited.
-    assert gap(0.0, factory=True, says_ready=False) == supervisor.READY_POLL_MIN_FACTORY_S == 0.02
-    assert gap(0.0, factory=False, says_ready=False) == supervisor.READY_POLL_MIN_S == 0.05
+    assert gap(0.0, factory=True, says_ready=False) == starter.READY_POLL_MIN_FACTORY_S == 0.02
+    assert gap(0.0, factory=False, says_ready=False) == starter.READY_POLL_MIN_S == 0.05
     assert gap(5.0, factory=True, says_ready=False) == pytest.approx(0.5)
-    assert gap(600.0, factory=False, says_ready=False) == supervisor.READY_POLL_MAX_S == 10.0
+    assert gap(600.0, factory=False, says_ready=False) == starter.READY_POLL_MAX_S == 10.0
     # A service that said ready on its channel in an earlier run says it again: the polls
     # are only a fallback, never under a second apart.
-    assert gap(0.0, factory=True, says_ready=True) == supervisor.READY_POLL_FALLBACK_S == 1.0
+    assert gap(0.0, factory=True, says_ready=True) == starter.READY_POLL_FALLBACK_S == 1.0
     assert gap(30.0, factory=True, says_ready=True) == gap(30.0, factory=True, says_ready=False)
     for factory in (True, False):
         starts = _poll_starts(120.0, factory=factory)

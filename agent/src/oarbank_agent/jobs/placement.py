@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from oarbank_agent.jobs.admission import Admission, Request
 from oarbank_agent.operate import control
-from oarbank_agent.services.supervisor import service_key
+from oarbank_agent.services.runtime import service_key
 
 if TYPE_CHECKING:
     from oarbank_agent.jobs.store import JobRecord

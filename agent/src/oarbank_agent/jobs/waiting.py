@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from oarbank_agent.services import lifecycle as lc
-from oarbank_agent.services.supervisor import service_key
+from oarbank_agent.services.runtime import service_key
 from oarbank_sdk import advice
 from oarbank_sdk import manifest as mf
 

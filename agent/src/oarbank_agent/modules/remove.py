@@ -35,7 +35,8 @@ if TYPE_CHECKING:
     from oarbank_agent.jobs.queue import JobQueue
     from oarbank_agent.jobs.runnerhealth import RunnerHealth
     from oarbank_agent.modules.loaded import ModuleCtx
-    from oarbank_agent.services.supervisor import ServiceRuntime, Supervisor
+    from oarbank_agent.services.runtime import ServiceRuntime
+    from oarbank_agent.services.supervisor import Supervisor
 
 __all__ = ["Host", "failure_reason", "gone_text", "removing_text", "remove", "settled"]
 

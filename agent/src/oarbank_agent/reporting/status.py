@@ -14,7 +14,7 @@ from oarbank_agent.jobs import machine as jobs
 from oarbank_agent.jobs import waiting
 from oarbank_agent.sandbox import containment, refusals, resourcelimits
 from oarbank_agent.sandbox import policy as sandboxing
-from oarbank_agent.services.supervisor import details as supervisor_details
+from oarbank_agent.services.runtime import details as supervisor_details
 
 if TYPE_CHECKING:
     from pathlib import Path

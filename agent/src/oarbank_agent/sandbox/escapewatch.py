@@ -8,7 +8,7 @@ not say ``Seccomp: 2`` and ``NoNewPrivs: 1`` got there some other way (moved int
 from outside, or a bug in the launcher path): it is not ours to trust. It is killed, the whole
 group with it (its sandbox is no longer one), and the attempt or service fails with reason
 ``sandbox_escape`` (``take(group)`` hands the reason to whoever ends it:
-``runner.run_attempt``, ``Supervisor._watch``).
+``runner.run_attempt``, ``ReadyWatch.until_failed``).
 
 The one member allowed to be unconfined is the group's leader during its launcher's own set-up
 (``SETUP_GRACE_S`` after the spawn, and only while its command line is still the launcher's

@@ -27,7 +27,8 @@ from oarbank_agent.eventwait import wait_event
 from oarbank_agent.services import lifecycle as lc
 
 if TYPE_CHECKING:
-    from oarbank_agent.services.supervisor import ServiceRuntime, Supervisor
+    from oarbank_agent.services.runtime import ServiceRuntime
+    from oarbank_agent.services.supervisor import Supervisor
 
 __all__ = ["DEFAULT_INTERVAL_S", "Refresher", "due"]
 

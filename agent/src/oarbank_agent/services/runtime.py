@@ -1,8 +1,9 @@
 """A service as the supervisor holds it (``ServiceRuntime``), and what is read from it alone:
 ``ready``, the contract's status ``row``, the operator's ``details``.
 
-Pure over the runtime; the supervisor (``supervisor.py``) changes it, through the lifecycle's
-functions and the effects (``starting.py``, ``stopping.py``).
+Pure over the runtime; the supervisor's parts change it: ``states.py`` (transitions), the
+driver (``driver.py``: the lifecycle's inputs) and the effects (``starter.py``, ``stopper.py``,
+``prober.py``).
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ class ServiceRuntime:
     # released, not charged (jobrun.py, jobs.after_attempt).
     deaths: int = 0
     # The start waits for readiness (hello in, `start` op done): a `ready` said on the channel
-    # now makes the service READY at once (``Supervisor._ready_said``).
+    # now makes the service READY at once (``Starter._ready_said``).
     awaiting_ready: bool = False
     says_ready: bool = False  # it said `ready` on its channel in a run of this agent's life
 

@@ -4,32 +4,37 @@ ready``: the channel's reader makes the service READY, and wakes the jobs waitin
 loop turn the line arrives in), or the ``ready`` op true (polled once the hello is in: at once,
 then on the schedule of ``ready_poll_gap``; a ``ready`` line arriving meanwhile ends the
 polling), all within ``start_timeout_s``. A failed start says why in conform's words (the
-daemon's last line in its log).
+daemon's last line in its log) and is torn down by the stop order (``stopper.py``); a start
+cancelled by a hold or the shutdown is stopped in full.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from oarbank_agent import factory
+from oarbank_agent import factory, procs
 from oarbank_agent.eventwait import result_within
-from oarbank_agent.operate import logtail
+from oarbank_agent.modules.loaded import NodeInfo
 from oarbank_agent.services import lifecycle as lc
 from oarbank_agent.services import ops, servicelog
 from oarbank_agent.services.runtime import ServiceRuntime, StartFailed
-from oarbank_agent.services.supervisor_base import SupervisorBase, log
-from oarbank_sdk import advice
+from oarbank_agent.services.states import LOGGER, ServiceStates
+from oarbank_agent.services.stopper import Stopper
+from oarbank_sdk import advice, logtail
 from oarbank_sdk.protocol import current_transport
 
 if TYPE_CHECKING:
-    from oarbank_agent.broker.channel import Channel
+    from oarbank_agent.broker.channel import Channel, Channels
 
-__all__ = ["Starting", "ready_poll_gap", "READY_POLL_MIN_S", "READY_POLL_MIN_FACTORY_S",
+__all__ = ["Starter", "ready_poll_gap", "READY_POLL_MIN_S", "READY_POLL_MIN_FACTORY_S",
            "READY_POLL_RATIO", "READY_POLL_MAX_S", "READY_POLL_FALLBACK_S", "READY_POLL_IN_FLIGHT",
            "EXIT_WAIT_S"]
+
+log = logging.getLogger(LOGGER)
 
 # Each poll is a process start (an interpreter's: 20-40 ms of CPU, from the factory or not).
 # A poll catches readiness up to one gap late, so the gap grows with the time already waited:
@@ -68,15 +73,29 @@ def ready_poll_gap(waited_s: float, *, factory: bool, says_ready: bool) -> float
 EXIT_WAIT_S = 2.0
 
 
-class Starting(SupervisorBase):
+class Starter:
     """The start effect, until READY (or a failure's teardown)."""
 
-    async def _start(self, rt: ServiceRuntime) -> None:
+    def __init__(self, node: NodeInfo, registry: procs.ProcessRegistry, *, channels: Channels,
+                 states: ServiceStates, stopper: Stopper) -> None:
+        self.node = node
+        self.registry = registry
+        self.channels = channels  # endpoint channels, shared with the broker
+        self.states = states
+        self.stopper = stopper  # a failed or cancelled start's teardown
+        # True only under the test-only fault OARBANK_AGENT_FAULT=bare_start_errors: an effect
+        # (the error text), not a decision.
+        self.bare_start_errors = False
+
+    async def start(self, rt: ServiceRuntime) -> bool:
+        """Start ``rt`` (STOPPED or BACKOFF). True: it is READY, to be watched (on
+        ``rt.channel``); False: it failed (BACKOFF or WITHDRAWN) or a hold cancelled it
+        (STOPPED). Cancelled by the shutdown, it is stopped, then the cancel goes on."""
         rt.starts += 1
         if rt.st.state is lc.State.BACKOFF:
             rt.restarts += 1
         # STOPPED|BACKOFF -> STARTING
-        self._transition(rt, lc.Event.START)
+        self.states.transition(rt, lc.Event.START)
         rt.cancellable, rt.cancelled_for = True, None
         rt.start_began = time.monotonic()
         # The daemon's part of the service log starts here (servicelog: rotation-proof).
@@ -113,19 +132,15 @@ class Starting(SupervisorBase):
                 raise asyncio.TimeoutError
         except (StartFailed, asyncio.TimeoutError) as exc:
             if rt.st.state is lc.State.READY and rt.channel is ch:
-                # Said ready on the channel just as the deadline passed: it made it.
-                rt.watch = asyncio.create_task(self._watch(rt, ch), name=f"watch {rt.key}")
-                self._after_effect(rt)
-                return
+                return True  # said ready on the channel just as the deadline passed: it made it
             rt.cancellable = False  # a hold arriving now finds it failed, not starting
             error = str(exc) if isinstance(exc, StartFailed) else (
                 advice.no_hello(rt.svc.start_timeout_s) if ch and not ch.hello.done() else
                 f"not ready within start_timeout_s={rt.svc.start_timeout_s:g} (ready never true)")
-            await self._teardown(rt, run_stop=False)
+            await self.stopper.teardown(rt, run_stop=False)
             # STARTING -> BACKOFF | WITHDRAWN
-            self._transition(rt, lc.Event.FAILED, error=error)
-            self._after_effect(rt)
-            return
+            self.states.transition(rt, lc.Event.FAILED, error=error)
+            return False
         except asyncio.CancelledError:
             # Shutdown, or a hold, while starting: the full stop order, then STOPPED. A hold
             # is not a failure: nothing is counted against the restart policy.
@@ -134,21 +149,19 @@ class Starting(SupervisorBase):
             if held is not None and task is not None and hasattr(task, "uncancel"):
                 task.uncancel()  # handled here: the teardown's own timeouts stay exact
             # STARTING -> STOPPING
-            self._transition(rt, lc.Event.STOP, reason=held or "shutdown")
-            await self._teardown(rt, run_stop=True)
+            self.states.transition(rt, lc.Event.STOP, reason=held or "shutdown")
+            await self.stopper.teardown(rt, run_stop=True)
             # STOPPING -> STOPPED
-            self._transition(rt, lc.Event.STOPPED)
-            if held is None or self.shutting_down:
+            self.states.transition(rt, lc.Event.STOPPED)
+            if held is None or self.states.shutting_down:
                 raise
             log.info("%s: start cancelled by the hold %s", rt.key, held)
-            self._after_effect(rt)
-            return
+            return False
         rt.cancellable = False
         if rt.st.state is lc.State.STARTING:
             # STARTING -> READY (ready op true, or said before we waited; hello; channel open)
-            self._transition(rt, lc.Event.READY)
-        rt.watch = asyncio.create_task(self._watch(rt, ch), name=f"watch {rt.key}")
-        self._after_effect(rt)
+            self.states.transition(rt, lc.Event.READY)
+        return True
 
     async def _until_ready(self, rt: ServiceRuntime, ch: Channel | None,
                            log_from: int = 0) -> None:
@@ -200,7 +213,7 @@ class Starting(SupervisorBase):
     def _ready_said(self, rt: ServiceRuntime, ch: Channel) -> None:
         """The channel's reader got `ready` (contract section 3, the `ready` feature). While
         the start waits for readiness, the service is READY now, in this loop turn: the jobs
-        waiting for it are woken from here (``_transition``), not when the start task runs
+        waiting for it are woken from here (``states.transition``), not when the start task runs
         again. Said earlier (the `start` op still running), the start finds it said."""
         self._ready_now(rt, ch, said=True)
 
@@ -215,7 +228,7 @@ class Starting(SupervisorBase):
             rt.says_ready = True
         rt.cancellable = False  # a hold arriving now stops a ready service, as for any other
         # STARTING -> READY (said on the channel or the op true, hello, channel open)
-        self._transition(rt, lc.Event.READY)
+        self.states.transition(rt, lc.Event.READY)
 
     async def _poll_ready(self, rt: ServiceRuntime, ch: Channel | None) -> None:
         """Poll the `ready` op until it answers true: at once, then each poll started

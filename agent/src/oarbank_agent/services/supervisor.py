@@ -1,88 +1,84 @@
-"""The supervisor: performs what ``lifecycle.decide`` says, and reports back with ``apply``.
+"""The supervisor: what the rest of the agent talks to about services (contract section 2).
 
-Effects only. One ``ServiceRuntime`` per service; at most one effect task (start, stop or a
-failure's teardown) runs per service at a time, and ``poke`` asks the pure machine again when
-it is over, when users change, or when a timer (backoff, idle) fires. Nothing here sleeps to
-watch state: waits are on futures (hello, channel closed, readiness) and loop timers. The one
-thing polled is the ``ready`` op, for services that do not say ``ready`` on their channel.
+A facade over parts that each do one thing, given to each other at construction:
 
-Every decision and everything it reads (users, holds, a missing GPU API, shutdown, the test
-faults) is in ``rt.st`` and ``lifecycle.decide``; this module sets those inputs through the
-lifecycle's functions and performs what comes back. ``row`` is a pure function of a runtime.
+- ``states.py`` (``ServiceStates``): every service's runtime and state, the transitions
+  (logged, waiters woken, listeners told) and the waits on readiness;
+- ``prober.py`` (``Prober``): the ``fingerprint`` op, and a withdrawn service's probe;
+- ``stopper.py`` (``Stopper``): the stop order and the stop and failure effects;
+- ``starter.py`` (``Starter``): the start, until ready;
+- ``readywatch.py`` (``ReadyWatch``): a ready service failing on its own;
+- ``driver.py`` (``LifecycleDriver``): performs what ``lifecycle.decide`` says, feeds it its
+  inputs, adopts, lets go and shuts down.
 
-Start = channel pair from the broker + ``start`` op with the child end inherited + the hello +
-``ready``: said on the channel (``OARBANK_ENDPOINT_FEATURES=ready``: the channel's reader makes
-the service READY, and wakes the jobs waiting for it, in the loop turn the line arrives in), or
-the ``ready`` op true (polled once the hello is in: at once, then on ``ready_poll_gap``'s
-schedule; a ``ready`` line arriving meanwhile ends the polling), all within
-``start_timeout_s``.
-Stop order = ``stop`` op, close the channel, end the group.
-This class is also the broker's ``ServiceGate``; it opens channels in the ``Channels`` table it
-shares with the broker (given at construction: neither holds the other).
-
-Its parts, one concern each: ``runtime.py`` (a service's runtime, the pure ``row``),
-``supervisor_base.py`` (the decision loop, transitions, the fingerprint), ``starting.py`` (the
-start), ``stopping.py`` (stops, failures, probes, adoption, shutdown); this file joins them and
-holds the inputs and the readiness gate. Every public name stays importable from here.
+This class adds only the views (``capacities``, ``row``). It is the broker's ``ServiceGate``
+(``ready_now``, ``wait_ready``); it opens channels in the ``Channels`` table it shares with
+the broker (given at construction: neither holds the other).
 """
+
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import logging
-import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from oarbank_agent.eventwait import result_within
-from oarbank_agent.modules.loaded import ModuleCtx
+from oarbank_agent import procs
+from oarbank_agent.modules.loaded import ModuleCtx, NodeInfo
 from oarbank_agent.sandbox import refusals
+from oarbank_agent.services import detachedwatch
 from oarbank_agent.services import lifecycle as lc
-from oarbank_agent.services.runtime import (
-    ServiceRuntime,
-    StartFailed,
-    details,
-    ready,
-    row,
-    service_key,
-)
-from oarbank_agent.services.starting import (
-    EXIT_WAIT_S,
-    READY_POLL_FALLBACK_S,
-    READY_POLL_IN_FLIGHT,
-    READY_POLL_MAX_S,
-    READY_POLL_MIN_FACTORY_S,
-    READY_POLL_MIN_S,
-    READY_POLL_RATIO,
-    Starting,
-    ready_poll_gap,
-)
-from oarbank_agent.services.stopping import ESCALATE_GRACE_S, GROUP_GRACE_S, Stopping
+from oarbank_agent.services.driver import LifecycleDriver
+from oarbank_agent.services.loadstats import LoadStats
+from oarbank_agent.services.prober import Prober
+from oarbank_agent.services.readywatch import ReadyWatch
+from oarbank_agent.services.runtime import ServiceRuntime, ready, row
+from oarbank_agent.services.starter import Starter
+from oarbank_agent.services.states import ServiceStates
+from oarbank_agent.services.stopper import Stopper
 from oarbank_sdk import manifest as mf
 
-__all__ = ["Supervisor", "ServiceRuntime", "StartFailed", "service_key", "row", "ready", "details",
-           "ready_poll_gap", "READY_POLL_MIN_S", "READY_POLL_MIN_FACTORY_S", "READY_POLL_RATIO",
-           "READY_POLL_MAX_S", "READY_POLL_FALLBACK_S", "READY_POLL_IN_FLIGHT", "EXIT_WAIT_S",
-           "GROUP_GRACE_S", "ESCALATE_GRACE_S"]
+if TYPE_CHECKING:
+    from oarbank_agent.broker.channel import Channel, Channels
+    from oarbank_agent.platform.api import Group
 
-log = logging.getLogger("oarbank_agent.services.supervisor")
+__all__ = ["Supervisor"]
 
 
-class Supervisor(Starting, Stopping):
-    """One per agent: the services, their inputs, the readiness the broker and jobs wait on;
-    the effects are ``Starting``'s and ``Stopping``'s, the loop ``SupervisorBase``'s."""
+class Supervisor:
+    """One per agent: its services, their inputs, the readiness the broker and jobs wait on."""
 
-    # --- set-up ---------------------------------------------------------------------------
+    def __init__(self, node: NodeInfo, registry: procs.ProcessRegistry, *,
+                 channels: Channels, status_poll_s: float = detachedwatch.DEFAULT_FIRST_S) -> None:
+        self.node = node
+        self.registry = registry
+        self.channels = channels  # endpoint channels, shared with the broker
+        self.states = ServiceStates(LoadStats(node.state_dir))
+        self.prober = Prober(node, registry, self.states)
+        self.stopper = Stopper(node, registry, self.states, self.prober)
+        self.starter = Starter(node, registry, channels=channels, states=self.states,
+                               stopper=self.stopper)
+        self.driver = LifecycleDriver(
+            self.states, starter=self.starter, stopper=self.stopper, prober=self.prober,
+            watch=ReadyWatch(node, registry, status_poll_s=status_poll_s))
+        # The states' own dict and lists, read and listened to by the agent's other parts.
+        self.services = self.states.services
+        self.stats = self.states.stats
+        self.on_change = self.states.on_change
+        self.on_capacity = self.states.on_capacity
+
+    @property
+    def shutting_down(self) -> bool:
+        return self.states.shutting_down
+
+    @property
+    def bare_start_errors(self) -> bool:
+        """The test-only fault ``bare_start_errors`` (the starter's error text)."""
+        return self.starter.bare_start_errors
+
+    @bare_start_errors.setter
+    def bare_start_errors(self, on: bool) -> None:
+        self.starter.bare_start_errors = on
 
     def add_module(self, ctx: ModuleCtx) -> list[ServiceRuntime]:
-        added = []
-        for svc in ctx.manifest.services:
-            r = svc.restart
-            st = lc.ServiceState(svc.lifecycle, svc.idle_timeout_s, r.backoff_initial_s,
-                                 r.backoff_max_s, r.max_failures)
-            rt = ServiceRuntime(service_key(ctx.id, svc.name), ctx, svc, st)
-            self.services[rt.key] = rt
-            added.append(rt)
-        return added
+        return self.states.add_module(ctx)
 
     # --- views ----------------------------------------------------------------------------
 
@@ -99,139 +95,55 @@ class Supervisor(Starting, Stopping):
         """Contract section 6 row (``row`` with what the sandbox refused this service)."""
         return row(rt, refusals.current().describe(rt.key))
 
-    # --- inputs ---------------------------------------------------------------------------
+    async def fingerprint(self, rt: ServiceRuntime) -> None:
+        await self.prober.fingerprint(rt)
 
-    def set_users(self, key: str, users: int) -> None:
-        rt = self.services[key]
-        if users == rt.st.users:
-            return
-        now = time.time()
-        if users > rt.st.users or users == 0:  # one more use, or the last one left
-            self.stats.used(key, now, arrived=users > rt.st.users)
-        rt.st = lc.set_users(rt.st, users, now)
-        self._changed(rt)
-        self.poke(rt)
-
-    def set_hold(self, key: str, reason: str | None) -> bool:
-        """Hold a service down (``reason``) or lift its hold (None). A held service is
-        stopped (stop reason = the hold), its pools count 0 and it is not started again until
-        the hold lifts (``lifecycle.decide``); waiting connects are refused. Returns whether
-        anything changed."""
-        rt = self.services[key]
-        if rt.st.held == reason:
-            return False
-        log.info("%s: %s", key, f"held: {reason}" if reason else f"hold {rt.st.held} lifted")
-        rt.st = lc.set_held(rt.st, reason)
-        if reason is not None:
-            self._resolve_waiters(rt, False)
-        self._inputs_changed(rt)
-        return True
-
-    def evict(self, key: str, for_what: str) -> None:
-        """Demand eviction: stop this idle service (reason ``evicted``) to make room for
-        ``for_what`` (a job, of a module). Nothing happens if it has users by now."""
-        rt = self.services[key]
-        rt.st = lc.set_evict(rt.st, for_what)
-        self.poke(rt)
-
-    def set_disabled(self, key: str, disabled: bool, *, live: bool = True) -> bool:
-        """Its module is disabled or enabled (``lifecycle.set_disabled``): not started, pools
-        0, stopped once it has no users. ``live`` False (before the agent runs): the state
-        only, nothing is poked (recovery comes first). Returns whether anything changed."""
-        rt = self.services[key]
-        if rt.st.disabled == disabled:
-            return False
-        rt.st = lc.set_disabled(rt.st, disabled)
-        if not live:
-            return True
-        log.info("%s: %s", key, "disabled" if disabled else "enabled")
-        if disabled:
-            self._resolve_waiters(rt, False)  # admitted jobs waiting for a start: released
-        self._inputs_changed(rt)
-        return True
-
-    def _inputs_changed(self, rt: ServiceRuntime) -> None:
-        """A decision input (held, disabled) changed: act on what decide now says."""
-        # Before the capacity listeners: a start in flight is cancelled at once (decide says
-        # `cancel`), so nothing reads it as starting meanwhile.
-        self._cancel_if_decided(rt)
-        for cb in self.on_capacity:
-            cb(rt.key)
-        self._changed(rt)
-        self.poke(rt)
-
-    def set_timings(self, key: str, svc: mf.Service, *, live: bool = True) -> None:
-        """The service with new timings (overrides.py): the next start and stop use them,
-        and (``live``: a reload) the idle timer is measured again now (``poke``), not at its
-        old deadline. Before the agent runs nothing is poked (recovery comes first)."""
-        rt = self.services[key]
-        rt.svc = svc
-        r = svc.restart
-        rt.st = lc.set_timings(rt.st, idle_timeout_s=svc.idle_timeout_s,
-                               backoff_initial_s=r.backoff_initial_s,
-                               backoff_max_s=r.backoff_max_s, max_failures=r.max_failures)
-        log.info("%s: timings idle_timeout_s=%g start_timeout_s=%g stop_timeout_s=%g "
-                 "backoff %g..%g s, max_failures %d", key, svc.idle_timeout_s,
-                 svc.start_timeout_s, svc.stop_timeout_s, r.backoff_initial_s,
-                 r.backoff_max_s, r.max_failures)
-        if live:
-            self._changed(rt)
-            self.poke(rt)
-
-    def set_gpu_missing(self, key: str, text: str | None) -> None:
-        """GPU placement (agent start): the GPU_API_MISSING text, or None (it may run here)."""
-        rt = self.services[key]
-        rt.st = lc.set_gpu_missing(rt.st, text)
-
-    def set_faults(self, *, idle_stop: bool, flat_backoff: bool) -> None:
-        """Test-only fault injection (faults.py), into every service's state."""
-        for rt in self.services.values():
-            rt.st = lc.with_faults(rt.st, idle_stop=idle_stop, flat_backoff=flat_backoff)
-
-    # --- readiness: the broker's ServiceGate and the jobs' wait ---------------------------
-
-    def _hopeless(self, rt: ServiceRuntime | None) -> bool:
-        return rt is None or lc.hopeless(rt.st)
+    # --- the readiness gate (states.py) ---------------------------------------------------
 
     def ready_now(self, service_key: str) -> bool:
-        """ServiceGate's optional synchronous check: True iff ``wait_ready`` would answer True
-        at once (the broker then hands a connect over without waiting)."""
-        rt = self.services.get(service_key)
-        return rt is not None and not self._hopeless(rt) and self.is_ready(rt)
+        return self.states.ready_now(service_key)
 
     async def wait_ready(self, service_key: str) -> bool:
-        """ServiceGate: True once ready; False if not within start_timeout_s, or never."""
-        rt = self.services.get(service_key)
-        if rt is None or self._hopeless(rt):
-            return False
-        if self.is_ready(rt):
-            return True
-        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        rt.waiters.append(fut)
-        try:
-            came, ready = await result_within(fut, rt.svc.start_timeout_s)
-            return came and bool(ready)
-        finally:
-            with contextlib.suppress(ValueError):
-                rt.waiters.remove(fut)
+        return await self.states.wait_ready(service_key)
 
     async def await_ready(self, service_key: str) -> bool:
-        """For an admitted job: wait through starts and backoffs; False once withdrawn or the
-        agent is shutting down."""
-        rt = self.services.get(service_key)
-        if rt is not None and rt.svc.lifecycle == "manual" and not self.shutting_down:
-            return True  # never started by us: its fingerprint's pools are the only gate
-        while True:
-            if rt is None or self._hopeless(rt):
-                return False
-            if self.is_ready(rt):
-                return True
-            fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-            rt.waiters.append(fut)
-            try:
-                if await fut:
-                    continue  # re-check: the channel must still be open
-                return False
-            finally:
-                with contextlib.suppress(ValueError):
-                    rt.waiters.remove(fut)
+        return await self.states.await_ready(service_key)
+
+    # --- the lifecycle's inputs and its entries and exits (driver.py) ---------------------
+
+    def poke(self, rt: ServiceRuntime) -> None:
+        self.driver.poke(rt)
+
+    def set_users(self, key: str, users: int) -> None:
+        self.driver.set_users(key, users)
+
+    def set_hold(self, key: str, reason: str | None) -> bool:
+        return self.driver.set_hold(key, reason)
+
+    def evict(self, key: str, for_what: str) -> None:
+        self.driver.evict(key, for_what)
+
+    def set_disabled(self, key: str, disabled: bool, *, live: bool = True) -> bool:
+        return self.driver.set_disabled(key, disabled, live=live)
+
+    def set_timings(self, key: str, svc: mf.Service, *, live: bool = True) -> None:
+        self.driver.set_timings(key, svc, live=live)
+
+    def set_gpu_missing(self, key: str, text: str | None) -> None:
+        self.driver.set_gpu_missing(key, text)
+
+    def set_faults(self, *, idle_stop: bool, flat_backoff: bool) -> None:
+        self.driver.set_faults(idle_stop=idle_stop, flat_backoff=flat_backoff)
+
+    def adopt(self, rt: ServiceRuntime, group: Group | None) -> None:
+        self.driver.adopt(rt, group)
+
+    def adopt_endpoint(self, rt: ServiceRuntime, ch: Channel, group: Group | None,
+                       idle_since: float | None) -> None:
+        self.driver.adopt_endpoint(rt, ch, group, idle_since)
+
+    def let_go(self, rt: ServiceRuntime) -> None:
+        self.driver.let_go(rt)
+
+    async def shutdown(self) -> None:
+        await self.driver.shutdown()
