@@ -8,7 +8,7 @@ from pathlib import Path
 
 from agent_helpers import write_module
 
-from oarbank_agent.operate import logtail
+from oarbank_sdk import logtail
 
 MODULE = "test.agent.echo"
 WHY = "FileNotFoundError: model weights missing"

@@ -24,11 +24,10 @@ from oarbank_agent.eventwait import result_within
 from oarbank_agent.jobs import runnerevents
 from oarbank_agent.modules import compat
 from oarbank_agent.modules.loaded import ModuleCtx, NodeInfo
-from oarbank_agent.operate import logtail
 from oarbank_agent.sandbox import escapewatch, resourcelimits
 from oarbank_agent.sandbox import policy as sandboxing
 from oarbank_agent.services.runtime import service_key
-from oarbank_sdk import advice, environments
+from oarbank_sdk import advice, environments, logtail
 from oarbank_sdk import manifest as mf
 from oarbank_sdk.protocol import current_transport
 

@@ -40,9 +40,8 @@ from typing import TYPE_CHECKING, Any
 from oarbank_agent import procs
 from oarbank_agent.eventwait import result_within
 from oarbank_agent.jobs import waiting
-from oarbank_agent.operate import logtail
 from oarbank_agent.sandbox import policy as sandboxing
-from oarbank_sdk import advice, doctorform
+from oarbank_sdk import advice, doctorform, logtail
 from oarbank_sdk.protocol import last_json_object
 
 if TYPE_CHECKING:

@@ -30,11 +30,10 @@ from typing import Any
 from oarbank_agent import procs
 from oarbank_agent.eventwait import result_within
 from oarbank_agent.modules.loaded import ModuleCtx, NodeInfo
-from oarbank_agent.operate import logtail
 from oarbank_agent.platform.api import Group
 from oarbank_agent.sandbox import policy as sandboxing
 from oarbank_agent.services import servicelog
-from oarbank_sdk import advice
+from oarbank_sdk import advice, logtail
 from oarbank_sdk.protocol import last_json_object
 
 __all__ = ["OP_TIMEOUTS", "OpResult", "run_op"]
