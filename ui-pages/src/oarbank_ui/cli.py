@@ -75,15 +75,28 @@ def _parser() -> argparse.ArgumentParser:
                         "or a twentieth of --ingest-bound-s if that is less; 0: never waits)")
     s.add_argument("--retry-after-s", type=int, default=10, metavar="S",
                    help="the Retry-After of a refused heartbeat (default 10: a period)")
+    s.add_argument("--placement", choices=("warm-aware", "warm-blind"), default="warm-aware",
+                   help="how claims are granted: warm-aware (default: a job goes where its "
+                        "model is warm) or warm-blind (first come, first served)")
+    s.add_argument("--lease-s", type=float, default=60.0, metavar="S",
+                   help="a granted job's lease, renewed by its node (default 60)")
+    s.add_argument("--results-retention-h", type=float, default=168.0, metavar="H",
+                   help="hours a finished job and its result are kept (default 168)")
     s.add_argument("-v", "--verbose", action="store_true", help="log every request")
     t = sub.add_parser("token", help="node credentials: issue, list, revoke")
     tsub = t.add_subparsers(dest="token_cmd", required=True)
-    for name, what in (("issue", "print a new token for NODE_ID (once; only its hash is kept)"),
-                       ("revoke", "NODE_ID's reports are refused from now on")):
+    for name, what in (("issue", "print a new token for NODE_ID, or for a submitter (once; "
+                                 "only its hash is kept)"),
+                       ("revoke", "NODE_ID's reports (or the submitter's requests) are refused "
+                                  "from now on")):
         x = tsub.add_parser(name, help=what)
-        x.add_argument("node_id", metavar="NODE_ID")
+        x.add_argument("node_id", metavar="NODE_ID", nargs="?")
+        x.add_argument("--submitter", metavar="NAME",
+                       help="a submitter's token (POST /v1/jobs and the jobs commands) instead "
+                            "of a node's")
         _db_arg(x)
-    _db_arg(tsub.add_parser("list", help="nodes holding a token, and when it was issued"))
+    _db_arg(tsub.add_parser("list", help="nodes and submitters holding a token, and when it "
+                                         "was issued"))
     n = sub.add_parser("node", help="nodes: remove")
     nsub = n.add_subparsers(dest="node_cmd", required=True)
     x = nsub.add_parser("remove", help="forget NODE_ID: its report, its rows and its token")
@@ -171,6 +184,8 @@ def _serve_in(args: argparse.Namespace) -> int:
     if not 0 <= args.ingest_linger_ms < args.ingest_bound_s * 1000 * 0.1:
         return _fail(f"--ingest-linger-ms must be >= 0 and under a tenth of --ingest-bound-s "
                      f"({args.ingest_bound_s * 100:g} ms), got {args.ingest_linger_ms:g}")
+    if args.lease_s < 1 or args.results_retention_h <= 0:
+        return _fail("--lease-s must be >= 1 and --results-retention-h > 0")
     if args.read_timeout_s <= 0 or args.max_connections < 1 or args.pool_size < 1:
         return _fail("--read-timeout-s, --max-connections and --pool-size must be > 0")
     if bool(args.tls_cert) != bool(args.tls_key):
@@ -202,11 +217,13 @@ def _serve_in(args: argparse.Namespace) -> int:
                 own = open_store(args.db, history=_history(args),
                                  **(pool if is_postgres_url(args.db) else {}))
                 return _with_ingest(Portal(own, modules, refresh_s=args.refresh_s,
-                                           allowed_hosts=bound.hosts), args)
+                                           allowed_hosts=bound.hosts,
+                                           dispatch=_dispatch_options(args)), args)
 
             return serve_workers(make_portal, bound, opts, args.workers)
         portal = _with_ingest(Portal(store, modules, refresh_s=args.refresh_s,
-                                     allowed_hosts=bound.hosts), args)
+                                     allowed_hosts=bound.hosts,
+                                     dispatch=_dispatch_options(args)), args)
         try:
             serve(portal, bound, opts)
         except (OSError, ValueError) as e:  # e.g. a TLS file that cannot be read
@@ -216,6 +233,11 @@ def _serve_in(args: argparse.Namespace) -> int:
     finally:
         store.close()
     return 0
+
+
+def _dispatch_options(args: argparse.Namespace) -> dict[str, Any]:
+    return {"mode": args.placement, "lease_s": args.lease_s,
+            "retention_s": args.results_retention_h * 3600}
 
 
 def _with_ingest(portal: Any, args: argparse.Namespace) -> Any:
@@ -234,12 +256,17 @@ def _bad_node_id(node_id: str) -> str | None:
 
 
 def _token(args: argparse.Namespace) -> int:
-    if args.token_cmd != "list" and (why := _bad_node_id(args.node_id)):
-        return _fail(why)
+    if args.token_cmd != "list":
+        if (args.node_id is None) == (args.submitter is None):
+            return _fail(f"token {args.token_cmd}: give NODE_ID or --submitter NAME (one)")
+        if (why := _bad_node_id(args.node_id if args.submitter is None else args.submitter)):
+            return _fail(why.replace("node id", "submitter") if args.submitter else why)
     store = _open(args, min_size=1, max_size=1)
     if store is None:
         return 2
     try:
+        if args.token_cmd != "list" and args.submitter is not None:
+            return _submitter_token(store, args.token_cmd, args.submitter)
         if args.token_cmd == "issue":
             token, replaced = store.issue_token(args.node_id)
             print(token)
@@ -254,11 +281,34 @@ def _token(args: argparse.Namespace) -> int:
         else:
             import time
 
+            from .dispatch.store import DispatchStore
+
             for t in store.tokens():
                 when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t["issued_at"]))
                 print(f"{t['node_id']}\tissued {when}")
+            for t in DispatchStore(store.backend).submitters():
+                when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t["issued_at"]))
+                print(f"submitter {t['name']}\tissued {when}")
     finally:
         store.close()
+    return 0
+
+
+def _submitter_token(store: HeartbeatStore, cmd: str, name: str) -> int:
+    from .dispatch.store import DispatchStore
+
+    jobs = DispatchStore(store.backend)
+    if cmd == "issue":
+        token, replaced = jobs.issue_submitter(name)
+        print(token)
+        print(f"oarbank-portal: token for submitter {name} issued"
+              + (" (its previous token no longer works)" if replaced else "")
+              + "; it is shown only now: keep it in a file of mode 0600 (jobs --token-file)",
+              file=sys.stderr)
+        return 0
+    if not jobs.revoke_submitter(name):
+        return _fail(f"submitter {name} holds no token")
+    print(f"oarbank-portal: token of submitter {name} revoked", file=sys.stderr)
     return 0
 
 

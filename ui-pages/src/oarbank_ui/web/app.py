@@ -13,6 +13,8 @@ Routes:
   GET  /v1/queries/services?module=M[&node_id=][&service=]   JSON list of rows (<= 200)
   GET  /v1/queries/nodes|node_metrics?module=M[&<param>=]...  the same, for those queries
   GET  /v1/nodes[?limit=N][&after=NODE_ID]             JSON list of nodes, paged (Link: next)
+  POST|GET /v1/jobs..., /v1/batches..., POST /v1/agent/...   fleet dispatch (contract section
+                                                       10; ``dispatch/http.py``)
   GET  /healthz                                        200 when the store answers, else 503
   GET  /metrics                                        Prometheus text format
   GET  /                                               index of modules and nodes
@@ -36,6 +38,9 @@ from urllib.parse import quote, unquote, urlencode
 
 from oarbank_sdk.manifest import UiEntry
 
+from ..dispatch.catalogue import Catalogue
+from ..dispatch.http import DispatchAPI, Reply, is_dispatch_path, unavailable
+from ..dispatch.store import DispatchStore
 from ..pages import uicontract
 from ..pages.html import Templates, clock_text
 from ..pages.links import _page_href, _panel_href, link_resolver, services_fetch
@@ -51,10 +56,12 @@ from .prometheus import PortalMetrics
 from .reports import CHALLENGE, STORE_FAILED, TOKEN_UNKNOWN, HeartbeatIngest
 from .responses import Admission, Response, error_response, json_response
 
-__all__ = ["MAX_BODY", "Portal", "route_name", "services_fetch"]
+__all__ = ["MAX_BODY", "MAX_SUBMIT_BODY", "Portal", "reply_response", "route_name",
+           "services_fetch"]
 
 log = logging.getLogger("oarbank_ui.portal")
 MAX_BODY = 1 << 20  # a heartbeat of a big node is a few tens of KiB
+MAX_SUBMIT_BODY = 32 << 20  # POST /v1/jobs: up to 10,000 jobs (contract 10.2)
 INDEX_NODES = 200  # the index lists this many nodes; /v1/nodes pages through the rest
 _REFUSAL_LOG_S = 60.0  # one line per cause a minute: a flood of bad posts is not a log flood
 _STATIC_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8"}
@@ -70,8 +77,8 @@ def route_name(path: str) -> str:
     if not parts:
         return "index"
     if parts[0] == "v1" and len(parts) >= 2:
-        return {"heartbeat": "heartbeat", "nodes": "nodes", "queries": "services"}.get(
-            parts[1], "other")
+        return {"heartbeat": "heartbeat", "nodes": "nodes", "queries": "services",
+                "jobs": "jobs", "batches": "jobs", "agent": "agent"}.get(parts[1], "other")
     if parts[0] in ("healthz", "metrics", "static"):
         return parts[0]
     if parts[0] == "modules":
@@ -79,6 +86,11 @@ def route_name(path: str) -> str:
     if parts[0] == "nodes":
         return "panel"
     return "other"
+
+
+def reply_response(r: Reply) -> Response:
+    """A dispatch answer as the portal's ``Response``."""
+    return json_response(r.status, r.doc, headers=dict(r.headers))
 
 
 class _RefusalLog:
@@ -103,7 +115,8 @@ class _RefusalLog:
 class Portal:
     def __init__(self, store: HeartbeatStore, modules: dict[str, PortalModule], *,
                  refresh_s: float = 3.0, clock: Callable[[], float] = time.time,
-                 allowed_hosts: Sequence[str] | None = None) -> None:
+                 allowed_hosts: Sequence[str] | None = None,
+                 dispatch: dict[str, Any] | None = None) -> None:
         self.store = store
         self.modules = modules
         self.refresh_ms = int(refresh_s * 1000)
@@ -111,7 +124,13 @@ class Portal:
         self.templates = Templates()
         # None: no Host check (in-process use); the server always passes its list.
         self.hosts = HostCheck(allowed_hosts) if allowed_hosts is not None else None
-        self.metrics = PortalMetrics(lambda: self.store.summary(now=self.clock()))
+        jobs = DispatchStore(store.backend)
+        self.metrics = PortalMetrics(lambda: self.store.summary(now=self.clock()),
+                                     jobs.queue_depth)
+        # fleet dispatch: the modules served here are the ones jobs may name
+        self.dispatch = DispatchAPI(
+            jobs, Catalogue.from_manifests(m.manifest for m in modules.values()),
+            store.node_for_token, self.metrics, clock=clock, **(dispatch or {}))
         self._refusal_log = _RefusalLog()
         self._ingest: HeartbeatIngest | None = None
         self.ingest_options: dict[str, Any] = {}  # HeartbeatIngest's keywords (cli.py)
@@ -154,7 +173,7 @@ class Portal:
                     return self.refuse("host", 400, self.hosts.refusal(host))
                 return error_response(400, self.hosts.refusal(host))
         if path.rstrip("/") != "/v1/heartbeat" or method != "POST":
-            return Admission("")
+            return Admission("", headers)
         ctype = headers.get("content-type", "").split(";", 1)[0].strip().lower()
         if ctype != "application/json":
             return self.refuse("content_type", 415, "heartbeat: Content-Type must be "
@@ -201,8 +220,14 @@ class Portal:
             if timed_here:
                 self.metrics.observe(route, started)
 
+    def body_limit(self, path: str) -> int:
+        """The largest body a request to ``path`` may send (its Content-Length)."""
+        return MAX_SUBMIT_BODY if path.rstrip("/") == "/v1/jobs" else MAX_BODY
+
     def _store_down(self, route: str, e: Exception) -> Response:
         log.warning("the store does not answer: %s: %s", type(e).__name__, e)
+        if route in ("jobs", "agent"):
+            return reply_response(unavailable())
         if route == "heartbeat":  # a 5xx: the agent sends it again
             return self.refuse("store_error", 503, STORE_FAILED)
         if route == "healthz":
@@ -223,6 +248,14 @@ class Portal:
                   admitted: Admission) -> tuple[str, Response]:
         parts = [unquote(p) for p in path.split("/") if p]
         route = "other"
+        if is_dispatch_path(parts):
+            route = route_name(path)
+            try:
+                return route, reply_response(self.dispatch.handle(
+                    method, parts, query, body, admitted.headers))
+            except Exception:  # a bug must cost one request, not the portal
+                log.exception("error answering %s %s", method, path)
+                return route, error_response(500, "internal error; see the portal's log")
         try:
             if parts == ["v1", "heartbeat"]:
                 route = "heartbeat"

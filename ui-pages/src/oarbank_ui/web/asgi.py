@@ -32,7 +32,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from .app import MAX_BODY, Portal, route_name
+from .app import MAX_BODY, Portal, reply_response, route_name
 from .responses import Response as PortalResponse
 from .responses import error_response
 
@@ -129,7 +129,8 @@ async def _within(coro: Awaitable[bytes], seconds: float) -> bytes:
 
 
 async def _body(portal: Portal, receive: Receive, headers: dict[str, str],
-                read_timeout_s: float, *, report: bool) -> bytes | PortalResponse | None:
+                read_timeout_s: float, *, report: bool,
+                limit: int = MAX_BODY) -> bytes | PortalResponse | None:
     """The body its headers declare, or the answer refusing it (None: it was cut short and
     nobody is left to answer). ``report``: a refusal is a report's (counted, logged)."""
     what = "heartbeat: body" if report else "body"
@@ -142,8 +143,9 @@ async def _body(portal: Portal, receive: Receive, headers: dict[str, str],
     if not length.isdigit():
         return error_response(411, "Content-Length is required")
     n = int(length)
-    if n > MAX_BODY:
-        return refuse("too_large", 413, f"{what} of {n} bytes is larger than 1 MiB")
+    if n > limit:
+        return refuse("too_large", 413, f"{what} of {n} bytes is larger than "
+                                        f"{limit >> 20} MiB")
     try:
         return await _within(read_body(receive, n), read_timeout_s)
     except (asyncio.TimeoutError, TimeoutError):
@@ -217,12 +219,17 @@ def build_app(portal: Portal, *, read_timeout_s: float = 10.0) -> ASGIApp:
             return _to_starlette(early, close=method == "POST")
         body = b""
         if method in ("POST", "PUT", "PATCH"):
-            got = await _body(portal, request.receive, headers, read_timeout_s, report=False)
+            got = await _body(portal, request.receive, headers, read_timeout_s, report=False,
+                              limit=portal.body_limit(path))
             if got is None:  # nobody is left to read an answer
                 return Response(b"", status_code=400, headers={"Connection": "close"})
             if isinstance(got, PortalResponse):
                 return _to_starlette(got, close=True)
             body = got
+        if method == "POST" and path.rstrip("/") == "/v1/agent/claim":
+            # a long poll: it waits on the event loop, its store work in the thread pool
+            return _to_starlette(reply_response(await portal.dispatch.claim(
+                body, headers, run_in_threadpool)))
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"),
                          keep_blank_values=True)
         r = await run_in_threadpool(portal.handle, method, path, query, body, headers, None,

@@ -31,10 +31,19 @@ REFUSAL_CAUSES = ("host", "content_type", "unauthenticated", "wrong_node", "malf
 
 
 class _FleetCollector(Collector):
-    def __init__(self, summary: Callable[[], dict[str, Any]]) -> None:
+    def __init__(self, summary: Callable[[], dict[str, Any]],
+                 queue: Callable[[], dict[tuple[str, str], int]] | None = None) -> None:
         self._summary = summary
+        self._queue = queue
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
+        if self._queue is not None:
+            depth = GaugeMetricFamily("oarbank_portal_dispatch_jobs", "Dispatched jobs queued "
+                                      "or running, by module (the queue depth is state=queued)",
+                                      labels=["module", "state"])
+            for (module, state), n in sorted(self._queue().items()):
+                depth.add_metric([module, state], n)
+            yield depth
         s = self._summary()
         nodes = GaugeMetricFamily("oarbank_portal_nodes", "Nodes known to the store, by "
                                   "liveness (reporting, stale, stopped)", labels=["liveness"])
@@ -49,7 +58,8 @@ class _FleetCollector(Collector):
 
 
 class PortalMetrics:
-    def __init__(self, summary: Callable[[], dict[str, Any]]) -> None:
+    def __init__(self, summary: Callable[[], dict[str, Any]],
+                 queue: Callable[[], dict[tuple[str, str], int]] | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         own: CollectorRegistry | None = self.registry
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
@@ -81,8 +91,28 @@ class PortalMetrics:
         self.batched = Counter("oarbank_portal_ingest_batched_reports", "Reports committed by "
                                "the group commit (over batches: reports per transaction)",
                                registry=own)
+        # fleet dispatch (dispatch/http.py); this process's counts
+        self.submitted = Counter("oarbank_portal_dispatch_submitted", "Jobs submitted",
+                                 registry=own)
+        self.grants = Counter("oarbank_portal_dispatch_grants", "Jobs granted to nodes, by "
+                              "placement (ready, starting, cold)", ["placement"], registry=own)
+        self.cold_starts = Counter("oarbank_portal_dispatch_cold_starts", "Grants that start a "
+                                   "cold copy of a service", registry=own)
+        self.lease_expiries = Counter("oarbank_portal_dispatch_lease_expiries", "Leases that "
+                                      "expired: their jobs were queued again", registry=own)
+        self.results = Counter("oarbank_portal_dispatch_results", "Results accepted, by state",
+                               ["state"], registry=own)
+        self.results_refused = Counter("oarbank_portal_dispatch_results_refused", "Results "
+                                       "refused, by error (lease_lost, stale_generation, ...)",
+                                       ["error"], registry=own)
+        for placement in ("ready", "starting", "cold"):
+            self.grants.labels(placement)
+        for state in ("succeeded", "failed"):
+            self.results.labels(state)
+        for error in ("lease_lost", "stale_generation", "cancelled", "not_your_attempt"):
+            self.results_refused.labels(error)
         self._routes: dict[str, Any] = {}  # the histogram's child per route
-        self.registry.register(_FleetCollector(summary))
+        self.registry.register(_FleetCollector(summary, queue))
 
     def batch_done(self, reports: int, seconds: float, queue_age: float) -> None:
         self.batches.inc()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any
 
 __all__ = ["Admission", "Response", "error_response", "json_response"]
@@ -31,6 +32,8 @@ def error_response(status: int, message: str, **kw: Any) -> Response:
 
 @dataclass(frozen=True)
 class Admission:
-    """A heartbeat's headers passed: the node its token names."""
+    """A request's headers passed: for a heartbeat, the node its token names; for another
+    request, its headers (lower-case names) for the route to read."""
 
     node_id: str
+    headers: Mapping[str, str] = field(default_factory=dict)

@@ -1,0 +1,53 @@
+"""A claim as placement reads it: which of the stages a node offers the portal dispatches, and
+one ``Candidate`` per stage with jobs queued (pure: the store supplies the queue and the
+fleet's warmth, ``placement.decide`` the answer)."""
+
+from __future__ import annotations
+
+from .catalogue import Catalogue
+from .placement import Candidate
+from .protocol import Claim, ServiceOffer
+
+__all__ = ["candidates", "offered_stages"]
+
+
+def offered_stages(claim: Claim, catalogue: Catalogue) -> list[tuple[str, str]]:
+    """(module id, stage) the node offers and the portal dispatches: a module or stage the
+    portal does not know gets no jobs (and is no error: nodes run other modules too)."""
+    out = []
+    for module, stages in claim.stages.items():
+        info = catalogue.modules.get(module)
+        if info is None:
+            continue
+        out.extend((module, s) for s in dict.fromkeys(stages) if s in info.stages)
+    return out
+
+
+def candidates(claim: Claim, catalogue: Catalogue,
+               queue: dict[tuple[str, str], tuple[int, float]],
+               warm: dict[tuple[str, str], int]) -> list[Candidate]:
+    """``queue``: (module, stage) -> (backlog, oldest job's wait in s), stages with jobs only;
+    ``warm``: (module, service) -> tokens on other nodes where it is ready or starting."""
+    offers: dict[tuple[str, str], ServiceOffer] = {(s.module, s.service): s
+                                                   for s in claim.services}
+    free: dict[tuple[str, str], int] = {}  # (module, pool) -> free tokens on this node
+    for s in claim.services:
+        for pool, (n, _total) in s.pools.items():
+            free[(s.module, pool)] = n
+    out = []
+    for (module, stage), (backlog, wait) in queue.items():
+        info = catalogue.modules[module]
+        need = info.stages[stage]
+        if not need:
+            out.append(Candidate(module, stage, "none", claim.max_grants, backlog, wait))
+            continue
+        service = info.stage_service(stage)
+        offer = offers.get((module, service)) if service is not None else None
+        if offer is None:
+            continue  # the node does not report the service its pool needs: it cannot run it
+        slots = min(free.get((module, pool), 0) // max(1, n) for pool, n in need.items())
+        out.append(Candidate(module, stage, offer.state, slots, backlog, wait,
+                             warm_tokens=warm.get((module, offer.service), 0),
+                             load_s=offer.load_s, job_s=offer.job_s, mem_gb=offer.mem_gb,
+                             service=offer.service))
+    return out

@@ -1,0 +1,449 @@
+"""The dispatcher's state, all of it in the portal's store (SQLite or PostgreSQL, the tables of
+migration 0005): submitters, batches, jobs, attempts with their leases, each node's latest
+claim. Nothing the dispatcher decides lives only in a process: a portal killed and started
+again, or a second portal on the same PostgreSQL, carries on from the tables.
+
+Each call is one transaction. PostgreSQL: a claim takes its jobs with ``FOR UPDATE SKIP
+LOCKED`` (portals claiming at once take different jobs, without waiting on each other); rows
+are locked attempt first, then job, everywhere, so two transactions never wait on each other
+in a circle. SQLite: one writer at a time (``BEGIN IMMEDIATE``).
+
+Job states: queued -> running (granted) -> succeeded | failed; queued | running -> cancelled;
+running -> queued when its lease expires or the node releases it (no charge: the next grant
+is the next generation). Attempt states: running -> succeeded | failed | expired | released |
+cancelled.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..store.tokens import new_token, token_hash
+from .leases import Attempt, fence
+from .placement import Pick
+from .protocol import Claim, JobSpec, Result, Submission
+
+__all__ = ["DispatchStore", "KeyReused", "new_id"]
+
+FINISHED = ("succeeded", "failed", "cancelled")
+BACKLOG_CAP = 10_000  # a stage's backlog is counted up to this (enough to decide a cold start)
+OFFER_FRESH_S = 90.0  # a node's claim (or renew) this recent tells where a service is warm
+EXPIRE_BATCH = 500
+_JOB_FIELDS = ("job_id", "batch_id", "module", "stage", "state", "submitted_at", "started_at",
+               "finished_at", "node_id", "attempt_id", "generation", "placement",
+               "lease_expiries", "expires_at")
+
+
+def new_id(prefix: str) -> str:
+    """Sortable by creation (milliseconds), unique across portals (random tail)."""
+    return f"{prefix}{int(time.time() * 1000):011x}{secrets.token_hex(4)}"
+
+
+class KeyReused(Exception):
+    """An idempotency key already used by this submitter for other jobs."""
+
+
+@dataclass(frozen=True)
+class Submitted:
+    batch_id: str
+    jobs: list[dict[str, Any]]  # job_id, state
+    replayed: bool
+
+
+def _loads(text: Any) -> Any:
+    return None if text is None else json.loads(text)
+
+
+def _job_view(r: dict[str, Any], *, full: bool = True) -> dict[str, Any]:
+    out = {k: r.get(k) for k in _JOB_FIELDS}
+    out["grants"] = r.get("generation")
+    if full:
+        out["payload"] = _loads(r.get("payload"))
+        out["record"] = _loads(r.get("record"))
+        out["result"] = _loads(r.get("result"))
+    return out
+
+
+class DispatchStore:
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        self.pg = backend.kind == "postgresql"
+        self._lock = " FOR UPDATE" if self.pg else ""
+        self._skip = " FOR UPDATE SKIP LOCKED" if self.pg else ""
+
+    # -- submitters --------------------------------------------------------------------------
+
+    def issue_submitter(self, name: str, *, now: float | None = None) -> tuple[str, bool]:
+        """A new token for submitter ``name`` (replacing its previous one): (token, replaced)."""
+        token = new_token()
+        with self.backend.write() as tx:
+            replaced = tx.run("DELETE FROM submitters WHERE name = ?", (name,)) > 0
+            tx.run("INSERT INTO submitters (name, token_hash, issued_at) VALUES (?, ?, ?)",
+                   (name, token_hash(token), time.time() if now is None else now))
+        return token, replaced
+
+    def revoke_submitter(self, name: str) -> bool:
+        with self.backend.write() as tx:
+            return tx.run("DELETE FROM submitters WHERE name = ?", (name,)) > 0
+
+    def submitters(self) -> list[dict[str, Any]]:
+        with self.backend.read() as tx:
+            return tx.all("SELECT name, issued_at FROM submitters ORDER BY name")
+
+    def submitter_for_token(self, token: str) -> str | None:
+        with self.backend.read(snapshot=False) as tx:
+            row = tx.one("SELECT name FROM submitters WHERE token_hash = ?", (token_hash(token),))
+        return None if row is None else str(row["name"])
+
+    # -- submitting and reading ----------------------------------------------------------------
+
+    def submit(self, submitter: str, sub: Submission, *, now: float) -> Submitted:
+        """Store the jobs (all or none) as one batch; a key seen before answers its batch."""
+        with self.backend.write() as tx:
+            if sub.idempotency_key is not None:
+                old = tx.one("SELECT batch_id, digest FROM job_batches WHERE submitter = ? AND"
+                             " idempotency_key = ?", (submitter, sub.idempotency_key))
+                if old is not None:
+                    if old["digest"] != sub.digest:
+                        raise KeyReused(sub.idempotency_key)
+                    rows = tx.all("SELECT job_id, state FROM jobs WHERE batch_id = ? ORDER BY"
+                                  " seq", (old["batch_id"],))
+                    return Submitted(str(old["batch_id"]), rows, True)
+            batch = new_id("B")
+            tx.run("INSERT INTO job_batches (batch_id, submitter, idempotency_key, digest, jobs,"
+                   " submitted_at) VALUES (?, ?, ?, ?, ?, ?)",
+                   (batch, submitter, sub.idempotency_key, sub.digest, len(sub.jobs), now))
+            ids = [new_id("J") for _ in sub.jobs]
+            tx.many("INSERT INTO jobs (job_id, batch_id, submitter, module, stage, payload,"
+                    " state, submitted_at) VALUES (?, ?, ?, ?, ?, ?, 'queued', ?)",
+                    [(i, batch, submitter, j.module, j.stage, j.payload, now)
+                     for i, j in zip(ids, sub.jobs)])
+        return Submitted(batch, [{"job_id": i, "state": "queued"} for i in ids], False)
+
+    def job(self, submitter: str, job_id: str) -> dict[str, Any] | None:
+        with self.backend.read(snapshot=False) as tx:
+            r = tx.one("SELECT * FROM jobs WHERE job_id = ? AND submitter = ?",
+                       (job_id, submitter))
+        return None if r is None else _job_view(r)
+
+    def batch_jobs(self, submitter: str, batch_id: str, *, state: str | None = None,
+                   after: str | None = None, limit: int = 1000
+                   ) -> tuple[list[dict[str, Any]], str | None] | None:
+        """A page of the batch's records in submission order, and the next page's ``after``
+        (None: last page); None when the submitter has no such batch."""
+        with self.backend.read() as tx:
+            if tx.one("SELECT 1 AS x FROM job_batches WHERE batch_id = ? AND submitter = ?",
+                      (batch_id, submitter)) is None:
+                return None
+            where, args = "batch_id = ?", [batch_id]
+            if state is not None:
+                where += " AND state = ?"
+                args.append(state)
+            if after is not None:
+                where += " AND seq > (SELECT seq FROM jobs WHERE job_id = ?)"
+                args.append(after)
+            rows = tx.all(f"SELECT * FROM jobs WHERE {where} ORDER BY seq LIMIT ?",
+                          [*args, limit + 1])
+        page = [_job_view(r) for r in rows[:limit]]
+        return page, (page[-1]["job_id"] if len(rows) > limit else None)
+
+    def batch_counts(self, submitter: str, batch_id: str) -> dict[str, Any] | None:
+        with self.backend.read() as tx:
+            b = tx.one("SELECT jobs FROM job_batches WHERE batch_id = ? AND submitter = ?",
+                       (batch_id, submitter))
+            if b is None:
+                return None
+            rows = tx.all("SELECT state, node_id, COUNT(*) AS n FROM jobs WHERE batch_id = ?"
+                          " GROUP BY state, node_id", (batch_id,))
+        states = dict.fromkeys(("queued", "running", "succeeded", "failed", "cancelled"), 0)
+        nodes: dict[str, dict[str, int]] = {}
+        for r in rows:
+            states[r["state"]] = states.get(r["state"], 0) + int(r["n"])
+            if r["node_id"] is not None and r["state"] in ("running", "succeeded", "failed"):
+                per = nodes.setdefault(r["node_id"], {"running": 0, "succeeded": 0, "failed": 0})
+                per[r["state"]] += int(r["n"])
+        return {"batch_id": batch_id, "jobs": int(b["jobs"]), "states": states, "nodes": nodes}
+
+    def cancel(self, submitter: str, job_id: str, *, now: float,
+               retention_s: float) -> tuple[str, dict[str, Any]] | None:
+        """("cancelled" | "job_done", the record), or None: no such job of the submitter."""
+        with self.backend.write() as tx:
+            j = tx.one("SELECT attempt_id FROM jobs WHERE job_id = ? AND submitter = ?",
+                       (job_id, submitter))
+            if j is None:
+                return None
+            if j["attempt_id"] is not None:  # attempt first, then job (the module's lock order)
+                tx.one(f"SELECT attempt_id FROM attempts WHERE attempt_id = ?{self._lock}",
+                       (j["attempt_id"],))
+            r = tx.one(f"SELECT * FROM jobs WHERE job_id = ?{self._lock}", (job_id,))
+            assert r is not None
+            if r["state"] in FINISHED:
+                return "job_done", _job_view(r)
+            self._cancel_rows(tx, [r], now, retention_s)
+            r = tx.one("SELECT * FROM jobs WHERE job_id = ?", (job_id,))
+        assert r is not None
+        return "cancelled", _job_view(r)
+
+    def cancel_batch(self, submitter: str, batch_id: str, *, now: float,
+                     retention_s: float) -> int | None:
+        with self.backend.write() as tx:
+            if tx.one("SELECT 1 AS x FROM job_batches WHERE batch_id = ? AND submitter = ?",
+                      (batch_id, submitter)) is None:
+                return None
+            live = tx.all("SELECT job_id, attempt_id, state FROM jobs WHERE batch_id = ? AND"
+                          " state IN ('queued', 'running')", (batch_id,))
+            ids = [r["attempt_id"] for r in live if r["state"] == "running"]
+            if ids and self.pg:
+                tx.all("SELECT attempt_id FROM attempts WHERE attempt_id = ANY(?) FOR UPDATE",
+                       (ids,))
+            rows = tx.all(f"SELECT job_id, attempt_id, state FROM jobs WHERE batch_id = ? AND"
+                          f" state IN ('queued', 'running'){self._lock}", (batch_id,))
+            return self._cancel_rows(tx, rows, now, retention_s)
+
+    def _cancel_rows(self, tx: Any, rows: list[dict[str, Any]], now: float,
+                     retention_s: float) -> int:
+        n = 0
+        for r in rows:
+            if r["state"] not in ("queued", "running"):
+                continue
+            if r["state"] == "running" and r["attempt_id"] is not None:
+                tx.run("UPDATE attempts SET state = 'cancelled', ended_at = ? WHERE attempt_id"
+                       " = ? AND state = 'running'", (now, r["attempt_id"]))
+            n += tx.run("UPDATE jobs SET state = 'cancelled', finished_at = ?, expires_at = ?"
+                        " WHERE job_id = ? AND state IN ('queued', 'running')",
+                        (now, now + retention_s, r["job_id"]))
+        return n
+
+    # -- the agent's side ------------------------------------------------------------------------
+
+    def has_work(self, pairs: list[tuple[str, str]], now: float) -> bool:
+        """Whether a claim could change anything: a job queued for one of ``pairs``, or a
+        lease to expire (a cheap read: a long poll asks it each round)."""
+        with self.backend.read(snapshot=False) as tx:
+            if tx.one("SELECT 1 AS x FROM attempts WHERE state = 'running' AND expires_at < ?"
+                      " LIMIT 1", (now,)) is not None:
+                return True
+            return any(tx.one("SELECT 1 AS x FROM jobs WHERE state = 'queued' AND module = ?"
+                              " AND stage = ? LIMIT 1", p) is not None for p in pairs)
+
+    def claim(self, claim: Claim, pairs: list[tuple[str, str]],
+              choose: Callable[[dict[tuple[str, str], tuple[int, float]],
+                                dict[tuple[str, str], int]], list[Pick]],
+              *, now: float, lease_s: float, record_offer: bool) -> tuple[list[dict[str, Any]],
+                                                                         int]:
+        """Grants for one claim and the leases this transaction expired. ``choose(queue,
+        warm)`` is the placement decision (``placement.decide`` behind ``offers.candidates``)."""
+        with self.backend.write() as tx:
+            expired = self._expire(tx, now)
+            if record_offer:
+                self._record_offer(tx, claim, now)
+            queue: dict[tuple[str, str], tuple[int, float]] = {}
+            for module, stage in pairs:
+                first = tx.one("SELECT submitted_at FROM jobs WHERE state = 'queued' AND module"
+                               " = ? AND stage = ? ORDER BY seq LIMIT 1", (module, stage))
+                if first is None:
+                    continue
+                n = tx.one("SELECT COUNT(*) AS n FROM (SELECT 1 AS x FROM jobs WHERE state ="
+                           " 'queued' AND module = ? AND stage = ? LIMIT ?) q",
+                           (module, stage, BACKLOG_CAP))
+                queue[(module, stage)] = (int(n["n"]) if n else 0,
+                                          max(0.0, now - float(first["submitted_at"])))
+            if not queue:
+                return [], expired
+            picks = choose(queue, self._warm(tx, claim.node_id, sorted({m for m, _ in queue}),
+                                             now))
+            grants = []
+            for p in picks:
+                rows = tx.all("SELECT seq, job_id, payload, generation FROM jobs WHERE state ="
+                              " 'queued' AND module = ? AND stage = ? ORDER BY seq LIMIT ?"
+                              + self._skip, (p.module, p.stage, p.count))
+                for r in rows:
+                    gen = int(r["generation"]) + 1
+                    a = tx.one("INSERT INTO attempts (job_id, generation, node_id, module, stage,"
+                               " placement, state, issued_at, expires_at) VALUES (?, ?, ?, ?, ?,"
+                               " ?, 'running', ?, ?) RETURNING attempt_id",
+                               (r["job_id"], gen, claim.node_id, p.module, p.stage, p.placement,
+                                now, now + lease_s))
+                    assert a is not None
+                    tx.run("UPDATE jobs SET state = 'running', generation = ?, attempt_id = ?,"
+                           " node_id = ?, placement = ?, started_at = COALESCE(started_at, ?)"
+                           " WHERE seq = ?", (gen, a["attempt_id"], claim.node_id, p.placement,
+                                             now, r["seq"]))
+                    grants.append({"attempt_id": int(a["attempt_id"]), "job_id": r["job_id"],
+                                   "generation": gen, "module": p.module, "stage": p.stage,
+                                   "payload": json.loads(r["payload"]),
+                                   "placement": p.placement, "issued_at": now,
+                                   "expires_at": now + lease_s})
+        return grants, expired
+
+    def _record_offer(self, tx: Any, claim: Claim, now: float) -> None:
+        tx.run("DELETE FROM claim_offers WHERE node_id = ?", (claim.node_id,))
+        tx.many("INSERT INTO claim_offers (node_id, module, service, state, tokens, load_s,"
+                " job_s, claimed_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [(claim.node_id, s.module, s.service, s.state,
+                  sum(total for _free, total in s.pools.values()), s.load_s, s.job_s, now)
+                 for s in {(s.module, s.service): s for s in claim.services}.values()])
+
+    def _warm(self, tx: Any, node_id: str, modules: list[str],
+              now: float) -> dict[tuple[str, str], int]:
+        marks = ", ".join("?" * len(modules))
+        rows = tx.all("SELECT module, service, SUM(tokens) AS n FROM claim_offers WHERE module"
+                      f" IN ({marks}) AND state IN ('ready', 'starting') AND node_id <> ? AND"
+                      " claimed_at >= ? GROUP BY module, service",
+                      [*modules, node_id, now - OFFER_FRESH_S])
+        return {(r["module"], r["service"]): int(r["n"] or 0) for r in rows}
+
+    def _expire(self, tx: Any, now: float) -> int:
+        """Leases past ``expires_at``: the attempt expired, its job queued again (no charge)."""
+        rows = tx.all("SELECT attempt_id, job_id FROM attempts WHERE state = 'running' AND"
+                      " expires_at < ? ORDER BY expires_at LIMIT ?" + self._skip,
+                      (now, EXPIRE_BATCH))
+        n = 0
+        for r in rows:
+            if tx.run("UPDATE attempts SET state = 'expired', ended_at = ? WHERE attempt_id = ?"
+                      " AND state = 'running'", (now, r["attempt_id"])) == 1:
+                n += tx.run("UPDATE jobs SET state = 'queued', lease_expiries = lease_expiries"
+                            " + 1 WHERE job_id = ? AND attempt_id = ? AND state = 'running'",
+                            (r["job_id"], r["attempt_id"]))
+        return n
+
+    def expire(self, *, now: float) -> int:
+        with self.backend.write() as tx:
+            return self._expire(tx, now)
+
+    def _attempt(self, tx: Any, attempt_id: int) -> tuple[dict[str, Any] | None,
+                                                          Attempt | None]:
+        a = tx.one(f"SELECT * FROM attempts WHERE attempt_id = ?{self._lock}", (attempt_id,))
+        if a is None:
+            return None, None
+        j = tx.one(f"SELECT generation FROM jobs WHERE job_id = ?{self._lock}", (a["job_id"],))
+        gen = int(j["generation"]) if j else int(a["generation"])
+        return a, Attempt(str(a["node_id"]), int(a["generation"]), str(a["state"]),
+                          float(a["expires_at"]), gen)
+
+    def renew(self, node_id: str, refs: list[tuple[int, int]], *, now: float,
+              lease_s: float) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
+        """(renewed, lost, expired by this transaction) for a node's live attempts."""
+        renewed, lost = [], []
+        with self.backend.write() as tx:
+            expired = self._expire(tx, now)
+            # a node running jobs keeps its claim's warmth fresh (it claims only when it has room)
+            tx.run("UPDATE claim_offers SET claimed_at = ? WHERE node_id = ?", (now, node_id))
+            for attempt_id, generation in refs:
+                _row, a = self._attempt(tx, attempt_id)
+                verdict = fence(a, node_id, generation, now)
+                if verdict is None:
+                    tx.run("UPDATE attempts SET expires_at = ? WHERE attempt_id = ?",
+                           (now + lease_s, attempt_id))
+                    renewed.append({"attempt_id": attempt_id, "expires_at": now + lease_s})
+                elif verdict != "done":  # a finished attempt needs no lease; nothing to stop
+                    lost.append({"attempt_id": attempt_id, "error": verdict})
+        return renewed, lost, expired
+
+    def finish(self, res: Result, *, now: float,
+               retention_s: float) -> tuple[int, dict[str, Any], int]:
+        """A node's result: (status, answer, leases expired by this transaction)."""
+        with self.backend.write() as tx:
+            expired = self._expire(tx, now)
+            row, a = self._attempt(tx, res.attempt_id)
+            verdict = fence(a, res.node_id, res.generation, now)
+            if verdict == "done":
+                assert row is not None
+                return 200, json.loads(row["answer"]) | {"replayed": True}, expired
+            if verdict is not None:
+                return 409, {"error": verdict, "detail": _why(verdict, res.attempt_id)}, expired
+            assert row is not None
+            answer = {"accepted": True, "job_id": row["job_id"], "state": res.state}
+            tx.run("UPDATE attempts SET state = ?, ended_at = ?, answer = ? WHERE attempt_id = ?",
+                   (res.state, now, json.dumps(answer), res.attempt_id))
+            tx.run("UPDATE jobs SET state = ?, finished_at = ?, expires_at = ?, record = ?,"
+                   " result = ? WHERE job_id = ? AND attempt_id = ?",
+                   (res.state, now, now + retention_s, res.record, res.result, row["job_id"],
+                    res.attempt_id))
+        return 200, answer, expired
+
+    def release(self, node_id: str, attempt_id: int, generation: int, *,
+                now: float) -> tuple[int, dict[str, Any]]:
+        with self.backend.write() as tx:
+            row, a = self._attempt(tx, attempt_id)
+            if a is not None and a.node_id == node_id and a.state == "released" \
+                    and a.generation == generation:
+                return 200, {"released": True, "replayed": True}
+            verdict = fence(a, node_id, generation, now)
+            if verdict is not None:
+                code = "job_done" if verdict == "done" else verdict
+                return 409, {"error": code, "detail": _why(code, attempt_id)}
+            assert row is not None
+            tx.run("UPDATE attempts SET state = 'released', ended_at = ? WHERE attempt_id = ?",
+                   (now, attempt_id))
+            tx.run("UPDATE jobs SET state = 'queued' WHERE job_id = ? AND attempt_id = ? AND"
+                   " state = 'running'", (row["job_id"], attempt_id))
+        return 200, {"released": True}
+
+    # -- upkeep and figures ----------------------------------------------------------------------
+
+    def purge(self, *, now: float) -> int:
+        """Forget jobs whose results expired (with their attempts), and emptied batches."""
+        with self.backend.write() as tx:
+            ids = [r["job_id"] for r in tx.all("SELECT job_id FROM jobs WHERE expires_at < ?"
+                                              " LIMIT 5000", (now,))]
+            for i in range(0, len(ids), 500):
+                chunk = ids[i:i + 500]
+                marks = ", ".join("?" * len(chunk))
+                tx.run(f"DELETE FROM attempts WHERE job_id IN ({marks})", chunk)
+                tx.run(f"DELETE FROM jobs WHERE job_id IN ({marks})", chunk)
+            if ids:
+                tx.run("DELETE FROM job_batches WHERE NOT EXISTS (SELECT 1 FROM jobs WHERE"
+                       " jobs.batch_id = job_batches.batch_id)")
+        return len(ids)
+
+    def queue_depth(self) -> dict[tuple[str, str], int]:
+        """Jobs by module and state (queued, running), for /metrics."""
+        with self.backend.read(snapshot=False) as tx:
+            rows = tx.all("SELECT module, state, COUNT(*) AS n FROM jobs WHERE state IN"
+                          " ('queued', 'running') GROUP BY module, state")
+        return {(r["module"], r["state"]): int(r["n"]) for r in rows}
+
+    def jobs_rows(self, modules: list[str], params: dict[str, Any],
+                  limit: int) -> list[dict[str, Any]]:
+        """The ``jobs`` host query's rows (contract 10.8)."""
+        where, args = self._filter(modules, params, ("state", "stage", "node_id", "job_id"))
+        with self.backend.read(snapshot=False) as tx:
+            rows = tx.all(f"SELECT * FROM jobs WHERE {where} ORDER BY seq DESC LIMIT ?",
+                          [*args, limit])
+        return [_job_view(r, full=False) | {"submitter": r["submitter"]} for r in rows]
+
+    def attempts_rows(self, modules: list[str], params: dict[str, Any],
+                      limit: int) -> list[dict[str, Any]]:
+        where, args = self._filter(modules, params, ("job_id", "node_id", "state"))
+        with self.backend.read(snapshot=False) as tx:
+            return tx.all("SELECT attempt_id, job_id, generation, node_id, stage, placement,"
+                          f" state, issued_at, expires_at, ended_at FROM attempts WHERE {where}"
+                          " ORDER BY attempt_id DESC LIMIT ?", [*args, limit])
+
+    @staticmethod
+    def _filter(modules: list[str], params: dict[str, Any],
+                known: tuple[str, ...]) -> tuple[str, list[Any]]:
+        where = f"module IN ({', '.join('?' * len(modules))})"
+        args: list[Any] = list(modules)
+        for k in known:
+            if k in params:
+                where += f" AND {k} = ?"
+                args.append(params[k])
+        return where, args
+
+
+def _why(code: str, attempt_id: int) -> str:
+    return {
+        "not_your_attempt": f"attempt {attempt_id} is not this node's",
+        "stale_generation": f"attempt {attempt_id} is of an earlier generation: its job was "
+                            "granted again",
+        "lease_lost": f"the lease of attempt {attempt_id} expired; its job went back to the queue",
+        "cancelled": f"the job of attempt {attempt_id} was cancelled",
+        "job_done": f"attempt {attempt_id} already ended with a result",
+    }.get(code, code)
