@@ -106,3 +106,35 @@ def test_an_unknown_mode_is_refused() -> None:
 
 def test_picks_are_picks() -> None:
     assert decide(Node(1), [cand()]) == [Pick(M, "generate", 1, "ready")]
+
+
+# -- fencing (contract 10.6, 10.7): whether a node's word about an attempt still counts ---------
+
+from oarbank_ui.dispatch.leases import Attempt, fence  # noqa: E402
+
+FENCE = [
+    ("live and the node's", Attempt("n1", 1, "running", 100.0, 1), "n1", 1, 99.0, None),
+    ("its lease ran out, the job not granted again", Attempt("n1", 1, "running", 100.0, 1),
+     "n1", 1, 101.0, "lease_lost"),
+    ("expired, not granted again", Attempt("n1", 1, "expired", 100.0, 1), "n1", 1, 99.0,
+     "lease_lost"),
+    ("expired and granted again since", Attempt("n1", 1, "expired", 100.0, 2), "n1", 1, 99.0,
+     "stale_generation"),
+    ("released and granted again", Attempt("n1", 1, "released", 100.0, 2), "n1", 1, 99.0,
+     "stale_generation"),
+    ("another node's attempt", Attempt("n2", 1, "running", 100.0, 1), "n1", 1, 99.0,
+     "not_your_attempt"),
+    ("no such attempt", None, "n1", 1, 99.0, "not_your_attempt"),
+    ("a generation the attempt is not", Attempt("n1", 2, "running", 100.0, 2), "n1", 1, 99.0,
+     "stale_generation"),
+    ("cancelled", Attempt("n1", 1, "cancelled", 100.0, 1), "n1", 1, 99.0, "cancelled"),
+    ("already ended with a result: a replay", Attempt("n1", 1, "succeeded", 100.0, 1), "n1",
+     1, 200.0, "done"),
+]
+
+
+@pytest.mark.parametrize("why,attempt,node,generation,now,expected", FENCE,
+                         ids=[r[0] for r in FENCE])
+def test_fence(why: str, attempt: Attempt | None, node: str, generation: int, now: float,
+               expected: str | None) -> None:
+    assert fence(attempt, node, generation, now) == expected, why

@@ -6,6 +6,8 @@
   oarbank-portal token issue|revoke NODE_ID --db ...   |   token list --db ...
   oarbank-portal node remove NODE_ID --db ...
   oarbank-portal preview MODULE_DIR [--out DIR] [--node NODE_ID]
+  oarbank-portal token issue|revoke --submitter NAME --db ...
+  oarbank-portal jobs submit|status|cancel --portal URL --token-file FILE ...
 
 ``serve`` prints one line ``oarbank-portal: serving on <url>`` once it accepts requests (with
 ``--listen HOST:0`` the url carries the port it got). Exit 2 on bad arguments, an invalid
@@ -102,6 +104,9 @@ def _parser() -> argparse.ArgumentParser:
     x = nsub.add_parser("remove", help="forget NODE_ID: its report, its rows and its token")
     x.add_argument("node_id", metavar="NODE_ID")
     _db_arg(x)
+    from .dispatch.client import add_parser as add_jobs
+
+    add_jobs(sub)
     v = sub.add_parser("preview", help="render a module's pages from fixtures/ui/queries/*.json")
     v.add_argument("module_dir", metavar="MODULE_DIR")
     v.add_argument("--out", default="oarbank-preview",
@@ -350,6 +355,10 @@ def main(argv: list[str] | None = None) -> int:
         return _token(args)
     if args.cmd == "node":
         return _node(args)
+    if args.cmd == "jobs":
+        from .dispatch.client import main as jobs_main
+
+        return jobs_main(args)
     return _preview(args)
 
 
