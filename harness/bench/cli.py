@@ -59,6 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "(e.g. 250,500,1000), the highest held with p99 <= 100 ms, 2x it "
                         "(backpressure) and, on PostgreSQL, one vs two portal processes "
                         "(harness/bench/portal_sweep.py); results in .bench/portal_sweep.json")
+    p.add_argument("--multi-model", action="store_true",
+                   help="instead: one node, a memory budget for one model, 3 modules in turn "
+                        "(60 jobs; --quick 12): total job wait with demand eviction against "
+                        "the node without it, and model loads against their lower bound "
+                        "(harness/bench/multimodel.py); results in .bench/multi_model.json")
     return p
 
 
@@ -132,10 +137,24 @@ def _portal(args: argparse.Namespace) -> int:
     return 1 if any("error" in v for v in results["stores"].values()) else 0
 
 
+def _multi_model(args: argparse.Namespace) -> int:
+    from . import multimodel
+
+    out = args.out.with_name("multi_model.json")
+    results = multimodel.run_multi_model(args.quick, args.keep)
+    multimodel.write(out, results)
+    print(multimodel.summary(results))
+    print(f"\n{'quick' if args.quick else 'full'} multi-model bench: {results['seconds']:.1f} s; "
+          f"results in {out}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.portal:
         return _portal(args)
+    if args.multi_model:
+        return _multi_model(args)
     only = [x.strip() for x in args.only.split(",") if x.strip()]
     unknown = [x for x in only if x not in FIGURES]
     if unknown:
