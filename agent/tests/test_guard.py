@@ -17,6 +17,7 @@ from oarbank_agent.protection.guard import (
     AllowGpu,
     Guard,
     GuardConfig,
+    HoldRunners,
     Pause,
     ReleaseGpuJobs,
 )
@@ -42,11 +43,12 @@ def test_host_rules_are_reported_as_actions(tmp_path: Path) -> None:
 def test_pressure_pauses_admission_and_its_end_admits_again(tmp_path: Path) -> None:
     g = guard(tmp_path, Floors(soft=0.999, hard=0.998), [])
     out = g.sample()  # no machine keeps 99.8% of its memory free: hard pressure
-    assert len(out) == 1 and isinstance(out[0], Pause) and out[0].reason is not None
+    assert len(out) == 2 and isinstance(out[0], Pause) and out[0].reason is not None
     assert out[0].reason.startswith("memory pressure: ")
+    assert out[1] == HoldRunners(out[0].reason)  # runners that accept a pause are held
     assert g.report(4.0, 1.23456)["pressure"] == "hard"
     assert (g.report(4.0, 1.23456)["budget_gb"], g.report(4.0, 1.23456)["charged_gb"]) == \
         (4.0, 1.235)
     g.config = GuardConfig(Floors(soft=0.0, hard=0.0, recover_margin=0.0))
-    assert g.sample() == [Pause(None), Admit()]
-    assert g.sample() == [Pause(None)]  # no change: nothing to admit again
+    assert g.sample() == [Pause(None), HoldRunners(None), Admit()]
+    assert g.sample() == [Pause(None), HoldRunners(None)]  # no change: nothing to admit again

@@ -36,7 +36,7 @@ EXPECTED: dict[str, list[tuple[str, str]]] = {
     "reel": [
         *[(s, "") for s in SECTIONS], ("datasets", ""), ("operations", "(3 entries)"),
         ("runner.checkpoint_grace_s", "stop_grace_s (20 s)"),
-        ("stages[0].checkpoint", "no checkpoints"),
+        ("stages[0].checkpoint", "max_mb"),
         ("ui.icon", '"cube"'), ("ui.digest_line", "results"),
         ("ui.views", "frames, renders, pair"),
         ("ui.panels[0].when", '"job.module == self"'),

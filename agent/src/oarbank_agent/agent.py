@@ -66,6 +66,9 @@ class AgentConfig:
     fault: str | None = None  # test-only fault injection (faults.py; OARBANK_AGENT_FAULT)
     # A stop request / `drain`: running attempts get this long to finish (drain.py; --drain-s).
     drain_s: float = 30.0
+    # A released job whose runner accepts a stop gets this long to stop at a safe point
+    # before its attempt is ended (jobs/run.py; --release-grace-s).
+    release_grace_s: float = 10.0
     # Final job records (and their workdirs) are removed this long after they finished
     # (--keep-jobs-s): the state dir of a busy node stays bounded.
     keep_jobs_s: float = 7 * 86400.0
@@ -106,7 +109,8 @@ class Agent:
                               admission=self.admission, broker=self.broker,
                               registry=self.registry, node=self.node, modules=self.modules,
                               stopping=self._stop,
-                              charge_released=config.fault == faults.CHARGE_RELEASED)
+                              charge_released=config.fault == faults.CHARGE_RELEASED,
+                              release_grace_s=config.release_grace_s)
         self.jobs: dict[str, JobRecord] = self.queue.jobs  # every job this agent knows
         # Demand eviction: idle services stopped to make room for a job memory holds back.
         self.evictor = Evictor(self.supervisor, self.admission, self.queue.admit,
@@ -215,6 +219,11 @@ class Agent:
         loop = asyncio.get_running_loop()
         # Stop and reload requests (signals on POSIX): the backend's.
         platform.current().requests.install(loop, self.request_stop, self._reload_on_request)
+        # Control nudges (jobs/controlio.py): every child starts with them ignored, so one
+        # that comes before a runner installed its handler is lost harmlessly.
+        nudges = platform.current().nudges
+        if nudges is not None:
+            nudges.prepare()
         # Fate sharing, before any runner can start: from now on every runner (and all it
         # started) is killed the moment this agent ends, however it ends (platform/posix/
         # tether.py; on Windows the job objects do it), so no work goes on unseen.

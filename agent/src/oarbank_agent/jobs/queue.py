@@ -52,7 +52,7 @@ class JobQueue:
     def __init__(self, *, store: JobStore, supervisor: Supervisor, admission: Admission,
                  broker: Broker, registry: ProcessRegistry, node: NodeInfo,
                  modules: dict[str, ModuleCtx], stopping: asyncio.Event,
-                 charge_released: bool = False) -> None:
+                 charge_released: bool = False, release_grace_s: float = 10.0) -> None:
         self.store = store
         self.supervisor = supervisor
         self.admission = admission
@@ -68,7 +68,7 @@ class JobQueue:
         self.runs = JobRuns(store=store, supervisor=supervisor, broker=broker,
                             registry=registry, node=node, stopping=stopping,
                             service_keys=placement.service_keys, on_over=self._run_over,
-                            charge_released=charge_released)
+                            charge_released=charge_released, release_grace_s=release_grace_s)
         self.runs.closed = self.closed
         # Called after each admission pass, before the waiting jobs' reasons are written
         # (demand eviction: protection/evictor.py).

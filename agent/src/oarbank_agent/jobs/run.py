@@ -18,6 +18,14 @@ crash reads it as ``queued`` either way), so no write waits ahead of the runner'
 - ``release`` (host protection) cancels the task: the attempt is ended, not charged, and the
   job goes back to the queue ahead of later ones. A cancel while the agent stops leaves the job
   ``queued`` on disk for the next agent.
+- A runner that accepts the control document (``control.py``; written by ``controlio.py``) is
+  asked first: a release asks it to stop at a safe point and cancels the task only past
+  ``release_grace_s``; a drain asks the same of every such runner at its start (its grace is
+  ``--drain-s``). However such an attempt ends then, bar a success, it is released (an
+  acknowledged stop, exit 75 with ``fault`` transient, included: never charged). Host
+  protection pauses and resumes such runners (``hold_runners``), their time held counted in
+  ``paused_s``. A runner that writes checkpoints resumes from its last on its next attempt
+  (``checkpoints.py``).
 - When a run is over (any way), ``on_over(record, requeued)`` gives its tokens back: admission
   is the agent's, not this module's.
 """
@@ -30,13 +38,17 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+from oarbank_agent import platform
+from oarbank_agent.jobs import checkpoints, control, runnerevents
 from oarbank_agent.jobs import machine as jobs
-from oarbank_agent.jobs import runnerevents
+from oarbank_agent.jobs.controlio import AttemptControl
 from oarbank_agent.jobs.runner import run_attempt
 from oarbank_agent.jobs.store import JobRecord, JobStore
 from oarbank_agent.services import lifecycle as lc
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from oarbank_agent.broker.handover import Broker
     from oarbank_agent.modules.loaded import ModuleCtx, NodeInfo
     from oarbank_agent.platform.api import Group
@@ -65,7 +77,7 @@ class JobRuns:
                  registry: ProcessRegistry, node: NodeInfo, stopping: asyncio.Event,
                  service_keys: Callable[[ModuleCtx, mf.Stage], list[str]],
                  on_over: Callable[[JobRecord, bool], None],
-                 charge_released: bool = False) -> None:
+                 charge_released: bool = False, release_grace_s: float = 10.0) -> None:
         self.store = store
         self.supervisor = supervisor
         self.broker = broker
@@ -81,6 +93,11 @@ class JobRuns:
         self._releasing: dict[str, str] = {}  # job id -> why its task is being cancelled
         # Modules being removed -> why (JobQueue.closed): no new attempt of theirs starts.
         self.closed: dict[str, str] = {}
+        # Runners that accept the control document: job id -> its running attempt's.
+        self.controls: dict[str, AttemptControl] = {}
+        self.release_grace_s = release_grace_s  # a release's stop, then the task is cancelled
+        self._graces: dict[str, asyncio.TimerHandle] = {}
+        self._nudges = platform.current().nudges  # None: no control here (Windows, for now)
 
     # --- starting, waiting, releasing ------------------------------------------------------
 
@@ -94,14 +111,64 @@ class JobRuns:
         return fut
 
     def release(self, job_ids: Iterable[str], reason: str) -> None:
-        """End these jobs' attempts and requeue them, charging no attempt (host protection)."""
+        """End these jobs' attempts and requeue them, charging no attempt (host protection). A
+        runner that accepts a stop is asked for one first, and ended past the grace."""
         for job_id in job_ids:
             task = self.tasks.get(job_id)
             if task is None or task.done() or job_id in self._releasing:
                 continue
-            log.warning("job %s released (%s): requeued", job_id, reason)
             self._releasing[job_id] = reason
+            if self._ask_stop(job_id, reason):
+                log.warning("job %s released (%s): asked to stop at a safe point, ended in "
+                            "%gs if it has not", job_id, reason, self.release_grace_s)
+                self._graces[job_id] = asyncio.get_running_loop().call_later(
+                    self.release_grace_s, self._past_grace, job_id)
+                continue
+            log.warning("job %s released (%s): requeued", job_id, reason)
             task.cancel()
+
+    def ask_to_stop(self, job_ids: Iterable[str], reason: str) -> list[str]:
+        """The drain: each of these jobs whose runner accepts a stop is asked for one (released
+        when it ends); the others are left to finish. Returns the jobs asked."""
+        asked = []
+        for job_id in job_ids:
+            if job_id not in self._releasing and self._ask_stop(job_id, reason):
+                self._releasing[job_id] = reason
+                asked.append(job_id)
+        return asked
+
+    def _ask_stop(self, job_id: str, reason: str) -> bool:
+        ctl = self.controls.get(job_id)
+        return ctl is not None and ctl.accepts.stop and ctl.ask_stop(reason)
+
+    def _past_grace(self, job_id: str) -> None:
+        self._graces.pop(job_id, None)
+        task, ctl = self.tasks.get(job_id), self.controls.get(job_id)
+        if task is None or task.done():
+            return
+        log.warning("job %s did not stop within %gs of being asked: ended", job_id,
+                    self.release_grace_s)
+        if ctl is not None:
+            ctl.killed = True
+        task.cancel()
+
+    def hold_runners(self, reason: str | None) -> None:
+        """Host protection wants runners held (``reason``) or not (None): pause or resume the
+        running jobs that accept it (``control.plan_pauses``)."""
+        plan = control.plan_pauses(reason is not None, [
+            control.PauseView(job_id, ctl.accepts.pause and ctl.running and not ctl.doc.stop,
+                              ctl.paused_for())
+            for job_id, ctl in self.controls.items()])
+        for job_id in plan.pause:
+            if self.controls[job_id].pause(reason or ""):
+                log.warning("job %s paused (%s)", job_id, reason)
+        for job_id in plan.resume:
+            ctl = self.controls[job_id]
+            if ctl.resume():
+                log.warning("job %s resumed (held %.2fs this attempt)", job_id, ctl.paused_s)
+        if plan.release:
+            self.release(plan.release, f"paused longer than {control.PAUSE_MAX_S:g}s "
+                         f"({reason})")
 
     def running_groups(self, records: dict[str, JobRecord]) -> dict[str, Group]:
         """Running job id -> its runner's group."""
@@ -127,6 +194,11 @@ class JobRuns:
         requeue = False
         attempt_id: str | None = None
         started = 0.0
+        accepts = (control.accepts(ctx.manifest.raw) if self._nudges is not None
+                   else control.Accepts())
+        ctl: AttemptControl | None = None
+        extra: dict[str, Any] = {}  # the attempt's history entry's control fields
+        ended_on_stop = False  # it ended by itself after the agent asked it to stop
         try:
             while True:
                 for key in self._service_keys(ctx, stage):
@@ -161,6 +233,12 @@ class JobRuns:
                 marks = {k: (self.supervisor.services[k].deaths,
                              self.supervisor.services[k].channel)
                          for k in self._service_keys(ctx, stage)}
+                resume, extra = (self._resume(rec, ctx, stage, workdir)
+                                 if accepts.checkpoint else (None, {}))
+                if accepts.any:
+                    assert self._nudges is not None
+                    ctl = self.controls[rec.job_id] = AttemptControl(workdir, accepts,
+                                                                     self._nudges)
                 outcome = await run_attempt(ctx, self.node, stage, job_id=rec.job_id,
                                             payload=rec.payload, attempt_id=attempt_id,
                                             workdir=workdir, broker=self.broker,
@@ -168,7 +246,23 @@ class JobRuns:
                                             # `running` on disk, right after the fork (in
                                             # the task step the factory's answer wakes, so
                                             # before any connect of the runner is read)
-                                            on_spawned=lambda: self.store.save(rec))
+                                            on_spawned=lambda: self.store.save(rec),
+                                            control=ctl, resume=resume)
+                if ctl is not None:
+                    self._control_over(rec, ctl, extra)
+                    ending = (control.stop_ending(outcome.state, outcome.exit_code,
+                                                  outcome.fault, ctl.killed)
+                              if ctl.stop_asked_at is not None else None)
+                    ctl = None
+                    if ending is not None:
+                        # raised into the release branch below: running -> queued, not
+                        # charged (an acknowledged stop is the agent's doing, not a failure)
+                        extra["stop"] = ending
+                        self._releasing[rec.job_id] = (
+                            f"{self._releasing.get(rec.job_id, 'stopped')}; asked to stop at a "
+                            f"safe point: {ending} ({outcome.reason})")
+                        ended_on_stop = True
+                        raise asyncio.CancelledError
                 died = await self._died_under(marks, outcome.state != "succeeded"
                                               and outcome.fault != "job")
                 event = jobs.after_attempt(
@@ -186,7 +280,7 @@ class JobRuns:
                                     "wire_attempt": rec.wire_attempt, "started_at": started,
                                     "finished_at": time.time(),
                                     "outcome": outcome.state, "exit_code": outcome.exit_code,
-                                    "reason": outcome.reason, "fault": outcome.fault,
+                                    "reason": outcome.reason, "fault": outcome.fault, **extra,
                                     # what the runner emitted (--events), bounded
                                     **(runnerevents.collect(workdir)
                                        if runnerevents.declared(ctx.manifest) else {})})
@@ -209,7 +303,13 @@ class JobRuns:
                 return
         except asyncio.CancelledError:
             released_for = self._releasing.pop(rec.job_id, "")
-            if not released_for or self._stopping.is_set():
+            if ctl is not None:  # cancelled mid-attempt
+                self._control_over(rec, ctl, extra)
+                if ctl.killed:
+                    extra["stop"] = control.KILLED
+                    released_for += (f"; asked to stop at a safe point, it had not within "
+                                     f"{self.release_grace_s:g}s: ended")
+            if not released_for or (self._stopping.is_set() and not ended_on_stop):
                 # admitted|running -> queued: the agent is stopping; the job is resumed later.
                 move(rec, jobs.Event.REQUEUE)
                 self.store.save(rec)
@@ -225,14 +325,59 @@ class JobRuns:
                                     "wire_attempt": rec.wire_attempt, "started_at": started,
                                     "finished_at": time.time(),
                                     "outcome": "released", "exit_code": None,
-                                    "reason": released_for, "fault": None})
+                                    "reason": released_for, "fault": None, **extra})
             move(rec, jobs.Event.RELEASE)
             rec.reason = f"released: {released_for}"
             self.store.save(rec)
             requeue = True
         finally:
             self.tasks.pop(rec.job_id, None)
+            self._releasing.pop(rec.job_id, None)  # (a stop asked of a run that succeeded)
+            grace = self._graces.pop(rec.job_id, None)
+            if grace is not None:
+                grace.cancel()
             self._on_over(rec, requeue)
+
+    def _control_over(self, rec: JobRecord, ctl: AttemptControl,
+                      extra: dict[str, Any]) -> None:
+        """The attempt of a runner that accepts control is over: its time held counted."""
+        self.controls.pop(rec.job_id, None)
+        if ctl.paused_s > 0:
+            extra["paused_s"] = round(ctl.paused_s, 3)
+            rec.paused_s += ctl.paused_s
+
+    def _resume(self, rec: JobRecord, ctx: ModuleCtx, stage: mf.Stage,
+                workdir: Path) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+        """A runner that writes checkpoints: keep the one the previous attempt left (its group
+        is ended by now), then give this attempt the job's last one (``checkpoints.py``).
+        The spec's ``resume`` and the history entry's fields, or (None, {})."""
+        job_dir = self.store.job_dir(rec.job_id)
+        raw_stages = ctx.manifest.raw.get("stages")
+        raw_stage = next((t for t in raw_stages if isinstance(t, dict)
+                          and t.get("name") == stage.name), None) if isinstance(
+                              raw_stages, list) else None
+        budget = checkpoints.max_bytes(raw_stage)
+        prev = rec.history[-1].get("attempt_id") if rec.history else None
+        if isinstance(prev, str) and prev.rpartition(".")[2].isdigit():
+            number = int(prev.rpartition(".")[2])
+            if rec.checkpoint is None or rec.checkpoint.get("attempt") != number:
+                kept, problem = checkpoints.take(job_dir / f"a{number}", number, budget)
+                if problem is not None:
+                    log.warning("job %s: attempt %d: %s", rec.job_id, number, problem)
+                if kept is not None:
+                    rec.checkpoint = kept
+        if rec.checkpoint is None:
+            return None, {}
+        problem = checkpoints.restore(job_dir, rec.checkpoint, workdir)
+        if problem is not None:
+            log.warning("job %s: not resumed from attempt %s's checkpoint: %s; it starts "
+                        "afresh", rec.job_id, rec.checkpoint.get("attempt"), problem)
+            return None, {}
+        kept = rec.checkpoint
+        log.info("job %s: resumes from attempt %d's checkpoint (%s)", rec.job_id,
+                 kept["attempt"], kept["digest"])
+        return ({"from_attempt": kept["attempt"], "digest": kept["digest"], "data": kept["data"]},
+                {"resumed_from_attempt": kept["attempt"], "resume_digest": kept["digest"]})
 
     async def _died_under(self, marks: dict[str, tuple[int, Any]],
                           may_release: bool) -> dict[str, str]:

@@ -33,6 +33,7 @@ from oarbank_sdk.protocol import current_transport
 
 if TYPE_CHECKING:
     from oarbank_agent.broker.handover import Broker
+    from oarbank_agent.jobs.controlio import AttemptControl
 
 __all__ = ["Outcome", "classify", "runner_env", "run_attempt", "EXIT_JOB", "EXIT_HOST",
            "EXIT_TRANSIENT"]
@@ -130,20 +131,26 @@ def endpoint_services(ctx: ModuleCtx, stage: mf.Stage) -> list[mf.Service]:
 async def run_attempt(ctx: ModuleCtx, node: NodeInfo, stage: mf.Stage, *, job_id: str,
                       payload: dict[str, Any], attempt_id: str, workdir: Path, broker: Broker,
                       registry: procs.ProcessRegistry,
-                      on_spawned: Callable[[], None] | None = None) -> Outcome:
+                      on_spawned: Callable[[], None] | None = None,
+                      control: AttemptControl | None = None,
+                      resume: dict[str, Any] | None = None) -> Outcome:
     """Run one attempt to its end. On cancellation the attempt is ended (group, connectors,
     ``ended``) before CancelledError propagates. ``on_spawned``: called once the runner is
-    started (what the caller writes then is off the path to the runner's exec)."""
+    started (what the caller writes then is off the path to the runner's exec). ``control``:
+    the runner accepts the control document (written before it starts, ``controlio.py``);
+    ``resume``: the spec's ``resume`` (its checkpoint is in ``<W>/checkpoint/`` already)."""
     with broker.attempt(attempt_id):  # ends it (connectors closed, `ended`) on every path
         return await _run(ctx, node, stage, job_id=job_id, payload=payload,
                           attempt_id=attempt_id, workdir=workdir, broker=broker,
-                          registry=registry, on_spawned=on_spawned)
+                          registry=registry, on_spawned=on_spawned, control=control,
+                          resume=resume)
 
 
 async def _run(ctx: ModuleCtx, node: NodeInfo, stage: mf.Stage, *, job_id: str,
                payload: dict[str, Any], attempt_id: str, workdir: Path, broker: Broker,
                registry: procs.ProcessRegistry,
-               on_spawned: Callable[[], None] | None) -> Outcome:
+               on_spawned: Callable[[], None] | None, control: AttemptControl | None,
+               resume: dict[str, Any] | None) -> Outcome:
     """``run_attempt`` inside the attempt's broker lifetime."""
     runner = ctx.manifest.runner
     if runner is None:  # (the caller may have named the attempt: wire_attempt)
@@ -152,6 +159,10 @@ async def _run(ctx: ModuleCtx, node: NodeInfo, stage: mf.Stage, *, job_id: str,
     os.makedirs(workdir / "tmp", exist_ok=True)
     os.makedirs(workdir / "home", exist_ok=True)
     spec = {"job_id": job_id, "attempt_id": attempt_id, "stage": stage.name, "payload": payload}
+    if resume is not None:
+        spec["resume"] = resume
+    if control is not None:
+        control.open()  # {"seq": 0}: present before the runner looks
     (workdir / "spec.json").write_text(json.dumps(spec), encoding="utf-8")  # no indent: C encoder
     argv = ctx.exec_argv(runner.exec) + [
         "run", "--spec", str(workdir / "spec.json"), "--workdir", str(workdir),
@@ -182,6 +193,9 @@ async def _run(ctx: ModuleCtx, node: NodeInfo, stage: mf.Stage, *, job_id: str,
             finally:
                 broker.close_child_ends(attempt_id)  # only the runner holds them now
         broker.own(attempt_id, procs.group_of(proc).owns)  # a connect's pid is checked by it
+        if control is not None:
+            running = proc
+            control.started(proc.pid, lambda: running.returncode is None)
         if on_spawned is not None:
             on_spawned()
         timed_out = False
@@ -217,6 +231,8 @@ async def _run(ctx: ModuleCtx, node: NodeInfo, stage: mf.Stage, *, job_id: str,
             await _terminate(proc, runner.stop_grace_s)
         raise
     finally:
+        if control is not None:
+            control.ended()
         if proc is not None:
             # Attempt over: whatever the runner left in its group goes too, then `ended`
             # (on leaving run_attempt's `with broker.attempt`).

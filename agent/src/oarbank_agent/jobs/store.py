@@ -55,6 +55,9 @@ class JobRecord:
     # The latest attempt's id on service channels (an integer, contract section 3): services
     # log only this number, so status maps it back to the job.
     wire_attempt: int | None = None
+    paused_s: float = 0.0  # seconds its runners were held by host protection (all attempts)
+    # The last checkpoint an attempt left (checkpoints.py): the next attempt resumes from it.
+    checkpoint: dict[str, Any] | None = None
 
     def public(self) -> dict[str, Any]:
         """The shape ``submit --wait`` prints."""
@@ -67,7 +70,7 @@ class JobRecord:
         d.pop("result")
         d.update(released=self.released, wire_attempt=self.wire_attempt,
                  submitted_at=self.submitted_at, started_at=self.started_at,
-                 finished_at=self.finished_at,
+                 finished_at=self.finished_at, paused_s=round(self.paused_s, 3),
                  # an attempt's outcome read after an agent restart (recovery.COLLECTED)
                  collected=any(bool(h.get("collected")) for h in self.history))
         return d

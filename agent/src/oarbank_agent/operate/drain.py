@@ -3,6 +3,8 @@
 1. stop admitting: the stop event is set, so ``submit`` is refused (``shutting_down``) and
    nothing queued is admitted;
 2. the running attempts get up to ``--drain-s`` to finish (their results are kept as usual);
+   a runner that accepts a stop (``cancellable``) is asked at once to stop at its next safe
+   point (a checkpoint first, if it writes them): released when it does, not charged;
 3. what is still running then is released: its attempt ended and not charged, the job left
    queued on disk for the next agent on this state dir;
 4. services stop in contract order and the agent exits (``Agent.shutdown``).
@@ -39,6 +41,10 @@ async def wait_running(runs: JobRuns, records: dict[str, JobRecord], drain_s: fl
     log.info("drain (%s): admitting nothing more; %d attempt(s) running, %d admitted; "
              "waiting up to %gs for them to finish", why, len(running),
              len(tasks) - len(running), drain_s)
+    asked = runs.ask_to_stop(running, f"drain ({why})")
+    if asked:
+        log.info("drain: %d runner(s) asked to stop at a safe point: %s", len(asked),
+                 ", ".join(asked))
     if tasks and drain_s > 0:
         waits: set[asyncio.Future[Any]] = {asyncio.gather(*tasks.values(),
                                                           return_exceptions=True)}

@@ -73,6 +73,9 @@ def cmd_run(ra: config.RunArgs, run_argv: list[str]) -> int:
     if not args.drain_s >= 0:
         _err(f"--drain-s {args.drain_s:g}: must be >= 0")
         return 2
+    if not args.release_grace_s >= 0:
+        _err(f"--release-grace-s {args.release_grace_s:g}: must be >= 0")
+        return 2
     from oarbank_agent.services import servicelog
 
     # Each service's log (its daemon's stderr, collected by the agent) rotates the same way.
@@ -175,6 +178,7 @@ def cmd_run(ra: config.RunArgs, run_argv: list[str]) -> int:
             state_dir=args.state_dir, node_id=node_id, guard=guard_config,
             gpu=gpu_override, manual_refresh_s=args.manual_refresh_s,
             status_poll_s=args.status_poll_s, fault=fault, drain_s=args.drain_s,
+            release_grace_s=args.release_grace_s,
             keep_jobs_s=args.keep_jobs_s, refresh_s=args.refresh_s,
             env_grace_s=args.env_grace_s, keep_services=args.keep_services))
         specs = [(p.resolve(), settings_for(p)) for p in args.modules or []]

@@ -37,6 +37,10 @@ def add_run_options(r: argparse.ArgumentParser | Recorder) -> None:
                    help=f"on {platform.current().requests.stop_how} (or `oarbank-agent drain`) "
                         "running attempts get this long to finish before the rest are "
                         "released, not charged (default 30)")
+    r.add_argument("--release-grace-s", type=float, default=10.0, metavar="S",
+                   help="a job released by host protection whose runner accepts a stop "
+                        "(cancellable) is asked to stop at a safe point and ended only after "
+                        "this long (default 10)")
     r.add_argument("--refresh-s", type=float, default=20.0, metavar="S",
                    help="how often running services are fingerprinted again (health and pool "
                         "counts; also once right after each becomes ready; default 20)")

@@ -8,7 +8,7 @@ Parts (each section below): process groups (``Groups``, ``Group``), memory and C
 the sandbox wrapper and its probe, the control endpoint, the state-dir lock, stop and reload
 requests, the event loop, the stream type behind the transport, connections by duplication;
 the keeper's socket and the service manager (``--keep-services``) are in ``keepapi.py``, the
-runners' fate sharing with the agent in ``fateapi.py``."""
+runners' fate sharing with the agent and their control nudges in ``fateapi.py``."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict, TypeVar
 
-from oarbank_agent.platform.fateapi import Tether, TetherHost
+from oarbank_agent.platform.fateapi import Nudges, Tether, TetherHost
 from oarbank_agent.platform.keepapi import KeeperHost, ServiceManager
 
 if TYPE_CHECKING:
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Backend", "FactoryLost", "FileLike", "Watchable", "Watcher", "Streams", "EndpointPathTooLong",
            "ClientHandler", "Endpoint", "StateDirHost", "StateDirRefused", "Requests", "Loops", "FactoryHost",
-           "SandboxHost", "Tether", "TetherHost",
+           "SandboxHost", "Tether", "TetherHost", "Nudges",
            "CONTAINMENT_MODES", "CONTAINMENT_HELP", "ContainmentUnavailable", "Group", "Slot",
            "PopenOptions", "Containment", "Groups", "KeeperHost", "ServiceManager", "Handovers"]
 
@@ -491,10 +491,10 @@ class Backend:
     factory: FactoryHost
     # process groups, their limits and containment
     groups: Groups
-    # endpoint channels kept across an agent restart (--keep-services); None: not here
-    keeper: KeeperHost | None = None
+    keeper: KeeperHost | None = None  # endpoint channels kept across a restart (--keep-services)
     # the service manager running the agent (systemd); None: none is known here
     service_manager: ServiceManager | None = None
     # connections by duplication (Windows); None: the ends ride along the messages (POSIX)
     handovers: Handovers | None = None
     tether: TetherHost | None = None  # runners die with the agent (fateapi.py); None: Windows
+    nudges: Nudges | None = None  # runners told of control.json changes (fateapi.py); None: Windows

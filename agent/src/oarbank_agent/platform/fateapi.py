@@ -1,9 +1,17 @@
-"""The platform interface's part for fate sharing: a job's runner does not outlive the agent.
+"""The platform interface's parts for the agent's hold on its runners: fate sharing (a job's
+runner does not outlive the agent) and nudges (a runner told its control document changed).
 
-POSIX: a watcher sees the agent's end (EOF on a pipe only the agent writes) and kills every
-recorded runner group at once (``posix/tether.py``, ``posix/tetherwatch.py``). Windows: none
-is needed (``Backend.tether`` is None): each group is a kill-on-close job object whose only
-handle is the agent's, so the system ends a runner's job when the agent dies.
+Fate sharing. POSIX: a watcher sees the agent's end (EOF on a pipe only the agent writes) and
+kills every recorded runner group at once (``posix/tether.py``, ``posix/tetherwatch.py``).
+Windows: none is needed (``Backend.tether`` is None): each group is a kill-on-close job object
+whose only handle is the agent's, so the system ends a runner's job when the agent dies.
+
+Nudges (runner protocol, Control). POSIX (``posix/nudges.py``): SIGUSR1 to the runner process,
+never to its children; every child of the agent starts with SIGUSR1 ignored, so a nudge that
+comes before the runner installed its handler is lost harmlessly. Windows: not yet
+(``Backend.nudges`` is None): upstream's way is an auto-reset event the runner inherits, named
+by ``OARBANK_CONTROL_EVENT``; until the Windows backend passes one, a runner there is ended by
+its job object as before.
 """
 
 from __future__ import annotations
@@ -13,7 +21,7 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from pathlib import Path
 
-__all__ = ["Tether", "TetherHost"]
+__all__ = ["Nudges", "Tether", "TetherHost"]
 
 
 class Tether(Protocol):
@@ -37,3 +45,14 @@ class TetherHost(Protocol):
     def start(self, state_dir: Path) -> Tether:
         """From now on, when this process ends (however: SIGKILL included), every runner group
         recorded under ``state_dir/procs`` is killed at once. Raises OSError."""
+
+
+class Nudges(Protocol):
+    how: str  # for the log: what a nudge is here
+
+    def prepare(self) -> None:
+        """At the agent's start, before any child: every child starts with nudges ignored."""
+
+    def nudge(self, leader: int) -> bool:
+        """Tell the runner led by ``leader`` (that process only) its document changed; False
+        when it is gone."""

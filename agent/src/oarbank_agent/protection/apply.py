@@ -22,6 +22,7 @@ from oarbank_agent.protection.guard import (
     Guard,
     GuardConfig,
     Hold,
+    HoldRunners,
     Pause,
     ReleaseGpuJobs,
     ReleaseJobs,
@@ -101,5 +102,7 @@ def apply(actions: list[Action], admission: Admission, queue: JobQueue,
             if a.release_users and a.reason is not None:
                 # Released after the hold: its pools count 0 by now, nothing is readmitted.
                 queue.release(queue.users_of(a.key), a.reason)
+        elif isinstance(a, HoldRunners):
+            queue.runs.hold_runners(a.reason)
         elif isinstance(a, Admit):
             queue.admit()

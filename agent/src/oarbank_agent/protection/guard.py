@@ -6,7 +6,7 @@ rules); this module reads the host's available memory every ``sample_s`` seconds
 default, ``host.memory``) and the resident memory of each group (``Groups.resident``), keeps
 the protection state (pressure, memory holds, host rules), and *reports* what should happen
 as a list of actions (``Pause``, ``AllowGpu``, ``Hold``, ``ReleaseJobs``, ``ReleaseGpuJobs``,
-``Admit``), in the order they must be applied. The agent applies them (``Agent._protect``):
+``HoldRunners``, ``Admit``), in the order they must be applied. The agent applies them (``Agent._protect``):
 the guard reads the supervisor's services but changes nothing outside itself.
 
 Holds (a service's ``held`` in the report), first that applies:
@@ -22,7 +22,9 @@ Holds (a service's ``held`` in the report), first that applies:
   footprint of its process group, among running jobs and running yieldable services). The
   held set is kept until pressure ends (available back above soft + recover margin); then
   every memory hold lifts at once and waiting jobs bring the services back. While there is any
-  pressure nothing new is admitted (``admission.paused``).
+  pressure nothing new is admitted (``admission.paused``), and every running job whose runner
+  accepts a pause (``cooperative_pause``) is paused, first, before anything else is acted on;
+  it is resumed when the pressure ends.
 
 A service that becomes held has its users **released**: each job holding one of its pools
 has its attempt ended and goes back to the queue without being charged an attempt
@@ -59,7 +61,8 @@ if TYPE_CHECKING:
     from oarbank_agent.services.supervisor import Supervisor
 
 __all__ = ["Guard", "GuardConfig", "DEFAULT_BUDGET_FRACTION", "DEFAULT_SAMPLE_S",
-           "Action", "Pause", "AllowGpu", "Hold", "ReleaseJobs", "ReleaseGpuJobs", "Admit"]
+           "Action", "Pause", "AllowGpu", "Hold", "ReleaseJobs", "ReleaseGpuJobs", "HoldRunners",
+           "Admit"]
 
 log = logging.getLogger("oarbank_agent.protection.guard")
 
@@ -118,11 +121,20 @@ class ReleaseGpuJobs:
 
 
 @dataclass(frozen=True)
+class HoldRunners:
+    """Hold (``reason``) or resume (None) the running jobs whose runners accept a pause
+    (runner protocol, Control): under any pressure they are paused before anything is
+    stopped, resumed when it ends (``JobRuns.hold_runners``)."""
+
+    reason: str | None
+
+
+@dataclass(frozen=True)
 class Admit:
     """Try admission again (pressure ended)."""
 
 
-Action = Pause | AllowGpu | Hold | ReleaseJobs | ReleaseGpuJobs | Admit
+Action = Pause | AllowGpu | Hold | ReleaseJobs | ReleaseGpuJobs | HoldRunners | Admit
 
 
 class Guard:
@@ -205,7 +217,7 @@ class Guard:
                         self.config.floors.soft * 100, self.config.floors.hard * 100)
         sup = self.supervisor
         if self.pressure is Pressure.NONE:
-            out: list[Action] = [Pause(None)]
+            out: list[Action] = [Pause(None), HoldRunners(None)]
             if self.mem_held:
                 self.mem_held.clear()
                 out += self.refresh()
@@ -213,8 +225,9 @@ class Guard:
             elif before is not Pressure.NONE:
                 out.append(Admit())
             return out
-        out = [Pause(f"memory pressure: {frac * 100:.1f}% of memory available "
-                     f"(soft floor {self.config.floors.soft * 100:g}%)")]
+        why = (f"memory pressure: {frac * 100:.1f}% of memory available "
+               f"(soft floor {self.config.floors.soft * 100:g}%)")
+        out = [Pause(why), HoldRunners(why)]
         running = [rt for rt in sup.services.values()
                    if rt.st.state in _UP and rt.held is None and rt.svc.lifecycle != "manual"]
         services = [Candidate(rt.key, "service", 0, rt.svc.yieldable, rt.st.users)

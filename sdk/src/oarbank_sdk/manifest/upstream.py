@@ -237,9 +237,10 @@ def iframe_ids(raw: dict[str, Any]) -> list[str]:
 def runner_extras(r: Reader, t: dict[str, Any], grace: float) -> None:
     value = r.positive_number(t.get("checkpoint_grace_s", MISSING), "runner.checkpoint_grace_s")
     if value is not None:
-        r.note("runner.checkpoint_grace_s", _NOT_HERE + "checkpoints are requested by "
-               "upstream's agent, not by this agent: a runner stopped here gets stop_grace_s "
-               f"({grace:g} s) and no checkpoint request")
+        r.note("runner.checkpoint_grace_s", _NOT_HERE + "it is upstream's agent's grace; a "
+               "stop this agent asks for asks for a checkpoint first and is waited for the "
+               "agent's --release-grace-s (a drain: its --drain-s); the end of a timed-out "
+               f"attempt is bounded by stop_grace_s ({grace:g} s)")
     if "gpu" in t and r.table(t["gpu"], "runner.gpu") is not None:
         r.note("runner.gpu", _NOT_HERE + "placing jobs by GPU API is upstream's coordinator's; "
                "this agent runs a job where it is submitted (a runner's GPU devices come from "
@@ -253,8 +254,9 @@ def runner_extras(r: Reader, t: dict[str, Any], grace: float) -> None:
 
 def note_stage(r: Reader, t: dict[str, Any], p: str) -> None:
     if "checkpoint" in t and r.table(t["checkpoint"], join(p, "checkpoint")) is not None:
-        r.note(join(p, "checkpoint"), _NOT_HERE + "checkpoint limits are upstream's agent's; "
-               "this agent keeps no checkpoints")
+        r.note(join(p, "checkpoint"), _NOT_HERE + "min_interval_s is upstream's agent's; "
+               "this agent reads only max_mb (the most a checkpoint it keeps for the job's "
+               "next attempt may hold; default 256)")
     secrets = r.string_list(t.get("secrets", MISSING), join(p, "secrets"), default=None)
     if secrets:
         r.note(join(p, "secrets"), _NOT_HERE + f"secrets ({', '.join(secrets)}) are handed out "

@@ -17,6 +17,7 @@ from oarbank_agent.platform.posix.factoryhost import PosixFactoryHost
 from oarbank_agent.platform.posix.groups import PosixGroups
 from oarbank_agent.platform.posix.keeper import PosixKeeperHost
 from oarbank_agent.platform.posix.loops import SelectorLoops
+from oarbank_agent.platform.posix.nudges import SignalNudges
 from oarbank_agent.platform.posix.requests import SignalRequests
 from oarbank_agent.platform.posix.sessions import PosixSessions
 from oarbank_agent.platform.posix.statedir import PosixStateDir
@@ -39,7 +40,7 @@ def backend() -> Backend:
                    groups=PosixGroups(system="darwin"),
                    keeper=PosixKeeperHost(shortcut=False, started=_started),
                    # runners killed when the agent dies (no PR_SET_PDEATHSIG on macOS)
-                   tether=PosixTetherHost())
+                   tether=PosixTetherHost(), nudges=SignalNudges())
 
 
 def _started(pid: int) -> int | None:

@@ -27,6 +27,7 @@ def backend() -> Backend:
     from oarbank_agent.platform.posix.endpoint import UnixEndpoint
     from oarbank_agent.platform.posix.keeper import PosixKeeperHost
     from oarbank_agent.platform.posix.loops import SelectorLoops
+    from oarbank_agent.platform.posix.nudges import SignalNudges
     from oarbank_agent.platform.posix.requests import SignalRequests
     from oarbank_agent.platform.posix.statedir import PosixStateDir
     from oarbank_agent.platform.posix.streams import PosixStreams
@@ -43,5 +44,5 @@ def backend() -> Backend:
                    groups=LinuxGroups(),
                    keeper=PosixKeeperHost(shortcut=True, started=proctable.start_ticks),
                    service_manager=SystemdManager(),
-                   # runners killed when the agent dies
-                   tether=PosixTetherHost())
+                   # runners killed when the agent dies; told their control.json changed
+                   tether=PosixTetherHost(), nudges=SignalNudges())
