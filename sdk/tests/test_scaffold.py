@@ -30,7 +30,7 @@ def test_a_new_module_passes_check_and_conform_with_every_name_set(tmp_path):
                "--stage", "score")
     assert made.returncode == 0, made.stderr
     assert made.stdout.startswith(f"{dest}: com.acme.sentiment with service 'scorer' and stage "
-                                  "'score' (12 files)")
+                                  "'score' (13 files)")
     checked = sdk("check", str(dest))
     assert checked.stdout.strip() == f"{dest}: ok com.acme.sentiment 0.1.0", checked.stdout
 

@@ -303,3 +303,41 @@ def test_two_portals_on_one_postgresql_never_grant_a_job_twice(
     granted = [g["job_id"] for n in nodes for g in n.grants]
     assert sorted(granted) == sorted(ids)  # each once
     assert sum(1 for n in nodes if n.grants) >= 2
+
+
+def test_the_jobs_and_attempts_host_queries(start_portal: Any) -> None:
+    """What a module page reads (contract 10.8): one row per job and per grant, the module's."""
+    p = start_portal(args=("--lease-s", "1"))
+    alice = submitter_token(p.db, "alice")
+    ids = [j["job_id"] for j in submit(p, alice, [job("a"), job("b")]).doc["jobs"]]
+    n1, n2 = Node(p, "n1"), Node(p, "n2")
+    [g] = n1.claim(offer(free=1))
+    time.sleep(1.5)  # its lease runs out: the job goes to n2
+    got = n2.claim(offer(free=4))
+    assert sorted(x["job_id"] for x in got) == sorted(ids)
+    for x in got:
+        assert n2.result(x).status == 200
+    jobs = call(p.url, "GET", "/v1/queries/jobs?module=modelserver").doc
+    assert sorted((j["job_id"], j["state"], j["node_id"], j["grants"], j["lease_expiries"])
+                  for j in jobs) == sorted([(g["job_id"], "succeeded", "n2", 2, 1),
+                                            (next(i for i in ids if i != g["job_id"]),
+                                             "succeeded", "n2", 1, 0)])
+    assert {j["submitter"] for j in jobs} == {"alice"} and "payload" not in jobs[0]
+    attempts = call(p.url, "GET", f"/v1/queries/attempts?module={MODULE_ID}"
+                                  f"&job_id={g['job_id']}").doc
+    assert [(a["node_id"], a["generation"], a["state"]) for a in attempts] == [
+        ("n2", 2, "succeeded"), ("n1", 1, "expired")]
+    bad = call(p.url, "GET", f"/v1/queries/jobs?module={MODULE_ID}&colour=red")
+    assert bad.status == 400 and "unknown parameter 'colour'" in bad.doc["error"]
+    assert call(p.url, "GET", "/v1/queries/jobs?module=dev.example.other").doc == []
+
+
+def test_the_reference_modules_overview_shows_its_backlog(start_portal: Any) -> None:
+    p = start_portal()
+    alice = submitter_token(p.db, "alice")
+    submit(p, alice, [job(f"{i}") for i in range(7)])
+    Node(p, "n1").claim(offer(free=2))
+    view = call(p.url, "GET", f"/modules/{MODULE_ID}/pages/overview?format=json").doc
+    shown = {c["id"]: c["value"]["text"] for c in view["components"].values()
+             if c.get("id", "").startswith("jobs-")}
+    assert shown == {"jobs-queued": "5", "jobs-running": "2"}

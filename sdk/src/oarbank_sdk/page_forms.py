@@ -38,8 +38,8 @@ Problems = list[tuple[str, str]]
 
 NOT_SERVED = "served by upstream's coordinator, not by this portal"
 # every query this project's portal answers (UI contract 1.2; nodes and node_metrics from what
-# heartbeats carry)
-HOST_QUERIES = ("services", "nodes", "node_metrics")
+# heartbeats carry, jobs and attempts from its fleet dispatch: contract section 10)
+HOST_QUERIES = ("services", "nodes", "node_metrics", "jobs", "attempts")
 # Upstream's closed catalogue of host queries (its UI contract 1.0 to 1.2).
 UPSTREAM_QUERIES = ("results", "jobs", "attempts", "campaigns", "datasets", "module_settings",
                     "module_events", "nodes", "node_metrics", "store", "services", "secrets",

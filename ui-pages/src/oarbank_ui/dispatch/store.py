@@ -23,14 +23,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..queries.services import QueryError
 from ..store.tokens import new_token, token_hash
 from .leases import Attempt, fence
 from .placement import Pick
 from .protocol import Claim, JobSpec, Result, Submission
 
-__all__ = ["DispatchStore", "KeyReused", "new_id"]
+__all__ = ["DispatchStore", "KeyReused", "QUERY_PARAMS", "new_id"]
 
 FINISHED = ("succeeded", "failed", "cancelled")
+# the jobs and attempts host queries' parameters (contract 10.8)
+QUERY_PARAMS = {"jobs": ("state", "stage", "node_id", "job_id"),
+                "attempts": ("job_id", "node_id", "state")}
 BACKLOG_CAP = 10_000  # a stage's backlog is counted up to this (enough to decide a cold start)
 OFFER_FRESH_S = 90.0  # a node's claim (or renew) this recent tells where a service is warm
 EXPIRE_BATCH = 500
@@ -409,6 +413,21 @@ class DispatchStore:
                           " ('queued', 'running') GROUP BY module, state")
         return {(r["module"], r["state"]): int(r["n"]) for r in rows}
 
+    def host_query(self, name: str, modules: list[str], params: dict[str, Any],
+                   limit: int) -> list[dict[str, Any]]:
+        """The ``jobs`` or ``attempts`` host query (contract 10.8): the module's rows, newest
+        first, at most ``limit``; ``QueryError`` names a parameter it does not take."""
+        known = QUERY_PARAMS[name]
+        for k, v in params.items():
+            if k not in known:
+                raise QueryError(f"{name}: unknown parameter {k!r} ({', '.join(known)})")
+            if not isinstance(v, str):
+                raise QueryError(f"{name}: parameter {k} must be a string")
+        if not modules:
+            return []
+        rows = (self.jobs_rows if name == "jobs" else self.attempts_rows)(modules, params, limit)
+        return rows
+
     def jobs_rows(self, modules: list[str], params: dict[str, Any],
                   limit: int) -> list[dict[str, Any]]:
         """The ``jobs`` host query's rows (contract 10.8)."""
@@ -416,7 +435,9 @@ class DispatchStore:
         with self.backend.read(snapshot=False) as tx:
             rows = tx.all(f"SELECT * FROM jobs WHERE {where} ORDER BY seq DESC LIMIT ?",
                           [*args, limit])
-        return [_job_view(r, full=False) | {"submitter": r["submitter"]} for r in rows]
+        return [{k: v for k, v in _job_view(r, full=False).items()
+                 if k not in ("attempt_id", "generation", "expires_at")}
+                | {"submitter": r["submitter"]} for r in rows]
 
     def attempts_rows(self, modules: list[str], params: dict[str, Any],
                       limit: int) -> list[dict[str, Any]]:

@@ -10,6 +10,7 @@ from urllib.parse import quote
 
 from oarbank_sdk.page_forms import Target
 
+from ..dispatch.store import DispatchStore
 from ..queries.services import MAX_ROWS, QueryError
 from ..queries.shape import Shaping, shape_rows
 from ..store.heartbeats import ALL_ROWS, HeartbeatStore
@@ -31,8 +32,9 @@ def _panel_href(node_id: str, module_id: str, panel_id: str) -> str:
 def services_fetch(store: HeartbeatStore, module: PortalModule,
                    now: Callable[[], float] = time.time) -> Callable[..., Any]:
     """The query runner a module's pages use: ``services`` (``node_id``/``service``, shaped
-    here) and ``nodes``/``node_metrics`` (``queries/nodes.py``: shaped by the store), every one
-    filtered to the module's rows. ``fetch.shaped(query, params, shaping)`` is what the
+    here), ``nodes``/``node_metrics`` (``queries/nodes.py``: shaped by the store) and fleet
+    dispatch's ``jobs``/``attempts`` (``dispatch/store.py``), every one filtered to the module's
+    rows. ``fetch.shaped(query, params, shaping)`` is what the
     renderer calls."""
 
     def fetch(query: str, params: dict[str, Any]) -> list[dict[str, Any]]:
@@ -41,6 +43,10 @@ def services_fetch(store: HeartbeatStore, module: PortalModule,
     def shaped(query: str, params: dict[str, Any], shaping: Shaping) -> list[dict[str, Any]]:
         if query in ("nodes", "node_metrics"):
             return store.host_query(query, module.names, params, shaping, now=now())
+        if query in ("jobs", "attempts"):  # fleet dispatch's (contract 10.8)
+            rows = DispatchStore(store.backend).host_query(
+                query, [module.id], params, ALL_ROWS if shaping.agg else MAX_ROWS)
+            return shape_rows(rows, shaping)
         if query != "services":
             raise QueryError(f"unknown query {query!r} (this portal answers: "
                              f"{', '.join(PORTAL_QUERIES)})")

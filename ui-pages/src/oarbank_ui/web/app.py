@@ -12,6 +12,7 @@ Routes:
   POST /v1/heartbeat                                   a node's report (contract section 6)
   GET  /v1/queries/services?module=M[&node_id=][&service=]   JSON list of rows (<= 200)
   GET  /v1/queries/nodes|node_metrics?module=M[&<param>=]...  the same, for those queries
+  GET  /v1/queries/jobs|attempts?module=M[&<param>=]...       fleet dispatch's (contract 10.8)
   GET  /v1/nodes[?limit=N][&after=NODE_ID]             JSON list of nodes, paged (Link: next)
   POST|GET /v1/jobs..., /v1/batches..., POST /v1/agent/...   fleet dispatch (contract section
                                                        10; ``dispatch/http.py``)
@@ -270,6 +271,8 @@ class Portal:
                 return "services", self.services_query(query)
             if parts in (["v1", "queries", "nodes"], ["v1", "queries", "node_metrics"]):
                 return "services", self.host_query(parts[2], query)
+            if parts in (["v1", "queries", "jobs"], ["v1", "queries", "attempts"]):
+                return "services", self.dispatch_query(parts[2], query)
             if parts == ["favicon.ico"]:
                 return route, Response(204, b"", "image/x-icon")  # browsers ask; nothing to show
             if parts == ["v1", "nodes"]:
@@ -374,6 +377,23 @@ class Portal:
         try:
             rows = self.store.host_query(name, mod.names if mod else (module,), params,
                                          Shaping(), now=self.clock())
+        except QueryError as e:
+            return error_response(400, str(e))
+        return json_response(200, rows)
+
+    def dispatch_query(self, name: str, query: dict[str, list[str]]) -> Response:
+        """``jobs`` / ``attempts`` rows of a module (at most 200, newest first; contract
+        10.8): ``module`` and the query's params, one value each."""
+        if any(len(v) != 1 for v in query.values()):
+            return error_response(400, f"{name}: each parameter once")
+        module = query.get("module", [""])[0]
+        if not module:
+            return error_response(400, f"{name}: the module parameter is required")
+        mod = find_module(self.modules, module)
+        params = {k: v[0] for k, v in query.items() if k != "module"}
+        try:
+            rows = self.dispatch.store.host_query(name, [mod.id if mod else module], params,
+                                                  MAX_ROWS)
         except QueryError as e:
             return error_response(400, str(e))
         return json_response(200, rows)

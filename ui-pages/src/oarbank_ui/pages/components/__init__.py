@@ -33,7 +33,7 @@ from .when import WhenError, evaluate
 __all__ = ["PORTAL_QUERIES", "RenderContext", "build_view", "data_views"]
 
 # Every host query this portal answers.
-PORTAL_QUERIES = ("services", "nodes", "node_metrics")
+PORTAL_QUERIES = ("services", "nodes", "node_metrics", "jobs", "attempts")
 _DRAWN = {
     "text": display.text, "markdown": display.markdown, "kv": display.kv,
     "stat": display.stat, "status": display.status, "progress": display.progress,
