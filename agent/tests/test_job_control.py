@@ -84,25 +84,29 @@ def test_memory_pressure_pauses_a_cooperative_job_and_its_end_resumes_it(
     assert (rec["attempts"], rec["released"]) == (1, 0)  # paused, never stopped nor charged
     work = chunks(agent, job)
     assert [r["chunk"] for r in work] == list(range(300))
-    gap_at = max(range(1, len(work)), key=lambda k: work[k]["t"] - work[k - 1]["t"])
-    gap = work[gap_at]["t"] - work[gap_at - 1]["t"]
-    # The runner's own note, once resumed: when it began holding (at its next safe point).
-    held = next(r for r in read_jsonl(workdir(agent, job) / "work.jsonl") if "held_s" in r)
-    latency = held["t"] - held["held_s"] - crossed["t"]
+    # The runner's own notes, each once resumed: when it began holding (at its next safe
+    # point) and for how long. (A shared machine's memory may dip again after the test's own
+    # pressure: a second hold is counted like the first.)
+    holds = [r for r in read_jsonl(workdir(agent, job) / "work.jsonl") if "held_s" in r]
+    latency = holds[0]["t"] - holds[0]["held_s"] - crossed["t"]
     assert 0 < latency < 2.0, latency  # a sample (0.2 s) and a unit (0.05 s), loaded machine
+    assert holds[0]["held_s"] >= 3.0, holds
     # paused_s: the agent's count (the job record, the attempt's entry) and the runner's own
-    # (Control.paused_s, in its result), each about the gap.
+    # (Control.paused_s, in its result): the agent's from its pause to its resume, the
+    # runner's from its safe point to the nudge, a little less.
     runner_paused = done["result"]["payload"]["paused_s"]
     assert round(rec["paused_s"], 3) == rec["history"][0]["paused_s"]
-    assert 3.0 <= rec["paused_s"] and abs(rec["paused_s"] - gap) < 0.5, (rec["paused_s"], gap)
-    assert 0 < runner_paused <= rec["paused_s"] + 0.05, (runner_paused, rec["paused_s"])
+    assert abs(runner_paused - sum(h["held_s"] for h in holds)) < 0.01, (runner_paused, holds)
+    pauses = agent.log().count(f"job {job} paused (memory pressure")  # the agent's
+    assert pauses >= len(holds) >= 1
+    assert 0 <= rec["paused_s"] - runner_paused < 0.5 * pauses, (rec["paused_s"], holds)
     # Bad input: the forged document was never read back nor written through.
     assert victim.read_text() == forged
     final = workdir(agent, job) / "control.json"
     assert not final.is_symlink()
-    assert json.loads(final.read_text())["seq"] == 2  # the agent's own: 0, paused 1, resumed 2
-    assert "job %s paused (memory pressure" % job in agent.log()
-    print(f"\npause latency (crossed -> runner held): {latency:.2f} s; held {gap:.2f} s; "
+    # the agent's own count: 0, then paused and resumed for each hold
+    assert json.loads(final.read_text())["seq"] == 2 * pauses
+    print(f"\npause latency (crossed -> runner held): {latency:.2f} s; {pauses} pause(s); "
           f"paused_s agent {rec['paused_s']:.2f} s, runner {runner_paused:.2f} s")
 
 
@@ -155,11 +159,13 @@ def test_a_release_asks_first_and_ends_a_runner_that_never_acknowledges_at_the_g
     protect(agent, "--evict")  # the service is held: its users are released
     agent.wait_for(lambda: doc(agent, deaf).get("stop") and doc(agent, polite).get("stop"),
                    timeout=10, what="both asked to stop")
-    asked = time.time()
+    # when the agent wrote each stop
+    asked, asked_polite = (workdir(agent, j).joinpath("control.json").stat().st_mtime
+                           for j in (deaf, polite))
     agent.wait_for(lambda: all(j["state"] == "queued" for j in agent.status()["jobs"]),
                    timeout=grace + 10, what="both released")
     polite_end = read_jsonl(workdir(agent, polite) / "work.jsonl")[-1]
-    assert "stopped_at" in polite_end and polite_end["t"] - asked < 1.0, polite_end
+    assert "stopped_at" in polite_end and polite_end["t"] - asked_polite < 1.0, polite_end
     # The deaf one worked on through the grace and was ended then, not before.
     deaf_last = chunks(agent, deaf)[-1]["t"]
     assert deaf_last >= asked + grace - 0.3, (deaf_last - asked)
@@ -178,5 +184,5 @@ def test_a_release_asks_first_and_ends_a_runner_that_never_acknowledges_at_the_g
     assert "resumed_from_attempt" not in record(agent, deaf)["history"][-1]
     assert record(agent, polite)["history"][-1]["resumed_from_attempt"] == 1
     assert done[deaf]["result"]["payload"]["resumed_at"] == 0
-    print(f"\nrelease: acknowledged in {polite_end['t'] - asked:.2f} s; the deaf runner ended "
-          f"{deaf_entry['finished_at'] - asked:.2f} s after the stop (grace {grace:g} s)")
+    print(f"\nrelease: acknowledged in {polite_end['t'] - asked_polite:.2f} s; the deaf runner "
+          f"ended {deaf_entry['finished_at'] - asked:.2f} s after the stop (grace {grace:g} s)")
