@@ -2,12 +2,15 @@
 SDK, the portal or the harness, and the portal's folders layered.
 
 Every module of ``oarbank_agent``, ``oarbank_sdk`` and ``oarbank_ui`` is read in one sitting
-(the lines of its file, 500 at most). Each package's import graph, read with ``ast`` from every
-``import`` and ``from ... import`` of a module (those inside functions and under
-``TYPE_CHECKING`` included: an import put off to break a circle is still one), has no cycle;
-a failure prints each cycle it found, module by module. The portal's folders import only the
-folders below them (``PORTAL_LAYERS``, ui-pages/README.md's Layout), so no circle can form
-between them either.
+(the lines of its file, 500 at most). The count is a signal, not a goal: a module over it is
+split where a concern ends, never trimmed or cut to get under it; one that is a single concern
+and stays longer is named in ``LONGER`` with the reason.
+
+Each package's import graph, read with ``ast`` from every ``import`` and ``from ... import`` of
+a module (those inside functions and under ``TYPE_CHECKING`` included: an import put off to
+break a circle is still one), has no cycle; a failure prints each cycle it found, module by
+module. The portal's folders import only the folders below them (``PORTAL_LAYERS``,
+ui-pages/README.md's Layout), so no circle can form between them either.
 """
 
 from __future__ import annotations
@@ -19,6 +22,12 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 MAX_LINES = 500
+# Modules allowed over MAX_LINES, each with why it is one concern (only modules that are over).
+LONGER = {
+    "oarbank_agent.platform.api": "the platform interface: one small protocol per part a "
+    "backend gives, each part's contract in its docstrings; the parts that stand alone are "
+    "in keepapi.py and fateapi.py already",
+}
 PACKAGES = {
     "oarbank_agent": REPO / "agent" / "src" / "oarbank_agent",
     "oarbank_sdk": REPO / "sdk" / "src" / "oarbank_sdk",
@@ -122,14 +131,18 @@ def _one_cycle(graph: dict[str, set[str]], comp: set[str]) -> list[str]:
 
 
 def test_no_module_over_500_lines() -> None:
-    long = []
+    long, stale = [], set(LONGER)
     for package in PACKAGES:
         for name, path in modules(package).items():
             n = len(path.read_text(encoding="utf-8").splitlines())
-            if n > MAX_LINES:
+            if n > MAX_LINES and name not in LONGER:
                 long.append(f"{name} ({path.relative_to(REPO)}): {n} lines")
-    assert not long, (f"modules over {MAX_LINES} lines (split them by concern):\n  "
+            if n > MAX_LINES:
+                stale.discard(name)
+    assert not long, (f"modules over {MAX_LINES} lines (split them where a concern ends, or "
+                      "name one that is a single concern in LONGER with why):\n  "
                       + "\n  ".join(long))
+    assert not stale, f"named in LONGER but not over {MAX_LINES} lines: {sorted(stale)}"
 
 
 @pytest.mark.parametrize("package", sorted(CYCLE_CHECKED))

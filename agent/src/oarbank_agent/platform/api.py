@@ -197,8 +197,9 @@ class StateDirHost(Protocol):
         ``StateDirRefused``."""
 
     def others_may_read(self, path: Path, fd: int) -> str | None:
-        """Why the secret open as ``fd`` (at ``path``) is readable by others than this user
-        (and who reads anything anyway), with the fix; None if not. OSError: cannot tell."""
+        """Why a secret open as ``fd`` (``path``: for the message) can be read by others than
+        this user (and who can read anything anyway), with how to fix it; None when it
+        cannot. Raises OSError where the system will not say."""
 
     def try_lock(self, fd: int) -> bool:
         """Lock the open file ``fd`` for this process: True if taken, False if another
@@ -491,7 +492,8 @@ class Backend:
     factory: FactoryHost
     # process groups, their limits and containment
     groups: Groups
-    keeper: KeeperHost | None = None  # endpoint channels kept across a restart (--keep-services)
+    # endpoint channels kept across an agent restart (--keep-services); None: not here
+    keeper: KeeperHost | None = None
     # the service manager running the agent (systemd); None: none is known here
     service_manager: ServiceManager | None = None
     # connections by duplication (Windows); None: the ends ride along the messages (POSIX)
