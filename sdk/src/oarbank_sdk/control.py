@@ -20,7 +20,8 @@ ignored, and so is one that is not a JSON object with an integer ``seq``.
 ``checkpoint`` event on the ``--events`` file; a resumed attempt finds the last one under
 ``<W>/checkpoint/`` and the spec's ``resume`` object.
 
-This agent does not write control.json yet (docs/interop.md says what it does instead): with no
+This project's agent writes the document for a runner that declares ``cancellable``,
+``cooperative_pause`` or ``checkpoint`` (not yet on Windows: docs/interop.md); with no
 document, ``Control`` never stops nor pauses and ``safe_point`` costs one non-blocking read.
 """
 
