@@ -155,6 +155,39 @@ def test_no_import_cycle(package: str) -> None:
                                          for c, rest in found)
 
 
+def assembled(known: dict[str, Path]) -> list[str]:
+    """Classes with two or more bases defined in other modules of ``known``'s package: one class
+    assembled from mixins across files (compose parts instead), as "module.Class: base
+    (its module), ...". A base is matched by its last name."""
+    trees = {n: ast.parse(p.read_text(encoding="utf-8"), str(p)) for n, p in known.items()}
+    homes: dict[str, set[str]] = {}
+    for name, tree in trees.items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                homes.setdefault(node.name, set()).add(name)
+    found = []
+    for name, tree in trees.items():
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            parts = []
+            for base in node.bases:
+                base_name = ast.unparse(base).rpartition(".")[2]
+                there = homes.get(base_name, set())
+                if there and name not in there:
+                    parts.append(f"{base_name} ({', '.join(sorted(there))})")
+            if len(parts) >= 2:
+                found.append(f"{name}.{node.name}: {', '.join(parts)}")
+    return sorted(found)
+
+
+@pytest.mark.parametrize("package", sorted(CYCLE_CHECKED))
+def test_no_class_assembled_from_mixins_across_files(package: str) -> None:
+    found = assembled(modules(package))
+    assert not found, f"classes assembled from bases in other modules of {package} " \
+        "(give the parts to each other instead):\n  " + "\n  ".join(found)
+
+
 def upward_imports(graph: dict[str, set[str]], package: str,
                    layers: tuple[str, ...]) -> list[str]:
     """Imports from a folder of ``package`` to one listed before it in ``layers`` (or to the
@@ -215,3 +248,20 @@ def test_imports_are_read_everywhere_in_a_module(tmp_path: Path) -> None:
     graph = {n: imports(n, p, known) for n, p in known.items()}
     assert graph == {"pkg": set(), "pkg.a": {"pkg.b"}, "pkg.b": {"pkg.c"}, "pkg.c": {"pkg.a"}}
     assert cycles(graph)[0][0] == ["pkg.a", "pkg.b", "pkg.c", "pkg.a"]
+
+
+def test_the_mixin_check_finds_a_class_assembled_across_files(tmp_path: Path) -> None:
+    """The shape the supervisor had: ``Supervisor(Starting, Stopping)``, each on one base."""
+    files = {"base": "class Base:\n    pass\n",
+             "starting": "from pkg.base import Base\nclass Starting(Base):\n    pass\n",
+             "stopping": "from pkg import base\nclass Stopping(base.Base):\n    pass\n",
+             "sup": "from pkg.starting import Starting\nfrom pkg.stopping import Stopping\n"
+                    "class Supervisor(Starting, Stopping):\n    pass\n"
+                    "class Local(Starting):\n    pass\n"
+                    "class Both(Local, Stopping):\n    pass\n"}
+    known = {}
+    for name, text in files.items():
+        (tmp_path / f"{name}.py").write_text(text)
+        known[f"pkg.{name}"] = tmp_path / f"{name}.py"
+    assert assembled(known) == ["pkg.sup.Supervisor: Starting (pkg.starting), "
+                                "Stopping (pkg.stopping)"]
