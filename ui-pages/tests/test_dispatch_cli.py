@@ -8,7 +8,6 @@ import json
 import subprocess
 import sys
 import threading
-
 from pathlib import Path
 from typing import Any
 

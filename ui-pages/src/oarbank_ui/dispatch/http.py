@@ -30,8 +30,7 @@ from urllib.parse import urlencode
 from ..store.tokens import bearer_token
 from . import offers, placement
 from .catalogue import Catalogue
-from .protocol import (BadRequest, Claim, attempt_refs, read_claim, read_release, read_result,
-                       read_submission)
+from .protocol import BadRequest, Claim, attempt_refs, read_claim, read_release, read_result, read_submission
 from .store import DispatchStore, KeyReused
 
 __all__ = ["DispatchAPI", "Reply", "STORE_ERRORS", "is_dispatch_path"]

@@ -14,7 +14,7 @@ __all__ = ["candidates", "offered_stages"]
 def offered_stages(claim: Claim, catalogue: Catalogue) -> list[tuple[str, str]]:
     """(module id, stage) the node offers and the portal dispatches: a module or stage the
     portal does not know gets no jobs (and is no error: nodes run other modules too)."""
-    out = []
+    out: list[tuple[str, str]] = []
     for module, stages in claim.stages.items():
         info = catalogue.modules.get(module)
         if info is None:

@@ -27,7 +27,7 @@ from ..queries.services import QueryError
 from ..store.tokens import new_token, token_hash
 from .leases import Attempt, fence
 from .placement import Pick
-from .protocol import Claim, JobSpec, Result, Submission
+from .protocol import Claim, Result, Submission
 
 __all__ = ["DispatchStore", "KeyReused", "QUERY_PARAMS", "new_id"]
 
@@ -126,7 +126,7 @@ class DispatchStore:
             tx.many("INSERT INTO jobs (job_id, batch_id, submitter, module, stage, payload,"
                     " state, submitted_at) VALUES (?, ?, ?, ?, ?, ?, 'queued', ?)",
                     [(i, batch, submitter, j.module, j.stage, j.payload, now)
-                     for i, j in zip(ids, sub.jobs)])
+                     for i, j in zip(ids, sub.jobs, strict=True)])
         return Submitted(batch, [{"job_id": i, "state": "queued"} for i in ids], False)
 
     def job(self, submitter: str, job_id: str) -> dict[str, Any] | None:

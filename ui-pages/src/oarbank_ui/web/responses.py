@@ -6,8 +6,8 @@ definition without importing each other."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["Admission", "Response", "error_response", "json_response"]
