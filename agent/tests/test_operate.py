@@ -394,7 +394,8 @@ def test_heartbeat_rows_stay_the_contracts_status_adds_details(tmp_path: Path) -
                         lc.ServiceState(svc.lifecycle, svc.idle_timeout_s, 1, 2, 3))
     contract = {"module", "service", "health", "running", "ready", "accepting", "error", "held",
                 "disabled", "withdrawn", "gpu_api_missing", "lifecycle", "users", "endpoint"}
-    assert set(row(rt)) == contract  # what Agent.report (heartbeats) sends
+    additions = {"evicted_for"}  # docs/contract.md 6.2a: this project's one addition to a row
+    assert set(row(rt)) == contract | additions  # what Agent.report (heartbeats) sends
     extra = details(rt, time.time())
     assert not set(extra) & contract
     assert extra["restarts"] == 0 and extra["idle_stop_in_s"] is None and extra["pid"] is None
