@@ -236,7 +236,9 @@ def test_a_whole_report_sent_again_is_stored_as_nothing_new_and_whole_once_the_s
 
 @pytest.fixture(scope="module")
 def old_portal_src(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The portal package as it was before this change, from git."""
+    """The portal package as it was before this change, from git, with the SDK it was released
+    with (an old portal's deployment has its own SDK: today's may have moved a module it
+    imports). ``PYTHONPATH`` is both, separated by ``os.pathsep``."""
     if shutil.which("git") is None or not (REPO / ".git").exists():
         # As the other tests that read the history: a bare machine (`nox -s fresh`) has no git.
         pytest.skip("needs git and a git checkout of the repository")
@@ -245,13 +247,14 @@ def old_portal_src(tmp_path_factory: pytest.TempPathFactory) -> Path:
         pytest.fail(f"the old portal's commit {OLD_PORTAL} is not in this checkout "
                     "(a shallow clone? `git fetch --unshallow`)")
     out = tmp_path_factory.mktemp("old-portal")
-    tar = subprocess.run(["git", "-C", str(REPO), "archive", OLD_PORTAL, "ui-pages/src"],
+    tar = subprocess.run(["git", "-C", str(REPO), "archive", OLD_PORTAL, "ui-pages/src",
+                          "sdk/src"],
                          capture_output=True, check=True).stdout
     with tarfile.open(fileobj=BytesIO(tar)) as t:
         # Our own history, so trusted; the "data" filter where this Python has it (3.11.4+:
         # the ordinary user's system Python in CI is 3.11.2).
         t.extractall(out, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
-    return out / "ui-pages" / "src"
+    return out
 
 
 def test_a_new_agent_sends_an_old_portal_only_whole_reports(
@@ -259,7 +262,8 @@ def test_a_new_agent_sends_an_old_portal_only_whole_reports(
     from oarbank_agent.reporting.heartbeat import HeartbeatSender
 
     db = tmp_path / "old.db"
-    env = os.environ | {"PYTHONPATH": str(old_portal_src)}
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(
+        [str(old_portal_src / "ui-pages" / "src"), str(old_portal_src / "sdk" / "src")])}
     proc = subprocess.Popen([sys.executable, "-m", "oarbank_ui.cli", "serve", "--db", str(db),
                              "--listen", "127.0.0.1:0"], stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, env=env, start_new_session=True)
