@@ -30,7 +30,7 @@
 
 URL: ``http://HOST:PORT[/prefix]``, ``https://HOST[:PORT][/prefix]`` (verified against the
 system's CAs or ``ca_file``) or ``unix:/path/to/socket``; the post goes to
-``<prefix>/v1/heartbeat``. HTTP/1.1 over asyncio streams, ``Connection: close``.
+``<prefix>/v1/heartbeat`` through ``portalhttp.PortalClient`` (the agent's one portal client).
 """
 
 from __future__ import annotations
@@ -39,106 +39,19 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import random
-import ssl
-import stat
 import time
-from collections.abc import Callable, Coroutine
-from pathlib import Path
-from typing import Any, TypeVar
-from urllib.parse import urlsplit
-
-from oarbank_agent import platform
-from oarbank_agent.platform import fileflags
+from collections.abc import Callable
+from typing import Any
 
 from .alive import AliveState, retry_after_s
+from .portalhttp import Answer, PortalClient, PortalError, PortalURL, read_token_file
 
 __all__ = ["HeartbeatSender", "PortalURL", "read_token_file"]
 
 log = logging.getLogger("oarbank_agent.reporting.heartbeat")
 
-_MAX_REPLY = 64 * 1024
 _REPEAT_WARNING_S = 60.0
-_T = TypeVar("_T")
-
-
-class _BadReply(Exception):
-    pass
-
-
-def read_token_file(path: str) -> str:
-    """The node's portal token from ``path``; ``ValueError`` naming what is wrong. A token
-    readable by the group or others is refused: whoever reads it can report as this node."""
-    try:
-        fd = os.open(path, os.O_RDONLY | fileflags.NOFOLLOW)
-    except OSError as e:
-        raise ValueError(f"{path}: cannot open: {e.strerror}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ValueError(f"{path}: not a regular file")
-        # who else may read it, as the system keeps it (a mode, a DACL): the backend says
-        try:
-            why = platform.current().statedir.others_may_read(Path(path), fd)
-        except OSError as e:
-            raise ValueError(f"{path}: cannot tell who may read it: {e}") from None
-        if why is not None:
-            raise ValueError(f"{path}: {why}")
-        raw = os.read(fd, 4096)
-    finally:
-        os.close(fd)
-    token = raw.decode("utf-8", "replace").strip()
-    if not token or any(c.isspace() or not c.isprintable() for c in token):
-        raise ValueError(f"{path}: expected one token (what `oarbank-portal token issue` "
-                         "printed), got " + ("nothing" if not token else "several words"))
-    return token
-
-
-class PortalURL:
-    """A parsed portal address; ``ValueError`` with a readable message when it is not one."""
-
-    def __init__(self, url: str) -> None:
-        self.text = url
-        self.unix_path: str | None = None
-        self.host = "localhost"
-        self.port = 80
-        self.prefix = ""
-        self.tls = False
-        if url.startswith("unix:"):
-            path = url[len("unix:"):]
-            if path.startswith("//"):
-                path = path[2:]
-            if not path.startswith("/"):
-                raise ValueError(f"portal URL {url!r}: unix: needs an absolute socket path "
-                                 "(unix:/path/to/socket)")
-            self.unix_path = path
-            return
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"portal URL {url!r}: expected http://HOST:PORT, "
-                             "https://HOST[:PORT] or unix:/path/to/socket")
-        try:
-            port = parts.port
-        except ValueError:
-            raise ValueError(f"portal URL {url!r}: bad port") from None
-        self.host = parts.hostname
-        self.tls = parts.scheme == "https"
-        self.port = port or (443 if self.tls else 80)
-        self.prefix = parts.path.rstrip("/")
-
-    @property
-    def host_header(self) -> str:
-        if self.unix_path:
-            return "localhost"
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{host}:{self.port}"
-
-    @property
-    def private(self) -> bool:
-        """Does a token sent here stay off the network (TLS, a unix socket or loopback)?"""
-        return self.tls or self.unix_path is not None or self.host in (
-            "localhost", "127.0.0.1", "::1")
 
 
 class HeartbeatSender:
@@ -149,14 +62,9 @@ class HeartbeatSender:
                  full_every: int = 6) -> None:
         if period_s <= 0:
             raise ValueError(f"heartbeat period must be > 0 seconds, got {period_s}")
-        self.url = PortalURL(url)
+        self.client = PortalClient(url, token=token, ca_file=ca_file)
+        self.url = self.client.url
         self._token = token
-        self._ssl: ssl.SSLContext | None = None
-        if self.url.tls:
-            # The system's CAs, or only the given one (a private CA for the fleet's portal).
-            self._ssl = ssl.create_default_context(cafile=ca_file)
-        elif ca_file is not None:
-            raise ValueError("a CA file is for an https:// portal URL")
         self._report = report
         self.period_s = period_s
         self.timeout_s = timeout_s
@@ -282,7 +190,7 @@ class HeartbeatSender:
         await self.aclose()
         try:
             body = self._body(last=True)
-            status, reply, _ = await _bounded(self._post(body), self.timeout_s)
+            status, reply, _ = await self._post(body)
         except Exception as e:  # a stopping agent logs and goes on stopping
             log.warning("heartbeat: the last report (agent stopped) did not reach %s: %s",
                         self.url.text, str(e) or type(e).__name__)
@@ -303,10 +211,10 @@ class HeartbeatSender:
                 return
             short = self._alive.last_was_short
             try:
-                status, reply, retry_after = await _bounded(self._post(body), self.timeout_s)
+                status, reply, retry_after = await self._post(body)
             except asyncio.TimeoutError:
                 error = f"no answer within {self.timeout_s:g} s"
-            except (OSError, _BadReply) as e:
+            except (OSError, PortalError) as e:
                 error = str(e) or type(e).__name__
             else:
                 if 200 <= status < 300:
@@ -351,6 +259,10 @@ class HeartbeatSender:
         self.down_since = None
         self.last_error = None
 
+    async def _post(self, body: bytes) -> Answer:
+        """(status, body, Retry-After), bounded by ``timeout_s``."""
+        return await self.client.post("/v1/heartbeat", body, self.timeout_s)
+
     def _failed(self, error: str, *, retrying: bool, then: str | None = None) -> None:
         self.posts_failed += 1
         self.last_error = error
@@ -370,57 +282,6 @@ class HeartbeatSender:
         else:
             log.debug("heartbeat: post to %s failed: %s", self.url.text, error)
 
-    # -- one HTTP post ---------------------------------------------------------------------
-
-    async def _post(self, body: bytes) -> tuple[int, bytes, str | None]:
-        """(status, body, Retry-After)."""
-        u = self.url
-        if u.unix_path is not None:
-            reader, writer = await platform.current().endpoint.open(u.unix_path)
-        else:
-            reader, writer = await asyncio.open_connection(
-                u.host, u.port, ssl=self._ssl, server_hostname=u.host if self._ssl else None)
-        try:
-            auth = f"Authorization: Bearer {self._token}\r\n" if self._token else ""
-            head = (f"POST {u.prefix}/v1/heartbeat HTTP/1.1\r\n"
-                    f"Host: {u.host_header}\r\n"
-                    f"{auth}"
-                    "Content-Type: application/json\r\n"
-                    f"Content-Length: {len(body)}\r\n"
-                    "Connection: close\r\n"
-                    "User-Agent: oarbank-agent\r\n\r\n")
-            writer.write(head.encode("ascii") + body)
-            await writer.drain()
-            status_line = await reader.readline()
-            fields = status_line.split(None, 2)
-            if len(fields) < 2 or not fields[0].startswith(b"HTTP/") or not fields[1].isdigit():
-                raise _BadReply(f"not an HTTP reply: {status_line[:80]!r}")
-            length = None
-            retry_after = None
-            while True:
-                line = await reader.readline()
-                if line in (b"\r\n", b"\n", b""):
-                    break
-                name, _, value = line.partition(b":")
-                if name.strip().lower() == b"content-length" and value.strip().isdigit():
-                    length = int(value.strip())
-                elif name.strip().lower() == b"retry-after":
-                    retry_after = value.strip().decode("latin-1")
-            if length is not None:
-                reply = await reader.read(min(length, _MAX_REPLY))
-            else:
-                reply = await reader.read(_MAX_REPLY)
-        except BaseException:
-            # Timed out, cancelled or broken: drop the connection at once; a graceful close
-            # could wait on a portal that reads nothing.
-            writer.transport.abort()
-            raise
-        writer.close()
-        with contextlib.suppress(OSError):
-            await writer.wait_closed()
-        return int(fields[1]), reply, retry_after
-
-
 _ROW_TEXTS = ("error", "health", "held")
 
 
@@ -433,21 +294,6 @@ def _without_nul(doc: dict[str, Any]) -> None:
             text = row.get(key)
             if isinstance(text, str) and "\x00" in text:
                 row[key] = text.replace("\x00", "\ufffd")
-
-
-async def _bounded(coro: Coroutine[Any, Any, _T], timeout: float) -> _T:
-    """``coro``'s result, or ``asyncio.TimeoutError`` after ``timeout`` (the work is cancelled).
-    A cancel of the caller always propagates (asyncio.wait_for before 3.12 may drop it)."""
-    task = asyncio.ensure_future(coro)
-    try:
-        done, _ = await asyncio.wait({task}, timeout=timeout)
-    except BaseException:
-        task.cancel()
-        raise
-    if not done:
-        task.cancel()  # its own cleanup (dropping the connection) runs on the next loop turn
-        raise asyncio.TimeoutError
-    return task.result()
 
 
 def _doc(reply: bytes) -> Any:
