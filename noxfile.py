@@ -136,7 +136,7 @@ def fresh(session: nox.Session) -> None:
     """The README's two commands on a clean clone in a bare Debian container (no Chromium,
     Docker, debootstrap or PostgreSQL inside): both must pass."""
     _install(session, "requests", "docker")
-    session.run("python", "-m", "harness.fresh_machine", *session.posargs)
+    session.run("python", "-m", "harness.tools.fresh_machine", *session.posargs)
 
 
 @nox.session
@@ -206,4 +206,4 @@ def windows(session: nox.Session) -> None:
     in Wine, 3.13 unless ``-- --cpython X.Y`` names another the README promises
     (harness/wine.py: installs wine64 with apt when missing, which needs root; each CPython,
     its Windows wheels and the Wine prefix are cached under .cache/windows/)."""
-    session.run("python", "-m", "harness.wine", *session.posargs)
+    session.run("python", "-m", "harness.tools.windows_tests", *session.posargs)

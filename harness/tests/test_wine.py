@@ -1,6 +1,6 @@
 """The Windows side of the SDK, run from the Linux suite: Windows' own CPython under Wine.
 
-`harness.wine` (what `nox -s windows` runs) prepares Wine, the embeddable CPython (3.13 unless
+`harness.tools.windows_tests` (what `nox -s windows` runs) prepares Wine, the embeddable CPython (3.13 unless
 OARBANK_WINDOWS_PYTHON names another) and
 its Windows wheels (cached under .cache/windows/; the first run downloads ~40 MB and makes a
 ~700 MB Wine prefix), then these tests run the SDK's pipe-handle tests
@@ -43,7 +43,7 @@ WINDOWS_TESTS = ["sdk/tests/test_windows_pipes.py", "sdk/tests/test_conform_wind
 def test_the_windows_tests_pass_under_wine(system_package) -> None:
     system_package("wine64")
     proc = subprocess.run(
-        [sys.executable, "-m", "harness.wine", "-q", "-rs", *WINDOWS_TESTS],
+        [sys.executable, "-m", "harness.tools.windows_tests", "-q", "-rs", *WINDOWS_TESTS],
         cwd=REPO, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=900)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]

@@ -1,4 +1,4 @@
-"""The README's two commands on a fresh machine: `python -m harness.fresh_machine`.
+"""The README's two commands on a fresh machine: `python -m harness.tools.fresh_machine`.
 
 A clean `git clone` of this checkout's HEAD goes into a new container of the harness's bare
 Debian image (debootstrap minbase: python3, python3-venv, libseccomp2; no Chromium, Docker,
@@ -100,7 +100,7 @@ def _clone(dest: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m harness.fresh_machine", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m harness.tools.fresh_machine", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--release", default="bookworm")
     ap.add_argument("--timeout-s", type=float, default=1800)

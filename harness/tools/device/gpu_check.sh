@@ -1,7 +1,7 @@
 #!/bin/bash
 # The checks that need a real GPU, as one short script for a machine with an NVIDIA GPU and no
-# network (the device machine a task may be lent; see harness/device/README.md):
-#   bash harness/device/gpu_check.sh [OUT_DIR]
+# network (the device machine a task may be lent; see harness/tools/device/README.md):
+#   bash harness/tools/device/gpu_check.sh [OUT_DIR]
 # It installs the SDK and the agent into the interpreter that has psutil and requests (no
 # index: pyseccomp and, where the system lacks it, libseccomp come from .whl/), prints what the
 # agent's own GPU detection and the sandbox's walls find on this kernel, then runs the
