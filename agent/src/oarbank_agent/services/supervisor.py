@@ -29,7 +29,7 @@ from oarbank_agent.services.driver import LifecycleDriver
 from oarbank_agent.services.loadstats import LoadStats
 from oarbank_agent.services.prober import Prober
 from oarbank_agent.services.readywatch import ReadyWatch
-from oarbank_agent.services.runtime import ServiceRuntime, ready, row
+from oarbank_agent.services.runtime import ServiceRuntime, row
 from oarbank_agent.services.starter import Starter
 from oarbank_agent.services.states import ServiceStates
 from oarbank_agent.services.stopper import Stopper
@@ -87,9 +87,6 @@ class Supervisor:
         rt = self.services[key]
         on = lc.offered(rt.st)  # withdrawn, held or no GPU API: its pools count 0
         return {p: (max(0, int(rt.fp_pools.get(p, 0))) if on else 0) for p in rt.svc.pools}
-
-    def is_ready(self, rt: ServiceRuntime) -> bool:
-        return ready(rt)
 
     def row(self, rt: ServiceRuntime) -> dict[str, Any]:
         """Contract section 6 row (``row`` with what the sandbox refused this service)."""
