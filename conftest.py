@@ -63,7 +63,7 @@ PACKAGES = {p.name: p for p in (
     SystemPackage("systemd", lambda: shutil.which("systemd-analyze") is not None),
     # The harness's VM backend (qemu-img comes with it: qemu-utils is among its Recommends).
     SystemPackage("qemu-system-x86", lambda: shutil.which("qemu-system-x86_64") is not None),
-    # Windows' own CPython under Wine (harness/wine.py, `nox -s windows`)
+    # Windows' own CPython under Wine (harness/nodes/wine.py, `nox -s windows`)
     SystemPackage("wine64", lambda: Path("/usr/lib/wine/wine64").exists()
                   or shutil.which("wine64") is not None),
 )}

@@ -204,6 +204,6 @@ def bench(session: nox.Session) -> None:
 def windows(session: nox.Session) -> None:
     """The SDK's tests (or the pytest arguments after --) under Windows' own embeddable CPython
     in Wine, 3.13 unless ``-- --cpython X.Y`` names another the README promises
-    (harness/wine.py: installs wine64 with apt when missing, which needs root; each CPython,
+    (harness/nodes/wine.py: installs wine64 with apt when missing, which needs root; each CPython,
     its Windows wheels and the Wine prefix are cached under .cache/windows/)."""
     session.run("python", "-m", "harness.tools.windows_tests", *session.posargs)

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.backends import make_backends
-from harness.backends.base import FINAL_STATES, Node, NodeError
+from harness.nodes.backends import make_backends
+from harness.nodes.backends.base import FINAL_STATES, Node, NodeError
 from harness.runner import run_one
 from harness.scenario import Ctx, Scenario
 from harness.scenarios.common import loads, service_pids

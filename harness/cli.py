@@ -19,8 +19,8 @@ import sys
 import time
 from pathlib import Path
 
-from harness.backends import BACKEND_NAMES, make_backends
-from harness.backends.base import Backend
+from harness.nodes.backends import BACKEND_NAMES, make_backends
+from harness.nodes.backends.base import Backend
 from harness.runner import run_matrix
 from harness.scenario import SCENARIOS, use_modules_dir
 

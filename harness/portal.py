@@ -21,7 +21,7 @@ from typing import Any
 
 import requests
 
-from harness import procs
+from harness.nodes import procs
 from harness.unixhttp import unix_session
 
 __all__ = ["Portal", "portal_command"]

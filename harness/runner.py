@@ -10,7 +10,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from harness.backends.base import Backend
+from harness.nodes.backends.base import Backend
 from harness.report import Report, Result
 from harness.scenario import Ctx, Scenario, ScenarioFailed, module_path, modules_dir
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from harness.backends.base import FINAL_STATES, Backend, Node
+from harness.nodes.backends.base import FINAL_STATES, Backend, Node
 
 __all__ = ["Scenario", "ScenarioFailed", "Ctx", "SCENARIOS", "scenario", "MODULES_DIR",
            "module_path", "modules_dir", "use_modules_dir",

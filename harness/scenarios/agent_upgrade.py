@@ -6,7 +6,7 @@ kept service and a new one loads)."""
 
 from __future__ import annotations
 
-from harness.backends.base import Node
+from harness.nodes.backends.base import Node
 from harness.scenario import Ctx, scenario
 from harness.scenarios.common import FAST, loads, service_pids, submit_all, wait_row
 

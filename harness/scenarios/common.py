@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.backends.base import Node
+from harness.nodes.backends.base import Node
 from harness.scenario import Ctx
 
 __all__ = ["FAST", "row", "portal_row", "loads", "service_pids", "wait_row", "wait_portal",

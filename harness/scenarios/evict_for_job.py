@@ -14,8 +14,8 @@ import re
 from datetime import datetime
 from typing import Any
 
-from harness.backends.base import Node
 from harness.modelcopy import modelserver_as
+from harness.nodes.backends.base import Node
 from harness.scenario import Ctx, ScenarioFailed, scenario
 from harness.scenarios.common import wait_portal, wait_row
 

@@ -13,8 +13,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from harness.backends import Backend, make_backends  # noqa: E402
-from harness.procs import processes_under  # noqa: E402
+from harness.nodes.backends import Backend, make_backends  # noqa: E402
+from harness.nodes.procs import processes_under  # noqa: E402
 
 
 @pytest.fixture(scope="session", autouse=True)

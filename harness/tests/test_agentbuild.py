@@ -1,4 +1,4 @@
-"""An upgrade's agent (harness/agentbuild.py): a wheel of this checkout's agent at another
+"""An upgrade's agent (harness/nodes/agentbuild.py): a wheel of this checkout's agent at another
 version, installed in a venv of its own, is the agent a local node runs once installed."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from harness_test_helpers import ECHO, ECHO_ID
 
-from harness.agentbuild import install_agent_version
-from harness.backends.local import LocalBackend
-from harness.buildenv import DISTS, build_requires
+from harness.nodes.agentbuild import install_agent_version
+from harness.nodes.backends.local import LocalBackend
+from harness.nodes.buildenv import DISTS, build_requires
 
 
 def test_the_installed_version_is_the_one_that_runs(tmp_path: Path) -> None:

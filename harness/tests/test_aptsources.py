@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.aptsources import (
+from harness.nodes.aptsources import (
     AptSource,
     debian_mirror,
     parse_deb822,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from harness_test_helpers import ECHO, ECHO_ID
 
-from harness.backends import Backend
+from harness.nodes.backends import Backend
 from harness.runner import run_one
 from harness.scenario import Ctx, Scenario
 
@@ -72,6 +72,6 @@ def test_nothing_left_catches_an_escaped_process(backend: Backend, tmp_path: Pat
     assert any(e.startswith("esc agent.log tail:") for e in res.evidence)
     # The harness cleaned up after the failed check: nothing of the run remains.
     assert backend.leftovers() == []
-    from harness.procs import processes_under
+    from harness.nodes.procs import processes_under
 
     assert processes_under(tmp_path) == []

@@ -15,14 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from harness.engine import engine_available
+from harness.nodes.engine import engine_available
 
 pytestmark = pytest.mark.xdist_group("containers")
 
 # One harness run: join the engine, say so, hold it until told to end, then leave.
 RUN = textwrap.dedent("""
     import sys
-    from harness.engine import start_engine
+    from harness.nodes.engine import start_engine
     e = start_engine()
     print(e.url, e.client.ping(), flush=True)
     sys.stdin.readline()

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from harness_test_helpers import REPO
 
-from harness.backends.base import copy_modules
+from harness.nodes.backends.base import copy_modules
 
 UPSTREAMISH = REPO / "harness" / "modules" / "upstreamish"
 

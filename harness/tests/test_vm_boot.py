@@ -16,10 +16,10 @@ import psutil
 import pytest
 from harness_test_helpers import ECHO, ECHO_ID
 
-from harness.backends import make_backends
-from harness.backends.base import NodeError
-from harness.backends.vm import VmNode
-from harness.vm.disk import AGENT_UNIT, AGENT_USER
+from harness.nodes.backends import make_backends
+from harness.nodes.backends.base import NodeError
+from harness.nodes.backends.vm import VmNode
+from harness.nodes.vm.disk import AGENT_UNIT, AGENT_USER
 
 MISSING_ON_6_1 = ("landlock_signal", "landlock_abstract_unix")
 

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.backends import make_backends
-from harness.backends.vm import drop_in, exec_start, exit_code, node_path
-from harness.vm import guest
-from harness.vm.disk import project_key, system_key
-from harness.vm.qemu import VmSpec, choose_accel, kernel_cmdline, qemu_argv
+from harness.nodes.backends import make_backends
+from harness.nodes.backends.vm import drop_in, exec_start, exit_code, node_path
+from harness.nodes.vm import guest
+from harness.nodes.vm.disk import project_key, system_key
+from harness.nodes.vm.qemu import VmSpec, choose_accel, kernel_cmdline, qemu_argv
 
 
 def _spec(tmp: Path, accel: str = "tcg") -> VmSpec:

@@ -55,7 +55,7 @@ def test_the_windows_tests_pass_under_wine(system_package) -> None:
 
 def test_windows_python_reports_windows(system_package) -> None:
     system_package("wine64")
-    from harness import wine
+    from harness.nodes import wine
 
     cmd, env = wine.prepare()
     code = "import sys, os; print(sys.platform, os.name, hasattr(os, 'register_at_fork'))"

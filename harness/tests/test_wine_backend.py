@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.backends import make_backends
-from harness.backends.wine import WineBackend, WineNode
+from harness.nodes.backends import make_backends
+from harness.nodes.backends.wine import WineBackend, WineNode
 
 
 def test_wine_runs_only_when_named() -> None:

@@ -27,9 +27,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness.cache import cache_dir
-from harness.engine import EngineUnavailable, start_engine
-from harness.image import REPO, ensure_base_image
+from harness.nodes.cache import cache_dir
+from harness.nodes.engine import EngineUnavailable, start_engine
+from harness.nodes.image import REPO, ensure_base_image
 
 __all__ = ["README_COMMANDS", "wheelhouse", "main"]
 

@@ -3,7 +3,7 @@
     python -m harness.tools.windows_tests [--cpython X.Y] [--prepare-only] [PYTEST ARGS...]
 
 With no pytest arguments it runs the SDK's tests; `--prepare-only` prepares Wine, the
-embeddable CPython, its wheels and the prefix (harness/wine.py) and prints the command that
+embeddable CPython, its wheels and the prefix (harness/nodes/wine.py) and prints the command that
 runs python.exe. Exit 2 when this machine lacks something for the run, saying what.
 """
 
@@ -15,7 +15,7 @@ import sys
 import threading
 from pathlib import Path
 
-from harness.wine import REPO, WineError, end_wine, prepare
+from harness.nodes.wine import REPO, WineError, end_wine, prepare
 
 
 def run_python(args: list[str], *, cwd: Path = REPO, timeout: float | None = None) -> int:

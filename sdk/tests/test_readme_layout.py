@@ -45,7 +45,8 @@ LAYOUTS = {
     "ui-pages/src/oarbank_ui/queries/README.md": ("ui-pages/src/oarbank_ui/queries", ()),
     "ui-pages/src/oarbank_ui/store/README.md": ("ui-pages/src/oarbank_ui/store", ()),
     "ui-pages/src/oarbank_ui/web/README.md": ("ui-pages/src/oarbank_ui/web", ()),
-    "harness/README.md": ("harness", ("tests", "tools")),
+    "harness/README.md": ("harness", ("tests", "tools", "nodes")),
+    "harness/nodes/README.md": ("harness/nodes", ()),
     "harness/tools/README.md": ("harness/tools", ()),
 }
 

@@ -1,7 +1,7 @@
 """``handle:<n>`` on Windows: pipe pairs, duplicated handles, handle lists, HTTP over pipes.
 
 Windows only: here they run under Wine with Windows' own CPython (``nox -s windows``,
-harness/wine.py; harness/tests/test_wine.py runs this file so from the Linux suite), and on
+harness/nodes/wine.py; harness/tests/test_wine.py runs this file so from the Linux suite), and on
 real Windows in the ``windows-latest`` workflow job.
 
 ``Broker`` is THE TEST'S STAND-IN FOR THE AGENT's Windows broker: it answers ``connect`` with

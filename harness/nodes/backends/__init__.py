@@ -5,8 +5,8 @@ two are opt-in: only when named, as they are slow (no KVM) or not Linux."""
 
 from __future__ import annotations
 
-from harness.backends.base import Backend, CliResult, Node, NodeError
-from harness.rootfs import RELEASES
+from harness.nodes.backends.base import Backend, CliResult, Node, NodeError
+from harness.nodes.rootfs import RELEASES
 
 __all__ = ["Backend", "CliResult", "Node", "NodeError", "BACKEND_NAMES", "make_backends"]
 
@@ -18,10 +18,10 @@ def make_backends(spec: str | None) -> list[Backend]:
     """Backends for `--backend SPEC`: `local`, `container` (every release),
     `container:<release>`, `vm`, `vm:bookworm` or `wine`; None = every backend but the opt-in ones.
     ValueError names what is known."""
-    from harness.backends.container import ContainerBackend
-    from harness.backends.local import LocalBackend
-    from harness.backends.vm import VmBackend
-    from harness.backends.wine import WineBackend
+    from harness.nodes.backends.container import ContainerBackend
+    from harness.nodes.backends.local import LocalBackend
+    from harness.nodes.backends.vm import VmBackend
+    from harness.nodes.backends.wine import WineBackend
 
     if spec is None:
         names = [n for n in BACKEND_NAMES if n not in OPT_IN]

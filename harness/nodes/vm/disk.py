@@ -1,7 +1,7 @@
 """The VM node's disks, built locally from the container images' recipe and cached.
 
 1. rootfs: `debootstrap --variant=minbase` of bookworm with the container images' packages
-   plus Debian's kernel and systemd (harness.rootfs, its own cached tarball).
+   plus Debian's kernel and systemd (harness.nodes.rootfs, its own cached tarball).
 2. system image (`system-<release>-<key>.img`, raw ext4) and the kernel and initrd taken out
    of it: the rootfs extracted into a folder, the node set up in it (the agent's user and
    systemd unit, the harness's guest helper, fstab), then `mkfs.ext4 -d FOLDER` (no loop mount,
@@ -27,9 +27,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.cache import cache_dir
-from harness.image import REPO, _wheels, source_hash
-from harness.rootfs import BaseRootfs, ensure_rootfs
+from harness.nodes.cache import cache_dir
+from harness.nodes.image import REPO, _wheels, source_hash
+from harness.nodes.rootfs import BaseRootfs, ensure_rootfs
 
 __all__ = ["VM_PACKAGES", "AGENT_USER", "AGENT_UNIT", "AGENT_EXE", "STATE_DIR", "LOG_FILE",
            "NODE_DIR", "NodeDisks", "guest_files", "system_key", "project_key", "ensure_disks",
@@ -160,7 +160,7 @@ def _set_up_system(work: Path, files: dict[str, bytes]) -> None:
 
 
 def _stage_wheels(python: str, srchash: str, stage: Path) -> str:
-    """Copy the project's wheels (harness.image's, made on the host) into `stage`; the name
+    """Copy the project's wheels (harness.nodes.image's, made on the host) into `stage`; the name
     of the dependencies' set. Under the container images' lock: a build of theirs may
     replace the wheels of older sources meanwhile."""
     import fcntl

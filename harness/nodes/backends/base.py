@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from harness.procs import ProcInfo
+from harness.nodes.procs import ProcInfo
 from testsupport.livefiles import complete_lines
 
 __all__ = ["CliResult", "Node", "Backend", "NodeError", "FINAL_STATES"]
@@ -295,7 +295,7 @@ class Backend(ABC):
 
 
 BASE_FILE = "harness-base.txt"
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def copy_modules(root: Path, modules: list[Path]) -> list[Path]:

@@ -1,8 +1,8 @@
 """The `vm:<release>` backend: each node is a QEMU VM booting Debian's own kernel (bookworm:
 6.1, Landlock ABI 2) with systemd as init, the agent run by the project's systemd unit.
 
-The node's disks are built locally and cached (harness.vm.disk). The VM has no network
-device: the harness reaches it over two virtio serial ports (harness.vm.guest, .channel),
+The node's disks are built locally and cached (harness.nodes.vm.disk). The VM has no network
+device: the harness reaches it over two virtio serial ports (harness.nodes.vm.guest, .channel),
 one for commands and files, one carrying the agent's connections to the portal on the host.
 The agent runs as the unit says (user `oarbank`, state in /var/lib/oarbank-agent, hardening);
 the harness gives its flags in a drop-in that replaces the unit's ExecStart, and its
@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from harness.backends.base import Backend, CliResult, Node, NodeError, copy_modules
-from harness.procs import ProcInfo
-from harness.vm import qemu
-from harness.vm.channel import ChannelError
-from harness.vm.disk import (
+from harness.nodes.backends.base import Backend, CliResult, Node, NodeError, copy_modules
+from harness.nodes.procs import ProcInfo
+from harness.nodes.vm import qemu
+from harness.nodes.vm.channel import ChannelError
+from harness.nodes.vm.disk import (
     AGENT_EXE,
     AGENT_UNIT,
     AGENT_USER,
@@ -38,7 +38,7 @@ from harness.vm.disk import (
     NodeDisks,
     ensure_disks,
 )
-from harness.vm.machine import Machine
+from harness.nodes.vm.machine import Machine
 
 __all__ = ["VmBackend", "VmNode", "VM_RELEASES", "exec_start", "drop_in", "node_path",
            "exit_code"]
@@ -47,7 +47,7 @@ VM_RELEASES = ("bookworm",)
 DROP_IN = f"/etc/systemd/system/{AGENT_UNIT}.d/harness.conf"
 # --keep-services: the project's drop-in, installed as agent/README.md says (KillMode=process).
 KEEP_DROP_IN = f"/etc/systemd/system/{AGENT_UNIT}.d/keep-services.conf"
-KEEP_CONF = Path(__file__).resolve().parents[2] / "agent" / "systemd" / "keep-services.conf"
+KEEP_CONF = Path(__file__).resolve().parents[3] / "agent" / "systemd" / "keep-services.conf"
 CGROUP = f"/system.slice/{AGENT_UNIT}"
 START_WAIT_S = 300.0  # the agent's start under TCG (its sandbox probe, Python's imports)
 # Between two `status` calls: each is an interpreter start and the agent's imports, seconds of
@@ -197,7 +197,7 @@ class VmNode(Node):
         containers), copied into the node and pip-installed by root over the unit's
         /opt/oarbank/venv, as an operator's upgrade does (agent/README.md, "Upgrade"); the
         next `systemctl start` or `restart` runs it."""
-        from harness.agentbuild import build_agent_wheel
+        from harness.nodes.agentbuild import build_agent_wheel
 
         wheel = build_agent_wheel(self.root / f"agent-{version}", version)
         self.push(wheel)

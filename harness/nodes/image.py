@@ -2,7 +2,7 @@
 
 Two layers, each cached:
 1. base  `oarbank-node-base:<release>-<key>`: `docker import` of the debootstrap tarball
-   (harness.rootfs). Rebuilt only when the base recipe changes.
+   (harness.nodes.rootfs). Rebuilt only when the base recipe changes.
 2. project  `oarbank-node:<release>-<srchash>`: a container of the base with the project's
    wheels bind-mounted read-only makes a venv in /opt/oarbank and pip-installs them with
    `--no-index` (the container has no network), then `docker commit`. Rebuilt when the
@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.buildenv import DISTS, REPO, build_python
-from harness.cache import cache_dir
-from harness.rootfs import ensure_rootfs
+from harness.nodes.buildenv import DISTS, REPO, build_python
+from harness.nodes.cache import cache_dir
+from harness.nodes.rootfs import ensure_rootfs
 
 __all__ = ["REPO", "DISTS", "NodeImage", "source_hash", "ensure_base_image", "ensure_image"]
 

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.backends.base import Backend, CliResult, Node, NodeError, copy_modules
-from harness.engine import Engine, engine_available, start_engine
-from harness.procs import ProcInfo
+from harness.nodes.backends.base import Backend, CliResult, Node, NodeError, copy_modules
+from harness.nodes.engine import Engine, engine_available, start_engine
+from harness.nodes.procs import ProcInfo
 
 LIST_TRIES = 5  # the in-container process listing, before a failure is one
 
@@ -151,8 +151,8 @@ class ContainerNode(Node):
         """This checkout's agent as a wheel of ``version`` (built here: it is pure Python),
         pip-installed over the container's own agent, as a package upgrade replaces the files
         under a running agent; the next start runs it."""
-        from harness.agentbuild import build_agent_wheel
-        from harness.image import VENV
+        from harness.nodes.agentbuild import build_agent_wheel
+        from harness.nodes.image import VENV
 
         wheel = build_agent_wheel(self.root / f"agent-{version}", version)
         rc, out = self.container.exec_run(
@@ -211,7 +211,7 @@ class ContainerBackend(Backend):
         return engine_available()
 
     def setup(self, out: Path) -> dict[str, Any]:
-        from harness.image import ensure_image
+        from harness.nodes.image import ensure_image
 
         self.engine = _acquire_engine()
         t0 = time.monotonic()

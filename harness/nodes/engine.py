@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.cache import cache_dir
+from harness.nodes.cache import cache_dir
 
 __all__ = ["Engine", "EngineUnavailable", "engine_available", "start_engine"]
 

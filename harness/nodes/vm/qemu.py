@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.cache import cache_dir
+from harness.nodes.cache import cache_dir
 
 __all__ = ["QEMU", "ACCELS", "VmSpec", "unavailable", "qemu_argv", "kernel_cmdline",
            "choose_accel", "accel_for_this_boot", "probe_kvm"]

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from harness import procs, wine
-from harness.backends.base import Backend, CliResult, Node, copy_modules
+from harness.nodes import procs, wine
+from harness.nodes.backends.base import Backend, CliResult, Node, copy_modules
 
 __all__ = ["WineBackend", "WineNode"]
 

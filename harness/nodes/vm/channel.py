@@ -1,5 +1,5 @@
 """The host's ends of a VM node's two virtio serial ports (QEMU serves each as a unix socket
-in the node's folder; see harness.vm.guest for the other ends).
+in the node's folder; see harness.nodes.vm.guest for the other ends).
 
 `Control`: requests to the guest helper (run a command, write, read or find files, list the
 node's processes), several at once, each answered by id. `PortalForward`: every connection
@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness.vm.guest import Mux
+from harness.nodes.vm.guest import Mux
 
 __all__ = ["ChannelError", "Control", "PortalForward", "connect_unix"]
 

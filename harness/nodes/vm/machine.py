@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness import procs
-from harness.vm.channel import ChannelError, Control, PortalForward, connect_unix
-from harness.vm.disk import NodeDisks, make_overlay
-from harness.vm.qemu import VmSpec, qemu_argv
+from harness.nodes import procs
+from harness.nodes.vm.channel import ChannelError, Control, PortalForward, connect_unix
+from harness.nodes.vm.disk import NodeDisks, make_overlay
+from harness.nodes.vm.qemu import VmSpec, qemu_argv
 
 __all__ = ["Machine", "BOOT_WAIT_S"]
 

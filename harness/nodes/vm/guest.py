@@ -11,7 +11,7 @@ to the harness over two virtio serial ports, found by name under /sys/class/virt
   /run/oarbank-harness/portal.sock here to the portal's unix socket on the host. The guest has
   no network device: this is the node's only way out, and only to the portal.
 
-The frame codec and `Mux` are shared with the host side (harness.vm.channel imports them).
+The frame codec and `Mux` are shared with the host side (harness.nodes.vm.channel imports them).
 """
 
 from __future__ import annotations

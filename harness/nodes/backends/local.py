@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness import procs
-from harness.agentbuild import install_agent_version
-from harness.backends.base import Backend, CliResult, Node, copy_modules
+from harness.nodes import procs
+from harness.nodes.agentbuild import install_agent_version
+from harness.nodes.backends.base import Backend, CliResult, Node, copy_modules
 
 __all__ = ["LocalBackend", "LocalNode", "agent_command"]
 

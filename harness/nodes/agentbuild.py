@@ -14,11 +14,11 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from harness.buildenv import build_python
+from harness.nodes.buildenv import build_python
 
 __all__ = ["build_agent_wheel", "install_agent_version"]
 
-AGENT = Path(__file__).resolve().parent.parent / "agent"
+AGENT = Path(__file__).resolve().parents[2] / "agent"
 
 
 def _versioned_copy(dest: Path, version: str) -> Path:

@@ -1,6 +1,6 @@
 """Step 1 of the node image: a minimal Debian root filesystem, cached as a tarball.
 
-`debootstrap --variant=minbase` from the mirror this machine's apt uses (harness.aptsources),
+`debootstrap --variant=minbase` from the mirror this machine's apt uses (harness.nodes.aptsources),
 plus python3, python3-venv and libseccomp2 (the agent's sandbox loads it with ctypes). The
 tarball is keyed by release and a hash of what goes in, so it is built once per machine and
 reused until the package list changes. Building needs root and network to the mirror; nothing
@@ -20,8 +20,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness import aptsources
-from harness.cache import cache_dir
+from harness.nodes import aptsources
+from harness.nodes.cache import cache_dir
 
 __all__ = ["RELEASES", "BASE_PACKAGES", "BaseRootfs", "ensure_rootfs"]
 
@@ -110,7 +110,7 @@ def ensure_rootfs(release: str, *, mirror: str | None = None,
     return BaseRootfs(release, tarball, python, key, took)
 
 
-if __name__ == "__main__":  # python -m harness.rootfs bookworm trixie: warm the cache
+if __name__ == "__main__":  # python -m harness.nodes.rootfs bookworm trixie: warm the cache
     for rel in sys.argv[1:] or RELEASES:
         r = ensure_rootfs(rel)
         print(json.dumps({"release": r.release, "tarball": str(r.tarball), "python": r.python,

@@ -19,11 +19,11 @@ if sys.version_info >= (3, 11):
 else:  # the SDK depends on tomli there
     import tomli as tomllib
 
-from harness.cache import cache_dir
+from harness.nodes.cache import cache_dir
 
 __all__ = ["DISTS", "REPO", "build_requires", "build_python"]
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 DISTS = ("sdk", "agent", "ui-pages")
 # What setuptools older than 70.1 asks for besides itself to build a wheel (its
 # get_requires_for_build_wheel); newer ones need nothing more and ignore it.
