@@ -21,7 +21,7 @@ from harness.nodes.procs import processes_under  # noqa: E402
 def no_leftover_processes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """No process of any harness test survives the session.
 
-    Runs with long out dirs put node folders in a short temporary folder (harness.scenario's
+    Runs with long out dirs put node folders in a short temporary folder (harness.e2e.scenario's
     `place`). Each session (each pytest-xdist worker) gives the harness, in process and in the
     `python -m harness` it starts, a temporary folder of its own, so that this check sees only
     its own runs' nodes and never a live node of a neighbouring worker."""

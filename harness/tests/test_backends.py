@@ -7,9 +7,9 @@ from pathlib import Path
 
 from harness_test_helpers import ECHO, ECHO_ID
 
+from harness.e2e.runner import run_one
+from harness.e2e.scenario import Ctx, Scenario
 from harness.nodes.backends import Backend
-from harness.runner import run_one
-from harness.scenario import Ctx, Scenario
 
 
 def test_start_submit_stop_cleanup(backend: Backend, tmp_path: Path) -> None:

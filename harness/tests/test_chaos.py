@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from harness_test_helpers import REPO
 
-from harness.chaos import figures, ledger_counts, mid_work
+from harness.e2e.chaos import figures, ledger_counts, mid_work
 
 
 def test_the_ledger_counts_each_jobs_start_and_done() -> None:
@@ -32,7 +32,7 @@ def test_the_ledger_counts_each_jobs_start_and_done() -> None:
 def test_two_kills_with_keep_services_cost_no_load_lose_no_job_do_no_work_twice(
         tmp_path: Path) -> None:
     out = tmp_path / "chaos"
-    r = subprocess.run([sys.executable, "-m", "harness.chaos", "--backend", "local",
+    r = subprocess.run([sys.executable, "-m", "harness.e2e.chaos", "--backend", "local",
                         "--kills", "2", "--jobs", "16", "--seed", "2", "--keep-services",
                         "--out", str(out)],
                        cwd=REPO, capture_output=True, text=True, timeout=280,

@@ -33,9 +33,9 @@ def test_unknown_backend_and_scenario_exit_2_naming_what_is_known() -> None:
 
 
 def test_opt_in_scenarios_run_only_when_named() -> None:
-    import harness.scenarios  # noqa: F401  (registers the scenarios)
-    from harness.cli import default_scenarios
-    from harness.scenario import SCENARIOS
+    import harness.e2e.scenarios  # noqa: F401  (registers the scenarios)
+    from harness.e2e.cli import default_scenarios
+    from harness.e2e.scenario import SCENARIOS
 
     assert SCENARIOS["oom-limit"].opt_in  # needs the memory controller: not on every kernel
     assert "oom-limit" not in default_scenarios()

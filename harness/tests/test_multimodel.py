@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from harness.bench.multimodel import extrapolate, lower_bound, sequence
+from harness.e2e.scenarios.evict_for_job import state_changes
 from harness.modelcopy import MODELSERVER, modelserver_as
-from harness.scenarios.evict_for_job import state_changes
 from oarbank_sdk import manifest as mf
 
 REPO = Path(__file__).resolve().parents[2]

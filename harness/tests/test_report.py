@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from harness.report import REPORT_VERSION, Report, Result
+from harness.e2e.report import REPORT_VERSION, Report, Result
 
 
 def _report() -> Report:

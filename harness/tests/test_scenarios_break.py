@@ -70,7 +70,7 @@ def test_idle_stop_fails_when_the_service_is_not_stopped_after_idle_timeout(
     # is not stopped 3 s after its last user is what a 600 s idle timeout gives. (A flag on
     # the agent would break the agent itself instead: asked for.)
     mods = tmp_path / "modules"
-    shutil.copytree(REPO / "harness" / "modules", mods)
+    shutil.copytree(REPO / "harness" / "e2e" / "modules", mods)
     toml = mods / "fastmodel" / "oarbank-module.toml"
     toml.write_text(toml.read_text().replace("idle_timeout_s = 3\n", "idle_timeout_s = 600\n"))
     assert "idle_timeout_s = 600" in toml.read_text()
@@ -96,7 +96,7 @@ def test_crash_loop_fails_when_the_failing_service_is_never_withdrawn(tmp_path: 
     # Seen from outside, an agent that never withdraws a failing service is one whose limit
     # is never reached: max_failures 1000.
     mods = tmp_path / "modules"
-    shutil.copytree(REPO / "harness" / "modules", mods)
+    shutil.copytree(REPO / "harness" / "e2e" / "modules", mods)
     toml = mods / "crashy" / "oarbank-module.toml"
     toml.write_text(toml.read_text().replace("max_failures = 3", "max_failures = 1000"))
     assert "max_failures = 1000" in toml.read_text()

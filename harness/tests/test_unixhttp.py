@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.unixhttp import unix_session
+from harness.e2e.unixhttp import unix_session
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="no AF_UNIX in Python here")
 

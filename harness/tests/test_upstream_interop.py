@@ -1,5 +1,5 @@
 """A module whose service reads the channel the way upstream's SDK does (``int(msg["attempt"])``,
-harness/modules/upstreamish) runs on this project's kit and agent: contract section 3 says
+harness/e2e/modules/upstreamish) runs on this project's kit and agent: contract section 3 says
 attempt ids are integers on the channel. If the kit or the agent sent a string id again, the
 service's daemon would die on its first connection and both checks here would fail."""
 
@@ -18,7 +18,7 @@ from harness_test_helpers import REPO
 
 from harness.nodes.backends.base import copy_modules
 
-UPSTREAMISH = REPO / "harness" / "modules" / "upstreamish"
+UPSTREAMISH = REPO / "harness" / "e2e" / "modules" / "upstreamish"
 
 
 def _module(tmp_path: Path) -> Path:
@@ -77,7 +77,7 @@ def test_it_passes_conform(tmp_path: Path) -> None:
 def test_it_passes_the_idle_stop_scenario(tmp_path: Path) -> None:
     # In fastmodel's place and with its id, so the scenario runs unchanged.
     mods = tmp_path / "modules"
-    shutil.copytree(REPO / "harness" / "modules", mods, ignore=shutil.ignore_patterns("upstreamish"))
+    shutil.copytree(REPO / "harness" / "e2e" / "modules", mods, ignore=shutil.ignore_patterns("upstreamish"))
     shutil.rmtree(mods / "fastmodel")
     shutil.copytree(UPSTREAMISH, mods / "fastmodel")
     toml = mods / "fastmodel" / "oarbank-module.toml"

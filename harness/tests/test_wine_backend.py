@@ -25,8 +25,8 @@ def test_the_agent_sees_the_node_folder_through_z(tmp_path: Path) -> None:
 def test_a_run_naming_no_scenario_leaves_out_what_wine_cannot_show() -> None:
     """`--backend wine` alone runs every scenario but those Wine's agent cannot show, each
     left out with a line naming why; named, one runs (and fails saying what is missing)."""
-    import harness.scenarios  # noqa: F401  (registers the scenarios)
-    from harness.cli import default_scenarios, leave_out_what_cannot_show
+    import harness.e2e.scenarios  # noqa: F401  (registers the scenarios)
+    from harness.e2e.cli import default_scenarios, leave_out_what_cannot_show
 
     names, notes = leave_out_what_cannot_show(default_scenarios(), make_backends("wine"))
     assert "listener-refused" not in names and "agent-upgrade" not in names

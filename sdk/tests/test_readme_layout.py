@@ -45,7 +45,8 @@ LAYOUTS = {
     "ui-pages/src/oarbank_ui/queries/README.md": ("ui-pages/src/oarbank_ui/queries", ()),
     "ui-pages/src/oarbank_ui/store/README.md": ("ui-pages/src/oarbank_ui/store", ()),
     "ui-pages/src/oarbank_ui/web/README.md": ("ui-pages/src/oarbank_ui/web", ()),
-    "harness/README.md": ("harness", ("tests", "tools", "nodes")),
+    "harness/README.md": ("harness", ("tests", "e2e", "nodes", "tools")),
+    "harness/e2e/README.md": ("harness/e2e", ()),
     "harness/nodes/README.md": ("harness/nodes", ()),
     "harness/tools/README.md": ("harness/tools", ()),
 }

@@ -301,7 +301,7 @@ REPO = Path(__file__).resolve().parents[3]
 def copy_modules(root: Path, modules: list[Path]) -> list[Path]:
     """Each node gets its own copy of its modules, so processes are found by path and a
     node's files never mix with another's. A module with `harness-base.txt` is completed with
-    the files of the folder it names (see harness/modules/README.md)."""
+    the files of the folder it names (see harness/e2e/modules/README.md)."""
     out = []
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", BASE_FILE)
     for m in modules:

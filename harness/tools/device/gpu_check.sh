@@ -5,7 +5,7 @@
 # It installs the SDK and the agent into the interpreter that has psutil and requests (no
 # index: pyseccomp and, where the system lacks it, libseccomp come from .whl/), prints what the
 # agent's own GPU detection and the sandbox's walls find on this kernel, then runs the
-# `gpu-real` scenario (harness/scenarios/gpu_real.py) on the local backend, as an ordinary user
+# `gpu-real` scenario (harness/e2e/scenarios/gpu_real.py) on the local backend, as an ordinary user
 # when started as root (user oarbank-gpu, made if missing). Exit 0 only if the scenario passed.
 set -u
 out=${1:-${OUT:-/tmp/gpu-check}}

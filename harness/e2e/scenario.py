@@ -34,7 +34,7 @@ _modules_dir = MODULES_DIR
 
 
 def use_modules_dir(path: Path) -> None:
-    """Take the test modules from `path` instead of harness/modules (the harness's own tests
+    """Take the test modules from `path` instead of harness/e2e/modules (the harness's own tests
     use it to run a scenario on a module changed so that the behaviour looks broken)."""
     global _modules_dir
     _modules_dir = path.resolve()
@@ -42,7 +42,7 @@ def use_modules_dir(path: Path) -> None:
 
 def modules_dir() -> Path:
     return _modules_dir
-EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "examples"
 
 T = TypeVar("T")
 SHORT_PATH_MAX = 60  # + "/state/control.sock" and the like stays well under 104 bytes
@@ -60,7 +60,7 @@ class Scenario:
     needs_portal: bool = False
     # Sandbox walls (the agent's `status` names) the scenario's evidence rests on: where the
     # node's kernel lacks one, the cell fails saying so instead of passing on what it could
-    # not show (harness.runner.missing_walls).
+    # not show (harness.e2e.runner.missing_walls).
     walls: tuple[str, ...] = ()
     # Run only when named (`--scenario NAME`), with why: a scenario that needs what only some
     # backends' kernels give (and fails, saying so, on the others). The default run lists it.
@@ -157,7 +157,7 @@ class Ctx:
     def node(self, node_id: str, modules: list[str | Path], *,
              settings: dict[str, dict[str, Any]] | None = None, start: bool = True,
              flags: tuple[str, ...] = ()) -> Node:
-        """A node running `modules` (names under harness/modules, `example:<name>` for
+        """A node running `modules` (names under harness/e2e/modules, `example:<name>` for
         examples/<name>, or paths), its agent started with `flags` + the run's agent flags."""
         paths = [module_path(m) for m in modules]
         n = self.backend.make_node(node_id, self.place(node_id), paths, settings or {},

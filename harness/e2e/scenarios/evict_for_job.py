@@ -14,10 +14,10 @@ import re
 from datetime import datetime
 from typing import Any
 
+from harness.e2e.scenario import Ctx, ScenarioFailed, scenario
+from harness.e2e.scenarios.common import wait_portal, wait_row
 from harness.modelcopy import modelserver_as
 from harness.nodes.backends.base import Node
-from harness.scenario import Ctx, ScenarioFailed, scenario
-from harness.scenarios.common import wait_portal, wait_row
 
 MODS = ("dev.oarbank.e2e.model-a", "dev.oarbank.e2e.model-b")
 LOAD_S = 1.0  # each model's load (the example's load_s setting)

@@ -14,11 +14,11 @@ import subprocess
 import sys
 from typing import Any
 
-from harness.scenario import Ctx, scenario
-from harness.scenarios.common import loads, row, service_pids, submit_all_watching, wait_row
+from harness.e2e.scenario import Ctx, scenario
+from harness.e2e.scenarios.common import loads, row, service_pids, submit_all_watching, wait_row
 
 CUDA = "dev.oarbank.e2e.cudamodel"
-IDLE_S = 4.0  # harness/modules/cudamodel: idle_timeout_s
+IDLE_S = 4.0  # harness/e2e/modules/cudamodel: idle_timeout_s
 MODEL_GB = 2.0
 
 

@@ -9,10 +9,10 @@ passes on what it could not show."""
 
 from __future__ import annotations
 
-from harness.scenario import Ctx, scenario
+from harness.e2e.scenario import Ctx, scenario
 
 MOD = "dev.oarbank.e2e.memlimited"
-MEM_GB = 0.125  # harness/modules/memlimited: requires.resources.mem_gb of `hog`
+MEM_GB = 0.125  # harness/e2e/modules/memlimited: requires.resources.mem_gb of `hog`
 CPU_MAX = "50000 100000"  # ... and cpu = 0.5
 
 

@@ -23,8 +23,8 @@ from typing import Any
 
 import psutil
 
-from harness.scenario import Ctx, scenario
-from harness.scenarios.common import FAST, loads, wait_portal, wait_row
+from harness.e2e.scenario import Ctx, scenario
+from harness.e2e.scenarios.common import FAST, loads, wait_portal, wait_row
 from testsupport import memhog
 
 GIB = 1 << 30

@@ -1,7 +1,7 @@
-"""`python -m harness.chaos [--backend B] [--kills N] [--jobs J] [--seed S] [--keep-services]
+"""`python -m harness.e2e.chaos [--backend B] [--kills N] [--jobs J] [--seed S] [--keep-services]
 [--out DIR]`
 
-One node with the ledger module (`harness/modules/ledger`: each job sends `start <job>` to the
+One node with the ledger module (`harness/e2e/modules/ledger`: each job sends `start <job>` to the
 model service, works 0.05-2.5 s, sends `done <job>`; the service appends both to its ledger):
 J jobs flow in while the agent is killed with SIGKILL N times, spread over the flow, each at a
 random moment (seeded; the seed and the moments are printed) while a runner is mid-work (the
@@ -12,7 +12,7 @@ attempts collected after a restart and re-run, model loads per kill (the lines o
 `model.loads` minus the first load, divided by the kills); `chaos.json` in the out dir holds
 the same. The figures are counted from the ledger, `model.loads` and the jobs' own records,
 never assumed; the run fails (exit 1) only when a job is lost or a process is left, as any
-scenario does (harness.runner's checks).
+scenario does (harness.e2e.runner's checks).
 """
 
 from __future__ import annotations
@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.e2e.runner import run_one
+from harness.e2e.scenario import Ctx, Scenario
+from harness.e2e.scenarios.common import loads, service_pids
 from harness.nodes.backends import make_backends
 from harness.nodes.backends.base import FINAL_STATES, Node, NodeError
-from harness.runner import run_one
-from harness.scenario import Ctx, Scenario
-from harness.scenarios.common import loads, service_pids
 
 __all__ = ["Figures", "figures", "chaos_scenario", "main"]
 
@@ -241,7 +241,7 @@ def chaos_scenario(kills: int, seed: int, keep: bool, out: list[Figures],
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m harness.chaos",
+    p = argparse.ArgumentParser(prog="python -m harness.e2e.chaos",
                                 description=__doc__.split("\n\n")[1])
     p.add_argument("--backend", default="local", metavar="B",
                    help="one backend: local (default), container:<release> or vm:bookworm")

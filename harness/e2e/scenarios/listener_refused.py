@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness.scenario import Ctx, module_path, scenario
+from harness.e2e.scenario import Ctx, module_path, scenario
 
 LISTENER = "dev.oarbank.e2e.listener"
 

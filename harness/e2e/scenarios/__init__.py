@@ -1,8 +1,8 @@
-"""The scenarios; importing this package registers them (harness.scenario.SCENARIOS)."""
+"""The scenarios; importing this package registers them (harness.e2e.scenario.SCENARIOS)."""
 
 from __future__ import annotations
 
-from harness.scenarios import (
+from harness.e2e.scenarios import (
     agent_restart,
     agent_upgrade,
     crash_loop,

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.scenario import Ctx, scenario
-from harness.scenarios.common import loads, row, service_pids, submit_all_watching, wait_portal
+from harness.e2e.scenario import Ctx, scenario
+from harness.e2e.scenarios.common import loads, row, service_pids, submit_all_watching, wait_portal
 
 GPU = "dev.oarbank.e2e.gpumodel"
 MISSING = "GPU_API_MISSING: needs cuda, vulkan; this node provides opencl"

@@ -12,8 +12,8 @@ if sys.version_info >= (3, 11):
 else:  # the SDK depends on tomli there
     import tomli as tomllib
 
-from harness.scenario import Ctx, module_path, scenario
-from harness.scenarios.common import wait_portal, wait_row
+from harness.e2e.scenario import Ctx, module_path, scenario
+from harness.e2e.scenarios.common import wait_portal, wait_row
 
 CRASHY = "dev.oarbank.e2e.crashy"
 REASON = "model weights missing"  # what crashy.py prints on stderr when its start fails

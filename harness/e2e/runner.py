@@ -10,9 +10,9 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
+from harness.e2e.report import Report, Result
+from harness.e2e.scenario import Ctx, Scenario, ScenarioFailed, module_path, modules_dir
 from harness.nodes.backends.base import Backend
-from harness.report import Report, Result
-from harness.scenario import Ctx, Scenario, ScenarioFailed, module_path, modules_dir
 
 __all__ = ["run_matrix", "run_one", "nothing_lost", "nothing_left"]
 
@@ -25,7 +25,7 @@ def _safe(name: str) -> str:
 
 
 def portal_modules() -> list[Path]:
-    """The portal knows every module a scenario may run: the example and harness/modules."""
+    """The portal knows every module a scenario may run: the example and harness/e2e/modules."""
     mods = [module_path("example:modelserver")]
     if modules_dir().is_dir():
         mods += sorted(p for p in modules_dir().iterdir()
@@ -113,7 +113,7 @@ def run_one(backend: Backend, sc: Scenario, out: Path, agent_flags: tuple[str, .
     walls: dict[str, str] | None = None
     try:
         if sc.needs_portal:
-            from harness.portal import Portal
+            from harness.e2e.portal import Portal
 
             ctx.portal = Portal(ctx.place("portal"), portal_modules(),
                                 tcp=backend.portal_over_tcp)

@@ -4,8 +4,8 @@ job finishes."""
 
 from __future__ import annotations
 
-from harness.scenario import Ctx, scenario
-from harness.scenarios.common import FAST, loads, service_pids, submit_all, wait_row
+from harness.e2e.scenario import Ctx, scenario
+from harness.e2e.scenarios.common import FAST, loads, service_pids, submit_all, wait_row
 
 
 @scenario("agent-restart", "kill -9 the agent while jobs use the service; the restarted "

@@ -19,10 +19,10 @@ import sys
 import time
 from pathlib import Path
 
+from harness.e2e.runner import run_matrix
+from harness.e2e.scenario import SCENARIOS, use_modules_dir
 from harness.nodes.backends import BACKEND_NAMES, make_backends
 from harness.nodes.backends.base import Backend
-from harness.runner import run_matrix
-from harness.scenario import SCENARIOS, use_modules_dir
 
 __all__ = ["main", "LINUX_WALLS", "leave_out_what_cannot_show"]
 
@@ -51,7 +51,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="pass FLAG to every `oarbank-agent run` (harness tests use it to "
                         "break a behaviour on purpose)")
     p.add_argument("--modules-dir", type=Path, metavar="DIR",
-                   help="take the test modules from DIR instead of harness/modules")
+                   help="take the test modules from DIR instead of harness/e2e/modules")
     p.add_argument("--darwin-profile", action="store_true",
                    help="Linux, local backend: the agents run the macOS backend "
                         "(OARBANK_PLATFORM=darwin); scenarios that need a Linux wall are left out")
@@ -77,7 +77,7 @@ def leave_out_what_cannot_show(names: list[str], backends: list[Backend]
 
 
 def main(argv: list[str] | None = None) -> int:
-    import harness.scenarios  # noqa: F401  (registers the scenarios)
+    import harness.e2e.scenarios  # noqa: F401  (registers the scenarios)
 
     args = _parser().parse_args(argv)
     for stream in (sys.stdout, sys.stderr):  # a Windows console may not encode "—" or "⏎"

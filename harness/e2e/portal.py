@@ -21,8 +21,8 @@ from typing import Any
 
 import requests
 
+from harness.e2e.unixhttp import unix_session
 from harness.nodes import procs
-from harness.unixhttp import unix_session
 
 __all__ = ["Portal", "portal_command"]
 

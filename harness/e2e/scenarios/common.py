@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from harness.e2e.scenario import Ctx
 from harness.nodes.backends.base import Node
-from harness.scenario import Ctx
 
 __all__ = ["FAST", "row", "portal_row", "loads", "service_pids", "wait_row", "wait_portal",
            "submit_all", "submit_all_watching"]

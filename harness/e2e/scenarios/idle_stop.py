@@ -3,8 +3,8 @@ starts it again (one more model load)."""
 
 from __future__ import annotations
 
-from harness.scenario import Ctx, scenario
-from harness.scenarios.common import (
+from harness.e2e.scenario import Ctx, scenario
+from harness.e2e.scenarios.common import (
     FAST,
     loads,
     service_pids,
@@ -13,7 +13,7 @@ from harness.scenarios.common import (
     wait_row,
 )
 
-IDLE_S = 3.0  # harness/modules/fastmodel: idle_timeout_s
+IDLE_S = 3.0  # harness/e2e/modules/fastmodel: idle_timeout_s
 
 
 @scenario("idle-stop", "jobs finish; after idle_timeout_s the service is stopped (idle) and "

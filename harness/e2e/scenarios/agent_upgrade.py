@@ -6,9 +6,9 @@ kept service and a new one loads)."""
 
 from __future__ import annotations
 
+from harness.e2e.scenario import Ctx, scenario
+from harness.e2e.scenarios.common import FAST, loads, service_pids, submit_all, wait_row
 from harness.nodes.backends.base import Node
-from harness.scenario import Ctx, scenario
-from harness.scenarios.common import FAST, loads, service_pids, submit_all, wait_row
 
 KEEP = "--keep-services"
 
