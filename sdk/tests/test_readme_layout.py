@@ -20,6 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 AGENT_FOLDERS = ("broker", "host", "jobs", "keep", "modules", "operate", "platform",
                  "protection", "reporting", "sandbox", "services")
 UI_FOLDERS = ("ingest", "pages", "queries", "store", "web")
+HARNESS_FOLDERS = ("bench", "e2e", "nodes", "tools")
 # README -> (the folder its table describes, subfolders described elsewhere).
 LAYOUTS = {
     "sdk/README.md": ("sdk/src/oarbank_sdk", ("sandbox",)),
@@ -45,7 +46,8 @@ LAYOUTS = {
     "ui-pages/src/oarbank_ui/queries/README.md": ("ui-pages/src/oarbank_ui/queries", ()),
     "ui-pages/src/oarbank_ui/store/README.md": ("ui-pages/src/oarbank_ui/store", ()),
     "ui-pages/src/oarbank_ui/web/README.md": ("ui-pages/src/oarbank_ui/web", ()),
-    "harness/README.md": ("harness", ("tests", "e2e", "nodes", "tools")),
+    "harness/README.md": ("harness", ("tests", *HARNESS_FOLDERS)),
+    "harness/bench/README.md": ("harness/bench", ()),
     "harness/e2e/README.md": ("harness/e2e", ()),
     "harness/nodes/README.md": ("harness/nodes", ()),
     "harness/tools/README.md": ("harness/tools", ()),
