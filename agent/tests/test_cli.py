@@ -94,13 +94,14 @@ def test_status_shows_services_and_jobs(start_agent, echo_module: Path) -> None:
     assert st["node_id"] == "test-node" and st["hostname"]
     assert isinstance(st["time"], float)
     (row,) = st["services"]
-    # The contract's row (section 6, also each heartbeat row), and what status adds for an
-    # operator (supervisor.details).
+    # The contract's row (section 6, also each heartbeat row) with this project's addition
+    # (docs/contract.md 6.2a), and what status adds for an operator (runtime.details).
     assert set(row) == {"module", "service", "health", "running", "ready", "accepting", "error",
                         "held", "disabled", "withdrawn", "gpu_api_missing", "lifecycle", "users",
-                        "endpoint"} | {"pid", "pgid", "uptime_s", "idle_stop_in_s",
-                                       "last_stop_reason", "starts", "restarts",
-                                       "idle_timeout_s"} | {"rss_bytes", "loads"}
+                        "endpoint"} | {"evicted_for"} | {"pid", "pgid", "uptime_s",
+                                                         "idle_stop_in_s", "last_stop_reason",
+                                                         "starts", "restarts", "idle_timeout_s"} \
+        | {"rss_bytes", "loads", "gpu_mem_bytes"}
     assert row["pid"] > 0 and row["uptime_s"] >= 0 and row["starts"] == 1
     # What the portal's node_metrics reads: the running service's resident memory, its loads.
     assert row["rss_bytes"] > 0 and row["loads"] == 1

@@ -55,9 +55,10 @@ WALLS = {
     "kill_agent": "EPERM", "kill_agent_group": "EPERM", "read_agent_environ": "EACCES",
     "read_agent_mem": "EACCES", "ptrace_attach_agent": "EPERM", "process_vm_readv_agent": "EPERM",
 }
-# What the agent itself changes while a job runs (records, logs, module data); everything
-# else of the state dir must be byte-identical after hostile jobs and services ran.
-VOLATILE = ("jobs", "procs", "run", "logs")
+# What the agent itself changes while a job runs (records, logs, module data, each service's
+# measured load times and uses for demand eviction); everything else of the state dir must be
+# byte-identical after hostile jobs and services ran.
+VOLATILE = ("jobs", "procs", "run", "logs", "service_stats.json")
 
 MANIFEST = """\
 manifest = 1
