@@ -35,6 +35,12 @@ def test_unfinished_jobs_go_back_to_the_queue(state: State, event: Event) -> Non
     assert jobs.apply(state, event) is State.QUEUED
 
 
+@pytest.mark.parametrize("state", [State.QUEUED, State.ADMITTED, State.RUNNING])
+def test_a_portal_job_the_node_lost_ends_cancelled_from_any_unfinished_state(
+        state: State) -> None:
+    assert jobs.apply(state, Event.CANCEL) is State.CANCELLED
+
+
 def test_a_restart_requeues_a_queued_record_too() -> None:
     assert jobs.apply(State.QUEUED, Event.RECOVER) is State.QUEUED
 
@@ -53,7 +59,8 @@ def test_every_row_of_the_table() -> None:
 def test_everything_not_in_the_table_is_refused() -> None:
     refused = [(s, e) for s in State for e in Event if (s, e) not in jobs.TRANSITIONS]
     # Final states take no event at all; a queued job cannot run or finish without admission.
-    assert all((s, e) in refused for s in (State.SUCCEEDED, State.FAILED) for e in Event)
+    assert all((s, e) in refused for s in (State.SUCCEEDED, State.FAILED, State.CANCELLED)
+               for e in Event)
     assert (State.QUEUED, Event.RUN) in refused and (State.QUEUED, Event.SUCCEED) in refused
     assert (State.ADMITTED, Event.SUCCEED) in refused and (State.RUNNING, Event.ADMIT) in refused
     for s, e in refused:
@@ -67,7 +74,7 @@ def test_an_unknown_state_string_is_refused() -> None:
 
 
 def test_terminal_states_are_the_final_ones() -> None:
-    assert set(jobs.TERMINAL) == {"succeeded", "failed"}
+    assert set(jobs.TERMINAL) == {"succeeded", "failed", "cancelled"}
     for s in State:
         leaves = any((s, e) in jobs.TRANSITIONS for e in Event)
         assert leaves == (s.value not in jobs.TERMINAL)

@@ -17,9 +17,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
-AGENT_FOLDERS = ("broker", "host", "jobs", "keep", "modules", "operate", "platform",
+AGENT_FOLDERS = ("broker", "fleet", "host", "jobs", "keep", "modules", "operate", "platform",
                  "protection", "reporting", "sandbox", "services")
-UI_FOLDERS = ("ingest", "pages", "queries", "store", "web")
+UI_FOLDERS = ("dispatch", "ingest", "pages", "queries", "store", "web")
 HARNESS_FOLDERS = ("bench", "e2e", "nodes", "tools")
 # README -> (the folder its table describes, subfolders described elsewhere).
 LAYOUTS = {
@@ -27,6 +27,7 @@ LAYOUTS = {
     "sdk/src/oarbank_sdk/sandbox/README.md": ("sdk/src/oarbank_sdk/sandbox", ()),
     "agent/README.md": ("agent/src/oarbank_agent", AGENT_FOLDERS),
     "agent/src/oarbank_agent/broker/README.md": ("agent/src/oarbank_agent/broker", ()),
+    "agent/src/oarbank_agent/fleet/README.md": ("agent/src/oarbank_agent/fleet", ()),
     "agent/src/oarbank_agent/host/README.md": ("agent/src/oarbank_agent/host", ()),
     "agent/src/oarbank_agent/jobs/README.md": ("agent/src/oarbank_agent/jobs", ()),
     "agent/src/oarbank_agent/keep/README.md": ("agent/src/oarbank_agent/keep", ()),
@@ -41,6 +42,7 @@ LAYOUTS = {
     "agent/src/oarbank_agent/sandbox/README.md": ("agent/src/oarbank_agent/sandbox", ()),
     "agent/src/oarbank_agent/services/README.md": ("agent/src/oarbank_agent/services", ()),
     "ui-pages/README.md": ("ui-pages/src/oarbank_ui", UI_FOLDERS),
+    "ui-pages/src/oarbank_ui/dispatch/README.md": ("ui-pages/src/oarbank_ui/dispatch", ()),
     "ui-pages/src/oarbank_ui/ingest/README.md": ("ui-pages/src/oarbank_ui/ingest", ()),
     "ui-pages/src/oarbank_ui/pages/README.md": ("ui-pages/src/oarbank_ui/pages", ()),
     "ui-pages/src/oarbank_ui/queries/README.md": ("ui-pages/src/oarbank_ui/queries", ()),

@@ -132,6 +132,8 @@ class Agent:
         self.runner_health = self.table.runner_health
         self.on_change: list[Callable[[str], None]] = []  # heartbeat hook: service key changed
         self.heartbeat: Any = None  # the HeartbeatSender when there is a portal (its status)
+        self.fleet: Any = None  # fleet.FleetDispatch with --claim (its status)
+        self.on_stop: list[Callable[[], None]] = []  # a stop was asked: the drain begins
         self.supervisor.on_change.append(self._service_changed)
         self.supervisor.on_capacity.append(self._capacity_changed)
         self.control = control.ControlServer(self.state_dir / control.SOCKET_NAME, self._answer)
@@ -168,8 +170,11 @@ class Agent:
     def find_module(self, name: str) -> ModuleCtx | None:
         return self.table.find_module(name)
 
-    def submit(self, module: str, stage: str, payload: dict[str, Any]) -> JobRecord:
-        return self.table.submit(module, stage, payload)
+    def submit(self, module: str, stage: str, payload: dict[str, Any],
+               portal: dict[str, Any] | None = None) -> JobRecord:
+        """A job of ``module``'s ``stage``: local (``submit``), or granted by the portal
+        (``portal``: its grant, fleet dispatch)."""
+        return self.table.submit(module, stage, payload, portal)
 
     @property
     def gpu(self) -> gpuapis.Detection | None:
@@ -334,6 +339,8 @@ class Agent:
             self._tell_manager({"STOPPING": "1", "STATUS": f"draining ({why})"})
             self.stop_reason = why
             log.info("stop requested (%s): draining", why)
+            for cb in list(self.on_stop):
+                cb()
         elif not self._hurry.is_set():
             self._hurry.set()
         self._stop.set()

@@ -219,6 +219,14 @@ class Admission:
     def waiting(self) -> list[str]:
         return list(self._queue)
 
+    def queued_tokens(self) -> dict[str, int]:
+        """Pool key -> tokens the waiting jobs ask for (what a claim does not offer)."""
+        out: dict[str, int] = {}
+        for req in self._queue.values():
+            for pool, n in req.pools.items():
+                out[pool] = out.get(pool, 0) + n
+        return out
+
     def why_waiting(self, job_id: str) -> str | None:
         """Why a queued job was not admitted by the last pass (memory, GPU, paused), if that
         is why; pool tokens have their own explanation in the service rows."""

@@ -13,6 +13,8 @@ States::
                    │               failed
                    └── requeue | release | recover ── admitted | running
 
+    queued | admitted | running ──cancel──> cancelled   (a portal job the node lost)
+
 - A job is created ``queued``, on disk before ``submit`` is answered (``store.py``).
 - ``admit``: admission took its pool tokens (FIFO per pool, ``admission.py``).
 - ``run``: every endpoint service it reserves is ready; an attempt starts (``attempts`` + 1).
@@ -34,7 +36,10 @@ States::
 - ``collect``: a restarted agent found that the interrupted attempt finished after all (its
   runner's files prove it: ``collect.py``): the job is ``running`` again, as it was, and the
   attempt's outcome follows as ``succeed``, ``fail`` or ``retry`` (then ``recover``).
-- ``succeeded`` and ``failed`` are final: no event leaves them.
+- ``cancel``: a job granted by the portal (fleet dispatch, contract 10.6) that the node must
+  stop: its lease was lost, a later grant exists, or its submitter cancelled it. Its runner
+  is ended and nothing is reported; the job is the portal's to run elsewhere.
+- ``succeeded``, ``failed`` and ``cancelled`` are final: no event leaves them.
 
 The effect layer (``jobrun.py``, ``agent.py``) performs the transition, labels it with a
 comment where it happens, and asks ``apply`` for the new state. ``TRANSITIONS`` is the whole
@@ -64,6 +69,7 @@ class State(str, Enum):
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
+    CANCELLED = "cancelled"  # a portal job the node had to stop (fleet dispatch)
 
 
 class Event(str, Enum):
@@ -76,6 +82,7 @@ class Event(str, Enum):
     RELEASE = "release"  # host protection ended it: requeued ahead, not charged
     RECOVER = "recover"  # a restarted agent found it unfinished
     COLLECT = "collect"  # ... and its interrupted attempt finished: its outcome follows
+    CANCEL = "cancel"  # the portal took the job back (its lease lost, or cancelled)
 
 
 # (state, event) -> state. Anything not here is a bug in the effect layer.
@@ -100,10 +107,14 @@ TRANSITIONS: dict[tuple[State, Event], State] = {
     (State.QUEUED, Event.COLLECT): State.RUNNING,
     (State.ADMITTED, Event.COLLECT): State.RUNNING,
     (State.RUNNING, Event.COLLECT): State.RUNNING,
+    (State.QUEUED, Event.CANCEL): State.CANCELLED,
+    (State.ADMITTED, Event.CANCEL): State.CANCELLED,
+    (State.RUNNING, Event.CANCEL): State.CANCELLED,
 }
 
 # Final states: what `wait` waits for, what a restart leaves alone.
-TERMINAL: tuple[str, ...] = (State.SUCCEEDED.value, State.FAILED.value)
+TERMINAL: tuple[str, ...] = (State.SUCCEEDED.value, State.FAILED.value,
+                             State.CANCELLED.value)
 
 
 class IllegalTransition(RuntimeError):

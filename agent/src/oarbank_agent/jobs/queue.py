@@ -119,15 +119,17 @@ class JobQueue:
             self.store.save(rec)
             self._enqueue(rec, ctx)
 
-    def submit(self, ctx: ModuleCtx, st: mf.Stage, payload: dict[str, Any]) -> JobRecord:
-        """A new job of ``ctx``'s stage ``st``. Raises ``control.ControlError`` for a job
-        that can never run here (nothing is queued then)."""
+    def submit(self, ctx: ModuleCtx, st: mf.Stage, payload: dict[str, Any],
+               portal: dict[str, Any] | None = None) -> JobRecord:
+        """A new job of ``ctx``'s stage ``st`` (``portal``: the grant it came from, fleet
+        dispatch). Raises ``control.ControlError`` for a job that can never run here (nothing
+        is queued then)."""
         placement.check(ctx, st, self.supervisor, self.admission.budget_gb)
         refused = runnerhealth.refusal(ctx.id, self.runner_health.get(ctx.id))
         if refused is not None:
             raise control.ControlError("runner_undetected", refused)
         # (new) -> queued: on disk before anyone hears of it
-        rec = self.store.create(ctx.id, st.name, payload)
+        rec = self.store.create(ctx.id, st.name, payload, portal)
         self.jobs[rec.job_id] = rec
         self._enqueue(rec, ctx)
         self.admit()
@@ -196,6 +198,21 @@ class JobQueue:
         if not self._stopping.is_set():
             self.admit()
         self._update_users()
+
+    def cancel(self, job_id: str, reason: str) -> bool:
+        """A portal job the node must stop (fleet dispatch): its run ended, or, waiting, it is
+        taken out of the queue; either way ``cancelled``, final. False when already final."""
+        rec = self.jobs.get(job_id)
+        if rec is None or rec.state in jobs.TERMINAL:
+            return False
+        if self.runs.cancel(job_id, reason):
+            return True  # the run ends it (cancelled) and gives its tokens back
+        self.admission.cancel(job_id)
+        self.admission.release(job_id)  # (an admitted record whose run has not begun)
+        # queued|admitted -> cancelled (never ran here)
+        self.runs.cancel_unrun(rec, reason)
+        self._update_users()
+        return True
 
     def fail_unrun(self, module_id: str) -> list[str]:
         """Fail every unfinished job of a closed module that has no run in progress

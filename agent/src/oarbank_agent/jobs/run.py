@@ -26,8 +26,11 @@ crash reads it as ``queued`` either way), so no write waits ahead of the runner'
   protection pauses and resumes such runners (``hold_runners``), their time held counted in
   ``paused_s``. A runner that writes checkpoints resumes from its last on its next attempt
   (``checkpoints.py``).
+- ``cancel`` (fleet dispatch: the portal took the job back) cancels the task: the attempt is
+  ended and the job is ``cancelled``, final, nothing retried.
 - When a run is over (any way), ``on_over(record, requeued)`` gives its tokens back: admission
-  is the agent's, not this module's.
+  is the agent's, not this module's. When a job becomes final, each of ``on_final`` hears it
+  (fleet dispatch reports a portal job's result).
 """
 
 from __future__ import annotations
@@ -91,6 +94,9 @@ class JobRuns:
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self._done: dict[str, list[asyncio.Future[None]]] = {}
         self._releasing: dict[str, str] = {}  # job id -> why its task is being cancelled
+        self._cancelling: dict[str, str] = {}  # job id -> why it ends cancelled (cancel)
+        # Called with each record that became final (succeeded, failed, cancelled).
+        self.on_final: list[Callable[[JobRecord], None]] = []
         # Modules being removed -> why (JobQueue.closed): no new attempt of theirs starts.
         self.closed: dict[str, str] = {}
         # Runners that accept the control document: job id -> its running attempt's.
@@ -126,6 +132,16 @@ class JobRuns:
                 continue
             log.warning("job %s released (%s): requeued", job_id, reason)
             task.cancel()
+
+    def cancel(self, job_id: str, reason: str) -> bool:
+        """End this job's run: its attempt ended, the job ``cancelled`` (the portal took it
+        back). False when it has no run in progress."""
+        task = self.tasks.get(job_id)
+        if task is None or task.done():
+            return False
+        self._cancelling[job_id] = reason
+        task.cancel()
+        return True
 
     def ask_to_stop(self, job_ids: Iterable[str], reason: str) -> list[str]:
         """The drain: each of these jobs whose runner accepts a stop is asked for one (released
@@ -302,6 +318,19 @@ class JobRuns:
                 self._finish(rec, event, outcome.exit_code, reason, outcome.result)
                 return
         except asyncio.CancelledError:
+            cancelled_for = self._cancelling.pop(rec.job_id, None)
+            if cancelled_for is not None:
+                if ctl is not None:
+                    self._control_over(rec, ctl, extra)
+                if rec.state == "running":
+                    rec.history.append({"attempt": rec.attempts, "attempt_id": attempt_id,
+                                        "wire_attempt": rec.wire_attempt,
+                                        "started_at": started, "finished_at": time.time(),
+                                        "outcome": "cancelled", "exit_code": None,
+                                        "reason": cancelled_for, "fault": None, **extra})
+                # queued|admitted|running -> cancelled: the portal took the job back
+                self._finish(rec, jobs.Event.CANCEL, None, cancelled_for)
+                return
             released_for = self._releasing.pop(rec.job_id, "")
             if ctl is not None:  # cancelled mid-attempt
                 self._control_over(rec, ctl, extra)
@@ -333,6 +362,7 @@ class JobRuns:
         finally:
             self.tasks.pop(rec.job_id, None)
             self._releasing.pop(rec.job_id, None)  # (a stop asked of a run that succeeded)
+            self._cancelling.pop(rec.job_id, None)  # (a cancel that came as it finished)
             grace = self._graces.pop(rec.job_id, None)
             if grace is not None:
                 grace.cancel()
@@ -401,6 +431,11 @@ class JobRuns:
                              else rt.st.error or "it failed")
         return died
 
+    def cancel_unrun(self, rec: JobRecord, reason: str) -> None:
+        """A job with no run in progress ends cancelled (the portal took it back)."""
+        # queued|admitted -> cancelled
+        self._finish(rec, jobs.Event.CANCEL, None, reason)
+
     def fail(self, rec: JobRecord, reason: str) -> None:
         """A queued job that will never run here fails (its module was removed)."""
         # queued -> failed
@@ -415,3 +450,8 @@ class JobRuns:
         for f in self._done.pop(rec.job_id, []):
             if not f.done():
                 f.set_result(None)
+        for cb in list(self.on_final):
+            try:
+                cb(rec)
+            except Exception:  # a listener's bug must not leave the run half-finished
+                log.exception("job %s: a listener of its end failed", rec.job_id)

@@ -58,6 +58,10 @@ class JobRecord:
     paused_s: float = 0.0  # seconds its runners were held by host protection (all attempts)
     # The last checkpoint an attempt left (checkpoints.py): the next attempt resumes from it.
     checkpoint: dict[str, Any] | None = None
+    # A job granted by the portal (fleet dispatch, contract 10.4): {job_id (the portal's),
+    # attempt_id, generation, report}; ``report`` is None until its result is acknowledged
+    # ("accepted") or refused ("refused: <error>"). None: a local job (``submit``).
+    portal: dict[str, Any] | None = None
 
     def public(self) -> dict[str, Any]:
         """The shape ``submit --wait`` prints."""
@@ -72,7 +76,8 @@ class JobRecord:
                  submitted_at=self.submitted_at, started_at=self.started_at,
                  finished_at=self.finished_at, paused_s=round(self.paused_s, 3),
                  # an attempt's outcome read after an agent restart (recovery.COLLECTED)
-                 collected=any(bool(h.get("collected")) for h in self.history))
+                 collected=any(bool(h.get("collected")) for h in self.history),
+                 portal=self.portal)  # a portal job's grant (fleet dispatch), else None
         return d
 
 
@@ -175,9 +180,10 @@ class JobStore:
         except (OSError, ValueError):
             return 0
 
-    def create(self, module: str, stage: str, payload: dict[str, Any]) -> JobRecord:
+    def create(self, module: str, stage: str, payload: dict[str, Any],
+               portal: dict[str, Any] | None = None) -> JobRecord:
         self._seq += 1
-        rec = JobRecord(new_job_id(), module, stage, payload, seq=self._seq)
+        rec = JobRecord(new_job_id(), module, stage, payload, seq=self._seq, portal=portal)
         self.save(rec)
         return rec
 

@@ -224,7 +224,8 @@ class ModuleTable:
 
     # --- a job's module (submit) ---------------------------------------------------------
 
-    def submit(self, module: str, stage: str, payload: dict[str, Any]) -> JobRecord:
+    def submit(self, module: str, stage: str, payload: dict[str, Any],
+               portal: dict[str, Any] | None = None) -> JobRecord:
         ctx = self.find_module(module)
         if ctx is None and module in self.gone:
             raise control.ControlError("unknown_module", self.gone[module])
@@ -247,7 +248,7 @@ class ModuleTable:
         why = compat.stage_refusal(ctx.manifest, st, self.compat.platform)
         if why is not None:  # it could never run here: nothing is queued
             raise control.ControlError("unsupported_platform", f"{ctx.id}: {why}")
-        return self.queue.submit(ctx, st, payload)
+        return self.queue.submit(ctx, st, payload, portal)
 
     # --- what an operator asks (module list | add | disable | enable | remove) -----------
 

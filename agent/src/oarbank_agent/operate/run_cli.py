@@ -134,8 +134,13 @@ def cmd_run(ra: config.RunArgs, run_argv: list[str]) -> int:
                 logging.getLogger("oarbank_agent").warning(
                     "--portal %s is plain http to another host: the node token crosses the "
                     "network in clear; use https://", args.portal)
-    elif args.portal_token_file is not None or args.portal_ca is not None:
-        _err("--portal-token-file and --portal-ca go with --portal")
+    elif (args.portal_token_file is not None or args.portal_ca is not None
+          or args.claim):
+        _err("--portal-token-file, --portal-ca and --claim go with --portal")
+        return 2
+    if not 1 <= args.claim_wait_s <= 30:
+        _err(f"--claim-wait-s {args.claim_wait_s:g}: must be from 1 to 30 (the portal holds a "
+             "claim at most 30 s)")
         return 2
     if args.heartbeat_s <= 0:
         _err("--heartbeat-s must be > 0")
@@ -214,12 +219,22 @@ def cmd_run(ra: config.RunArgs, run_argv: list[str]) -> int:
             # Every service state change posts at once (debounced by the sender).
             agent.on_change.append(lambda _key: sender.notify_change())
 
+        fleet = None
+        if args.claim:
+            from oarbank_agent.fleet.dispatch import FleetDispatch
+
+            fleet = agent.fleet = FleetDispatch(agent, args.portal, token=portal_token,
+                                                ca_file=args.portal_ca,
+                                                wait_s=args.claim_wait_s)
+
         def ready() -> None:
             mods = ",".join(sorted(agent.modules)) or "-"
             print(f"oarbank-agent: ready node={agent.node.node_id} "
                   f"control={agent.control.path} modules={mods}", flush=True)
             if sender is not None:
                 sender.start()  # the first report goes out at once, with fingerprinted rows
+            if fleet is not None:
+                fleet.start()  # what the records hold is renewed or reported, then claims
 
         textfile = None
         if args.metrics_textfile:
@@ -230,6 +245,8 @@ def cmd_run(ra: config.RunArgs, run_argv: list[str]) -> int:
         try:
             await agent.run(ready)
         finally:
+            if fleet is not None:
+                await fleet.aclose()  # results still owed: a few seconds to go out
             servicelog.close_all()  # every daemon is gone: what its pipe still held is written
             if textfile is not None:
                 await textfile.aclose()

@@ -97,6 +97,16 @@ def add_run_options(r: argparse.ArgumentParser | Recorder) -> None:
     r.add_argument("--portal-ca", metavar="FILE",
                    help="verify an https:// portal against this CA bundle (PEM) instead of "
                         "the system's")
+    r.add_argument("--claim", action="store_true",
+                   help="also run jobs submitted to the --portal (fleet dispatch, contract "
+                        "section 10): long-polled claims while the node has room, saying its "
+                        "services' states, free pool tokens, load and job times and memory; "
+                        "leases renewed, results reported until acknowledged. Local `submit` "
+                        "works beside it (default off)")
+    r.add_argument("--claim-wait-s", type=float, default=20.0, metavar="S",
+                   help="how long one claim waits on the portal for work (its long poll, 1 to "
+                        "30; default 20): lower it behind a proxy that cuts idle requests; a "
+                        "change of this node's services reaches the portal with the next claim")
     r.add_argument("--metrics-textfile", metavar="PATH",
                    help="write this node's figures (jobs and services by state, attempts, "
                         "sandbox refusals, heartbeat posts and refusals) here for "

@@ -90,6 +90,17 @@ class Evictor:
             loop = asyncio.get_running_loop()
             self._timer = loop.call_later(plan.wake_in_s, self._admit)
 
+    def evictable(self) -> dict[str, float]:
+        """What stopping every service demand eviction may stop would give back, per resource
+        (a fleet claim's ``evictable_mem_gb``, contract 10.4)."""
+        now, out = time.time(), dict[str, float]()
+        for rt in self.supervisor.services.values():
+            idle = self._idle(rt, now)
+            if eviction.not_evictable(idle, idle.frees, frozenset()) is None:
+                for r, v in idle.frees.items():
+                    out[r] = out.get(r, 0.0) + v
+        return out
+
     def on_service_changed(self, key: str) -> None:
         """A service changed: one stopped for a job is down (or kept: a user came first),
         so admission looks again, in the next loop turn."""

@@ -46,6 +46,7 @@ class StatusSource(Protocol):
     admission: Admission
     fault: str | None
     heartbeat: Any
+    fleet: Any
     gpu_memory: gpumem.Reader
 
     @property
@@ -155,4 +156,6 @@ def status(agent: StatusSource, jobs_limit: int | None = None, jobs_page: int = 
     rep["process_factory"] = factory.report()  # on/off; its pid, RSS, descriptors
     # what the portal did with this node's reports (refusals by cause: heartbeat.py)
     rep["heartbeat"] = agent.heartbeat.status() if agent.heartbeat is not None else None
+    # fleet dispatch (--claim): claims, leases held and lost, results owed and refused
+    rep["fleet"] = agent.fleet.status() if agent.fleet is not None else None
     return rep

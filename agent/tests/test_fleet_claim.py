@@ -1,0 +1,165 @@
+"""Fleet dispatch, the node's side (contract section 10): real agents (``run --claim``) pull
+jobs from a real portal (``oarbank-portal serve``, SQLite) and run them with examples/
+modelserver; every job here is submitted to the portal only, and its result is read back
+from the portal, as a submitter would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from agent_helpers import PORTAL, RunningAgent, running_portal
+
+from oarbank_agent.operate.demo import find_example
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "ui-pages" / "tests"))
+from dispatch_helpers import call, submitter_token  # noqa: E402  (ui-pages' test helpers)
+
+EXAMPLE = find_example()
+MODULE = "dev.example.modelserver"
+
+
+def complete(prompt: str) -> str:
+    """What examples/modelserver's stand-in model answers (model_service.complete)."""
+    return f"{prompt[::-1]} [{hashlib.sha256(prompt.encode()).hexdigest()[:8]}]"
+
+
+def node_token(tmp_path: Path, db: Path, node_id: str) -> Path:
+    token = subprocess.run([*PORTAL, "token", "issue", node_id, "--db", str(db)],
+                           capture_output=True, text=True, timeout=60, check=True).stdout.strip()
+    path = tmp_path / f"{node_id}.token"
+    path.touch(mode=0o600)
+    path.write_text(token + "\n")
+    return path
+
+
+def claiming_agent(tmp_path: Path, portal: dict[str, Any], node_id: str,
+                   settings: dict[str, Any] | None = None,
+                   extra: list[str] | None = None) -> RunningAgent:
+    token = node_token(tmp_path, portal["db"], node_id)
+    return RunningAgent(tmp_path / node_id, [EXAMPLE],
+                        {"modelserver": settings or {"load_s": 0.3, "slots": 2}},
+                        extra_args=["--node-id", node_id, "--portal", portal["url"],
+                                    "--portal-token-file", str(token), "--heartbeat-s", "1",
+                                    "--claim", "--claim-wait-s", "2", *(extra or [])])
+
+
+def submit(portal: dict[str, Any], token: str, prompts: list[list[str]]) -> list[str]:
+    r = call(portal["url"], "POST", "/v1/jobs", {"jobs": [
+        {"module": MODULE, "stage": "generate", "payload": {"prompts": p}} for p in prompts]},
+        token=token)
+    assert r.status == 201, r.text
+    return [j["job_id"] for j in r.doc["jobs"]]
+
+
+def job(portal: dict[str, Any], token: str, job_id: str) -> dict[str, Any]:
+    r = call(portal["url"], "GET", f"/v1/jobs/{job_id}", token=token)
+    assert r.status == 200, r.text
+    return r.doc  # type: ignore[no-any-return]
+
+
+def wait_jobs(portal: dict[str, Any], token: str, ids: list[str], timeout: float = 90,
+              done: Callable[[dict[str, Any]], bool] = lambda j: j["state"] in (
+                  "succeeded", "failed", "cancelled")) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + timeout
+    while True:
+        jobs = [job(portal, token, i) for i in ids]
+        if all(done(j) for j in jobs):
+            return jobs
+        assert time.monotonic() < deadline, [(j["job_id"], j["state"], j["node_id"])
+                                             for j in jobs]
+        time.sleep(0.2)
+
+
+def loads(agent: RunningAgent) -> int:
+    f = agent.module_data(MODULE) / "model.loads"
+    return sum(1 for line in f.read_text().splitlines() if line.strip()) if f.exists() else 0
+
+
+def test_portal_jobs_run_on_the_agent_and_their_results_come_back(tmp_path: Path) -> None:
+    with running_portal(tmp_path, "--module", str(EXAMPLE)) as portal:
+        sub = submitter_token(portal["db"], "alice")
+        agent = claiming_agent(tmp_path, portal, "n1")
+        try:
+            prompts = [[f"job {i}", "hello"] for i in range(6)]
+            ids = submit(portal, sub, prompts)
+            # A local job beside them: `submit` on the node still works, and the portal
+            # never hears of it.
+            local = agent.run_job("generate", {"prompts": ["local"]}, module="modelserver")
+            assert local["state"] == "succeeded", agent.why(local)
+            assert local["result"]["payload"]["texts"] == [complete("local")]
+            jobs = wait_jobs(portal, sub, ids)
+            for j, p in zip(jobs, prompts, strict=True):
+                assert j["state"] == "succeeded", j
+                assert j["node_id"] == "n1" and j["grants"] == 1 and j["generation"] == 1
+                assert j["result"]["payload"]["texts"] == [complete(t) for t in p]
+                assert j["record"]["state"] == "succeeded" and j["record"]["attempts"] == 1
+            st = agent.status()
+            by_portal = {r["portal"]["job_id"]: r for r in st["jobs"] if r["portal"]}
+            assert sorted(by_portal) == sorted(ids)
+            assert {r["job_id"] for r in st["jobs"] if not r["portal"]} == {local["job_id"]}
+            assert all(r["portal"]["report"] == "accepted" for r in by_portal.values())
+            # each portal job's record is the local one, under the local id
+            assert {j["record"]["job_id"] for j in jobs} == {r["job_id"]
+                                                            for r in by_portal.values()}
+            fleet = st["fleet"]
+            assert fleet["results"]["accepted"] == 6 and fleet["results"]["owed"] == 0
+            assert fleet["leases"]["held"] == 0 and fleet["leases"]["lost"] == 0
+            assert loads(agent) == 1  # one warm model served all seven
+        finally:
+            agent.stop()
+
+
+def offers(portal: dict[str, Any], node_id: str) -> list[dict[str, Any]]:
+    """The node's latest claim as the portal keeps it for placement (its claim_offers rows)."""
+    with contextlib.closing(sqlite3.connect(portal["db"])) as db:
+        db.row_factory = sqlite3.Row
+        return [dict(r) for r in db.execute(
+            "SELECT * FROM claim_offers WHERE node_id = ? ORDER BY module, service",
+            (node_id,))]
+
+
+def wait_until(cond: Callable[[], Any], timeout: float = 60, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what or cond}"
+        time.sleep(0.1)
+
+
+def test_the_warm_node_gets_the_jobs(tmp_path: Path) -> None:
+    with running_portal(tmp_path, "--module", str(EXAMPLE)) as portal:
+        sub = submitter_token(portal["db"], "alice")
+        warm = claiming_agent(tmp_path, portal, "warm")
+        cold = None
+        try:
+            # warm: its model loaded by a local job; its claim says so
+            assert warm.run_job("generate", {"prompts": ["x"]},
+                                module="modelserver")["state"] == "succeeded"
+            wait_until(lambda: [o["state"] for o in offers(portal, "warm")] == ["ready"],
+                       what="the warm node's claim saying ready")
+            cold = claiming_agent(tmp_path, portal, "cold")
+            wait_until(lambda: [o["state"] for o in offers(portal, "cold")] == ["stopped"],
+                       what="the cold node's claim")
+            (w,), (c,) = offers(portal, "warm"), offers(portal, "cold")
+            # what the claims carried is each node's real state: the warm node's measured
+            # load (the stand-in model loads in 0.3 s) and job time, its free tokens
+            assert w["tokens"] == 2 and 0.3 <= w["load_s"] < 10 and w["job_s"] > 0, w
+            assert c["tokens"] == 2 and c["load_s"] is None and c["job_s"] is None, c
+            ids = submit(portal, sub, [[f"p{i}"] for i in range(8)])
+            jobs = wait_jobs(portal, sub, ids)
+            assert [(j["state"], j["node_id"], j["placement"]) for j in jobs] == [
+                ("succeeded", "warm", "ready")] * 8
+            assert loads(warm) == 1 and loads(cold) == 0
+            assert cold.status()["fleet"]["claims"]["granted"] == 0
+        finally:
+            warm.stop()
+            if cold is not None:
+                cold.stop()
