@@ -33,9 +33,11 @@ def complete(prompt: str) -> str:
 
 
 def node_token(tmp_path: Path, db: Path, node_id: str) -> Path:
+    path = tmp_path / f"{node_id}.token"
+    if path.exists():
+        return path
     token = subprocess.run([*PORTAL, "token", "issue", node_id, "--db", str(db)],
                            capture_output=True, text=True, timeout=60, check=True).stdout.strip()
-    path = tmp_path / f"{node_id}.token"
     path.touch(mode=0o600)
     path.write_text(token + "\n")
     return path
@@ -52,10 +54,11 @@ def claiming_agent(tmp_path: Path, portal: dict[str, Any], node_id: str,
                                     "--claim", "--claim-wait-s", "2", *(extra or [])])
 
 
-def submit(portal: dict[str, Any], token: str, prompts: list[list[str]]) -> list[str]:
+def submit(portal: dict[str, Any], token: str, prompts: list[list[str]],
+           **payload: Any) -> list[str]:
     r = call(portal["url"], "POST", "/v1/jobs", {"jobs": [
-        {"module": MODULE, "stage": "generate", "payload": {"prompts": p}} for p in prompts]},
-        token=token)
+        {"module": MODULE, "stage": "generate", "payload": {"prompts": p, **payload}}
+        for p in prompts]}, token=token)
     assert r.status == 201, r.text
     return [j["job_id"] for j in r.doc["jobs"]]
 
@@ -163,3 +166,49 @@ def test_the_warm_node_gets_the_jobs(tmp_path: Path) -> None:
             warm.stop()
             if cold is not None:
                 cold.stop()
+
+
+def test_an_agent_killed_holding_leases_its_jobs_complete_once_on_the_other(
+        tmp_path: Path) -> None:
+    with running_portal(tmp_path, "--module", str(EXAMPLE), "--lease-s", "3") as portal:
+        sub = submitter_token(portal["db"], "alice")
+        killed = claiming_agent(tmp_path, portal, "k")
+        other = again = None
+        try:
+            prompts = [["slow a"], ["slow b"]]
+            ids = submit(portal, sub, prompts, hold_s=5)
+            killed.wait_for(lambda: [j["state"] for j in killed.status()["jobs"]] == [
+                "running"] * 2, what="both attempts running on k")
+            assert {j["node_id"] for j in wait_jobs(portal, sub, ids, done=lambda j: True)} == {
+                "k"}
+            killed.kill()  # -9, holding both leases; its runners die with it (fate sharing)
+            # the other node, warm (a local job loads its model): its claims say ready
+            other = claiming_agent(tmp_path, portal, "o")
+            assert other.run_job("generate", {"prompts": ["x"]},
+                                 module="modelserver")["state"] == "succeeded"
+            jobs = wait_jobs(portal, sub, ids)
+            for j, p in zip(jobs, prompts, strict=True):
+                # requeued at the lease's expiry, without charge; completed once, on o
+                assert (j["state"], j["node_id"], j["generation"], j["grants"],
+                        j["lease_expiries"]) == ("succeeded", "o", 2, 2, 1), j
+                assert j["result"]["payload"]["texts"] == [complete(t) for t in p]
+                assert j["record"]["attempts"] == 1
+            # k again, on its state dir: its records hold both grants; the renew says they
+            # are lost, so they end there, cancelled, not run to the end and not reported
+            again = claiming_agent(tmp_path, portal, "k")
+            again.wait_for(lambda: [j["state"] for j in again.status()["jobs"]] == [
+                "cancelled"] * 2, what="k's two lost jobs cancelled")
+            rows = again.status()["jobs"]
+            assert all(r["portal"]["report"].startswith("lost: ") for r in rows), rows
+            assert all(r["reason"] in ("portal: lease_lost", "portal: stale_generation")
+                       for r in rows), rows
+            assert again.status()["fleet"]["results"]["accepted"] == 0
+            # the portal's records stand: o's results, one completion each
+            assert [(j["state"], j["node_id"], j["grants"])
+                    for j in wait_jobs(portal, sub, ids)] == [("succeeded", "o", 2)] * 2
+            assert other.status()["fleet"]["results"]["accepted"] == 2
+        finally:
+            killed.stop()
+            for a in (other, again):
+                if a is not None:
+                    a.stop()

@@ -5,8 +5,9 @@
   record on disk with its grant; after a restart the records say what the node holds, and
   the first renew goes out at once.
 - ``POST /v1/agent/renew`` every ``renew_s`` (the claim answer's; 20 s before one), one call
-  for all. A renew that fails is tried again sooner (a quarter of ``renew_s``, jittered): the
-  lease is three renews long.
+  for all, while the node holds any (from the first grant after none: ``renew_s`` later). A
+  renew that fails is tried again sooner (a quarter of ``renew_s``, jittered): the lease is
+  three renews long.
 - ``lost``: the attempt is ended here (its runner's group killed, ``cancelled``, final) and
   nothing is reported: the portal has queued the job again, granted it elsewhere, or its
   submitter cancelled it. The reason stays in the record (``portal.report``: ``lost: ...``).
@@ -65,6 +66,7 @@ class Leases:
 
     def held(self, rec: JobRecord) -> None:
         self.live[rec.job_id] = rec
+        self._poked.set()
 
     def final(self, rec: JobRecord) -> None:
         self.live.pop(rec.job_id, None)
@@ -78,6 +80,10 @@ class Leases:
     async def run(self) -> None:
         wait = 0.0  # what a restart holds is renewed at once
         while True:
+            if not self.live:  # nothing held: the next grant's lease is lease_s from now
+                self._poked.clear()
+                await self._poked.wait()
+                wait = self.renew_s
             if wait > 0:
                 await asyncio.sleep(wait)
             wait = self.renew_s
