@@ -33,25 +33,20 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from importlib import resources
 from typing import Any
 from urllib.parse import quote, unquote, urlencode
-
-from oarbank_sdk.manifest import UiEntry
 
 from ..dispatch.catalogue import Catalogue
 from ..dispatch.http import DispatchAPI, Reply, is_dispatch_path, unavailable
 from ..dispatch.store import DispatchStore
-from ..pages import uicontract
-from ..pages.html import Templates, clock_text
-from ..pages.links import _page_href, _panel_href, link_resolver, services_fetch
-from ..pages.modules import PageFileError, PortalModule, find_module
-from ..pages.render import RenderContext, ago_text, build_view, data_views, iso_text
+from ..pages.links import services_fetch
+from ..pages.modules import PortalModule, find_module
 from ..queries.services import MAX_ROWS, QueryError
 from ..queries.shape import Shaping
 from ..store.heartbeats import MAX_NODES_PAGE, HeartbeatStore
 from ..store.tokens import bearer_token
 from .hosts import HostCheck
+from .page_routes import PageRoutes
 from .prometheus import CONTENT_TYPE as METRICS_TYPE
 from .prometheus import PortalMetrics
 from .reports import CHALLENGE, STORE_FAILED, TOKEN_UNKNOWN, HeartbeatIngest
@@ -63,13 +58,7 @@ __all__ = ["MAX_BODY", "MAX_SUBMIT_BODY", "Portal", "reply_response", "route_nam
 log = logging.getLogger("oarbank_ui.portal")
 MAX_BODY = 1 << 20  # a heartbeat of a big node is a few tens of KiB
 MAX_SUBMIT_BODY = 32 << 20  # POST /v1/jobs: up to 10,000 jobs (contract 10.2)
-INDEX_NODES = 200  # the index lists this many nodes; /v1/nodes pages through the rest
 _REFUSAL_LOG_S = 60.0  # one line per cause a minute: a flood of bad posts is not a log flood
-_STATIC_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8"}
-# Pages draw only what the portal sends; scripts only from the portal itself. Escaping is what
-# keeps markup out; this is a second lock on the same door.
-_CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
-        "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 
 
 def route_name(path: str) -> str:
@@ -122,7 +111,6 @@ class Portal:
         self.modules = modules
         self.refresh_ms = int(refresh_s * 1000)
         self.clock = clock
-        self.templates = Templates()
         # None: no Host check (in-process use); the server always passes its list.
         self.hosts = HostCheck(allowed_hosts) if allowed_hosts is not None else None
         jobs = DispatchStore(store.backend)
@@ -132,6 +120,7 @@ class Portal:
         self.dispatch = DispatchAPI(
             jobs, Catalogue.from_manifests(m.manifest for m in modules.values()),
             store.node_for_token, self.metrics, clock=clock, **(dispatch or {}))
+        self.pages = PageRoutes(store, modules, clock, refresh_ms=self.refresh_ms)
         self._refusal_log = _RefusalLog()
         self._ingest: HeartbeatIngest | None = None
         self.ingest_options: dict[str, Any] = {}  # HeartbeatIngest's keywords (cli.py)
@@ -266,7 +255,7 @@ class Portal:
             if method not in ("GET", "HEAD"):
                 return route, error_response(405, f"{method} is not allowed on {path}")
             if not parts:
-                return "index", self.index()
+                return "index", self.pages.index()
             if parts == ["v1", "queries", "services"]:
                 return "services", self.services_query(query)
             if parts in (["v1", "queries", "nodes"], ["v1", "queries", "node_metrics"]):
@@ -282,24 +271,24 @@ class Portal:
             if parts == ["metrics"]:
                 return "metrics", Response(200, self.metrics.render(), METRICS_TYPE)
             if len(parts) == 2 and parts[0] == "static":
-                return "static", self.static(parts[1])
+                return "static", self.pages.static(parts[1])
             as_json = query.get("format") == ["json"]
             # table paging and sorting: "<table>.page" and the like, one value each
             args = {k: v[0][:200] for k, v in query.items()
                     if k != "format" and len(v) == 1 and len(k) <= 80}
             if len(parts) == 4 and parts[0] == "modules" and parts[2] == "pages":
-                return "page", self.page(parts[1], "page", parts[3], node=None, as_json=as_json,
+                return "page", self.pages.page(parts[1], "page", parts[3], node=None, as_json=as_json,
                                          args=args)
             if (len(parts) == 6 and parts[0] == "nodes" and parts[2] == "modules"
                     and parts[4] == "panels"):
-                return "panel", self.page(parts[3], "panel", parts[5], node=parts[1],
+                return "panel", self.pages.page(parts[3], "panel", parts[5], node=parts[1],
                                           as_json=as_json, args=args)
         except Exception:  # a bug or a store outage must cost one request, not the portal
             log.exception("error answering %s %s", method, path)
             if route == "heartbeat":
                 return route, self.refuse("store_error", 503, STORE_FAILED)
             return route, error_response(500, "internal error; see the portal's log")
-        return route, self._html_error(404, "Not found", f"nothing at {path}")
+        return route, self.pages.html_error(404, "Not found", f"nothing at {path}")
 
     # -- heartbeats and queries ------------------------------------------------------------
 
@@ -397,121 +386,3 @@ class Portal:
         except QueryError as e:
             return error_response(400, str(e))
         return json_response(200, rows)
-
-    # -- pages -----------------------------------------------------------------------------
-
-    def _subject(self, mod: PortalModule, node: str | None) -> dict[str, Any]:
-        """What ``when`` reads besides the fixed parts: the node a panel shows."""
-        subject: dict[str, Any] = {"self": mod.id}
-        if node is not None:
-            try:
-                rows = self.store.host_query("nodes", mod.names, {"node_id": node}, Shaping(),
-                                             now=self.clock())
-            except Exception:  # the page still renders; node.* reads as unknown
-                log.exception("reading node %s for a panel", node)
-                rows = []
-            row = rows[0] if rows else {}
-            subject["node"] = {"id": node, "hostname": row.get("hostname"),
-                               "online": bool(row.get("online")), "state": row.get("state")}
-        return subject
-
-    def page(self, module_name: str, kind: str, entry_id: str, *, node: str | None,
-             as_json: bool, args: dict[str, str] | None = None) -> Response:
-        mod = find_module(self.modules, module_name)
-        if mod is None:
-            return self._html_error(404, "Unknown module", f"no module {module_name!r} here")
-        entry = mod.entry(kind, entry_id)
-        if entry is None:
-            return self._html_error(404, f"Unknown {kind}",
-                                    f"{mod.id} has no {kind} {entry_id!r}")
-        too_new = uicontract.notice(mod.id, mod.manifest.raw)
-        if too_new is not None:  # requires.ui_contract leaves out 1.2: said, not drawn
-            return self._contract_notice(mod, kind, entry, node, as_json, too_new)
-        try:
-            doc, problems = mod.read(kind, entry)
-        except PageFileError as e:
-            return self._html_error(500, f"Broken {kind}", str(e))
-        now = self.clock()
-        view = build_view(doc, RenderContext(fetch=services_fetch(self.store, mod, self.clock),
-                                             node=node, now=now, resolve=link_resolver(mod),
-                                             args=args, subject=self._subject(mod, node)))
-        if as_json:
-            return json_response(200, {"rendered_at": clock_text(now), "components": data_views(view)})
-        if kind == "page":
-            href = _page_href(mod.id, entry.id)
-            subtitle = f"{mod.id} {mod.manifest.version}"
-        else:
-            href = _panel_href(node or "", mod.id, entry.id)
-            subtitle = f"node {node} · {mod.id} {mod.manifest.version}"
-        html = self.templates.render(
-            "page.html", title=view["title"] or entry.title, subtitle=subtitle, view=view,
-            kind=kind, problems=[str(p) for p in problems],
-            refresh_url=href + "?" + urlencode(sorted({**(args or {}), "format": "json"}.items())),
-            refresh_ms=self.refresh_ms, rendered_at=clock_text(now),
-            crumbs=[mod.short_name, entry.title])
-        return self._html(200, html)
-
-    def _contract_notice(self, mod: PortalModule, kind: str, entry: UiEntry,
-                         node: str | None, as_json: bool, text: str) -> Response:
-        """The page of a module whose requires.ui_contract leaves this portal out."""
-        now = self.clock()
-        if as_json:
-            return json_response(200, {"rendered_at": clock_text(now), "components": {},
-                               "notice": text})
-        subtitle = (f"{mod.id} {mod.manifest.version}" if kind == "page"
-                    else f"node {node} · {mod.id} {mod.manifest.version}")
-        html = self.templates.render(
-            "page.html", title=entry.title, subtitle=subtitle, view={"body": []}, kind=kind,
-            problems=[], notice=text, refresh_url=None, refresh_ms=self.refresh_ms,
-            rendered_at=clock_text(now), crumbs=[mod.short_name, entry.title])
-        return self._html(200, html)
-
-    def index(self) -> Response:
-        now = self.clock()
-        modules = []
-        for m in self.modules.values():
-            modules.append({
-                "id": m.id, "version": m.manifest.version, "description": m.manifest.description,
-                "pages": [{"title": p.title, "href": _page_href(m.id, p.id)}
-                          for p in m.manifest.pages],
-            })
-        nodes = []
-        listed, more = self.store.nodes(now=now, limit=INDEX_NODES)
-        for n in listed:
-            panels = []
-            for name in n["modules"]:
-                pm = find_module(self.modules, name)
-                if pm is None:
-                    continue  # reported, but this portal has no folder (no panels) for it
-                for p in pm.manifest.panels:
-                    panels.append({"title": f"{pm.short_name}: {p.title}",
-                                   "href": _panel_href(n["node_id"], pm.id, p.id)})
-            # "last report" is when this portal received it (the node's clock may be off)
-            tone = "warn" if n["stale"] else "neutral" if n["agent_stopped"] else "ok"
-            nodes.append(n | {"panels": panels, "reported_ago": ago_text(now - n["received_at"]),
-                              "reported_iso": iso_text(n["received_at"]),
-                              "liveness_tone": tone})
-        html = self.templates.render("index.html", title="Modules and nodes", modules=modules,
-                                     nodes=nodes, more_nodes=more is not None)
-        return self._html(200, html)
-
-    def static(self, name: str) -> Response:
-        suffix = name[name.rfind("."):] if "." in name else ""
-        if suffix not in _STATIC_TYPES or "/" in name or name.startswith("."):
-            return error_response(404, f"no static file {name!r}")
-        res = resources.files("oarbank_ui.pages").joinpath("static", name)
-        if not res.is_file():
-            return error_response(404, f"no static file {name!r}")
-        return Response(200, res.read_bytes(), _STATIC_TYPES[suffix],
-                        {"Cache-Control": "no-cache"})
-
-    # -- helpers ---------------------------------------------------------------------------
-
-    def _html(self, status: int, html: str) -> Response:
-        return Response(status, html.encode(), "text/html; charset=utf-8",
-                        {"Content-Security-Policy": _CSP, "Cache-Control": "no-store",
-                         "X-Content-Type-Options": "nosniff"})
-
-    def _html_error(self, status: int, title: str, message: str) -> Response:
-        return self._html(status, self.templates.render("error.html", title=title,
-                                                        message=message))
