@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import sqlite3
 import subprocess
 import sys
@@ -212,3 +213,32 @@ def test_an_agent_killed_holding_leases_its_jobs_complete_once_on_the_other(
             for a in (other, again):
                 if a is not None:
                     a.stop()
+
+
+def test_a_job_its_submitter_cancels_is_ended_on_the_node_and_not_reported(
+        tmp_path: Path) -> None:
+    with running_portal(tmp_path, "--module", str(EXAMPLE), "--lease-s", "3") as portal:
+        sub = submitter_token(portal["db"], "alice")
+        agent = claiming_agent(tmp_path, portal, "n1")
+        try:
+            (jid,) = submit(portal, sub, [["long"]], hold_s=60)
+            agent.wait_for(lambda: [j["state"] for j in agent.status()["jobs"]] == ["running"],
+                           what="the attempt running")
+            t0 = time.monotonic()
+            r = call(portal["url"], "POST", f"/v1/jobs/{jid}/cancel", {}, token=sub)
+            assert r.status == 200 and r.doc["state"] == "cancelled", r.text
+            # the next renew (every second here) says so: the runner is ended, far before
+            # its 60 s, and the node reports nothing
+            agent.wait_for(lambda: [j["state"] for j in agent.status()["jobs"]] == [
+                "cancelled"], timeout=15, what="the local attempt cancelled")
+            assert time.monotonic() - t0 < 15
+            (row,) = agent.status()["jobs"]
+            assert row["reason"] == "portal: cancelled" and row["portal"]["report"] == (
+                "lost: cancelled")
+            st = agent.status()["fleet"]
+            assert st["leases"]["lost"] == 1 and st["results"] == {
+                "owed": 0, "accepted": 0, "refused": {}, "retries": 0, "last_error": None}
+            assert job(portal, sub, jid)["state"] == "cancelled"
+            assert "long"[::-1] not in json.dumps(job(portal, sub, jid))  # no result came
+        finally:
+            agent.stop()
