@@ -67,25 +67,36 @@ def test_what_a_compile_would_say_is_never_kept(tmp_path: Path, text: bytes) -> 
     assert cache.offer(str(path)) is None and len(cache) == 0
 
 
-@pytest.mark.parametrize("text", [
-    b"x = " + b"-" * 60_000 + b"1\n",  # 3.11's parser gives up: MemoryError
-    b"x = 1" + b" + 1" * 15_000 + b"\n",  # 3.11's compiler gives up: RecursionError
-], ids=["deep", "long"])
-def test_a_source_the_compiler_gives_up_on_is_refused_not_fatal(tmp_path: Path,
+# What each Python the project supports (noxfile's PYTHONS) does with these sources, measured
+# with `compile(..., dont_inherit=True)` on 3.10.13, 3.11.2, 3.12.1, 3.13.0: the parser gives up
+# on "deep" (MemoryError), the compiler on "long" (RecursionError); "nested" compiles everywhere.
+_DEEP = b"x = " + b"-" * 60_000 + b"1\n"
+_LONG = b"x = 1" + b" + 1" * 15_000 + b"\n"
+_NESTED = b"x = " + b"-" * 50 + b"1\n"
+_COMPILER_GIVES_UP = {
+    (3, 10): {"deep": "refused", "long": "refused", "nested": "kept"},
+    (3, 11): {"deep": "refused", "long": "refused", "nested": "kept"},
+    (3, 12): {"deep": "refused", "long": "refused", "nested": "kept"},
+    (3, 13): {"deep": "refused", "long": "refused", "nested": "kept"},
+}
+
+
+@pytest.mark.parametrize("name,text", [("deep", _DEEP), ("long", _LONG), ("nested", _NESTED)],
+                         ids=["deep", "long", "nested"])
+def test_a_source_the_compiler_gives_up_on_is_refused_not_fatal(tmp_path: Path, name: str,
                                                                text: bytes) -> None:
-    """What this interpreter cannot compile is refused like a syntax error (the factory
-    lives on); what it can compile is kept."""
+    """What the interpreter cannot compile is refused like a syntax error (the factory lives
+    on); what it can compile is kept."""
+    version = sys.version_info[:2]
+    if version not in _COMPILER_GIVES_UP:
+        pytest.fail(f"no expectation for Python {version[0]}.{version[1]}: measure what its "
+                    "compile() does with these sources and add a row to _COMPILER_GIVES_UP")
     path = tmp_path / "run.py"
     path.write_bytes(text)
     os.utime(path, (time.time() - 60, time.time() - 60))
-    try:
-        compile(text, str(path), "exec", dont_inherit=True)
-        compiles = True
-    except (SyntaxError, MemoryError, RecursionError):
-        compiles = False
     got = compile_script(str(path))
-    if compiles:
-        assert isinstance(got, scriptcache.Compiled)
+    if _COMPILER_GIVES_UP[version][name] == "kept":
+        assert isinstance(got, scriptcache.Compiled) and _run(got.code)["x"] == 1
     else:
         assert got == scriptcache.stamp_of(os.stat(path))
 
@@ -145,7 +156,7 @@ def test_a_script_over_the_size_cap_or_not_a_file_is_not_kept(tmp_path: Path) ->
 
 
 def test_the_script_a_spawn_runs_in_place_is_found_behind_the_launcher() -> None:
-    py = sys.executable
+    py = "/opt/agent-venv/bin/python"  # the factory's interpreter, as the agent names it
     boot = "import sys"
     env = {"LANG": "C.UTF-8"}
     locale = {"LANG": "C.UTF-8"}
@@ -157,7 +168,7 @@ def test_the_script_a_spawn_runs_in_place_is_found_behind_the_launcher() -> None
     # a relative path, a launcher argv that does not parse.
     assert scriptcache.script_of([py, "-I", "-m", "x"], env, py, boot, locale) is None
     assert scriptcache.script_of(["/usr/bin/python3", "-I", "/m/run.py"], env, py, boot,
-                                 locale) is None or py == "/usr/bin/python3"
+                                 locale) is None
     assert scriptcache.script_of(plain, {"LANG": "C"}, py, boot, locale) is None
     assert scriptcache.script_of([py, "-I", "run.py"], env, py, boot, locale) is None
     assert scriptcache.script_of([py, "-I", "-S", "-c", boot, "/d1", "/d2", "--bogus", "--",
