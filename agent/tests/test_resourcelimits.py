@@ -6,7 +6,7 @@ line at start, `status.resource_limits`).
 The pure parts need no kernel. The controller chain is checked on a directory tree shaped
 like cgroupfs (a fake: this host offers no memory or cpu controller to its cgroup v2 tree).
 The real limit runs where the agent reports it enforced; on this host it does not, and
-`harness/scenarios/oom_limit.py` proves it on a backend with a full cgroup v2."""
+`harness/e2e/scenarios/oom_limit.py` proves it on a backend with a full cgroup v2."""
 
 from __future__ import annotations
 
@@ -110,7 +110,7 @@ def test_the_agent_says_which_limits_it_enforces_and_enforces_them(start_agent,
     assert agent.run_job("small", {"alloc_mb": 16})["state"] == "succeeded"
     if report["memory.max"]["state"] != "enforced":
         pytest.skip(f"this kernel gives the agent no memory controller "
-                    f"({report['memory.max']['why']}): harness/scenarios/oom_limit.py proves "
+                    f"({report['memory.max']['why']}): harness/e2e/scenarios/oom_limit.py proves "
                     "the limit on a backend with a full cgroup v2")
     job = agent.run_job("small", {"alloc_mb": 512})
     assert (job["state"], job["attempts"]) == ("failed", 1), job  # a job fault: not retried
