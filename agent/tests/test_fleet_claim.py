@@ -67,7 +67,7 @@ def submit(portal: dict[str, Any], token: str, prompts: list[list[str]],
 def job(portal: dict[str, Any], token: str, job_id: str) -> dict[str, Any]:
     r = call(portal["url"], "GET", f"/v1/jobs/{job_id}", token=token)
     assert r.status == 200, r.text
-    return r.doc  # type: ignore[no-any-return]
+    return r.doc
 
 
 def wait_jobs(portal: dict[str, Any], token: str, ids: list[str], timeout: float = 90,
