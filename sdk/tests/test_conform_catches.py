@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from oarbank_sdk import advice, conform
+from oarbank_sdk import conform
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "modelserver"
@@ -64,7 +64,10 @@ def test_ready_true_without_hello_fails_at_once_not_after_the_timeout(tmp_path):
     rc, report = run(bundle)
     took = time.monotonic() - t0
     assert rc == 1
-    assert failures(report) == {"service echo: hello": advice.ready_before_hello()}
+    assert failures(report) == {"service echo: hello": (
+        "`ready` answered true but no hello came: the daemon must create "
+        "`service_endpoint.Acceptor()` before loading; it says hello, and `ready` may say true "
+        "only after it")}
     assert took < 40, f"{took:.1f} s: the kit waited for start_timeout_s"
 
 
@@ -74,12 +77,18 @@ def test_start_that_does_not_pass_the_channel_names_the_fix_and_the_daemons_last
     rc, report = run(bundle)
     assert rc == 1 and time.monotonic() - t0 < 40
     detail = failures(report)["service echo: hello"]
-    assert detail.startswith("the service closed its channel (end of file) before its hello: "
-                             "no process of the service is left: " + advice.INHERIT_FIX)
+    fix, last_line = detail.split("; the service's last log line: ")
+    assert fix == ("the service closed its channel (end of file) before its hello: no process "
+                   "of the service is left: `start` must pass the channel on: "
+                   "`subprocess.Popen(..., **service_endpoint.inherit_channel())`, and the daemon "
+                   "must keep running (see why it exited)")
     # the daemon's own words, from its log: Acceptor() found the channel's variable naming a
-    # descriptor it does not hold (upstream's code for a variable set but not usable)
-    assert re.search(r"last log line: \S*EndpointError: bad_endpoint: OARBANK_ENDPOINT_CHANNEL",
-                     detail), detail
+    # descriptor it does not hold (the number is whichever one the agent passed; Windows'
+    # handle error reads "The handle is invalid", Wine's "Invalid handle")
+    not_held = (r"'handle:\d+' is not usable: \[WinError 6\] (The handle is invalid|Invalid handle)"
+                if sys.platform == "win32" else r"'fd:\d+' is not usable: \[Errno 9\] Bad file descriptor")
+    assert re.fullmatch(r"oarbank_sdk\.endpoint\.errors\.EndpointError: bad_endpoint: "
+                        r"OARBANK_ENDPOINT_CHANNEL=" + not_held, last_line), last_line
     # and the tail of its logs under the failing check
     notes = report["notes"]
     assert notes[0] == "service echo: the end of its logs" and "== service.log ==" in notes
@@ -89,8 +98,9 @@ def test_start_that_does_not_pass_the_channel_names_the_fix_and_the_daemons_last
 def test_no_hello_names_the_acceptor(tmp_path):
     rc, report = run(broken(tmp_path, "no_hello"))
     assert rc == 1
-    assert failures(report)["service echo: hello"] == advice.no_hello(2)
-    assert "`service_endpoint.Acceptor()`" in advice.no_hello(2)
+    assert failures(report)["service echo: hello"] == (
+        "no hello within start_timeout_s (2 s): the daemon must create "
+        "`service_endpoint.Acceptor()` before loading; it says hello")
 
 
 def test_a_result_without_envelope_says_what_was_found(tmp_path):
@@ -195,7 +205,9 @@ provides = { pools = ["side"] }
 ''')
     rc, report = run(bundle)
     assert rc == 1
-    assert failures(report) == {"service side: fingerprint": advice.pools_mismatch(
-        ["model"], ["side"])}
+    assert failures(report) == {"service side: fingerprint": (
+        "fingerprint pools keys ['model'] differ from the manifest's provides.pools ['side']: "
+        "missing ['side'] (jobs reserving them wait forever); not in provides.pools: ['model']; "
+        "the fingerprint must answer the pools the manifest provides")}
     skipped = {c["name"]: c["detail"] for c in report["checks"] if c["status"] == "skip"}
     assert skipped["service side"] == "not an endpoint service: not started"
