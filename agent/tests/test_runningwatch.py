@@ -34,6 +34,15 @@ def job(agent: Any, job_id: str) -> dict[str, Any]:
     return next(j for j in agent.status()["jobs"] if j["job_id"] == job_id)
 
 
+def wait_fingerprints_applied(agent: Any, since: float, n: int) -> None:
+    """Wait until ``n`` fingerprints begun after ``since`` (wall time) have been applied. The
+    refreshes run one after the other and an op's event is written as it begins, so a
+    fingerprint's answer has been applied once the next one begins: wait for ``n + 1``."""
+    agent.wait_for(lambda: sum(1 for o in ops(agent) if o["op"] == "fingerprint"
+                               and o["t"] > since) >= n + 1, timeout=30,
+                   what=f"{n} fingerprints applied")
+
+
 def test_due_is_ready_run_by_the_agent_and_idle() -> None:
     S = lc.State
     assert runningwatch.due([
@@ -49,9 +58,10 @@ def test_a_changed_pool_count_changes_admission_while_it_runs(start_agent,
     mod = write_module(tmp_path / "m", service={"lifecycle": "always"})
     agent = start_agent([mod], {"echo": {"slots": 0}}, extra_args=["--refresh-s", "1"])
     agent.wait_for(lambda: agent.service_row()["ready"], timeout=60, what="ready")
+    t_submit = time.time()
     waiting = agent.submit("echo", {})
-    time.sleep(2.5)  # two refreshes: still 0 tokens, the job waits
-    assert job(agent, waiting)["state"] == "queued"
+    wait_fingerprints_applied(agent, t_submit, 2)  # two refreshes: still 0 tokens, the job waits
+    assert job(agent, waiting)["state"] == "queued", job(agent, waiting)
     set_slots(agent, 2)
     t0 = time.monotonic()
     assert agent.wait(waiting, 60)["state"] == "succeeded"
@@ -61,13 +71,12 @@ def test_a_changed_pool_count_changes_admission_while_it_runs(start_agent,
     # fewer tokens: admitted no more
     set_slots(agent, 0)
     t_set = time.time()
-    # Three fingerprints begun after the change: the refreshes run one after the other, so
-    # the second began after the first was over (after the change: it read 0 tokens) and its
-    # answer has been applied once the third begins (an op's event is written as it begins).
-    agent.wait_for(lambda: sum(1 for o in ops(agent) if o["op"] == "fingerprint"
-                               and o["t"] > t_set) >= 3, timeout=30, what="fresh fingerprints")
+    # The first fingerprint begun after the change may have read its settings before it; the
+    # second began after the first was over, so it read 0 tokens: wait until it is applied.
+    wait_fingerprints_applied(agent, t_set, 2)
+    t_submit = time.time()
     later = agent.submit("echo", {})
-    time.sleep(2.5)
+    wait_fingerprints_applied(agent, t_submit, 2)  # two more refreshes: the job still waits
     assert job(agent, later)["state"] == "queued", job(agent, later)
     assert job(agent, later)["reason"], job(agent, later)  # it says why it waits
     set_slots(agent, 1)
