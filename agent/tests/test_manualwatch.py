@@ -56,10 +56,18 @@ def test_manual_refresh_default_does_not_poll_fast(start_agent, tmp_path: Path) 
     # The default period is 30 s: a freshly started agent has asked exactly once.
     mod = write_module(tmp_path / "m", service={"lifecycle": "manual", "endpoint": False})
     agent = start_agent([mod], {"echo": {"slots": 1}})
-    time.sleep(1.0)
-    fps = [e for e in read_jsonl(agent.module_data() / "events.jsonl")
-           if e["event"] == "op" and e["op"] == "fingerprint"]
-    assert len(fps) == 1, fps
+
+    def fps() -> list[dict]:
+        return [e for e in read_jsonl(agent.module_data() / "events.jsonl")
+                if e["event"] == "op" and e["op"] == "fingerprint"]
+
+    agent.wait_for(lambda: len(fps()) >= 1, timeout=30, what="the fingerprint at start")
+    # The window: a job through the agent (its loop runs: a stalled agent would hide a fast
+    # poll), ending at least 1 s after the first fingerprint began. A period under 1 s (a
+    # default in ms, or the 0.3 s the test above asks for) would have asked a second time.
+    assert agent.run_job("echo", {"sleep_s": 1.0})["state"] == "succeeded"
+    agent.wait_for(lambda: time.time() > fps()[0]["t"] + 1.0, timeout=5, what="1 s after it")
+    assert len(fps()) == 1, fps()
 
 
 def test_manual_refresh_option_is_checked(tmp_path: Path) -> None:
