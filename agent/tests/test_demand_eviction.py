@@ -43,14 +43,27 @@ def daemon_lives(evs: list[dict[str, Any]]) -> list[tuple[float, float | None, f
     return [(a, b, c) for a, b, c in lives if a is not None]
 
 
+def wait_evictable(agent: Any, module: str) -> None:
+    """Wait until the module's service has been ready for its load time: sooner, demand
+    eviction leaves it alone (no thrash), and a job that needs its room waits for that."""
+    def ready_since() -> float | None:
+        lives = daemon_lives(events(agent, module))
+        return lives[-1][1] if lives else None
+
+    agent.wait_for(lambda: ready_since() is not None, timeout=30, what=f"{module} ready")
+    agent.wait_for(lambda: time.time() >= ready_since() + LOAD_S, timeout=LOAD_S + 5,
+                   what=f"{module} ready for its load time")
+
+
 def test_an_idle_service_makes_room_for_the_job_that_waits(start_agent, tmp_path: Path) -> None:
     mods, settings = two_modules(tmp_path)
     agent = start_agent(mods, settings, extra_args=["--memory-budget-gb", "0.8",
                                                     "--gpu-apis", "none"])
     first = agent.run_job("echo", {}, module=MODS[0])
     assert first["state"] == "succeeded", agent.why(first)
-    # Not evicted before it has been ready for its own load time (no thrash).
-    time.sleep(LOAD_S)
+    # Not evicted before it has been ready for its own load time (no thrash): the job below
+    # is timed from when the service may be evicted.
+    wait_evictable(agent, MODS[0])
     t0 = time.time()
     job = agent.submit("echo", {}, module=MODS[1])
     done = agent.wait(job, timeout=60)
@@ -128,7 +141,7 @@ def test_the_portal_shows_the_service_was_evicted(start_agent, tmp_path: Path) -
             "--memory-budget-gb", "0.8", "--gpu-apis", "none", "--portal", portal["url"],
             "--portal-token-file", str(token), "--heartbeat-s", "0.3"])
         assert agent.run_job("echo", {}, module=MODS[0])["state"] == "succeeded"
-        time.sleep(LOAD_S)
+        wait_evictable(agent, MODS[0])
         job = agent.submit("echo", {}, module=MODS[1])
         assert agent.wait(job, timeout=60)["state"] == "succeeded"
         hb = next(r for r in agent.status()["services"] if r["module"] == MODS[0])
