@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import select
 import shutil
 import signal
@@ -317,6 +318,20 @@ class RunningAgent:
         self.proc.proc.kill()
         self.proc.proc.wait()
         self.proc.stop()  # closes our ends; the agent's children are in their own sessions
+
+    def watcher_pid(self) -> int:
+        """The agent's fate-sharing watcher (platform/posix/tether.py), as its log names it."""
+        [pid] = [int(m) for m in re.findall(r"watcher pid (\d+)", self.log())]
+        return pid
+
+    def kill_with_watcher(self) -> None:
+        """SIGKILL the agent's watcher, then the agent: its runners' groups are left behind
+        (with the watcher alive they would be ended at once), as when both die together, e.g.
+        to the kernel's OOM killer. What a restarted agent must then end itself."""
+        watcher = self.watcher_pid()
+        os.kill(watcher, signal.SIGKILL)
+        self.wait_for(lambda: not alive(watcher), 10, "the watcher to go")
+        self.kill()
 
     def stop(self) -> None:
         if self.stopped:

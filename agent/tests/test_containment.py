@@ -69,7 +69,7 @@ def test_kill_9_restart_ends_the_predecessors_cgroups_even_unrecorded(start_agen
     first.wait_for(info.exists, timeout=30, what="the first attempt's escapee")
     esc = escapee(first, f"{job_id}.1")
     try:
-        first.kill()  # the runner and its escapee stay behind
+        first.kill_with_watcher()  # the runner and its escapee stay behind
         assert alive(esc["pid"])
         # The crash lost the records too: only the cgroups under the agent's base remain
         # to find the runner and its escapee by.

@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from agent_helpers import alive, read_jsonl, write_module
 
@@ -56,16 +53,6 @@ def test_no_idle_stop_keeps_an_idle_service_up_and_says_so(start_agent, tmp_path
     assert "stop" not in ops, ops
 
 
-def kill_with_watcher(agent: Any) -> None:
-    """kill -9 the agent's watcher, then the agent: its runners' groups are left behind (with
-    the watcher alive they would be ended at once: platform/posix/tether.py), as when both die
-    together, e.g. to the kernel's OOM killer."""
-    [watcher] = [int(m) for m in re.findall(r"watcher pid (\d+)", agent.log())]
-    os.kill(watcher, signal.SIGKILL)
-    agent.wait_for(lambda: not alive(watcher), 10, "the watcher to go")
-    agent.kill()
-
-
 def test_keep_predecessor_groups_leaves_the_old_runner_running(start_agent, tmp_path: Path,
                                                                echo_module: Path) -> None:
     state = tmp_path / "state"
@@ -75,7 +62,7 @@ def test_keep_predecessor_groups_leaves_the_old_runner_running(start_agent, tmp_
     first.wait_for(lambda: any(e["event"] == "sleep" for e in read_jsonl(runs)), 30,
                    "the runner to sleep")
     [old] = [e["pid"] for e in read_jsonl(runs) if e["event"] == "start"]
-    kill_with_watcher(first)
+    first.kill_with_watcher()
 
     broken = start_agent([echo_module], state_dir=state,
                          env=_fault_env(faults.KEEP_PREDECESSOR_GROUPS))
@@ -84,7 +71,7 @@ def test_keep_predecessor_groups_leaves_the_old_runner_running(start_agent, tmp_
     assert alive(old), "the predecessor's runner was ended despite the fault"
     assert broken.status()["fault"] == "keep_predecessor_groups"
     assert "OARBANK_AGENT_FAULT=keep_predecessor_groups" in broken.log()
-    kill_with_watcher(broken)  # its watcher would end the recorded leftover as it went
+    broken.kill_with_watcher()  # its watcher would end the recorded leftover as it went
     assert alive(old)
 
     # The same state dir without the fault: the leftover is ended, as it should be.

@@ -73,9 +73,9 @@ def test_ten_thousand_connects_leave_nothing_behind(start_agent, tmp_path: Path)
     ended = [e for e in read_jsonl(agent.module_data() / "events.jsonl") if e["event"] == "ended"]
     assert len({e["attempt"] for e in ended}) == JOBS + len(warm)
     # No runner and no op left: only the warm service's daemon (and no group record but its).
-    def left() -> list[str]:
+    def left() -> list[str]:  # the agent and its watcher name its state dir
         return [p for p in processes_referencing(agent.root)
-                if int(p.split(":")[0]) != agent.pid]  # the agent itself names its state dir
+                if int(p.split(":")[0]) not in (agent.pid, agent.watcher_pid())]
 
     daemon = [e["pid"] for e in read_jsonl(agent.module_data() / "events.jsonl")
               if e["event"] == "daemon"]
