@@ -3,7 +3,6 @@ idle stop, failures and withdrawal, descriptor hygiene."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 from agent_helpers import EXAMPLE, read_jsonl, write_module
@@ -122,10 +121,23 @@ def test_idle_stop_and_restart_on_demand(start_agent, tmp_path: Path) -> None:
 
 def test_always_service_starts_with_the_agent(start_agent, tmp_path: Path) -> None:
     mod = write_module(tmp_path / "m", service={"lifecycle": "always", "idle_timeout_s": 0.2})
-    agent = start_agent([mod])
-    agent.wait_for(lambda: agent.service_row()["ready"], what="always service ready")
-    time.sleep(0.5)  # longer than idle_timeout_s: an `always` service is not idle-stopped
-    assert agent.service_row()["ready"] is True
+    # The window: an on_demand service with the same idle_timeout_s, idle since after the
+    # always one became ready; once it has been idle-stopped, the always one's idle time
+    # has passed too.
+    witness = write_module(tmp_path / "w", module_id="test.agent.witness",
+                           service={"idle_timeout_s": 0.2})
+    agent = start_agent([mod, witness])
+
+    def row(module: str) -> dict:
+        return next(r for r in agent.status()["services"] if r["module"] == module)
+
+    agent.wait_for(lambda: row("test.agent.echo")["ready"], what="always service ready")
+    assert agent.run_job("echo", {"requests": 1}, module="witness")["state"] == "succeeded"
+    agent.wait_for(lambda: row("test.agent.witness")["last_stop_reason"] == "idle",
+                   what="the on_demand service idle-stopped")
+    assert row("test.agent.echo")["ready"] is True
+    ops = [e["op"] for e in read_jsonl(agent.module_data() / "events.jsonl") if e["event"] == "op"]
+    assert "stop" not in ops, ops
 
 
 def test_failing_service_backs_off_then_is_withdrawn(start_agent, tmp_path: Path) -> None:
