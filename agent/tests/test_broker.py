@@ -130,6 +130,14 @@ def run(coro_fn, *args):
     return result
 
 
+async def until(pred, what: str, timeout: float = TIMEOUT) -> None:
+    """Wait (letting the broker's loop run) until ``pred()`` holds; fail naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)
+
+
 async def ready_service(broker: Broker, key: str) -> tuple[object, Peer]:
     ch = broker.open_channel(key)
     svc = Peer(ch.child_fd)
@@ -216,10 +224,7 @@ def test_job_and_service_processes_talk_through_handed_over_pairs():
             assert out.splitlines() == ["PING 0", "PING 1", "PING 2"]
             assert broker.reached("att-1") == {"mod/svc"}
             # Both receipts arrived: the agent holds no copy of any end it handed over.
-            for _ in range(100):
-                if broker.stats()["pending_ends"] == 0:
-                    break
-                await asyncio.sleep(0.02)
+            await until(lambda: broker.stats()["pending_ends"] == 0, "both receipts")
             assert_drained(broker)
             wire_id = broker.wire_attempt("att-1")
             broker.end_attempt("att-1")
@@ -269,11 +274,7 @@ def test_receipts_close_the_agent_copies_and_bytes_flow_both_ways():
 
         job.send({"op": "received", "conn": reply["conn"]})
         svc.send({"op": "accepted", "conn": reply["conn"]})
-        for _ in range(100):
-            await asyncio.sleep(0.01)
-            if broker.stats()["pending_ends"] == 0:
-                break
-        assert broker.stats()["pending_ends"] == 0
+        await until(lambda: broker.stats()["pending_ends"] == 0, "both receipts")
         assert open_fds() == base + 4 + 2  # only the peers' ends remain
 
         a = socket.socket(fileno=fds[0])
@@ -450,7 +451,8 @@ def test_service_unavailable_and_connects_wait_while_a_service_starts():
         fast = job_peer(broker, "b", "m/fast")
         slow.send({"op": "connect", "pid": 1})
         slow.send(b"garbage behind the waiting connect\n")
-        await asyncio.sleep(0.2)
+        await until(lambda: broker.stats()["queued_connects"] == 2,
+                    "the slow connect and the refusal behind it queued")
         msg, end = await asyncio.to_thread(job_connect, fast)
         assert msg["ok"] is True
         end.close()
@@ -481,7 +483,7 @@ def test_service_unavailable_and_connects_wait_while_a_service_starts():
 
 def test_connects_queued_behind_a_starting_service_stay_bounded():
     async def scenario():
-        gate = Gate(m__s=None)
+        gate = Gate(m__s=None, m__t=True)
         broker = Broker(gate)
         job = job_peer(broker, "a", "m/s")
 
@@ -492,8 +494,17 @@ def test_connects_queued_behind_a_starting_service_stay_bounded():
         # rest unread in the socket (back-pressure), instead of growing its own memory.
         began = time.monotonic()
         writer = asyncio.create_task(asyncio.to_thread(pipeline, 1000))
-        await asyncio.sleep(0.3)
-        assert broker.stats()["queued_connects"] <= 64
+        await until(lambda: broker.stats()["queued_connects"] >= 64, "64 connects queued")
+        # The window: a whole connect of another attempt to a ready service, through the same
+        # loop, while the rest lies readable on the first connector: a broker reading on would
+        # have queued more meanwhile.
+        _ch_t, svc_t = await ready_service(broker, "m/t")
+        other = job_peer(broker, "b", "m/t")
+        msg, end = await asyncio.to_thread(job_connect, other)
+        assert msg["ok"] is True, msg
+        end.close()
+        (await asyncio.to_thread(service_accept, svc_t))[1].close()
+        assert broker.stats()["queued_connects"] == 64
         _ch, svc = await ready_service(broker, "m/s")
         gate.set("m/s", True)
         await writer
@@ -515,8 +526,8 @@ def test_connects_queued_behind_a_starting_service_stay_bounded():
         elapsed = time.monotonic() - began
         assert sum(1 for r in replies if r["ok"]) <= 64 + 32 * elapsed + 1
         await broker.aclose()
-        job.close()
-        svc.close()
+        for p in (job, svc, other, svc_t):
+            p.close()
 
     run(scenario)
 
@@ -527,7 +538,7 @@ def test_gate_answering_false_after_a_wait_refuses():
         broker = Broker(gate)
         job = job_peer(broker, "a", "m/s")
         job.send({"op": "connect", "pid": 1})
-        await asyncio.sleep(0.1)
+        await until(lambda: gate.calls == 1, "the connect waiting on the gate")
         gate.set("m/s", False)  # e.g. not ready within start_timeout_s
         msg, _ = await asyncio.to_thread(job.read)
         assert msg["error"] == "service_unavailable"
@@ -569,11 +580,13 @@ def test_ready_now_hands_over_without_waiting_and_keeps_order_and_errors_safe(ca
         # Starting: the connect waits, and one sent behind it is answered after it, in order.
         gate.set("m/s", None)
         job.send({"op": "connect", "pid": 1})
-        await asyncio.sleep(0.1)
+        await until(lambda: gate.calls == 1 and broker.stats()["queued_connects"] == 1,
+                    "the first connect waiting on the gate")
         gate.states["m/s"] = True  # ready_now would say yes, but a connect is queued ahead
         job.send({"op": "connect", "pid": 2})
-        await asyncio.sleep(0.1)
-        assert broker.stats()["queued_connects"] == 2
+        # handed over in place, it would never be queued
+        await until(lambda: broker.stats()["queued_connects"] == 2,
+                    "the second connect queued behind the first")
         gate.set("m/s", True)
         for _ in range(2):
             msg, fds = await asyncio.to_thread(job.read)
@@ -640,8 +653,10 @@ def test_a_connect_as_the_service_dies_waits_for_its_next_run():
         # connect first (the channel still open, so ready) and the hand-over's send breaks.
         job.send({"op": "connect", "pid": 1})
         svc.close()
-        await asyncio.sleep(0.3)
-        assert broker.stats()["queued_connects"] == 1  # waiting, not refused
+        # Waiting, not refused: the broker has seen the channel go, and the connect waits on
+        # the gate for the next run (a refusal would have emptied the queue first).
+        await until(lambda: broker.stats()["channels"] == 0 and gate.calls >= 1, "the death seen")
+        assert broker.stats()["queued_connects"] == 1
         _ch2, svc2 = await ready_service(broker, "m/s")  # its next run
         gate.set("m/s", True)
         msg, fds = await asyncio.to_thread(job.read)
