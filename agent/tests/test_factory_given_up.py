@@ -50,6 +50,26 @@ async def _until_no_children(fc: factory_client.FactoryClient, within_s: float) 
         await asyncio.sleep(0.05)
 
 
+async def _until_asked(fc: factory_client.FactoryClient) -> None:
+    """Until a spawn's request has gone to the factory. (The client's own state: a spawn is
+    pending from just before its send, and a request that fits the socket goes at once,
+    without a yield: so once another task sees it pending, the spawn awaits the answer.)"""
+    deadline = time.monotonic() + 10
+    while not fc._pending:
+        assert time.monotonic() < deadline, "the spawn never sent its request"
+        await asyncio.sleep(0.01)
+
+
+async def _until_sending(fc: factory_client.FactoryClient) -> None:
+    """Until a request too big for the socket has its first part sent and waits on its
+    tail: the client's send lock is held from the first send to the tail's end, and its
+    first yield is on the tail."""
+    deadline = time.monotonic() + 10
+    while not fc._send_lock.locked():
+        assert time.monotonic() < deadline, "the spawn never began its send"
+        await asyncio.sleep(0.01)
+
+
 def _held_group(tmp_path: Path, name: str) -> Path:
     fifo = tmp_path / name / "cgroup.procs"
     fifo.parent.mkdir()
@@ -81,9 +101,9 @@ def _stopped(pid: int) -> Iterator[None]:
 
 
 async def _close(fc: factory_client.FactoryClient, fifos: list[Path]) -> None:
-    """Let every held child go and end what a failed test left, then the factory."""
+    """Let every held child go and end what a failed test left, then the factory. (A child
+    still blocked in its open of the FIFO is killed there just the same.)"""
     readers = [os.open(f, os.O_RDONLY | os.O_NONBLOCK) for f in fifos]
-    await asyncio.sleep(0.3)
     if fc.pid is not None:
         for c in _children(fc.pid):
             with contextlib.suppress(psutil.NoSuchProcess):
@@ -123,7 +143,7 @@ def test_a_spawn_given_up_before_the_fork_ends_its_child_when_it_is_forked() -> 
             with _stopped(factory_pid):
                 given_up = asyncio.create_task(
                     _spawn(fc, ["/bin/sh", "-c", f"sleep 300; : {marker}"]))
-                await asyncio.sleep(0.3)
+                await _until_asked(fc)
                 assert not given_up.done() and not _children(factory_pid)
                 given_up.cancel()
                 with pytest.raises(asyncio.CancelledError):
@@ -152,10 +172,12 @@ def test_a_spawn_given_up_mid_message_still_sends_all_of_it() -> None:
                 given_up = asyncio.create_task(fc.spawn(
                     ["/bin/sh", "-c", "sleep 300"], env=big, cwd="/", fds=[], join=None,
                     kind="service", label="t"))
-                await asyncio.sleep(0.3)
+                await _until_sending(fc)
                 assert not given_up.done()
                 given_up.cancel()
-                await asyncio.sleep(0.1)
+                for _ in range(3):
+                    await asyncio.sleep(0)  # the cancel reaches the task, which sends on
+                assert not given_up.done(), "the cancel cut the request short"
             with pytest.raises(asyncio.CancelledError):
                 await asyncio.wait_for(given_up, 20)
             proc = await asyncio.wait_for(_spawn(fc, ["/bin/sh", "-c", "exit 3"]), 20)
