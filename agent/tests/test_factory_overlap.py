@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from pathlib import Path
+
+import psutil
 
 from oarbank_agent import platform
 from oarbank_agent.platform.linux.factory import client as factory_client
@@ -31,7 +34,12 @@ def test_a_child_held_before_its_start_does_not_hold_the_next_spawn(tmp_path: Pa
         reader = -1
         try:
             held = asyncio.create_task(_spawn(fc, ["/bin/sh", "-c", "exit 5"], str(fifo)))
-            await asyncio.sleep(0.2)
+            # The factory has forked it: the child is held in its open of the FIFO.
+            assert fc.pid is not None
+            deadline = time.monotonic() + 20
+            while not psutil.Process(fc.pid).children():
+                assert time.monotonic() < deadline, "the factory never forked the held child"
+                await asyncio.sleep(0.02)
             assert not held.done()
             # Before: the factory read each child's start before the next request, and this
             # one waited on the held child for good.
@@ -45,7 +53,7 @@ def test_a_child_held_before_its_start_does_not_hold_the_next_spawn(tmp_path: Pa
         finally:
             if reader < 0:  # a failure above: the held child is let go, not left behind
                 reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
-                await asyncio.sleep(0.5)
+                await asyncio.wait({held}, timeout=10)  # its start, once past the FIFO
             os.close(reader)
             await fc.close()
 
