@@ -41,7 +41,7 @@ States::
   is ended and nothing is reported; the job is the portal's to run elsewhere.
 - ``succeeded``, ``failed`` and ``cancelled`` are final: no event leaves them.
 
-The effect layer (``jobrun.py``, ``agent.py``) performs the transition, labels it with a
+The effect layer (``run.py``, ``agent.py``) performs the transition, labels it with a
 comment where it happens, and asks ``apply`` for the new state. ``TRANSITIONS`` is the whole
 table; ``apply`` refuses anything else.
 """

@@ -3,7 +3,7 @@
 - ``submit``: the placement check (``placement.check``), the record written ``queued``
   before anyone hears of it, enqueued, then ``admit``.
 - ``admit``: admission's FIFO decides (``admission.py``); each admitted job goes
-  ``queued -> admitted`` and gets its run (``jobrun.py``); the services' user counts follow;
+  ``queued -> admitted`` and gets its run (``run.py``); the services' user counts follow;
   a job still waiting says why (admission's reason, or its service's: ``waiting.py``).
 - A run over (``JobRuns``' ``on_over``): its tokens go back, a released job is requeued ahead
   of later ones, admission runs again, the services' users are updated.

@@ -1,7 +1,7 @@
 """The run of an admitted job: wait for its services, run attempts, retry, finish or release.
 
 One task per admitted job (``JobRuns.start``). The job's states and their table are in
-``jobs.py``; every transition here is labelled where it happens and goes through
+``machine.py``; every transition here is labelled where it happens and goes through
 ``jobs.apply``, and the record is saved before the change matters (``store.py``). The
 ``running`` record is written once the runner is spawned, not before: it is not fsynced (a
 crash reads it as ``queued`` either way), so no write waits ahead of the runner's fork.

@@ -7,7 +7,7 @@ and again at every state change, so a restarted agent finds every job in its las
 state (``load_all``) and can requeue what was not finished.
 
 A record's ``state`` is the plain string of a ``jobs.State``; the states and their transitions
-are ``jobs.py``'s table.
+are ``machine.py``'s table.
 """
 
 from __future__ import annotations
