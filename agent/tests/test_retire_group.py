@@ -16,11 +16,12 @@ from pathlib import Path
 
 from oarbank_agent import procs
 
-# Ignores SIGTERM, so only a SIGKILL ends it before the grace period is over.
+# Survives SIGTERM (it says "term" and runs on), so only a SIGKILL ends it before the grace
+# period is over.
 STUBBORN = ("import signal, time\n"
-            "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+            "signal.signal(signal.SIGTERM, lambda *_: print('term', flush=True))\n"
             "print('up', flush=True)\n"
-            "time.sleep(60)\n")
+            "while True: time.sleep(60)\n")
 
 
 async def _start(registry: procs.ProcessRegistry, tmp_path: Path) -> procs.ChildProcess:
@@ -45,8 +46,11 @@ def test_a_cancel_in_the_grace_period_kills_the_group_and_clears_its_record(
         proc = await _start(registry, tmp_path)
         assert [r.group.leader for r in registry.records()] == [proc.pid]
         task = asyncio.create_task(procs.retire_group(registry, procs.group_of(proc), 30.0))
-        await asyncio.sleep(0.3)  # SIGTERM sent (ignored): well inside the 30 s grace
-        assert not task.done()
+        deadline = time.monotonic() + 30
+        while (tmp_path / "out").read_bytes() != b"up\nterm\n":  # SIGTERM came, survived
+            assert time.monotonic() < deadline, "no SIGTERM reached the child"
+            await asyncio.sleep(0.02)
+        assert not task.done()  # well inside the 30 s grace
         began = time.monotonic()
         task.cancel()
         cancelled = False
