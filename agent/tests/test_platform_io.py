@@ -44,7 +44,10 @@ def test_a_pipe_is_not_inherited_and_is_watched_until_eof() -> None:
 
         io.on_readable(r, readable, r)
         os.write(w, b"one")
-        await asyncio.sleep(0.05)
+        deadline = loop.time() + 5
+        while not got:  # the first read, before the end
+            assert loop.time() < deadline, "the readable watch never fired"
+            await asyncio.sleep(0.01)
         os.close(w)
         await asyncio.wait_for(done, 5)
         assert not io.off_readable(r)  # no longer watched
@@ -63,10 +66,15 @@ def test_writable_watch_fires_and_stops() -> None:
         io = platform.current().streams.watcher(asyncio.get_running_loop())
         calls = []
         io.on_writable(a, calls.append, 1)
-        await asyncio.sleep(0.05)
+        deadline = asyncio.get_running_loop().time() + 5
+        while not calls:
+            assert asyncio.get_running_loop().time() < deadline, "the writable watch never fired"
+            await asyncio.sleep(0.01)
         assert io.off_writable(a)
         n = len(calls)
-        await asyncio.sleep(0.05)
+        # The socket stays writable: a watch still in place would fire at each turn of the loop.
+        for _ in range(5):
+            await asyncio.sleep(0)
         assert len(calls) == n
         return n
 
@@ -176,6 +184,8 @@ def test_the_factory_host_reads_a_footprint_and_sees_a_process_end(which: str) -
 
     async def main() -> None:
         waiting = asyncio.ensure_future(host.until_gone(child.pid))
+        # The window: 0.2 s, four rounds of the posix host's 50 ms poll (pidfd's answer is at
+        # once): a live child taken for gone would have ended the wait by then.
         await asyncio.sleep(0.2)
         assert not waiting.done()
         child.kill()  # not reaped yet: a zombie counts as gone
