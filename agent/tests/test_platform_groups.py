@@ -86,6 +86,8 @@ def test_wait_gone_returns_once_the_last_member_is_gone(groups: Groups) -> None:
     async def main() -> None:
         proc, group = await _spawn(groups, "polite")
         waiting = asyncio.create_task(group.wait_gone(poll_s=0.05))
+        # The window: 0.2 s, four of its 50 ms polls: a group with live members taken for gone
+        # would have ended the wait by then.
         await asyncio.sleep(0.2)
         assert not waiting.done()
         group.kill()
