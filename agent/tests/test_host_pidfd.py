@@ -13,10 +13,16 @@ def test_children_are_reaped_with_their_exit_codes_and_no_thread_each():
     async def scenario() -> tuple[str, list[int | None], int, int]:
         watcher = use_child_watcher(asyncio.get_running_loop())
         base = threading.active_count()
+        # Each child waits for a line on its stdin: all 16 run until the test has counted.
         procs = [await asyncio.create_subprocess_exec(
-            "/bin/sh", "-c", f"sleep 0.3; exit {i % 4}") for i in range(16)]
-        await asyncio.sleep(0.1)
-        during = threading.active_count()  # all 16 still running
+            "/bin/sh", "-c", f"read _; exit {i % 4}", stdin=asyncio.subprocess.PIPE)
+            for i in range(16)]
+        during = threading.active_count()
+        assert all(p.returncode is None for p in procs)
+        for p in procs:
+            assert p.stdin is not None
+            p.stdin.write(b"go\n")
+            p.stdin.close()
         codes = await asyncio.wait_for(asyncio.gather(*(p.wait() for p in procs)), 30)
         return watcher, codes, base, during
 
