@@ -13,8 +13,8 @@ trips and planning, the commit, the writer's wake-ups; about 0.8 ms of portal an
 CPU together) besides each report's own (about 0.1 ms). At 1,000 reports/s on two workers a
 2 ms linger left one or two reports a transaction, 10 ms about 7, 25 ms about 16: portal and
 PostgreSQL CPU per report 0.62-0.68 ms at 10 ms, 0.44-0.46 ms at 25 ms as agents send
-(harness/bench/README.md, fourth and fifth passes), for up to 25 ms more on each answer,
-far inside the bound (p99 from due 30-47 ms).
+(docs/measurements/2026-12-04-portal-report-path.md, fourth and fifth passes), for up to 25 ms
+more on each answer, far inside the bound (p99 from due 30-47 ms).
 
 The queue is measured in time, not count: ``age()`` is how long the oldest report not yet
 committed has waited (the one being written included). Past ``admit_fraction`` of the bound a

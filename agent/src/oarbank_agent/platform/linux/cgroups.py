@@ -80,7 +80,8 @@ def favors_dynmods(mountinfo: str) -> bool:
     """Whether the cgroup2 mount in ``mountinfo`` (``/proc/self/mountinfo``'s text) has the
     ``favordynmods`` super option. Without it every move of a process into a cgroup waits for
     an RCU grace period on the threadgroup lock, which is global to all hierarchies: 8.7 ms
-    median per child measured on a 2-core VM, 0.3 ms with it (harness/bench/README.md)."""
+    median per child measured on a 2-core VM, 0.3 ms with it
+    (docs/measurements/2026-12-02-per-connect-and-per-job-cost.md)."""
     found = _cgroup2_mount(mountinfo)
     return found is not None and len(found[1]) >= 3 and "favordynmods" in found[1][2].split(",")
 

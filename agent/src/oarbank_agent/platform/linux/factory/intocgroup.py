@@ -3,8 +3,9 @@ around ``fork()``.
 
 Why: a child that writes its pid to ``cgroup.procs`` after the fork takes the kernel's
 threadgroup lock for writing, whose RCU grace period costs 8-10 ms per child on a cgroup2
-mount without ``favordynmods`` (harness/bench/README.md). A child born in its cgroup takes
-the read side only, which every fork takes anyway, and is never outside it.
+mount without ``favordynmods`` (docs/measurements/2026-12-02-per-connect-and-per-job-cost.md).
+A child born in its cgroup takes the read side only, which every fork takes anyway, and is never
+outside it.
 
 The fork is ``os.fork``'s own recipe with the system call swapped: ``PyOS_BeforeFork``, the
 call with the interpreter lock held, then ``PyOS_AfterFork_Child`` or ``_Parent`` (the
