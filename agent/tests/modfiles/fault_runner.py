@@ -13,8 +13,9 @@ Payload:
 - mode "fds": reports the descriptors it was started with (fd -> what it names), then makes
   one request.
 - mode "escape": a child leaves the runner's process group (setsid) keeping the connector,
-  waits for the runner to be gone, then tries to connect and writes what happened to
-  <module data>/escape-<attempt>.json. The runner itself exits 0 at once.
+  waits for the runner to be gone and its connector to be closed (15 s at most), then tries
+  to connect and writes what happened to <module data>/escape-<attempt>.json. The runner
+  itself exits 0 at once.
 Result payload: {"outcomes": [...], "pids": [...], ...}.
 """
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import select
 import socket
 import sys
 import time
@@ -164,7 +166,10 @@ def escape(attempt_id: str) -> dict:
             os.close(left_w)
             while os.getppid() == parent:
                 time.sleep(0.02)
-            time.sleep(1.0)  # the agent ends the attempt right after the runner's group
+            # The agent ends the attempt right after the runner's group, closing its end of
+            # the connector: it never writes on it unasked, so readable means that close.
+            fd = int(os.environ["OARBANK_SERVICE_ECHO"].split(":", 1)[1])
+            select.select([fd], [], [], 15)  # not closed within 15 s: the connect below says
             try:
                 s = ep.connect("echo")
                 outcome = {"connected": True, "pid": ask(s)}
