@@ -76,6 +76,8 @@ def battery() -> dict:
         # it, the pool's idle connections are dead and the next requests take new ones.
         before = c.get("/info").json()["pid"]
         out["dying"] = c.post("/die").json()["dying"]
+        # The app exits 0.2 s after that answer. Nothing here can see it go without a request,
+        # and a request would use the pool under test: so a window of 1 s, five times that.
         time.sleep(1.0)
         errors, after, deadline = [], None, time.monotonic() + 90
         while time.monotonic() < deadline:
