@@ -252,7 +252,7 @@ def test_the_idle_clock_goes_on_from_where_the_dead_agent_left_it(start_agent,
     idle_from = time.time()  # the job is over: no users from here on
     wait_kept(first)
     first.kill()
-    time.sleep(2.0)
+    time.sleep(2.0)  # the input: a gap with no agent, which the idle clock must count
     second = start_agent([mod], {}, state_dir=first.state_dir, extra_args=KEEP)
     (row,) = [r for r in second.status()["services"] if r["service"] == "echo"]
     # A clock started at the adoption would say about 30 s; this one lost the gap too.

@@ -194,7 +194,7 @@ def test_ready_fdstore_and_readoption_under_a_played_systemd(played: PlayedSyste
 
     # A crash: the store (here, the test) holds the channel; the daemon runs on.
     assert first.end(signal.SIGKILL) == -signal.SIGKILL
-    time.sleep(0.5)
+    time.sleep(0.5)  # the input: a gap with no agent (the second one takes the daemon back)
     assert alive(daemon)
     second = UnitAgent(tmp_path / "a2", state, mod, settings, played, "--keep-services")
     played.wait_for(lambda m: m.get("READY") == "1", "READY=1 from the second agent")

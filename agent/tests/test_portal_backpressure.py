@@ -61,7 +61,7 @@ def test_the_agent_waits_as_asked_then_reports_whole(tmp_path: Path,
             wait_for(lambda: agent.status()["heartbeat"]["deferred"] >= 1, timeout=10)
             t0 = time.monotonic()
             before = metric(url, refused.replace("{", "\\{"))
-            time.sleep(3.0)
+            time.sleep(3.0)  # the input: a 3 s outage, over which refusals are counted
             during = metric(url, refused.replace("{", "\\{")) - before
             elapsed = time.monotonic() - t0
         finally:
