@@ -143,8 +143,8 @@ def test_a_write_in_flight_holds_the_next_one_until_it_completes() -> None:
         try:
             watcher.on_readable(ours, reader.on_readable)
             assert ours.send(b"size %d\n" % len(payload)) > 0
-            await asyncio.sleep(0.2)  # the header's write completes (the child reads lines)
-            assert ours.send(payload) == len(payload)
+            # once the header's write completed (the child reads lines), the payload goes whole
+            assert await _send_when_free(ours, payload) == len(payload)
             with pytest.raises(BlockingIOError):
                 ours.send(b"more")
             watcher.on_writable(ours, lambda: writable.done() or writable.set_result(None))
