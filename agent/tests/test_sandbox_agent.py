@@ -407,7 +407,7 @@ def test_walls_per_child_follow_the_manifest(tmp_path: Path) -> None:
 
     repo = Path(__file__).resolve().parents[2]
     node = NodeInfo.create(tmp_path, "n")
-    gpu = load_module(repo / "harness" / "modules" / "gpumodel", tmp_path, {})
+    gpu = load_module(repo / "harness" / "e2e" / "modules" / "gpumodel", tmp_path, {})
     plain = load_module(EXAMPLE, tmp_path, {})
     w = tmp_path / "jobs" / "j1" / "a1"
     rw, sw = sandboxing.runner_walls(plain, w), sandboxing.service_walls(plain, node)
