@@ -7,6 +7,7 @@ from harness.e2e.scenarios import (
     agent_upgrade,
     crash_loop,
     evict_for_job,
+    fleet_dispatch,
     gpu_real,
     gpu_shared_start,
     idle_stop,
@@ -15,5 +16,6 @@ from harness.e2e.scenarios import (
     yield_,
 )
 
-__all__ = ["agent_restart", "agent_upgrade", "crash_loop", "evict_for_job", "gpu_real",
+__all__ = ["agent_restart", "agent_upgrade", "crash_loop", "evict_for_job", "fleet_dispatch",
+           "gpu_real",
            "gpu_shared_start", "idle_stop", "listener_refused", "oom_limit", "yield_"]
