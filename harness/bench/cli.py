@@ -64,6 +64,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "(60 jobs; --quick 12): total job wait with demand eviction against "
                         "the node without it, and model loads against their lower bound "
                         "(harness/bench/multimodel.py); results in .bench/multi_model.json")
+    p.add_argument("--fleet", action="store_true",
+                   help="instead: fleet dispatch: a simulated fleet on the portal's placement "
+                        "code, claim throughput on SQLite and PostgreSQL with 1,000 nodes, and "
+                        "4 real agents warm-aware against warm-blind (harness/bench/fleet.py); "
+                        "results in .bench/fleet.json")
+    p.add_argument("--fleet-parts", default="sim,claims,nodes", metavar="LIST",
+                   help="with --fleet: which parts (default sim,claims,nodes)")
     return p
 
 
@@ -149,8 +156,29 @@ def _multi_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fleet(args: argparse.Namespace) -> int:
+    from . import fleet
+
+    parts = tuple(x.strip() for x in args.fleet_parts.split(",") if x.strip())
+    if not parts or set(parts) - set(fleet.PARTS):
+        print(f"bench: --fleet-parts takes {', '.join(fleet.PARTS)}", file=sys.stderr)
+        return 2
+    stores = tuple(x.strip() for x in args.portal_stores.split(",") if x.strip())
+    out = args.out.with_name("fleet.json")
+    results = fleet.run_fleet(args.quick, parts, args.keep, stores)
+    fleet.write(out, results)
+    print(fleet.table(results))
+    print(f"\n{'quick' if args.quick else 'full'} fleet bench: {results['seconds']:.1f} s; load "
+          f"average {results['load_average_at_start'][0]:.1f} at the start, "
+          f"{results['load_average_at_end'][0]:.1f} at the end on {os.cpu_count()} CPUs; "
+          f"results in {out}")
+    return 1 if any("error" in results[p] for p in parts) else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.fleet:
+        return _fleet(args)
     if args.portal:
         return _portal(args)
     if args.multi_model:

@@ -1,0 +1,134 @@
+"""``nox -s bench -- --fleet``: fleet dispatch (issue 50), three parts side by side in one run:
+(a) a simulated fleet on the portal's own placement code (``fleetsim.py``), (b) claim
+throughput against a real portal on SQLite and PostgreSQL (``fleetload.py``), (c) real agents
+claiming from a real portal, warm-aware against warm-blind (``fleetnodes.py``). ``--quick``
+runs each smaller; ``--fleet-parts`` picks some."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from .stats import check_target
+
+__all__ = ["PARTS", "run_fleet", "table", "write"]
+
+PARTS = ("sim", "claims", "nodes")
+
+
+def run_fleet(quick: bool, parts: tuple[str, ...], keep: bool = False,
+              stores: tuple[str, ...] = ("sqlite", "postgresql")) -> dict[str, Any]:
+    out: dict[str, Any] = {"quick": quick, "started_at": time.time(), "cpus": os.cpu_count(),
+                           "load_average_at_start": os.getloadavg()}
+    for part in parts:
+        t0 = time.monotonic()
+        print(f"bench --fleet: {part} ...", file=sys.stderr, flush=True)
+        try:
+            if part == "sim":
+                from .fleetsim import run_fleet_sim
+
+                out[part] = run_fleet_sim(quick)
+            elif part == "claims":
+                from .fleetload import run_claim_bench
+
+                out[part] = (run_claim_bench(nodes=200, jobs=15_000, seconds=8, stores=stores)
+                             if quick else run_claim_bench(stores=stores))
+            else:
+                from .fleetnodes import run_real_nodes
+
+                out[part] = run_real_nodes(quick, keep)
+        except Exception as exc:  # noqa: BLE001 - reported in the table, the next part runs
+            traceback.print_exc()
+            out[part] = {"error": f"{type(exc).__name__}: {exc}"}
+        out[part]["seconds"] = round(time.monotonic() - t0, 1)
+    out["load_average_at_end"] = os.getloadavg()
+    out["seconds"] = round(time.time() - out["started_at"], 1)
+    return out
+
+
+def _ok(value: Any, target: str) -> str:
+    ok = check_target(value if isinstance(value, (int, float)) else None, target)
+    return "-" if ok is None else ("met" if ok else "MISSED")
+
+
+def table(r: dict[str, Any]) -> str:
+    rows = ["| part | figure | warm-aware | warm-blind (or baseline) | ratio | target | |",
+            "|---|---|---|---|---|---|---|"]
+    sim = r.get("sim")
+    if sim and "error" not in sim:
+        a, b, p = sim["warm_aware"], sim["warm_blind"], sim["params"]
+        head = f"sim ({p['nodes']} nodes, {p['models']} models, {p['jobs']} jobs)"
+        rows += [
+            f"| {head} | model loads (lower bound {sim['lower_bound_loads']}) | {a['loads']} | "
+            f"{b['loads']} | {sim['loads_over_bound']} x the bound (blind "
+            f"{sim['blind_loads_over_bound']}) | <= 1.5 | "
+            f"{_ok(sim['loads_over_bound'], '<= 1.5')} |",
+            f"| | p95 submit-to-done (s) | {a['p95_s']} | {b['p95_s']} | {sim['p95_ratio']} | "
+            f"<= 0.5 | {_ok(sim['p95_ratio'], '<= 0.5')} |",
+            f"| | p50 submit-to-done (s) | {a['p50_s']} | {b['p50_s']} | "
+            f"{round(a['p50_s'] / b['p50_s'], 3) if b['p50_s'] else '-'} | | |",
+            f"| | makespan (s; last submit {a['last_submit_s']}) | {a['makespan_s']} | "
+            f"{b['makespan_s']} | | | |",
+            f"| | cold starts by the rule that allowed them | {a['cold_starts_by_rule']} | | "
+            "| | |",
+            f"| | jobs granted twice | {a['granted_twice']} | {b['granted_twice']} | | 0 | |",
+            f"| | simulation wall time (s) | {a['wall_s']} | {b['wall_s']} | | | |",
+        ]
+    elif sim:
+        rows.append(f"| sim | error | {sim['error']} | | | | |")
+    claims = r.get("claims")
+    if claims and "stores" in claims:
+        for kind, s in claims["stores"].items():
+            head = f"claims, {kind} ({claims['nodes']} nodes)"
+            if "error" in s:
+                rows.append(f"| {head} | error | {s['error']} | | | | |")
+                continue
+            rows += [
+                f"| {head} | grants/s | {s['grants_per_s']} | | | >= 1000 | "
+                f"{_ok(s['grants_per_s'], '>= 1000')} |",
+                f"| | claim p99 / p50 (ms) | {s['claim_p99_ms']} / {s['claim_p50_ms']} | | | "
+                f"<= 100 | {_ok(s['claim_p99_ms'], '<= 100')} |",
+                f"| | claims/s (with grants) | {s['claims_per_s']} | | | | |",
+                f"| | jobs granted twice (client / store) | {s['granted_twice']} / "
+                f"{s['attempts_beyond_one']} | | | 0 | "
+                f"{_ok(s['granted_twice'] + s['attempts_beyond_one'], '== 0')} |",
+                f"| | CPU ms per grant and its result: portal / database server / "
+                f"nodes' client | {s['cpu_ms_per_grant']['portal']} / "
+                f"{s['cpu_ms_per_grant']['database_server']} / "
+                f"{s['cpu_ms_per_grant']['nodes_client']} | | | | |",
+            ]
+    elif claims:
+        rows.append(f"| claims | error | {claims.get('error')} | | | | |")
+    nodes = r.get("nodes")
+    if nodes and "error" not in nodes:
+        a, b, q = nodes["warm_aware"], nodes["warm_blind"], nodes["ratios"]
+        head = f"real nodes ({nodes['nodes']} agents, {nodes['jobs']} jobs)"
+        rows += [
+            f"| {head} | model loads | {a['loads']} | {b['loads']} | {q['loads']} | <= 0.333 | "
+            f"{_ok(q['loads'], '<= 0.333')} |",
+            f"| | makespan (s) | {a['makespan_s']} | {b['makespan_s']} | {q['makespan']} | "
+            f"<= 0.6 | {_ok(q['makespan'], '<= 0.6')} |",
+            f"| | median submit-to-done (s) | {a['median_s']} | {b['median_s']} | "
+            f"{q['median']} | <= 0.5 | {_ok(q['median'], '<= 0.5')} |",
+            f"| | grants (= jobs: {a['jobs']}) | {a['grants']} | {b['grants']} | | | |",
+        ]
+        for mode, run in (("warm-aware", a), ("warm-blind", b)):
+            per = "; ".join(f"{n}: loads {sum(ls.values())}, placed "
+                            f"{run['placements_by_node'].get(n, {})}"
+                            for n, ls in sorted(run["loads_by_node"].items()))
+            rows.append(f"| | per node, {mode} | {per} | | | | |")
+    elif nodes:
+        rows.append(f"| real nodes | error | {nodes['error']} | | | | |")
+    return "\n".join(rows)
+
+
+def write(out: Path, r: dict[str, Any]) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(r, indent=2, default=str) + "\n")
+    tmp.replace(out)

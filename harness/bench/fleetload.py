@@ -1,0 +1,252 @@
+"""``--fleet``, part (b): claim throughput. A real ``oarbank-portal serve`` per store (SQLite,
+then PostgreSQL on a server this bench starts, as ``--portal`` does), jobs submitted to it
+over HTTP (batches of 10,000), then 1,000 nodes claiming at once over real HTTP on loopback,
+each as the agent does: a long-polled claim (``wait_s`` 20) for what its ready service's
+free tokens allow (``max_grants`` 4), then the result of each grant (its job "ran" in no
+time), then the next claim. The nodes are asyncio tasks in this process, one keep-alive
+connection each (uvloop when installed).
+
+Figures per store, over the window from the first claim until ``seconds`` pass or the queue
+runs dry (work waits throughout): grants per second, claims per second, claim latency (p50,
+p99, from the request's write to its answer) of the claims answered while work waited, the
+results accepted, and the jobs granted twice (a job id in two grants: 0, since no lease
+expires in the window) and the attempts the store holds for a job beyond one. Targets: >= 1,000
+grants/s, claim p99 <= 100 ms, 0 granted twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from .portal import PortalProcess, _arun, _cpu_s, _pgcluster, _read_reply
+from .stats import percentile
+
+__all__ = ["run_claim_bench"]
+
+MODULE = "dev.example.modelserver"
+SLOTS = 4
+BATCH = 10_000
+WARMUP_S = 3.0  # the first seconds (every node's first claim at once) are not measured
+
+
+def _claim_body(node: str) -> bytes:
+    return json.dumps({
+        "node_id": node, "wait_s": 20, "max_grants": SLOTS, "free_mem_gb": 0.5,
+        "evictable_mem_gb": 0.0, "gpus": [],
+        "modules": [{"module": MODULE, "stages": ["generate"], "services": [
+            {"service": "model", "state": "ready", "pools": {"model": {"free": SLOTS,
+                                                                         "total": SLOTS}},
+             "load_s": 1.0, "job_s": 0.01, "mem_gb": 0.5}]}]}).encode()
+
+
+def _result_body(node: str, g: dict[str, Any]) -> bytes:
+    now = time.time()
+    return json.dumps({"node_id": node, "attempt_id": g["attempt_id"],
+                       "generation": g["generation"],
+                       "record": {"job_id": f"local-{g['attempt_id']}", "module": MODULE,
+                                  "stage": "generate", "state": "succeeded", "attempts": 1,
+                                  "exit_code": 0, "reason": None, "started_at": now,
+                                  "finished_at": now},
+                       "result": {"envelope": 1, "payload": {"texts": []}}}).encode()
+
+
+def _request(host: str, port: int, path: str, token: str, body: bytes) -> bytes:
+    return (f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: Bearer {token}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+            ).encode() + body
+
+
+async def _submit(host: str, port: int, token: str, jobs: int) -> float:
+    reader, writer = await asyncio.open_connection(host, port)
+    t0 = time.perf_counter()
+    try:
+        for start in range(0, jobs, BATCH):
+            n = min(BATCH, jobs - start)
+            body = json.dumps({"jobs": [{"module": MODULE, "stage": "generate",
+                                         "payload": {"prompts": [f"job {start + i}"]}}
+                                        for i in range(n)]}).encode()
+            writer.write(_request(host, port, "/v1/jobs", token, body))
+            status, reply = await _read_reply(reader)
+            if status != 201:
+                raise RuntimeError(f"submit answered {status}: {reply[:300]!r}")
+    finally:
+        writer.close()
+    return time.perf_counter() - t0
+
+
+async def _nodes(host: str, port: int, tokens: list[tuple[str, str]], seconds: float,
+                 job_s: tuple[float, float], warmup_s: float) -> dict[str, Any]:
+    """Each node: ``SLOTS`` tokens; a claim for its free ones whenever it has some (one at a
+    time, long-polled); each grant runs ``job_s`` (uniform) and then its result is posted on
+    the node's second connection; the token is free again once the portal answered."""
+    import random
+
+    rnd = random.Random(50)
+    claims: list[tuple[float, float, int]] = []  # (answered at, latency, grants)
+    granted: list[str] = []
+    statuses: dict[str, int] = {}
+    results = {"accepted": 0, "refused": 0}
+    lost = [0]  # requests whose connection failed (no answer)
+    t_start = time.perf_counter()
+    deadline = t_start + seconds
+
+    async def node(name: str, token: str) -> None:
+        conn = [await asyncio.open_connection(host, port)]
+        lock = asyncio.Lock()  # one keep-alive connection: claims and results take turns
+        free = [SLOTS]
+        freed = asyncio.Event()
+        jobs: set[asyncio.Task[None]] = set()
+
+        async def post(path: str, body: bytes) -> tuple[int, bytes]:
+            async with lock:
+                try:
+                    conn[0][1].write(_request(host, port, path, token, body))
+                    return await _read_reply(conn[0][0])
+                except (OSError, asyncio.IncompleteReadError):
+                    lost[0] += 1
+                    conn[0][1].transport.abort()
+                    conn[0] = await asyncio.open_connection(host, port)
+                    return 0, b""
+
+        async def job(g: dict[str, Any]) -> None:
+            await asyncio.sleep(rnd.uniform(*job_s))
+            status, _ = await post("/v1/agent/result", _result_body(name, g))
+            results["accepted" if status == 200 else "refused"] += 1
+            free[0] += 1
+            freed.set()
+
+        try:
+            while time.perf_counter() < deadline:
+                if free[0] == 0:
+                    freed.clear()
+                    await freed.wait()
+                    continue
+                body = json.loads(_claim_body(name))
+                body["max_grants"] = free[0]
+                body["modules"][0]["services"][0]["pools"]["model"]["free"] = free[0]
+                sent = time.perf_counter()
+                status, reply = await post("/v1/agent/claim", json.dumps(body).encode())
+                took = time.perf_counter() - sent
+                statuses[str(status)] = statuses.get(str(status), 0) + 1
+                if status != 200:
+                    await asyncio.sleep(1.0)
+                    continue
+                grants = json.loads(reply)["grants"]
+                claims.append((time.perf_counter(), took, len(grants)))
+                free[0] -= len(grants)
+                for g in grants:
+                    granted.append(g["job_id"])
+                    t = asyncio.create_task(job(g))
+                    jobs.add(t)
+                    t.add_done_callback(jobs.discard)
+            if jobs:
+                await asyncio.gather(*jobs)
+        finally:
+            conn[0][1].close()
+
+    await asyncio.gather(*(node(n, t) for n, t in tokens))
+    lo, hi = t_start + warmup_s, deadline
+    inside = [c for c in claims if lo <= c[0] <= hi and c[2] > 0]
+    n_grants = sum(c[2] for c in inside)
+    lat = [c[1] for c in inside]
+    empty = sum(1 for c in claims if c[2] == 0)
+    return {"window_s": round(hi - lo, 2), "claims_in_window": len(inside),
+            "grants_in_window": n_grants, "grants": len(granted),
+            "granted_twice": len(granted) - len(set(granted)),
+            "grants_per_s": round(n_grants / (hi - lo), 1),
+            "claims_per_s": round(len(inside) / (hi - lo), 1),
+            "claim_p50_ms": round((percentile(lat, 50) or 0) * 1000, 1),
+            "claim_p99_ms": round((percentile(lat, 99) or 0) * 1000, 1),
+            "claim_max_ms": round(max(lat, default=0) * 1000, 1),
+            "claims_answered_empty": empty, "statuses": statuses, "results": results,
+            "no_answer": lost[0]}
+
+
+def _submitter(db: str) -> str:
+    r = subprocess.run([sys.executable, "-m", "oarbank_ui.cli", "token", "issue", "--submitter",
+                        "bench", "--db", db], capture_output=True, text=True, timeout=120)
+    if r.returncode != 0:
+        raise RuntimeError(f"token issue --submitter: {r.stderr.strip()}")
+    return r.stdout.strip().splitlines()[-1].strip()
+
+
+def _attempts_beyond_one(db: str, kind: str) -> int:
+    q = ("SELECT COALESCE(SUM(n - 1), 0) FROM (SELECT COUNT(*) AS n FROM attempts GROUP BY"
+         " job_id HAVING COUNT(*) > 1) x")
+    if kind == "sqlite":
+        with sqlite3.connect(db) as c:
+            return int(c.execute(q).fetchone()[0])
+    import psycopg
+
+    with psycopg.connect(db) as c:
+        row = c.execute(q).fetchone()
+        return int(row[0]) if row else 0
+
+
+def _one_store(kind: str, db: str, folder: Path, nodes: int, jobs: int, seconds: float,
+               workers: int, job_s: tuple[float, float], db_pid: int | None = None
+               ) -> dict[str, Any]:
+    from oarbank_ui.store.heartbeats import open_store
+
+    store = open_store(db)
+    tokens = store.issue_tokens([f"node-{i:04d}" for i in range(nodes)])
+    store.close()
+    sub = _submitter(db)
+    # a node keeps one connection open: room for all of them (the default is 1,000)
+    portal = PortalProcess(db, folder, workers, ("--max-connections", str(2 * nodes + 100)))
+    try:
+        submit_s = _arun(_submit(portal.host, portal.port, sub, jobs))
+        print(f"bench fleet [{kind}]: {jobs} jobs submitted in {submit_s:.1f} s; {nodes} nodes "
+              f"claim for up to {seconds:g} s ...", file=sys.stderr, flush=True)
+        cpu0 = (_cpu_s(portal.proc.pid), _cpu_s(db_pid), time.process_time())
+        out = _arun(_nodes(portal.host, portal.port, list(tokens.items()), seconds, job_s,
+                           WARMUP_S))
+        cpu1 = (_cpu_s(portal.proc.pid), _cpu_s(db_pid), time.process_time())
+    finally:
+        portal.stop()
+    n = max(1, out["grants"])  # CPU over the whole run: its grants, and their results
+    out["cpu_ms_per_grant"] = {"portal": round((cpu1[0] - cpu0[0]) * 1000 / n, 3),
+                               "database_server": round((cpu1[1] - cpu0[1]) * 1000 / n, 3),
+                               "nodes_client": round((cpu1[2] - cpu0[2]) * 1000 / n, 3)}
+    out["attempts_beyond_one"] = _attempts_beyond_one(db, kind)
+    out["jobs_submitted"] = jobs
+    out["submit_s"] = round(submit_s, 2)
+    return out
+
+
+def run_claim_bench(*, nodes: int = 1000, jobs: int = 60_000, seconds: float = 20.0,
+                    workers: int = 2, stores: tuple[str, ...] = ("sqlite", "postgresql"),
+                    job_s: tuple[float, float] = (1.0, 3.0)) -> dict[str, Any]:
+    results: dict[str, Any] = {"nodes": nodes, "jobs": jobs, "seconds": seconds,
+                               "slots": SLOTS, "job_s": list(job_s), "warmup_s": WARMUP_S,
+                               "portal_workers": workers, "stores": {}}
+    with tempfile.TemporaryDirectory(prefix="oarbank-fleet-claims-") as tmp:
+        folder = Path(tmp)
+        for kind in stores:
+            try:
+                if kind == "sqlite":
+                    results["stores"][kind] = _one_store(kind, str(folder / "portal.db"), folder,
+                                                         nodes, jobs, seconds, workers, job_s)
+                    continue
+                pg = _pgcluster()
+                if pg.server_bindir() is None:
+                    results["stores"][kind] = {"error": "no PostgreSQL server"}
+                    continue
+                cluster = pg.PgCluster(durable=True, extra=["-c", "synchronous_commit=off"])
+                try:
+                    results["stores"][kind] = _one_store(
+                        kind, cluster.create_database("bench"), folder, nodes, jobs, seconds,
+                        workers, job_s, db_pid=cluster.proc.pid)
+                finally:
+                    cluster.stop()
+            except Exception as exc:  # noqa: BLE001 - reported in the table, the next store runs
+                results["stores"][kind] = {"error": f"{type(exc).__name__}: {exc}"}
+    return results
