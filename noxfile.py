@@ -183,6 +183,14 @@ def demo_openai(session: nox.Session) -> None:
 
 
 @nox.session
+def demo_fleet(session: nox.Session) -> None:
+    """Fleet dispatch on this machine: a portal (SQLite), three agents claiming, jobs of two
+    modules submitted to the portal, its progress bar, then loads and placements per node."""
+    _install(session)
+    session.run("python", "-m", "harness.tools.demo_fleet", *session.posargs)
+
+
+@nox.session
 def conform(session: nox.Session) -> None:
     _install(session)
     session.run("oarbank-sdk", "conform", *(session.posargs or ["examples/modelserver"]))
