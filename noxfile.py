@@ -184,8 +184,10 @@ def demo_openai(session: nox.Session) -> None:
 
 @nox.session
 def demo_fleet(session: nox.Session) -> None:
-    """Fleet dispatch on this machine: a portal (SQLite), three agents claiming, jobs of two
-    modules submitted to the portal, its progress bar, then loads and placements per node."""
+    """Fleet dispatch: a portal (SQLite), three claiming agents, jobs of two modules.
+
+    Jobs are submitted to the portal with its CLI (the progress bar), then loads and placements
+    per node are printed (harness/tools/demo_fleet.py)."""
     _install(session)
     session.run("python", "-m", "harness.tools.demo_fleet", *session.posargs)
 
