@@ -127,8 +127,8 @@ def run(tmp: Path, jobs: tuple[int, int], load_s: float, hold_s: float) -> int:
     procs = Procs()
     try:
         argv = [*_bin("oarbank-portal"), "serve", "--db", str(db), "--listen", "127.0.0.1:0"]
-        for m in mods:
-            argv += ["--module", str(m)]
+        for mod in mods:
+            argv += ["--module", str(mod)]
         _p, line = procs.start(argv, tmp / "portal.log", "the portal")
         found = re.search(r"serving on (\S+)", line)
         if not found:
@@ -138,9 +138,9 @@ def run(tmp: Path, jobs: tuple[int, int], load_s: float, hold_s: float) -> int:
         for m in MODULES:
             (tmp / f"{m}.json").write_text(json.dumps({"load_s": load_s, "model_gb": 0.5}))
         for node in NODES:
-            token = _secret(tmp / f"{node}.token", _token(db, node))
+            node_token = _secret(tmp / f"{node}.token", _token(db, node))
             argv = [*_bin("oarbank-agent"), "run", "--state-dir", str(tmp / node), "--node-id",
-                    node, "--portal", url, "--portal-token-file", str(token), "--claim",
+                    node, "--portal", url, "--portal-token-file", str(node_token), "--claim",
                     "--claim-wait-s", "2"]
             for m, path in zip(MODULES, mods, strict=True):
                 argv += ["--module", str(path), "--settings", f"{m}={tmp / (m + '.json')}"]

@@ -130,7 +130,7 @@ def fleet_dispatch(ctx: Ctx) -> None:
     done_lines = {n.node_id: {m: [ln.split(" ", 1)[1] for ln in _lines(n, m, "model.ledger")
                                   if ln.startswith("done ")] for m in MODS} for n in nodes}
     for j in jobs:
-        local = (j.get("record") or {}).get("job_id")
+        local = str((j.get("record") or {}).get("job_id"))
         seen = done_lines[j["node_id"]][j["module"]].count(local)
         ctx.check(seen == 1, f"portal job {j['job_id']} ran as {local} on {j['node_id']}: its "
                              f"service's ledger has {seen} `done` of it (want 1)")
