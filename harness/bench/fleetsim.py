@@ -26,7 +26,8 @@ A node, as the agent behaves:
   once idle (no job holds a token) and ready for at least its own load time (the no-thrash
   rule), ``STOP_S`` after which the waiting job's model starts loading;
 - a model's measured load time and mean job time are known on a node only once it loaded
-  or ran it (a claim says null before, and placement reads its defaults, 60 s and 1 s).
+  or ran it (a claim says null before, and placement reads the fleet's mean job time, as the
+  portal does from the other nodes' claims, else its defaults, 60 s and 1 s).
 
 Not modelled: failures and lease expiries (no node fails), the idle timeout (600 s, longer
 than most of the run), the portal's own latency (the claim throughput figure, part (b)).
@@ -169,6 +170,11 @@ class Sim:
         self.queues: list[deque[Job]] = [deque() for _ in range(p.models)]
         self.offer: list[tuple[int, str] | None] = [None] * p.nodes  # latest claim's warmth
         self.warm = [0] * p.models  # nodes whose latest claim says ready or starting
+        self.starting = [0] * p.models  # ... of those, starting
+        # each node's latest claimed mean job time per model, and their sum and count (the
+        # portal's AVG(job_s) over the other nodes' claims)
+        self.job_means: list[dict[int, float]] = [{} for _ in range(p.models)]
+        self.job_total = [[0.0, 0] for _ in range(p.models)]
         self.events: list[tuple[float, int, str, int, int]] = []
         self.seq = 0
         self.now = 0.0
@@ -288,9 +294,29 @@ class Sim:
                     if s.state in ("ready", "starting")), None)
         if old is not None:
             self.warm[old[0]] -= 1
+            self.starting[old[0]] -= old[1] == "starting"
         if new is not None:
             self.warm[new[0]] += 1
+            self.starting[new[0]] += new[1] == "starting"
         self.offer[n.id] = new
+        for s in n.claim.services:
+            if s.job_s is not None:
+                m = self.midx[s.module]
+                old_mean = self.job_means[m].get(n.id)
+                tot = self.job_total[m]
+                tot[0] += s.job_s - (old_mean or 0.0)
+                tot[1] += old_mean is None
+                self.job_means[m][n.id] = s.job_s
+
+    def warmth(self, n: Node, m: int, own: tuple[int, str] | None) -> offers.Warmth:
+        """Model ``m`` on the other nodes, as the portal's store reads it from their claims."""
+        mine = own is not None and own[0] == m
+        total, count = self.job_total[m]
+        if n.id in self.job_means[m]:
+            total, count = total - self.job_means[m][n.id], count - 1
+        starting = self.starting[m] - (mine and own is not None and own[1] == "starting")
+        return offers.Warmth(self.p.slots * (self.warm[m] - mine), self.p.slots * starting,
+                             total / count if count > 0 else None)
 
     def decide(self, n: Node) -> bool:
         """The portal looks at the node's claim: grants, or False (nothing: it waits)."""
@@ -303,8 +329,7 @@ class Sim:
         if not queue:
             return False
         own = self.offer[n.id]
-        warm = {(self.mids[m], "model"): self.p.slots * (self.warm[m] - (own is not None
-                                                                        and own[0] == m))
+        warm = {(self.mids[m], "model"): self.warmth(n, m, own)
                 for m, q in enumerate(self.queues) if q and m in takes}
         cands = offers.candidates(claim, self.catalogue, queue, warm)
         picks = placement.decide(placement.Node(claim.max_grants, claim.free_mem_gb,

@@ -314,7 +314,7 @@ class DispatchAPI:
             now = self.clock()
 
             def choose(queue: dict[tuple[str, str], tuple[int, float]],
-                       warm: dict[tuple[str, str], int]) -> list[placement.Pick]:
+                       warm: dict[tuple[str, str], offers.Warmth]) -> list[placement.Pick]:
                 cands = offers.candidates(claim, self.catalogue, queue, warm)
                 node = placement.Node(claim.max_grants, claim.free_mem_gb,
                                       claim.evictable_mem_gb)

@@ -4,11 +4,21 @@ fleet's warmth, ``placement.decide`` the answer)."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from .catalogue import Catalogue
 from .placement import Candidate
 from .protocol import Claim, ServiceOffer
 
-__all__ = ["candidates", "offered_stages"]
+__all__ = ["Warmth", "candidates", "offered_stages"]
+
+
+class Warmth(NamedTuple):
+    """A service on the other nodes, from their latest claims."""
+
+    tokens: int = 0  # where it is ready or starting
+    starting: int = 0  # of those, where it is starting
+    job_s: float | None = None  # the mean of the job times they measured (None: nobody did)
 
 
 def offered_stages(claim: Claim, catalogue: Catalogue) -> list[tuple[str, str]]:
@@ -25,9 +35,9 @@ def offered_stages(claim: Claim, catalogue: Catalogue) -> list[tuple[str, str]]:
 
 def candidates(claim: Claim, catalogue: Catalogue,
                queue: dict[tuple[str, str], tuple[int, float]],
-               warm: dict[tuple[str, str], int]) -> list[Candidate]:
+               warm: dict[tuple[str, str], Warmth]) -> list[Candidate]:
     """``queue``: (module, stage) -> (backlog, oldest job's wait in s), stages with jobs only;
-    ``warm``: (module, service) -> tokens on other nodes where it is ready or starting."""
+    ``warm``: (module, service) -> the service on the other nodes."""
     offers: dict[tuple[str, str], ServiceOffer] = {(s.module, s.service): s
                                                    for s in claim.services}
     free: dict[tuple[str, str], int] = {}  # (module, pool) -> free tokens on this node
@@ -46,8 +56,9 @@ def candidates(claim: Claim, catalogue: Catalogue,
         if offer is None:
             continue  # the node does not report the service its pool needs: it cannot run it
         slots = min(free.get((module, pool), 0) // max(1, n) for pool, n in need.items())
+        w = warm.get((module, offer.service), Warmth())
         out.append(Candidate(module, stage, offer.state, slots, backlog, wait,
-                             warm_tokens=warm.get((module, offer.service), 0),
-                             load_s=offer.load_s, job_s=offer.job_s, mem_gb=offer.mem_gb,
-                             service=offer.service))
+                             warm_tokens=w.tokens, starting_tokens=w.starting,
+                             load_s=offer.load_s, job_s=offer.job_s, fleet_job_s=w.job_s,
+                             mem_gb=offer.mem_gb, service=offer.service))
     return out

@@ -8,11 +8,15 @@ store then takes that many of the oldest queued jobs of each stage.
 
 Warm-aware (the default), in steps:
 1. a stage whose oldest job waited past ``starve_s`` (or its load time, if longer) goes first,
-   whatever its service's state: jobs of one module never starve behind another's;
+   whatever its service's state: jobs of one module never starve behind another's; on a
+   stopped service only when no copy is starting elsewhere or the backlog rule (4) holds, so
+   every idle node claiming while the stage is overdue does not start a copy of its own;
 2. ready services with free tokens (and stages that need no service);
 3. starting services;
 4. a cold copy, only when the work waiting for the warm copies takes longer than a load
-   (``backlog x job_s / warm_tokens > load_s``) and its memory fits; one per claim.
+   (``backlog x job_s / warm_tokens > load_s``) and its memory fits; one per claim. ``job_s``
+   is the node's measured job time, else the fleet's (``fleet_job_s``: what other nodes
+   measured), else ``DEFAULT_JOB_S``.
 Within a step, stages take turns a job at a time, the longest-waiting first.
 
 Warm-blind (first come, first served, upstream's behaviour): the longest-waiting stages first,
@@ -27,7 +31,7 @@ __all__ = ["DEFAULT_JOB_S", "DEFAULT_LOAD_S", "MODES", "Candidate", "Node", "Pic
            "cold_allowed", "decide"]
 
 MODES = ("warm-aware", "warm-blind")
-DEFAULT_JOB_S = 1.0  # a stage never measured on the node: a job counts as a second
+DEFAULT_JOB_S = 1.0  # a stage never measured on any node: a job counts as a second
 DEFAULT_LOAD_S = 60.0  # a service never loaded there: a load counts as a minute
 STATES = ("ready", "starting", "stopped", "none")  # none: the stage reserves no pool
 
@@ -43,8 +47,10 @@ class Candidate:
     backlog: int  # jobs queued (counted up to a cap: enough to decide)
     oldest_wait_s: float  # how long the oldest queued job has waited
     warm_tokens: int = 0  # the service's tokens on other nodes where it is ready or starting
+    starting_tokens: int = 0  # of those, the tokens of copies still starting (or granted cold)
     load_s: float | None = None  # measured load time of the service on this node
     job_s: float | None = None  # measured run time of the stage's jobs on this node
+    fleet_job_s: float | None = None  # ... on the other nodes that measured it
     mem_gb: float | None = None  # memory the service's start reserves
     service: str | None = None  # stages sharing one service share its slots
 
@@ -72,6 +78,13 @@ def _load_s(c: Candidate) -> float:
     return c.load_s if c.load_s is not None else DEFAULT_LOAD_S
 
 
+def _job_s(c: Candidate) -> float:
+    for v in (c.job_s, c.fleet_job_s):
+        if v is not None and v > 0:
+            return v
+    return DEFAULT_JOB_S
+
+
 def _placement(c: Candidate) -> str:
     return {"stopped": "cold", "none": "ready"}.get(c.state, c.state)
 
@@ -89,8 +102,13 @@ def cold_allowed(c: Candidate, node: Node) -> bool:
         return False
     if c.warm_tokens <= 0:
         return True
-    job_s = c.job_s if c.job_s is not None else DEFAULT_JOB_S
-    return c.backlog * job_s / c.warm_tokens > _load_s(c)
+    return c.backlog * _job_s(c) / c.warm_tokens > _load_s(c)
+
+
+def _overdue_cold(c: Candidate, node: Node) -> bool:
+    """An overdue stage's stopped service may start here: a copy starting elsewhere will
+    serve it within a load, so a second one only where the backlog rule holds too."""
+    return _mem_fits(c, node) and (c.starting_tokens <= 0 or cold_allowed(c, node))
 
 
 def _overdue(c: Candidate, starve_s: float) -> bool:
@@ -134,8 +152,9 @@ def decide(node: Node, candidates: list[Candidate], *, mode: str = "warm-aware",
             give(c, c.backlog)
         return _picks(counts)
     overdue = [c for c in by_wait if _overdue(c, starve_s)]
-    # an overdue stopped service is a cold start: at most one per claim, and only if it fits
-    overdue_cold = [c for c in overdue if c.state == "stopped" and _mem_fits(c, node)][:1]
+    # an overdue stopped service is a cold start: at most one per claim, only if it fits and
+    # no copy is starting already (unless the backlog calls for another)
+    overdue_cold = [c for c in overdue if c.state == "stopped" and _overdue_cold(c, node)][:1]
     take_turns([c for c in overdue if c.state != "stopped"] + overdue_cold)
     take_turns([c for c in by_wait if c.state in ("ready", "none")])
     take_turns([c for c in by_wait if c.state == "starting"])

@@ -26,6 +26,7 @@ from typing import Any
 from ..queries.services import QueryError
 from ..store.tokens import new_token, token_hash
 from .leases import Attempt, fence
+from .offers import Warmth
 from .placement import Pick
 from .protocol import Claim, Result, Submission
 
@@ -237,7 +238,7 @@ class DispatchStore:
 
     def claim(self, claim: Claim, pairs: list[tuple[str, str]],
               choose: Callable[[dict[tuple[str, str], tuple[int, float]],
-                                dict[tuple[str, str], int]], list[Pick]],
+                                dict[tuple[str, str], Warmth]], list[Pick]],
               *, now: float, lease_s: float, record_offer: bool) -> tuple[list[dict[str, Any]],
                                                                          int]:
         """Grants for one claim and the leases this transaction expired. ``choose(queue,
@@ -294,13 +295,19 @@ class DispatchStore:
                  for s in {(s.module, s.service): s for s in claim.services}.values()])
 
     def _warm(self, tx: Any, node_id: str, modules: list[str],
-              now: float) -> dict[tuple[str, str], int]:
+              now: float) -> dict[tuple[str, str], Warmth]:
+        """Each service on the other nodes whose claims are fresh: tokens where it is ready
+        or starting, of those starting, and the mean job time they measured (any state)."""
         marks = ", ".join("?" * len(modules))
-        rows = tx.all("SELECT module, service, SUM(tokens) AS n FROM claim_offers WHERE module"
-                      f" IN ({marks}) AND state IN ('ready', 'starting') AND node_id <> ? AND"
-                      " claimed_at >= ? GROUP BY module, service",
-                      [*modules, node_id, now - OFFER_FRESH_S])
-        return {(r["module"], r["service"]): int(r["n"] or 0) for r in rows}
+        rows = tx.all("SELECT module, service,"
+                      " SUM(CASE WHEN state IN ('ready', 'starting') THEN tokens ELSE 0 END) AS n,"
+                      " SUM(CASE WHEN state = 'starting' THEN tokens ELSE 0 END) AS s,"
+                      " AVG(job_s) AS j FROM claim_offers WHERE module"
+                      f" IN ({marks}) AND node_id <> ? AND claimed_at >= ? GROUP BY module,"
+                      " service", [*modules, node_id, now - OFFER_FRESH_S])
+        return {(r["module"], r["service"]): Warmth(int(r["n"] or 0), int(r["s"] or 0),
+                                                     None if r["j"] is None else float(r["j"]))
+                for r in rows}
 
     def _expire(self, tx: Any, now: float) -> int:
         """Leases past ``expires_at``: the attempt expired, its job queued again (no charge)."""
