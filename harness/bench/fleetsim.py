@@ -64,6 +64,7 @@ POOL = "model"
 MEM_GB = 1.0  # each model's reserve; a node's budget is one model
 STOP_S = 1.0  # a service's stop, from eviction to the next model's start
 BACKLOG_CAP = 10_000  # the store's (dispatch/store.py): backlog counted up to this
+LEASE_S = 60.0  # the portal's --lease-s: how long a cold grant counts as a copy starting
 TICK_S = 1.0  # batches of submits, and the long poll's look at the store (POLL_S)
 
 
@@ -175,6 +176,9 @@ class Sim:
         # portal's AVG(job_s) over the other nodes' claims)
         self.job_means: list[dict[int, float]] = [{} for _ in range(p.models)]
         self.job_total = [[0.0, 0] for _ in range(p.models)]
+        # nodes granted a model cold whose claims do not show it starting yet, and when (the
+        # store's attempts: the portal counts them as copies starting for a lease)
+        self.cold_pending: list[dict[int, float]] = [{} for _ in range(p.models)]
         self.events: list[tuple[float, int, str, int, int]] = []
         self.seq = 0
         self.now = 0.0
@@ -298,6 +302,7 @@ class Sim:
         if new is not None:
             self.warm[new[0]] += 1
             self.starting[new[0]] += new[1] == "starting"
+            self.cold_pending[new[0]].pop(n.id, None)
         self.offer[n.id] = new
         for s in n.claim.services:
             if s.job_s is not None:
@@ -315,7 +320,12 @@ class Sim:
         if n.id in self.job_means[m]:
             total, count = total - self.job_means[m][n.id], count - 1
         starting = self.starting[m] - (mine and own is not None and own[1] == "starting")
-        return offers.Warmth(self.p.slots * (self.warm[m] - mine), self.p.slots * starting,
+        pending = self.cold_pending[m]
+        for k in [k for k, t in pending.items() if t < self.now - LEASE_S]:
+            del pending[k]
+        fresh = len(pending) - (n.id in pending)  # copies starting that no claim shows yet
+        return offers.Warmth(self.p.slots * (self.warm[m] - mine + fresh),
+                             self.p.slots * (starting + fresh),
                              total / count if count > 0 else None)
 
     def decide(self, n: Node) -> bool:
@@ -346,6 +356,8 @@ class Sim:
                        "backlog > load" if placement.cold_allowed(c, pnode) else "overdue")
                 self.cold_why[why] = self.cold_why.get(why, 0) + 1
         for pk in picks:
+            if pk.placement == "cold":
+                self.cold_pending[self.midx[pk.module]][n.id] = now
             q = self.queues[self.midx[pk.module]]
             for _ in range(pk.count):
                 j = q.popleft()

@@ -193,6 +193,24 @@ def test_warmth_decides_where_a_trickle_goes_and_a_burst_spreads(start_portal: A
     assert 'oarbank_portal_dispatch_cold_starts_total 4.0' in _metrics(p)
 
 
+def test_a_cold_grant_counts_as_a_copy_starting_before_its_node_claims_again(
+        start_portal: Any, store_url: str) -> None:
+    """Two nodes with the model stopped claim one after the other, as claims answered at the
+    same moment do: n1's cold grant is a copy starting for n2's claim (from the store, before
+    n1 claims again), so 10 jobs start one copy, not two; 200 more start a second."""
+    p = start_portal(db=store_url)
+    alice = submitter_token(store_url, "alice")
+    n1, n2 = Node(p, "n1"), Node(p, "n2")
+    stopped = offer(state="stopped", load_s=30, job_s=1)
+    submit(p, alice, [job(f"j{i}") for i in range(10)])
+    assert [g["placement"] for g in n1.claim(stopped)] == ["cold"] * 4
+    assert n2.claim(stopped) == []  # 6 x 1 s / 4 tokens starting < 30 s
+    assert n1.claim(offer(state="starting", free=0, load_s=30, job_s=1)) == []
+    assert n2.claim(stopped) == []  # n1's copy counted once, from its claim now
+    submit(p, alice, [job(f"burst{i}") for i in range(200)])
+    assert [g["placement"] for g in n2.claim(stopped)] == ["cold"] * 4
+
+
 def test_warm_blind_sends_a_trickle_to_a_cold_node(start_portal: Any) -> None:
     """The comparison's mode (``serve --placement warm-blind``): first come, first served."""
     p = start_portal(args=("--placement", "warm-blind"))

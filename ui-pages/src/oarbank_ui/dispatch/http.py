@@ -314,8 +314,9 @@ class DispatchAPI:
             now = self.clock()
 
             def choose(queue: dict[tuple[str, str], tuple[int, float]],
-                       warm: dict[tuple[str, str], offers.Warmth]) -> list[placement.Pick]:
-                cands = offers.candidates(claim, self.catalogue, queue, warm)
+                       warm: dict[tuple[str, str], offers.Warmth],
+                       cold: dict[tuple[str, str], int]) -> list[placement.Pick]:
+                cands = offers.candidates(claim, self.catalogue, queue, warm, cold)
                 node = placement.Node(claim.max_grants, claim.free_mem_gb,
                                       claim.evictable_mem_gb)
                 return placement.decide(node, cands, mode=self.mode, starve_s=self.starve_s)

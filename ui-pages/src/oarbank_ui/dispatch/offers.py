@@ -35,15 +35,25 @@ def offered_stages(claim: Claim, catalogue: Catalogue) -> list[tuple[str, str]]:
 
 def candidates(claim: Claim, catalogue: Catalogue,
                queue: dict[tuple[str, str], tuple[int, float]],
-               warm: dict[tuple[str, str], Warmth]) -> list[Candidate]:
+               warm: dict[tuple[str, str], Warmth],
+               cold: dict[tuple[str, str], int] | None = None) -> list[Candidate]:
     """``queue``: (module, stage) -> (backlog, oldest job's wait in s), stages with jobs only;
-    ``warm``: (module, service) -> the service on the other nodes."""
+    ``warm``: (module, service) -> the service on the other nodes; ``cold``: (module, stage)
+    -> other nodes granted it cold lately whose claims do not show the copy starting yet:
+    each counts as a copy starting with as many tokens as this node's."""
     offers: dict[tuple[str, str], ServiceOffer] = {(s.module, s.service): s
                                                    for s in claim.services}
     free: dict[tuple[str, str], int] = {}  # (module, pool) -> free tokens on this node
     for s in claim.services:
         for pool, (n, _total) in s.pools.items():
             free[(s.module, pool)] = n
+    fresh: dict[tuple[str, str], int] = {}  # (module, service) -> cold copies not yet in warm
+    for (module, stage), n in (cold or {}).items():
+        info = catalogue.modules.get(module)
+        service = info.stage_service(stage) if info is not None and stage in info.stages \
+            else None
+        if service is not None:  # a node granted two of its stages is one copy
+            fresh[(module, service)] = max(fresh.get((module, service), 0), n)
     out = []
     for (module, stage), (backlog, wait) in queue.items():
         info = catalogue.modules[module]
@@ -57,8 +67,9 @@ def candidates(claim: Claim, catalogue: Catalogue,
             continue  # the node does not report the service its pool needs: it cannot run it
         slots = min(free.get((module, pool), 0) // max(1, n) for pool, n in need.items())
         w = warm.get((module, offer.service), Warmth())
+        extra = fresh.get((module, offer.service), 0) * sum(t for _f, t in offer.pools.values())
         out.append(Candidate(module, stage, offer.state, slots, backlog, wait,
-                             warm_tokens=w.tokens, starting_tokens=w.starting,
+                             warm_tokens=w.tokens + extra, starting_tokens=w.starting + extra,
                              load_s=offer.load_s, job_s=offer.job_s, fleet_job_s=w.job_s,
                              mem_gb=offer.mem_gb, service=offer.service))
     return out

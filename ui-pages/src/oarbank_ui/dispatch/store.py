@@ -238,11 +238,13 @@ class DispatchStore:
 
     def claim(self, claim: Claim, pairs: list[tuple[str, str]],
               choose: Callable[[dict[tuple[str, str], tuple[int, float]],
-                                dict[tuple[str, str], Warmth]], list[Pick]],
+                                dict[tuple[str, str], Warmth], dict[tuple[str, str], int]],
+                               list[Pick]],
               *, now: float, lease_s: float, record_offer: bool) -> tuple[list[dict[str, Any]],
                                                                          int]:
         """Grants for one claim and the leases this transaction expired. ``choose(queue,
-        warm)`` is the placement decision (``placement.decide`` behind ``offers.candidates``)."""
+        warm, cold)`` is the placement decision (``placement.decide`` behind
+        ``offers.candidates``)."""
         with self.backend.write() as tx:
             expired = self._expire(tx, now)
             if record_offer:
@@ -260,8 +262,9 @@ class DispatchStore:
                                           max(0.0, now - float(first["submitted_at"])))
             if not queue:
                 return [], expired
-            picks = choose(queue, self._warm(tx, claim.node_id, sorted({m for m, _ in queue}),
-                                             now))
+            modules = sorted({m for m, _ in queue})
+            picks = choose(queue, self._warm(tx, claim.node_id, modules, now),
+                           self._cold(tx, claim.node_id, modules, now - lease_s))
             grants = []
             for p in picks:
                 rows = tx.all("SELECT seq, job_id, payload, generation FROM jobs WHERE state ="
@@ -308,6 +311,20 @@ class DispatchStore:
         return {(r["module"], r["service"]): Warmth(int(r["n"] or 0), int(r["s"] or 0),
                                                      None if r["j"] is None else float(r["j"]))
                 for r in rows}
+
+    def _cold(self, tx: Any, node_id: str, modules: list[str],
+              since: float) -> dict[tuple[str, str], int]:
+        """(module, stage) -> other nodes granted it cold since ``since`` (a lease ago) whose
+        claims do not say yet that the service is starting: copies starting that ``_warm``
+        cannot see (claims answered at the same moment, on any portal, each count the others')."""
+        marks = ", ".join("?" * len(modules))
+        rows = tx.all("SELECT a.module, a.stage, COUNT(DISTINCT a.node_id) AS n FROM attempts a"
+                      f" WHERE a.module IN ({marks}) AND a.placement = 'cold' AND a.issued_at >= ?"
+                      " AND a.node_id <> ? AND NOT EXISTS (SELECT 1 FROM claim_offers o WHERE"
+                      " o.node_id = a.node_id AND o.module = a.module AND o.state IN ('ready',"
+                      " 'starting') AND o.claimed_at >= a.issued_at) GROUP BY a.module, a.stage",
+                      [*modules, since, node_id])
+        return {(r["module"], r["stage"]): int(r["n"]) for r in rows}
 
     def _expire(self, tx: Any, now: float) -> int:
         """Leases past ``expires_at``: the attempt expired, its job queued again (no charge)."""
