@@ -4,8 +4,9 @@ module under two ids (its service appends `start <job>` and `done <job>` to its 
 service counts what was done, not the agent), each node running both.
 
 First one job of each module: each is started cold on some node (nothing is warm anywhere).
-Then 20 more, mixed: each goes to a node where its model is ready (a backlog this short is
-never worth a second load), so each model has loaded exactly once in the whole fleet. Every
+Then 20 more, mixed: each goes to the node where its model is loaded (a backlog this short is
+never worth a second load: its work on the warm copy is shorter than a load), so each model
+has loaded exactly once in the whole fleet. Every
 job succeeded once: the portal says succeeded with one grant, and the ledger of the node it
 names holds exactly one `done` of the node's job for it; the fleet's ledgers hold no other
 `done`.
@@ -29,7 +30,7 @@ from harness.nodes.backends.base import Node
 
 MODS = ("dev.oarbank.e2e.fleet-a", "dev.oarbank.e2e.fleet-b")
 NODES = ("fleet-1", "fleet-2", "fleet-3")
-LOAD_S = 1.0
+LOAD_S = 3.0  # longer than the short backlog takes on the warm copy (10 jobs x ~0.5 s / 4 tokens)
 WORK_S = 0.3
 MORE = 20  # jobs after the first two
 WAIT_S = 120.0
@@ -122,8 +123,10 @@ def fleet_dispatch(ctx: Ctx) -> None:
     ctx.check(not bad, f"jobs not succeeded with one grant: {bad}")
     placed = {(j["module"].rsplit(".", 1)[1], j["node_id"], j["placement"]) for j in more}
     ctx.note(f"{MORE} more, mixed: (module, node, placement) {sorted(placed)}")
-    ctx.check(all(j["node_id"] == warm[j["module"]] and j["placement"] in ("ready", "starting")
-                  for j in more),
+    # Where each ran is the check; its placement label is the node's view as its last claim
+    # said it, which may be a claim sent before its model was up (contract 10.4): `cold` on
+    # the warm node is a claim that raced the load, not a second load (the loads say so below).
+    ctx.check(all(j["node_id"] == warm[j["module"]] for j in more),
               f"a later job went elsewhere than its model's warm node {warm}: {sorted(placed)}")
 
     by_node = {n.node_id: n for n in nodes}
