@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ FINISHED = ("succeeded", "failed", "cancelled")
 QUERY_PARAMS = {"jobs": ("state", "stage", "node_id", "job_id"),
                 "attempts": ("job_id", "node_id", "state")}
 BACKLOG_CAP = 10_000  # a stage's backlog is counted up to this (enough to decide a cold start)
+BACKLOG_TTL_S = 0.05  # a stage's count is shared by the claims of one process this long
 OFFER_FRESH_S = 90.0  # a node's claim (or renew) this recent tells where a service is warm
 EXPIRE_BATCH = 500
 _JOB_FIELDS = ("job_id", "batch_id", "module", "stage", "state", "submitted_at", "started_at",
@@ -80,6 +82,12 @@ class DispatchStore:
         self.pg = backend.kind == "postgresql"
         self._lock = " FOR UPDATE" if self.pg else ""
         self._skip = " FOR UPDATE SKIP LOCKED" if self.pg else ""
+        # (module, stage) -> (jobs queued, monotonic time counted): counting up to BACKLOG_CAP
+        # rows per stage per claim was the claim's largest read; the count only has to be
+        # large enough to decide, so concurrent claims share one for BACKLOG_TTL_S (less
+        # what this process granted since). Whether a stage has work is still read each claim.
+        self._backlog: dict[tuple[str, str], tuple[int, float]] = {}
+        self._backlog_lock = threading.Lock()
 
     # -- submitters --------------------------------------------------------------------------
 
@@ -128,6 +136,7 @@ class DispatchStore:
                     " state, submitted_at) VALUES (?, ?, ?, ?, ?, ?, 'queued', ?)",
                     [(i, batch, submitter, j.module, j.stage, j.payload, now)
                      for i, j in zip(ids, sub.jobs, strict=True)])
+        self._forget_backlog()
         return Submitted(batch, [{"job_id": i, "state": "queued"} for i in ids], False)
 
     def job(self, submitter: str, job_id: str) -> dict[str, Any] | None:
@@ -212,6 +221,7 @@ class DispatchStore:
 
     def _cancel_rows(self, tx: Any, rows: list[dict[str, Any]], now: float,
                      retention_s: float) -> int:
+        self._forget_backlog()
         n = 0
         for r in rows:
             if r["state"] not in ("queued", "running"):
@@ -249,16 +259,15 @@ class DispatchStore:
             expired = self._expire(tx, now)
             if record_offer:
                 self._record_offer(tx, claim, now)
+            if expired:
+                self._forget_backlog()
             queue: dict[tuple[str, str], tuple[int, float]] = {}
             for module, stage in pairs:
                 first = tx.one("SELECT submitted_at FROM jobs WHERE state = 'queued' AND module"
                                " = ? AND stage = ? ORDER BY seq LIMIT 1", (module, stage))
                 if first is None:
                     continue
-                n = tx.one("SELECT COUNT(*) AS n FROM (SELECT 1 AS x FROM jobs WHERE state ="
-                           " 'queued' AND module = ? AND stage = ? LIMIT ?) q",
-                           (module, stage, BACKLOG_CAP))
-                queue[(module, stage)] = (int(n["n"]) if n else 0,
+                queue[(module, stage)] = (self._count(tx, module, stage),
                                           max(0.0, now - float(first["submitted_at"])))
             if not queue:
                 return [], expired
@@ -267,27 +276,61 @@ class DispatchStore:
                            self._cold(tx, claim.node_id, modules, now - lease_s))
             grants = []
             for p in picks:
-                rows = tx.all("SELECT seq, job_id, payload, generation FROM jobs WHERE state ="
+                rows = tx.all("SELECT job_id, payload, generation FROM jobs WHERE state ="
                               " 'queued' AND module = ? AND stage = ? ORDER BY seq LIMIT ?"
                               + self._skip, (p.module, p.stage, p.count))
+                if not rows:
+                    continue
+                # one INSERT for the claim's attempts of this stage, one UPDATE for their jobs
+                values = ", ".join(["(?, ?, ?, ?, ?, ?, 'running', ?, ?)"] * len(rows))
+                args: list[Any] = []
                 for r in rows:
-                    gen = int(r["generation"]) + 1
-                    a = tx.one("INSERT INTO attempts (job_id, generation, node_id, module, stage,"
-                               " placement, state, issued_at, expires_at) VALUES (?, ?, ?, ?, ?,"
-                               " ?, 'running', ?, ?) RETURNING attempt_id",
-                               (r["job_id"], gen, claim.node_id, p.module, p.stage, p.placement,
-                                now, now + lease_s))
-                    assert a is not None
-                    tx.run("UPDATE jobs SET state = 'running', generation = ?, attempt_id = ?,"
-                           " node_id = ?, placement = ?, started_at = COALESCE(started_at, ?)"
-                           " WHERE seq = ?", (gen, a["attempt_id"], claim.node_id, p.placement,
-                                             now, r["seq"]))
-                    grants.append({"attempt_id": int(a["attempt_id"]), "job_id": r["job_id"],
-                                   "generation": gen, "module": p.module, "stage": p.stage,
-                                   "payload": json.loads(r["payload"]),
+                    args += [r["job_id"], int(r["generation"]) + 1, claim.node_id, p.module,
+                             p.stage, p.placement, now, now + lease_s]
+                made = tx.all("INSERT INTO attempts (job_id, generation, node_id, module, stage,"
+                              f" placement, state, issued_at, expires_at) VALUES {values}"
+                              " RETURNING attempt_id, job_id", args)
+                ids = {a["job_id"]: int(a["attempt_id"]) for a in made}
+                marks = ", ".join("?" * len(ids))
+                tx.run("UPDATE jobs SET state = 'running', generation = a.generation, attempt_id"
+                       " = a.attempt_id, node_id = a.node_id, placement = a.placement,"
+                       " started_at = COALESCE(jobs.started_at, a.issued_at) FROM attempts a"
+                       f" WHERE a.attempt_id IN ({marks}) AND jobs.job_id = a.job_id",
+                       list(ids.values()))
+                self._granted(p.module, p.stage, len(rows))
+                for r in rows:
+                    grants.append({"attempt_id": ids[r["job_id"]], "job_id": r["job_id"],
+                                   "generation": int(r["generation"]) + 1, "module": p.module,
+                                   "stage": p.stage, "payload": json.loads(r["payload"]),
                                    "placement": p.placement, "issued_at": now,
                                    "expires_at": now + lease_s})
         return grants, expired
+
+    def _count(self, tx: Any, module: str, stage: str) -> int:
+        """Jobs queued for the stage, up to BACKLOG_CAP: this process's count if recent."""
+        key, t = (module, stage), time.monotonic()
+        with self._backlog_lock:
+            hit = self._backlog.get(key)
+        if hit is not None and t - hit[1] < BACKLOG_TTL_S:
+            return hit[0]
+        n = tx.one("SELECT COUNT(*) AS n FROM (SELECT 1 AS x FROM jobs WHERE state ="
+                   " 'queued' AND module = ? AND stage = ? LIMIT ?) q",
+                   (module, stage, BACKLOG_CAP))
+        count = int(n["n"]) if n else 0
+        with self._backlog_lock:
+            self._backlog[key] = (count, t)
+        return count
+
+    def _granted(self, module: str, stage: str, n: int) -> None:
+        with self._backlog_lock:
+            hit = self._backlog.get((module, stage))
+            if hit is not None:
+                self._backlog[(module, stage)] = (max(1, hit[0] - n), hit[1])
+
+    def _forget_backlog(self) -> None:
+        """Jobs queued again or newly (this process's): the next claim counts afresh."""
+        with self._backlog_lock:
+            self._backlog.clear()
 
     def _record_offer(self, tx: Any, claim: Claim, now: float) -> None:
         tx.run("DELETE FROM claim_offers WHERE node_id = ?", (claim.node_id,))
@@ -342,7 +385,10 @@ class DispatchStore:
 
     def expire(self, *, now: float) -> int:
         with self.backend.write() as tx:
-            return self._expire(tx, now)
+            n = self._expire(tx, now)
+        if n:
+            self._forget_backlog()
+        return n
 
     def _attempt(self, tx: Any, attempt_id: int) -> tuple[dict[str, Any] | None,
                                                           Attempt | None]:
@@ -411,6 +457,7 @@ class DispatchStore:
                    (now, attempt_id))
             tx.run("UPDATE jobs SET state = 'queued' WHERE job_id = ? AND attempt_id = ? AND"
                    " state = 'running'", (row["job_id"], attempt_id))
+        self._forget_backlog()
         return 200, {"released": True}
 
     # -- upkeep and figures ----------------------------------------------------------------------
