@@ -91,7 +91,7 @@ def test_healthz_and_metrics(start_portal, store_url) -> None:  # type: ignore[n
     p = start_portal(db=store_url)
     r = p.get("/healthz")
     kind = "postgresql" if store_url.startswith("postgresql") else "sqlite"
-    assert r.status == 200 and r.json() == {"ok": True, "store": kind, "schema": 5}
+    assert r.status == 200 and r.json() == {"ok": True, "store": kind, "schema": 6}
     for i in range(3):
         p.post_heartbeat(hb(f"n{i}", running=i != 2, ready=i != 2, disabled=i == 2))
     p.post_heartbeat(hb("n0"), token="oarbank_nope")

@@ -24,19 +24,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..queries.services import QueryError
 from ..store.tokens import new_token, token_hash
 from .leases import Attempt, fence
 from .offers import Warmth
 from .placement import Pick
 from .protocol import Claim, Result, Submission
 
-__all__ = ["DispatchStore", "KeyReused", "QUERY_PARAMS", "new_id"]
+__all__ = ["DispatchStore", "KeyReused", "job_view", "new_id"]
 
 FINISHED = ("succeeded", "failed", "cancelled")
-# the jobs and attempts host queries' parameters (contract 10.8)
-QUERY_PARAMS = {"jobs": ("state", "stage", "node_id", "job_id"),
-                "attempts": ("job_id", "node_id", "state")}
 BACKLOG_CAP = 10_000  # a stage's backlog is counted up to this (enough to decide a cold start)
 BACKLOG_TTL_S = 0.05  # a stage's count is shared by the claims of one process this long
 OFFER_FRESH_S = 90.0  # a node's claim (or renew) this recent tells where a service is warm
@@ -66,7 +62,7 @@ def _loads(text: Any) -> Any:
     return None if text is None else json.loads(text)
 
 
-def _job_view(r: dict[str, Any], *, full: bool = True) -> dict[str, Any]:
+def job_view(r: dict[str, Any], *, full: bool = True) -> dict[str, Any]:
     out = {k: r.get(k) for k in _JOB_FIELDS}
     out["grants"] = r.get("generation")
     if full:
@@ -143,7 +139,7 @@ class DispatchStore:
         with self.backend.read(snapshot=False) as tx:
             r = tx.one("SELECT * FROM jobs WHERE job_id = ? AND submitter = ?",
                        (job_id, submitter))
-        return None if r is None else _job_view(r)
+        return None if r is None else job_view(r)
 
     def batch_jobs(self, submitter: str, batch_id: str, *, state: str | None = None,
                    after: str | None = None, limit: int = 1000
@@ -163,7 +159,7 @@ class DispatchStore:
                 args.append(after)
             rows = tx.all(f"SELECT * FROM jobs WHERE {where} ORDER BY seq LIMIT ?",
                           [*args, limit + 1])
-        page = [_job_view(r) for r in rows[:limit]]
+        page = [job_view(r) for r in rows[:limit]]
         return page, (page[-1]["job_id"] if len(rows) > limit else None)
 
     def batch_counts(self, submitter: str, batch_id: str) -> dict[str, Any] | None:
@@ -197,11 +193,11 @@ class DispatchStore:
             r = tx.one(f"SELECT * FROM jobs WHERE job_id = ?{self._lock}", (job_id,))
             assert r is not None
             if r["state"] in FINISHED:
-                return "job_done", _job_view(r)
+                return "job_done", job_view(r)
             self._cancel_rows(tx, [r], now, retention_s)
             r = tx.one("SELECT * FROM jobs WHERE job_id = ?", (job_id,))
         assert r is not None
-        return "cancelled", _job_view(r)
+        return "cancelled", job_view(r)
 
     def cancel_batch(self, submitter: str, batch_id: str, *, now: float,
                      retention_s: float) -> int | None:
@@ -483,51 +479,6 @@ class DispatchStore:
             rows = tx.all("SELECT module, state, COUNT(*) AS n FROM jobs WHERE state IN"
                           " ('queued', 'running') GROUP BY module, state")
         return {(r["module"], r["state"]): int(r["n"]) for r in rows}
-
-    def host_query(self, name: str, modules: list[str], params: dict[str, Any],
-                   limit: int) -> list[dict[str, Any]]:
-        """The ``jobs`` or ``attempts`` host query (contract 10.8): the module's rows, newest
-        first, at most ``limit``; ``QueryError`` names a parameter it does not take."""
-        known = QUERY_PARAMS[name]
-        for k, v in params.items():
-            if k not in known:
-                raise QueryError(f"{name}: unknown parameter {k!r} ({', '.join(known)})")
-            if not isinstance(v, str):
-                raise QueryError(f"{name}: parameter {k} must be a string")
-        if not modules:
-            return []
-        rows = (self.jobs_rows if name == "jobs" else self.attempts_rows)(modules, params, limit)
-        return rows
-
-    def jobs_rows(self, modules: list[str], params: dict[str, Any],
-                  limit: int) -> list[dict[str, Any]]:
-        """The ``jobs`` host query's rows (contract 10.8)."""
-        where, args = self._filter(modules, params, ("state", "stage", "node_id", "job_id"))
-        with self.backend.read(snapshot=False) as tx:
-            rows = tx.all(f"SELECT * FROM jobs WHERE {where} ORDER BY seq DESC LIMIT ?",
-                          [*args, limit])
-        return [{k: v for k, v in _job_view(r, full=False).items()
-                 if k not in ("attempt_id", "generation", "expires_at")}
-                | {"submitter": r["submitter"]} for r in rows]
-
-    def attempts_rows(self, modules: list[str], params: dict[str, Any],
-                      limit: int) -> list[dict[str, Any]]:
-        where, args = self._filter(modules, params, ("job_id", "node_id", "state"))
-        with self.backend.read(snapshot=False) as tx:
-            return tx.all("SELECT attempt_id, job_id, generation, node_id, stage, placement,"
-                          f" state, issued_at, expires_at, ended_at FROM attempts WHERE {where}"
-                          " ORDER BY attempt_id DESC LIMIT ?", [*args, limit])
-
-    @staticmethod
-    def _filter(modules: list[str], params: dict[str, Any],
-                known: tuple[str, ...]) -> tuple[str, list[Any]]:
-        where = f"module IN ({', '.join('?' * len(modules))})"
-        args: list[Any] = list(modules)
-        for k in known:
-            if k in params:
-                where += f" AND {k} = ?"
-                args.append(params[k])
-        return where, args
 
 
 def _why(code: str, attempt_id: int) -> str:

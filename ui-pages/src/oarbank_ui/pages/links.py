@@ -10,7 +10,7 @@ from urllib.parse import quote
 
 from oarbank_sdk.page_forms import Target
 
-from ..dispatch.store import DispatchStore
+from ..dispatch import queries as dispatch_queries
 from ..queries.services import MAX_ROWS, QueryError
 from ..queries.shape import Shaping, shape_rows
 from ..store.heartbeats import ALL_ROWS, HeartbeatStore
@@ -44,8 +44,8 @@ def services_fetch(store: HeartbeatStore, module: PortalModule,
         if query in ("nodes", "node_metrics"):
             return store.host_query(query, module.names, params, shaping, now=now())
         if query in ("jobs", "attempts"):  # fleet dispatch's (contract 10.8)
-            rows = DispatchStore(store.backend).host_query(
-                query, [module.id], params, ALL_ROWS if shaping.agg else MAX_ROWS)
+            rows = dispatch_queries.host_query(
+                store.backend, query, [module.id], params, ALL_ROWS if shaping.agg else MAX_ROWS)
             return shape_rows(rows, shaping)
         if query != "services":
             raise QueryError(f"unknown query {query!r} (this portal answers: "

@@ -36,6 +36,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote, unquote, urlencode
 
+from ..dispatch import queries as dispatch_queries
 from ..dispatch.catalogue import Catalogue
 from ..dispatch.http import DispatchAPI, Reply, is_dispatch_path, unavailable
 from ..dispatch.store import DispatchStore
@@ -381,8 +382,8 @@ class Portal:
         mod = find_module(self.modules, module)
         params = {k: v[0] for k, v in query.items() if k != "module"}
         try:
-            rows = self.dispatch.store.host_query(name, [mod.id if mod else module], params,
-                                                  MAX_ROWS)
+            rows = dispatch_queries.host_query(self.dispatch.store.backend, name,
+                                               [mod.id if mod else module], params, MAX_ROWS)
         except QueryError as e:
             return error_response(400, str(e))
         return json_response(200, rows)
