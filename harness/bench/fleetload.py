@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .portal import PortalProcess, _arun, _cpu_s, _pgcluster, _read_reply
+from .portal import NO_SERVER, PortalProcess, _arun, _cpu_s, _read_reply, store_db
 from .stats import percentile
 
 __all__ = ["run_claim_bench"]
@@ -232,21 +232,13 @@ def run_claim_bench(*, nodes: int = 1000, jobs: int = 60_000, seconds: float = 2
         folder = Path(tmp)
         for kind in stores:
             try:
-                if kind == "sqlite":
-                    results["stores"][kind] = _one_store(kind, str(folder / "portal.db"), folder,
-                                                         nodes, jobs, seconds, workers, job_s)
-                    continue
-                pg = _pgcluster()
-                if pg.server_bindir() is None:
-                    results["stores"][kind] = {"error": "no PostgreSQL server"}
-                    continue
-                cluster = pg.PgCluster(durable=True, extra=["-c", "synchronous_commit=off"])
-                try:
-                    results["stores"][kind] = _one_store(
-                        kind, cluster.create_database("bench"), folder, nodes, jobs, seconds,
-                        workers, job_s, db_pid=cluster.proc.pid)
-                finally:
-                    cluster.stop()
+                with store_db(kind, folder) as target:
+                    if target is None:
+                        results["stores"][kind] = {"error": NO_SERVER}
+                        continue
+                    db, db_pid = target
+                    results["stores"][kind] = _one_store(kind, db, folder, nodes, jobs, seconds,
+                                                         workers, job_s, db_pid=db_pid)
             except Exception as exc:  # noqa: BLE001 - reported in the table, the next store runs
                 results["stores"][kind] = {"error": f"{type(exc).__name__}: {exc}"}
     return results

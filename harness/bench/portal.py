@@ -39,6 +39,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +67,28 @@ def _pgcluster() -> Any:
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+NO_SERVER = "no PostgreSQL server (apt-get install postgresql)"
+
+
+@contextlib.contextmanager
+def store_db(kind: str, folder: Path) -> Iterator[tuple[str, int | None] | None]:
+    """The database a bench's portal serves from, as ``(db, db_pid)``: for ``sqlite`` a file in
+    ``folder`` (no server), for ``postgresql`` a throwaway server (the tests' ``PgCluster``),
+    stopped on leaving; ``None`` where this machine has no PostgreSQL server."""
+    if kind == "sqlite":
+        yield str(folder / "portal.db"), None
+        return
+    pg = _pgcluster()
+    if pg.server_bindir() is None:
+        yield None
+        return
+    cluster = pg.PgCluster(durable=True, extra=["-c", "synchronous_commit=off"])
+    try:
+        yield cluster.create_database("bench"), cluster.proc.pid
+    finally:
+        cluster.stop()
 
 
 def _row(service: str) -> dict[str, Any]:
@@ -412,24 +435,14 @@ def run_portal_bench(*, nodes: int = 10_000, period_s: float = 10.0, seconds: fl
     with tempfile.TemporaryDirectory(prefix="oarbank-portal-bench-") as tmp:
         folder = Path(tmp)
         for kind in stores:
-            if kind == "sqlite":
-                results["stores"][kind] = _one_store(kind, str(folder / "portal.db"), folder,
-                                                     nodes, rate, seconds, workers,
+            with store_db(kind, folder) as target:
+                if target is None:
+                    results["stores"][kind] = {"error": NO_SERVER}
+                    continue
+                db, db_pid = target
+                results["stores"][kind] = _one_store(kind, db, folder, nodes, rate, seconds,
+                                                     workers, db_pid=db_pid,
                                                      serve_args=serve_args)
-                continue
-            pg = _pgcluster()
-            if pg.server_bindir() is None:
-                results["stores"][kind] = {"error": "no PostgreSQL server (apt-get install "
-                                                    "postgresql)"}
-                continue
-            cluster = pg.PgCluster(durable=True, extra=["-c", "synchronous_commit=off"])
-            try:
-                results["stores"][kind] = _one_store(kind, cluster.create_database("bench"),
-                                                     folder, nodes, rate, seconds, workers,
-                                                     db_pid=cluster.proc.pid,
-                                                     serve_args=serve_args)
-            finally:
-                cluster.stop()
     results["load_average_at_end"] = os.getloadavg()
     results["table"] = _table(results)
     if out is not None:

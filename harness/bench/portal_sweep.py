@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .portal import CONNECTIONS, PortalProcess, _arun, _cpu_s, _load, _pgcluster, _read_reply
+from .portal import CONNECTIONS, NO_SERVER, PortalProcess, _arun, _cpu_s, _load, _read_reply, store_db
 
 __all__ = ["run_portal_sweep"]
 
@@ -149,20 +149,12 @@ def run_portal_sweep(*, nodes: int, rates: list[float], seconds: float, workers:
     with tempfile.TemporaryDirectory(prefix="oarbank-portal-sweep-") as tmp:
         folder = Path(tmp)
         for kind in stores:
-            if kind == "sqlite":
-                results["stores"][kind] = _store(kind, str(folder / "portal.db"), folder,
-                                                 nodes, rates, seconds, workers, None)
-                continue
-            pg = _pgcluster()
-            if pg.server_bindir() is None:
-                results["stores"][kind] = {"error": "no PostgreSQL server"}
-                continue
-            cluster = pg.PgCluster(durable=True, extra=["-c", "synchronous_commit=off"])
-            try:
-                results["stores"][kind] = _store(kind, cluster.create_database("bench"),
-                                                 folder, nodes, rates, seconds, workers,
-                                                 cluster.proc.pid)
-            finally:
-                cluster.stop()
+            with store_db(kind, folder) as target:
+                if target is None:
+                    results["stores"][kind] = {"error": NO_SERVER}
+                    continue
+                db, db_pid = target
+                results["stores"][kind] = _store(kind, db, folder, nodes, rates, seconds,
+                                                 workers, db_pid)
     results["load_average_at_end"] = os.getloadavg()
     return results
