@@ -10,9 +10,10 @@ agent grants no folders yet: it sets no such file, so every lookup raises ``Fold
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
+
+from ._envfile import json_object
 
 __all__ = ["ENV", "FolderMissing", "all_folders", "path"]
 
@@ -25,13 +26,9 @@ class FolderMissing(LookupError):
 
 def all_folders() -> dict[str, dict[str, Any]]:
     """Every granted folder id and its ``{path, access}`` ({} when the variable is unset)."""
-    where = os.environ.get(ENV)
-    if not where:
-        return {}
-    with open(where, encoding="utf-8") as f:
-        doc = json.load(f)
-    if not isinstance(doc, dict) or not all(isinstance(v, dict) for v in doc.values()):
-        raise ValueError(f"{ENV} ({where}) must map folder ids to objects")
+    doc = json_object(ENV)
+    if not all(isinstance(v, dict) for v in doc.values()):
+        raise ValueError(f"{ENV} ({os.environ[ENV]}) must map folder ids to objects")
     return {str(k): dict(v) for k, v in doc.items()}
 
 

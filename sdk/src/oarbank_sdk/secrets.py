@@ -9,8 +9,7 @@ here sees none (``names() == []``); never log a value or write it into a result.
 
 from __future__ import annotations
 
-import json
-import os
+from ._envfile import json_object
 
 __all__ = ["ENV", "SecretMissing", "get", "names"]
 
@@ -22,14 +21,7 @@ class SecretMissing(LookupError):
 
 
 def _delivered() -> dict[str, str]:
-    where = os.environ.get(ENV)
-    if not where:
-        return {}
-    with open(where, encoding="utf-8") as f:
-        doc = json.load(f)
-    if not isinstance(doc, dict):
-        raise ValueError(f"{ENV} ({where}) must hold a JSON object")
-    return {str(k): str(v) for k, v in doc.items()}
+    return {str(k): str(v) for k, v in json_object(ENV).items()}
 
 
 def names() -> list[str]:

@@ -11,9 +11,9 @@ without the variable sees no tools. This agent grants none yet: its file is ``{}
 
 from __future__ import annotations
 
-import json
-import os
 from typing import Any
+
+from ._envfile import json_object
 
 __all__ = ["ENV", "ToolMissing", "all_tools", "arch", "installations", "path", "paths",
            "version"]
@@ -36,15 +36,8 @@ def _installation(tool_id: str, entry: Any) -> dict[str, Any]:
 
 def all_tools() -> dict[str, list[dict[str, Any]]]:
     """Every granted tool id and its installations ({} when the variable is unset)."""
-    where = os.environ.get(ENV)
-    if not where:
-        return {}
-    with open(where, encoding="utf-8") as f:
-        doc = json.load(f)
-    if not isinstance(doc, dict):
-        raise ValueError(f"{ENV} ({where}) must hold a JSON object")
     out = {}
-    for tool_id, entries in doc.items():
+    for tool_id, entries in json_object(ENV).items():
         if not isinstance(entries, list):
             raise ValueError(f"{ENV}: tool {tool_id!r} must list its installations")
         out[str(tool_id)] = [_installation(tool_id, e) for e in entries]
