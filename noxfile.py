@@ -55,7 +55,10 @@ def _expose_pyenv_pythons() -> None:
     first on PATH; a ``pythonX.Y`` that already runs from PATH is left as it is."""
     root = os.environ.get("PYENV_ROOT") or os.path.expanduser("~/.pyenv")
     versions = Path(root) / "versions"
-    if not versions.is_dir():
+    try:
+        if not versions.is_dir():
+            return
+    except OSError:  # another user's pyenv (PYENV_ROOT inherited from root): not ours to use
         return
     links = HERE / ".nox" / ".pythons"
     for version in PYTHONS:
