@@ -49,20 +49,23 @@ def build_python(timeout_s: float = 600.0) -> Path:
     interpreter and these requirements. One maker at a time (a file lock: parallel test
     workers or a test run beside `nox -s e2e` would otherwise make it twice at once)."""
     requires = build_requires()
-    key = hashlib.sha256("\0".join([os.path.realpath(sys.executable), sys.version,
+    # made by the interpreter itself, not by a venv's link to it: the cache outlives the venv
+    # (a nox venv in a clone CI deletes), and a venv made from a venv points at its maker
+    creator = os.path.realpath(sys.executable)
+    key = hashlib.sha256("\0".join([creator, sys.version,
                                     *requires]).encode()).hexdigest()[:12]
     venv = cache_dir() / f"build-venv-{key}"
     py = venv / ("Scripts/python.exe" if sys.platform == "win32" else "bin/python")
     done = venv / ".done"
-    if done.is_file():
+    if done.is_file() and _runs(py):
         return py
     import fcntl  # POSIX only, like the backends that build wheels
 
     with open(cache_dir() / "build-venv.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not done.is_file():
+        if not (done.is_file() and _runs(py)):  # none, half made, or its maker gone
             shutil.rmtree(venv, ignore_errors=True)
-            for cmd in ([sys.executable, "-m", "venv", str(venv)],
+            for cmd in ([creator, "-m", "venv", str(venv)],
                         [str(py), "-m", "pip", "--disable-pip-version-check", "--no-input", "-q",
                          "install", *requires, WHEEL_BUILD_EXTRA]):
                 r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
@@ -73,3 +76,11 @@ def build_python(timeout_s: float = 600.0) -> Path:
                                        f"{r.returncode}: {(r.stdout + r.stderr)[-1500:]}")
             done.write_text("\n".join(requires) + "\n")
     return py
+
+
+def _runs(py: Path) -> bool:
+    try:
+        return subprocess.run([str(py), "-c", ""], capture_output=True, timeout=60,
+                              stdin=subprocess.DEVNULL).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
