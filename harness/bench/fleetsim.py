@@ -64,7 +64,6 @@ POOL = "model"
 MEM_GB = 1.0  # each model's reserve; a node's budget is one model
 STOP_S = 1.0  # a service's stop, from eviction to the next model's start
 BACKLOG_CAP = 10_000  # the store's (dispatch/store.py): backlog counted up to this
-LEASE_S = 60.0  # the portal's --lease-s: how long a cold grant counts as a copy starting
 TICK_S = 1.0  # batches of submits, and the long poll's look at the store (POLL_S)
 
 
@@ -176,8 +175,9 @@ class Sim:
         # portal's AVG(job_s) over the other nodes' claims)
         self.job_means: list[dict[int, float]] = [{} for _ in range(p.models)]
         self.job_total = [[0.0, 0] for _ in range(p.models)]
+        self.load_means: list[dict[int, float]] = [{} for _ in range(p.models)]  # likewise
         # nodes granted a model cold whose claims do not show it starting yet, and when (the
-        # store's attempts: the portal counts them as copies starting for a lease)
+        # store's attempts: the portal counts them as copies starting while they are live)
         self.cold_pending: list[dict[int, float]] = [{} for _ in range(p.models)]
         self.events: list[tuple[float, int, str, int, int]] = []
         self.seq = 0
@@ -305,6 +305,8 @@ class Sim:
             self.cold_pending[new[0]].pop(n.id, None)
         self.offer[n.id] = new
         for s in n.claim.services:
+            if s.load_s is not None:
+                self.load_means[self.midx[s.module]][n.id] = s.load_s
             if s.job_s is not None:
                 m = self.midx[s.module]
                 old_mean = self.job_means[m].get(n.id)
@@ -321,12 +323,19 @@ class Sim:
             total, count = total - self.job_means[m][n.id], count - 1
         starting = self.starting[m] - (mine and own is not None and own[1] == "starting")
         pending = self.cold_pending[m]
-        for k in [k for k, t in pending.items() if t < self.now - LEASE_S]:
-            del pending[k]
+        for k in [k for k in pending if not self.live_on(self.nodes[k], m)]:
+            del pending[k]  # the cold grant's attempts ended: no copy starting there
         fresh = len(pending) - (n.id in pending)  # copies starting that no claim shows yet
+        loads = [v for k, v in self.load_means[m].items() if k != n.id]
         return offers.Warmth(self.p.slots * (self.warm[m] - mine + fresh),
                              self.p.slots * (starting + fresh),
-                             total / count if count > 0 else None)
+                             total / count if count > 0 else None,
+                             sum(loads) / len(loads) if loads else None)
+
+    @staticmethod
+    def live_on(n: Node, m: int) -> bool:
+        """The node still runs (or waits to run) a job of model ``m``: its attempt is live."""
+        return any(j.model == m for j in n.held) or any(j.model == m for j in n.waiting)
 
     def decide(self, n: Node) -> bool:
         """The portal looks at the node's claim: grants, or False (nothing: it waits)."""
@@ -353,7 +362,8 @@ class Sim:
             if pk.placement == "cold":
                 c = next(c for c in cands if c.module == pk.module)
                 why = ("no warm copy" if c.warm_tokens <= 0 else
-                       "backlog > load" if placement.cold_allowed(c, pnode) else "overdue")
+                       "backlog and arrivals" if placement.cold_allowed(c, pnode)
+                       else "overdue")
                 self.cold_why[why] = self.cold_why.get(why, 0) + 1
         for pk in picks:
             if pk.placement == "cold":

@@ -211,6 +211,28 @@ def test_a_cold_grant_counts_as_a_copy_starting_before_its_node_claims_again(
     assert [g["placement"] for g in n2.claim(stopped)] == ["cold"] * 4
 
 
+def test_a_cold_grant_counts_as_starting_while_its_attempts_live_past_a_lease(
+        start_portal: Any, store_url: str) -> None:
+    """A load longer than a lease: n1 took its cold grant and claims no more (no room) while
+    its service loads, renewing its leases. Its copy still counts as starting for n2 after a
+    lease has passed (a lease window would forget it, and every idle node would start one);
+    once its attempts end, it no longer does."""
+    p = start_portal(db=store_url, args=("--lease-s", "2"))
+    alice = submitter_token(store_url, "alice")
+    n1, n2 = Node(p, "n1"), Node(p, "n2")
+    stopped = offer(state="stopped", load_s=30, job_s=1)
+    submit(p, alice, [job(f"j{i}") for i in range(10)])
+    grants = n1.claim(stopped)
+    assert [g["placement"] for g in grants] == ["cold"] * 4
+    for _ in range(3):  # 3 s: past the 2 s lease, n1's attempts renewed all along
+        time.sleep(1.0)
+        assert len(n1.renew(*grants)["renewed"]) == 4
+    assert n2.claim(stopped) == []  # 6 x 1 s / 4 tokens starting < 30 s
+    for g in grants:
+        assert n1.result(g).status == 200
+    assert [g["placement"] for g in n2.claim(stopped)] == ["cold"] * 4  # no copy starting
+
+
 def test_warm_blind_sends_a_trickle_to_a_cold_node(start_portal: Any) -> None:
     """The comparison's mode (``serve --placement warm-blind``): first come, first served."""
     p = start_portal(args=("--placement", "warm-blind"))

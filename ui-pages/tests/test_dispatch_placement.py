@@ -58,6 +58,19 @@ ROWS = [
     ("unknown on this node: the fleet's job time counts: 100 x 20 s / 2 = 1,000 s > 60 s",
      Node(8), [cand(state="stopped", backlog=100, warm_tokens=2, fleet_job_s=20)],
      [(M, 4, "cold")]),
+    ("unknown load here: the fleet's: 100 x 1 s / 2 = 50 s > a 40 s load measured elsewhere",
+     Node(8), [cand(state="stopped", backlog=100, warm_tokens=2, fleet_load_s=40)],
+     [(M, 4, "cold")]),
+    ("... the node's own load first: 50 s < its 90 s", Node(8),
+     [cand(state="stopped", backlog=100, warm_tokens=2, load_s=90, fleet_load_s=40)], []),
+    ("the warm copies keep up with the arrivals: no cold copy for a standing backlog: 150 x "
+     "10 s / 40 = 37.5 s > 30 s, but 150 jobs over 50 s is 3/s, x 10 s = 30 tokens, and 40 "
+     "warm > 30 x 1.25",
+     Node(8), [cand(state="stopped", backlog=150, wait=50, warm_tokens=40, load_s=30,
+                    job_s=10)], []),
+    ("... they fall short: 300 jobs over 50 s is 6/s x 10 s = 60 tokens > 40 warm",
+     Node(8), [cand(state="stopped", backlog=300, wait=50, warm_tokens=40, load_s=30,
+                    job_s=10)], [(M, 4, "cold")]),
     ("... the node's own measure first: 100 x 1 s / 2 = 50 s < 60 s",
      Node(8), [cand(state="stopped", backlog=100, warm_tokens=2, job_s=1, fleet_job_s=20)],
      []),
@@ -113,6 +126,15 @@ def test_cold_allowed_is_the_formula() -> None:
     assert not cold_allowed(edge, Node(8))  # 120 / 4 = 30: not longer than a load
     assert cold_allowed(cand(state="stopped", backlog=121, warm_tokens=4, load_s=30, job_s=1),
                         Node(8))
+    # warm_tokens < backlog / max(wait, 1 s) x job_s x 1.25, exactly at the edge: 40 jobs
+    # over 10 s x 10 s = 40 tokens, x 1.25 = 50 (and 40 x 10 / 50 = 8 s > a 5 s load)
+    at = cand(state="stopped", backlog=40, wait=10, warm_tokens=50, load_s=5, job_s=10)
+    assert not cold_allowed(at, Node(8))
+    assert cold_allowed(cand(state="stopped", backlog=40, wait=10, warm_tokens=49, load_s=5,
+                             job_s=10), Node(8))
+    # a wait under a second counts as one: 40 jobs just in, x 10 s = 400 x 1.25 = 500 tokens
+    assert cold_allowed(cand(state="stopped", backlog=40, wait=0.01, warm_tokens=49,
+                             load_s=5, job_s=10), Node(8))
 
 
 def test_an_unknown_mode_is_refused() -> None:

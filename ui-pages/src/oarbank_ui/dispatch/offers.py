@@ -19,6 +19,7 @@ class Warmth(NamedTuple):
     tokens: int = 0  # where it is ready or starting
     starting: int = 0  # of those, where it is starting
     job_s: float | None = None  # the mean of the job times they measured (None: nobody did)
+    load_s: float | None = None  # the mean of the load times they measured (None: nobody did)
 
 
 def offered_stages(claim: Claim, catalogue: Catalogue) -> list[tuple[str, str]]:
@@ -71,5 +72,6 @@ def candidates(claim: Claim, catalogue: Catalogue,
         out.append(Candidate(module, stage, offer.state, slots, backlog, wait,
                              warm_tokens=w.tokens + extra, starting_tokens=w.starting + extra,
                              load_s=offer.load_s, job_s=offer.job_s, fleet_job_s=w.job_s,
+                             fleet_load_s=w.load_s,
                              mem_gb=offer.mem_gb, service=offer.service))
     return out

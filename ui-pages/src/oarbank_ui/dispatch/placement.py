@@ -14,9 +14,16 @@ Warm-aware (the default), in steps:
 2. ready services with free tokens (and stages that need no service);
 3. starting services;
 4. a cold copy, only when the work waiting for the warm copies takes longer than a load
-   (``backlog x job_s / warm_tokens > load_s``) and its memory fits; one per claim. ``job_s``
-   is the node's measured job time, else the fleet's (``fleet_job_s``: what other nodes
-   measured), else ``DEFAULT_JOB_S``.
+   (``backlog x job_s / warm_tokens > load_s``), the warm copies fall short of the arrivals
+   (``warm_tokens < rate x job_s x (1 + HEADROOM)``, ``rate`` = backlog / the oldest job's
+   wait: Little's law on a first-in first-out queue) and its memory fits; one per claim.
+   ``job_s`` is the node's measured job time, else the fleet's (``fleet_job_s``: what other
+   nodes measured), else ``DEFAULT_JOB_S``; ``load_s`` likewise, else ``DEFAULT_LOAD_S``.
+   The backlog rule alone overshoots: copies take a load to start, the backlog grows the
+   while, and each claim then sees more work waiting per warm token than the copies starting
+   will leave (the simulated fleet: every node loaded, 1.6x the fewest loads); the arrival
+   rule stops the starts once the copies warm and starting keep up, and the backlog drains by
+   the headroom.
 Within a step, stages take turns a job at a time, the longest-waiting first.
 
 Warm-blind (first come, first served, upstream's behaviour): the longest-waiting stages first,
@@ -27,12 +34,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["DEFAULT_JOB_S", "DEFAULT_LOAD_S", "MODES", "Candidate", "Node", "Pick",
+__all__ = ["DEFAULT_JOB_S", "DEFAULT_LOAD_S", "HEADROOM", "MODES", "Candidate", "Node", "Pick",
            "cold_allowed", "decide"]
 
 MODES = ("warm-aware", "warm-blind")
 DEFAULT_JOB_S = 1.0  # a stage never measured on any node: a job counts as a second
-DEFAULT_LOAD_S = 60.0  # a service never loaded there: a load counts as a minute
+DEFAULT_LOAD_S = 60.0  # a service never loaded anywhere: a load counts as a minute
+HEADROOM = 0.25  # warm tokens beyond the arrivals' need before no more cold copies start
+MIN_WAIT_S = 1.0  # the oldest job's wait counts at least this in the arrival rate
 STATES = ("ready", "starting", "stopped", "none")  # none: the stage reserves no pool
 
 
@@ -51,6 +60,7 @@ class Candidate:
     load_s: float | None = None  # measured load time of the service on this node
     job_s: float | None = None  # measured run time of the stage's jobs on this node
     fleet_job_s: float | None = None  # ... on the other nodes that measured it
+    fleet_load_s: float | None = None  # measured load time of the service on the other nodes
     mem_gb: float | None = None  # memory the service's start reserves
     service: str | None = None  # stages sharing one service share its slots
 
@@ -75,7 +85,10 @@ class Pick:
 
 
 def _load_s(c: Candidate) -> float:
-    return c.load_s if c.load_s is not None else DEFAULT_LOAD_S
+    for v in (c.load_s, c.fleet_load_s):
+        if v is not None and v > 0:
+            return v
+    return DEFAULT_LOAD_S
 
 
 def _job_s(c: Candidate) -> float:
@@ -96,13 +109,18 @@ def _mem_fits(c: Candidate, node: Node) -> bool:
 
 
 def cold_allowed(c: Candidate, node: Node) -> bool:
-    """A stopped service may start here: the wait for the warm copies is longer than a load
-    (no warm copy anywhere: always), and its memory fits."""
+    """A stopped service may start here: the wait for the warm copies is longer than a load,
+    and they fall short of the arrivals (no warm copy anywhere: always), and its memory
+    fits."""
     if not _mem_fits(c, node):
         return False
     if c.warm_tokens <= 0:
         return True
-    return c.backlog * _job_s(c) / c.warm_tokens > _load_s(c)
+    job_s = _job_s(c)
+    backlog_wait = c.backlog * job_s / c.warm_tokens > _load_s(c)
+    rate = c.backlog / max(c.oldest_wait_s, MIN_WAIT_S)
+    short_of_arrivals = c.warm_tokens < rate * job_s * (1 + HEADROOM)
+    return backlog_wait and short_of_arrivals
 
 
 def _overdue_cold(c: Candidate, node: Node) -> bool:

@@ -36,6 +36,9 @@ FINISHED = ("succeeded", "failed", "cancelled")
 BACKLOG_CAP = 10_000  # a stage's backlog is counted up to this (enough to decide a cold start)
 BACKLOG_TTL_S = 0.05  # a stage's count is shared by the claims of one process this long
 OFFER_FRESH_S = 90.0  # a node's claim (or renew) this recent tells where a service is warm
+# a cold grant still live counts as a copy starting until its node's claim shows the service;
+# one older than this is no start any more (and bounds the rows the query reads)
+COLD_HORIZON_S = 3600.0
 EXPIRE_BATCH = 500
 _JOB_FIELDS = ("job_id", "batch_id", "module", "stage", "state", "submitted_at", "started_at",
                "finished_at", "node_id", "attempt_id", "generation", "placement",
@@ -269,7 +272,7 @@ class DispatchStore:
                 return [], expired
             modules = sorted({m for m, _ in queue})
             picks = choose(queue, self._warm(tx, claim.node_id, modules, now),
-                           self._cold(tx, claim.node_id, modules, now - lease_s))
+                           self._cold(tx, claim.node_id, modules, now - COLD_HORIZON_S))
             grants = []
             for p in picks:
                 rows = tx.all("SELECT job_id, payload, generation FROM jobs WHERE state ="
@@ -339,26 +342,31 @@ class DispatchStore:
     def _warm(self, tx: Any, node_id: str, modules: list[str],
               now: float) -> dict[tuple[str, str], Warmth]:
         """Each service on the other nodes whose claims are fresh: tokens where it is ready
-        or starting, of those starting, and the mean job time they measured (any state)."""
+        or starting, of those starting, and the mean job and load times they measured (any
+        state)."""
         marks = ", ".join("?" * len(modules))
         rows = tx.all("SELECT module, service,"
                       " SUM(CASE WHEN state IN ('ready', 'starting') THEN tokens ELSE 0 END) AS n,"
                       " SUM(CASE WHEN state = 'starting' THEN tokens ELSE 0 END) AS s,"
-                      " AVG(job_s) AS j FROM claim_offers WHERE module"
+                      " AVG(job_s) AS j, AVG(load_s) AS l FROM claim_offers WHERE module"
                       f" IN ({marks}) AND node_id <> ? AND claimed_at >= ? GROUP BY module,"
                       " service", [*modules, node_id, now - OFFER_FRESH_S])
         return {(r["module"], r["service"]): Warmth(int(r["n"] or 0), int(r["s"] or 0),
-                                                     None if r["j"] is None else float(r["j"]))
+                                                     None if r["j"] is None else float(r["j"]),
+                                                     None if r["l"] is None else float(r["l"]))
                 for r in rows}
 
     def _cold(self, tx: Any, node_id: str, modules: list[str],
               since: float) -> dict[tuple[str, str], int]:
-        """(module, stage) -> other nodes granted it cold since ``since`` (a lease ago) whose
-        claims do not say yet that the service is starting: copies starting that ``_warm``
-        cannot see (claims answered at the same moment, on any portal, each count the others')."""
+        """(module, stage) -> other nodes holding a live attempt granted it cold (since
+        ``since``) whose claims do not say yet that the service is starting: copies starting
+        that ``_warm`` cannot see, because a node that took its grant claims again only once it
+        has room, after the load (and claims answered at the same moment, on any portal, each
+        count the others'). A lease window would forget a load longer than a lease."""
         marks = ", ".join("?" * len(modules))
         rows = tx.all("SELECT a.module, a.stage, COUNT(DISTINCT a.node_id) AS n FROM attempts a"
                       f" WHERE a.module IN ({marks}) AND a.placement = 'cold' AND a.issued_at >= ?"
+                      " AND a.state = 'running'"
                       " AND a.node_id <> ? AND NOT EXISTS (SELECT 1 FROM claim_offers o WHERE"
                       " o.node_id = a.node_id AND o.module = a.module AND o.state IN ('ready',"
                       " 'starting') AND o.claimed_at >= a.issued_at) GROUP BY a.module, a.stage",
