@@ -1,6 +1,8 @@
-"""The reference module (examples/modelserver) under another module id, for a node with several
-models: the `evict-for-job` scenario and the bench's `--multi-model`. Its own files, copied;
-only the manifest's module id and the keys named of its `model` service change."""
+"""A module under another module id, its own files copied: the reference module
+(examples/modelserver), for a node with several models (the `evict-for-job` scenario, the
+bench's `--multi-model` and `--fleet`), where only the manifest's module id and the keys named
+of its `model` service change; and the chaos run's ledger module (harness/e2e/modules/ledger),
+for the `fleet-dispatch` scenario and the bench's fleet faults."""
 
 from __future__ import annotations
 
@@ -11,10 +13,12 @@ from pathlib import Path
 
 from oarbank_sdk import manifest as mf
 
-__all__ = ["MODELSERVER", "modelserver_as"]
+__all__ = ["LEDGER", "MODELSERVER", "ledger_as", "modelserver_as"]
 
 MODELSERVER = Path(__file__).resolve().parent.parent / "examples" / "modelserver"
 _REF_ID = 'id = "dev.example.modelserver"'
+LEDGER = Path(__file__).resolve().parent / "e2e" / "modules" / "ledger"
+_LEDGER_ID = 'id = "dev.oarbank.e2e.ledger"'
 
 
 def _toml(value: object) -> str:
@@ -64,4 +68,20 @@ def _rewrite(dest: Path, module_id: str, service: dict[str, object]) -> Path:
     got = mf.load(dest)
     if got.id != module_id:  # the manifest loader checks the id's form too
         raise ValueError(f"the copy at {dest} loads as {got.id!r}, not {module_id!r}")
+    return dest
+
+
+def ledger_as(dest: Path, module_id: str) -> Path:
+    """Copy harness/e2e/modules/ledger to ``dest`` (a new folder) as module ``module_id``,
+    whole: completed with the files of the folder its harness-base.txt names, as a node's copy
+    is (harness/nodes/backends/base.py), so that an agent on this machine runs it too."""
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "harness-base.txt")
+    base = MODELSERVER.parent.parent / (LEDGER / "harness-base.txt").read_text().strip()
+    shutil.copytree(base, dest, ignore=ignore)
+    shutil.copytree(LEDGER, dest, ignore=ignore, dirs_exist_ok=True)
+    toml = dest / "oarbank-module.toml"
+    text = toml.read_text(encoding="utf-8")
+    if text.count(_LEDGER_ID) != 1:
+        raise ValueError(f"{LEDGER}/oarbank-module.toml: no single line {_LEDGER_ID!r}")
+    toml.write_text(text.replace(_LEDGER_ID, f"id = {json.dumps(module_id)}"), encoding="utf-8")
     return dest

@@ -66,11 +66,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "(harness/bench/multimodel.py); results in .bench/multi_model.json")
     p.add_argument("--fleet", action="store_true",
                    help="instead: fleet dispatch: a simulated fleet on the portal's placement "
-                        "code, claim throughput on SQLite and PostgreSQL with 1,000 nodes, and "
-                        "4 real agents warm-aware against warm-blind (harness/bench/fleet.py); "
+                        "code, claim throughput on SQLite and PostgreSQL with 1,000 nodes, "
+                        "4 real agents warm-aware against warm-blind, and faults (an agent and "
+                        "the portal killed, PostgreSQL restarted) (harness/bench/fleet.py); "
                         "results in .bench/fleet.json")
-    p.add_argument("--fleet-parts", default="sim,claims,nodes", metavar="LIST",
-                   help="with --fleet: which parts (default sim,claims,nodes)")
+    p.add_argument("--fleet-parts", default="sim,claims,nodes,faults", metavar="LIST",
+                   help="with --fleet: which parts (default sim,claims,nodes,faults)")
     return p
 
 

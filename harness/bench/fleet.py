@@ -1,8 +1,10 @@
-"""``nox -s bench -- --fleet``: fleet dispatch (issue 50), three parts side by side in one run:
+"""``nox -s bench -- --fleet``: fleet dispatch (issue 50), four parts side by side in one run:
 (a) a simulated fleet on the portal's own placement code (``fleetsim.py``), (b) claim
 throughput against a real portal on SQLite and PostgreSQL (``fleetload.py``), (c) real agents
-claiming from a real portal, warm-aware against warm-blind (``fleetnodes.py``). ``--quick``
-runs each smaller; ``--fleet-parts`` picks some."""
+claiming from a real portal, warm-aware against warm-blind (``fleetnodes.py``), (d) faults
+under real agents and a real portal on both stores: an agent and the portal killed with -9,
+PostgreSQL restarted (``fleetfaults.py``). ``--quick`` runs each smaller; ``--fleet-parts``
+picks some."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from .stats import check_target
 
 __all__ = ["PARTS", "run_fleet", "table", "write"]
 
-PARTS = ("sim", "claims", "nodes")
+PARTS = ("sim", "claims", "nodes", "faults")
 
 
 def run_fleet(quick: bool, parts: tuple[str, ...], keep: bool = False,
@@ -38,10 +40,14 @@ def run_fleet(quick: bool, parts: tuple[str, ...], keep: bool = False,
 
                 out[part] = (run_claim_bench(nodes=200, jobs=15_000, seconds=8, stores=stores)
                              if quick else run_claim_bench(stores=stores))
-            else:
+            elif part == "nodes":
                 from .fleetnodes import run_real_nodes
 
                 out[part] = run_real_nodes(quick, keep)
+            else:
+                from .fleetfaults import run_fleet_faults
+
+                out[part] = run_fleet_faults(quick, stores, keep)
         except Exception as exc:  # noqa: BLE001 - reported in the table, the next part runs
             traceback.print_exc()
             out[part] = {"error": f"{type(exc).__name__}: {exc}"}
@@ -124,6 +130,27 @@ def table(r: dict[str, Any]) -> str:
             rows.append(f"| | per node, {mode} | {per} | | | | |")
     elif nodes:
         rows.append(f"| real nodes | error | {nodes['error']} | | | | |")
+    faults = r.get("faults")
+    for kind, f in (faults or {}).get("stores", {}).items():
+        head = f"faults, {kind} ({faults['nodes']} agents, {faults['jobs']} jobs)"
+        if "error" in f:
+            rows.append(f"| {head} | error | {f['error']} | | | | |")
+            continue
+        rows += [
+            f"| {head} | jobs lost | {f['jobs_lost']} | | | 0 | "
+            f"{_ok(f['jobs_lost'], '== 0')} |",
+            f"| | jobs completed twice (results accepted) | {f['jobs_completed_twice']} | | | "
+            f"0 | {_ok(f['jobs_completed_twice'], '== 0')} |",
+            f"| | results refused as stale (the fences) | {f['results_refused_as_stale']} "
+            f"{f['results_refused']} | | | | |",
+            f"| | work done twice (services' ledgers: finished on the killed node, its lease "
+            f"expired while it was down, refused as stale above) | {f['work_done_twice']} | | "
+            "| | |",
+            f"| | lease expiries; grants (jobs: {f['jobs']}) | {f['lease_expiries']}; "
+            f"{f['grants']} | | | | |",
+        ]
+    if faults and "error" in faults:
+        rows.append(f"| faults | error | {faults['error']} | | | | |")
     return "\n".join(rows)
 
 

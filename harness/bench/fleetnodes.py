@@ -29,7 +29,7 @@ from harness.modelcopy import modelserver_as
 from .agentproc import Agent
 from .portal import PortalProcess
 
-__all__ = ["NodesParams", "NODES_FULL", "NODES_QUICK", "run_real_nodes"]
+__all__ = ["NodesParams", "NODES_FULL", "NODES_QUICK", "issue_token", "run_real_nodes"]
 
 MODULES = tuple(f"dev.oarbank.bench.fleet-{c}" for c in "abc")
 RESERVE_GB = 0.5
@@ -57,7 +57,7 @@ def _call(portal: PortalProcess, method: str, path: str, token: str,
         return json.loads(r.read())
 
 
-def _token(db: str, *args: str) -> str:
+def issue_token(db: str, *args: str) -> str:
     r = subprocess.run([sys.executable, "-m", "oarbank_ui.cli", "token", "issue", *args,
                         "--db", db], capture_output=True, text=True, timeout=120)
     if r.returncode != 0:
@@ -82,8 +82,8 @@ def _one_run(tmp: Path, mode: str, mods: list[Path], order: list[str],
     for m in mods:
         serve += ["--module", str(m)]
     # tokens before the portal starts (its migrations run on open; the CLI opens the same db)
-    sub = _token(db, "--submitter", "bench")
-    tokens = {f"node-{i}": _token(db, f"node-{i}") for i in range(p.nodes)}
+    sub = issue_token(db, "--submitter", "bench")
+    tokens = {f"node-{i}": issue_token(db, f"node-{i}") for i in range(p.nodes)}
     portal = PortalProcess(db, folder, 1, tuple(serve))
     agents: list[Agent] = []
     try:

@@ -80,13 +80,23 @@ def store_db(kind: str, folder: Path) -> Iterator[tuple[str, int | None] | None]
     if kind == "sqlite":
         yield str(folder / "portal.db"), None
         return
+    with pg_cluster() as cluster:
+        yield (None if cluster is None else
+               (cluster.create_database("bench"), cluster.proc.pid))
+
+
+@contextlib.contextmanager
+def pg_cluster() -> Iterator[Any]:
+    """A throwaway PostgreSQL server (the tests' ``PgCluster``: ``create_database``,
+    ``stop_server``, ``start_server``), stopped and deleted on leaving; ``None`` where this
+    machine has none."""
     pg = _pgcluster()
     if pg.server_bindir() is None:
         yield None
         return
     cluster = pg.PgCluster(durable=True, extra=["-c", "synchronous_commit=off"])
     try:
-        yield cluster.create_database("bench"), cluster.proc.pid
+        yield cluster
     finally:
         cluster.stop()
 
@@ -100,11 +110,12 @@ def _row(service: str) -> dict[str, Any]:
 
 class PortalProcess:
     def __init__(self, db: str, folder: Path, workers: int,
-                 serve_args: tuple[str, ...] = ()) -> None:
+                 serve_args: tuple[str, ...] = (), listen: str = "127.0.0.1:0") -> None:
         argv = [sys.executable, "-m", "oarbank_ui.cli", "serve", "--db", db, "--module",
-                str(MODELSERVER), "--listen", "127.0.0.1:0", "--pool-size", "8",
+                str(MODELSERVER), "--listen", listen, "--pool-size", "8",
                 "--workers", str(workers), *serve_args]
-        self.log = open(folder / "portal.log", "wb")  # noqa: SIM115 - closed in stop()
+        # appended: a portal started again (the faults part) keeps its predecessor's log
+        self.log = open(folder / "portal.log", "ab")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=self.log,
                                      stdin=subprocess.DEVNULL, start_new_session=True)
         assert self.proc.stdout is not None
@@ -144,6 +155,14 @@ class PortalProcess:
         if self.proc.stdout:
             self.proc.stdout.close()
         self.log.close()
+
+    def kill(self) -> None:
+        """-9 to the portal and its workers at once, as a crash (the faults part)."""
+        self._sampling = False
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+        self.stop()
 
 
 async def _read_reply(reader: asyncio.StreamReader) -> tuple[int, bytes]:

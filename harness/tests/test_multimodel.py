@@ -13,7 +13,7 @@ import pytest
 
 from harness.bench.multimodel import extrapolate, lower_bound, sequence
 from harness.e2e.scenarios.evict_for_job import state_changes
-from harness.modelcopy import MODELSERVER, modelserver_as
+from harness.modelcopy import LEDGER, MODELSERVER, ledger_as, modelserver_as
 from oarbank_sdk import manifest as mf
 
 REPO = Path(__file__).resolve().parents[2]
@@ -74,6 +74,20 @@ def test_modelserver_as_names_a_key_it_cannot_set_and_leaves_nothing(tmp_path: P
     with pytest.raises(mf.ManifestError, match="module.id"):
         modelserver_as(tmp_path / "n", "Not An Id")
     assert not (tmp_path / "n").exists()
+
+
+def test_ledger_as_is_the_ledger_module_whole_under_another_id(tmp_path: Path) -> None:
+    dest = ledger_as(tmp_path / "l", "dev.oarbank.test.ledger-x")
+    got = mf.load(dest)
+    assert got.id == "dev.oarbank.test.ledger-x"
+    assert [s.name for s in got.stages] == ["work"]
+    # completed with the example's files, as a node's copy is (its service imports them)
+    assert (dest / "model_service.py").read_bytes() == (MODELSERVER / "model_service.py"
+                                                         ).read_bytes()
+    assert (dest / "ledger_service.py").read_bytes() == (LEDGER / "ledger_service.py"
+                                                          ).read_bytes()
+    assert not (dest / "harness-base.txt").exists()
+    assert mf.load(LEDGER).id == "dev.oarbank.e2e.ledger"  # the original untouched
 
 
 def test_state_changes_read_from_an_agent_log() -> None:

@@ -17,15 +17,13 @@ are made here), on the same transport as the run's, so it is the same on every b
 
 from __future__ import annotations
 
-import json
 import random
-import shutil
 import subprocess
-from pathlib import Path
 from typing import Any
 
 from harness.e2e.portal import Portal, portal_command
-from harness.e2e.scenario import Ctx, module_path, scenario
+from harness.e2e.scenario import Ctx, scenario
+from harness.modelcopy import ledger_as
 from harness.nodes.backends.base import Node
 
 MODS = ("dev.oarbank.e2e.fleet-a", "dev.oarbank.e2e.fleet-b")
@@ -34,19 +32,6 @@ LOAD_S = 3.0  # longer than the short backlog takes on the warm copy (10 jobs x 
 WORK_S = 0.3
 MORE = 20  # jobs after the first two
 WAIT_S = 120.0
-
-
-def _ledger_as(dest: Path, module_id: str) -> Path:
-    """harness/e2e/modules/ledger under another module id (its files, copied)."""
-    shutil.copytree(module_path("ledger"), dest,
-                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    toml = dest / "oarbank-module.toml"
-    text = toml.read_text(encoding="utf-8")
-    old = 'id = "dev.oarbank.e2e.ledger"'
-    if text.count(old) != 1:
-        raise ValueError(f"{toml}: no single line {old!r}")
-    toml.write_text(text.replace(old, f"id = {json.dumps(module_id)}"), encoding="utf-8")
-    return dest
 
 
 def _submitter(portal: Portal) -> str:
@@ -97,7 +82,7 @@ def _lines(node: Node, module: str, name: str) -> list[str]:
           "each job's work done once, on the node the portal names), each model loads once in "
           "the fleet, and the jobs after the first go where their model is ready")
 def fleet_dispatch(ctx: Ctx) -> None:
-    src = [_ledger_as(ctx.folder / "src" / m.rsplit(".", 1)[1], m) for m in MODS]
+    src = [ledger_as(ctx.folder / "src" / m.rsplit(".", 1)[1], m) for m in MODS]
     ctx.portal = Portal(ctx.place("portal"), src, tcp=ctx.backend.portal_over_tcp)
     ctx.note(f"portal serving {', '.join(MODS)} at {ctx.portal.url}")
     token = _submitter(ctx.portal)

@@ -1,0 +1,31 @@
+"""The fleet bench's faults part, run for real (quick, SQLite): a real portal and three real
+agents; an agent killed with -9 holding leases and started again after they expired, the
+portal killed with -9 and started again. What a user of the fleet checks: no job lost, none
+completed twice, and every result the fences refused is one the run's figures account for."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.bench.fleet import table
+from harness.bench.fleetfaults import run_fleet_faults
+
+pytestmark = [pytest.mark.timeout(600), pytest.mark.xdist_group("fleet-faults")]
+
+
+def test_faults_lose_no_job_and_complete_none_twice() -> None:
+    out = run_fleet_faults(quick=True, stores=("sqlite",))
+    f = out["stores"]["sqlite"]
+    assert "error" not in f, f
+    assert f["jobs"] == out["jobs"] and f["states"] == {"succeeded": out["jobs"]}, f
+    assert f["jobs_lost"] == 0 and f["jobs_completed_twice"] == 0, f
+    # the faults happened, in order: the agent's kill and restart, the portal's
+    events = " | ".join(f["events"])
+    assert "node-0 killed with -9 holding" in events and "portal killed with -9" in events
+    assert events.index("started again on its state dir") < events.index("portal killed")
+    # work repeated only where a result was refused as stale (finished on the killed node,
+    # its lease expired while that node was down): never more than those
+    assert f["work_done_twice"] <= f["results_refused_as_stale"], f
+    assert f["done_lines_of_no_record"] == 0, f
+    rows = table({"faults": out})
+    assert "| faults, sqlite (3 agents, 120 jobs) | jobs lost | 0 | | | 0 | met |" in rows
