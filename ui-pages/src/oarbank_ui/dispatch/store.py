@@ -29,6 +29,7 @@ from .leases import Attempt, fence
 from .offers import Warmth
 from .placement import Pick
 from .protocol import Claim, Result, Submission
+from .warmcache import Offer, WarmCache
 
 __all__ = ["DispatchStore", "KeyReused", "job_view", "new_id"]
 
@@ -87,6 +88,7 @@ class DispatchStore:
         # what this process granted since). Whether a stage has work is still read each claim.
         self._backlog: dict[tuple[str, str], tuple[int, float]] = {}
         self._backlog_lock = threading.Lock()
+        self._warmth = WarmCache()  # the nodes' offers, read once per WARM_TTL_S (warmcache.py)
 
     # -- submitters --------------------------------------------------------------------------
 
@@ -332,29 +334,31 @@ class DispatchStore:
             self._backlog.clear()
 
     def _record_offer(self, tx: Any, claim: Claim, now: float) -> None:
+        latest = {(s.module, s.service): s for s in claim.services}
+        tokens = {k: sum(total for _free, total in s.pools.values()) for k, s in latest.items()}
         tx.run("DELETE FROM claim_offers WHERE node_id = ?", (claim.node_id,))
         tx.many("INSERT INTO claim_offers (node_id, module, service, state, tokens, load_s,"
                 " job_s, claimed_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                [(claim.node_id, s.module, s.service, s.state,
-                  sum(total for _free, total in s.pools.values()), s.load_s, s.job_s, now)
-                 for s in {(s.module, s.service): s for s in claim.services}.values()])
+                [(claim.node_id, s.module, s.service, s.state, tokens[k], s.load_s, s.job_s,
+                  now) for k, s in latest.items()])
+        self._warmth.record(claim.node_id, {k: Offer(s.state, tokens[k], s.job_s, s.load_s)
+                                            for k, s in latest.items()})
 
     def _warm(self, tx: Any, node_id: str, modules: list[str],
               now: float) -> dict[tuple[str, str], Warmth]:
         """Each service on the other nodes whose claims are fresh: tokens where it is ready
         or starting, of those starting, and the mean job and load times they measured (any
-        state)."""
-        marks = ", ".join("?" * len(modules))
-        rows = tx.all("SELECT module, service,"
-                      " SUM(CASE WHEN state IN ('ready', 'starting') THEN tokens ELSE 0 END) AS n,"
-                      " SUM(CASE WHEN state = 'starting' THEN tokens ELSE 0 END) AS s,"
-                      " AVG(job_s) AS j, AVG(load_s) AS l FROM claim_offers WHERE module"
-                      f" IN ({marks}) AND node_id <> ? AND claimed_at >= ? GROUP BY module,"
-                      " service", [*modules, node_id, now - OFFER_FRESH_S])
-        return {(r["module"], r["service"]): Warmth(int(r["n"] or 0), int(r["s"] or 0),
-                                                     None if r["j"] is None else float(r["j"]),
-                                                     None if r["l"] is None else float(r["l"]))
-                for r in rows}
+        state); from this process's read of every node's offer if it is recent
+        (``warmcache.py``)."""
+        t = time.monotonic()
+        if not self._warmth.covers(modules, t):
+            wanted = sorted(set(modules) | self._warmth.modules)
+            marks = ", ".join("?" * len(wanted))
+            rows = tx.all("SELECT node_id, module, service, state, tokens, job_s, load_s FROM"
+                          f" claim_offers WHERE module IN ({marks}) AND claimed_at >= ?",
+                          [*wanted, now - OFFER_FRESH_S])
+            self._warmth.fill(rows, wanted, t)
+        return self._warmth.warmth(node_id, modules)
 
     def _cold(self, tx: Any, node_id: str, modules: list[str],
               since: float) -> dict[tuple[str, str], int]:
