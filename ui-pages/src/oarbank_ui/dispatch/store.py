@@ -346,10 +346,8 @@ class DispatchStore:
 
     def _warm(self, tx: Any, node_id: str, modules: list[str],
               now: float) -> dict[tuple[str, str], Warmth]:
-        """Each service on the other nodes whose claims are fresh: tokens where it is ready
-        or starting, of those starting, and the mean job and load times they measured (any
-        state); from this process's read of every node's offer if it is recent
-        (``warmcache.py``)."""
+        """Each service on the other nodes whose claims are fresh (``warmcache.py``: this
+        process's read of every node's offer, if it is recent)."""
         t = time.monotonic()
         if not self._warmth.covers(modules, t):
             wanted = sorted(set(modules) | self._warmth.modules)
@@ -364,14 +362,12 @@ class DispatchStore:
               since: float) -> dict[tuple[str, str], int]:
         """(module, stage) -> other nodes holding a live attempt granted it cold (since
         ``since``) whose claims do not say yet that the service is starting: copies starting
-        that ``_warm`` cannot see, because a node that took its grant claims again only once it
-        has room, after the load (and claims answered at the same moment, on any portal, each
-        count the others'). A lease window would forget a load longer than a lease."""
+        that ``_warm`` cannot see (a node claims again only once it has room, after the load;
+        claims answered at the same moment, on any portal, each count the others')."""
         marks = ", ".join("?" * len(modules))
         rows = tx.all("SELECT a.module, a.stage, COUNT(DISTINCT a.node_id) AS n FROM attempts a"
                       f" WHERE a.module IN ({marks}) AND a.placement = 'cold' AND a.issued_at >= ?"
-                      " AND a.state = 'running'"
-                      " AND a.node_id <> ? AND NOT EXISTS (SELECT 1 FROM claim_offers o WHERE"
+                      " AND a.state = 'running' AND a.node_id <> ? AND NOT EXISTS (SELECT 1 FROM claim_offers o WHERE"
                       " o.node_id = a.node_id AND o.module = a.module AND o.state IN ('ready',"
                       " 'starting') AND o.claimed_at >= a.issued_at) GROUP BY a.module, a.stage",
                       [*modules, since, node_id])
