@@ -82,10 +82,9 @@ class DispatchStore:
         self.pg = backend.kind == "postgresql"
         self._lock = " FOR UPDATE" if self.pg else ""
         self._skip = " FOR UPDATE SKIP LOCKED" if self.pg else ""
-        # (module, stage) -> (jobs queued, monotonic time counted): counting up to BACKLOG_CAP
-        # rows per stage per claim was the claim's largest read; the count only has to be
-        # large enough to decide, so concurrent claims share one for BACKLOG_TTL_S (less
-        # what this process granted since). Whether a stage has work is still read each claim.
+        # (module, stage) -> (jobs queued, monotonic time counted): the count only has to be
+        # large enough to decide, so this process's claims share one for BACKLOG_TTL_S (less
+        # what it granted since). Whether a stage has work is still read each claim.
         self._backlog: dict[tuple[str, str], tuple[int, float]] = {}
         self._backlog_lock = threading.Lock()
         self._warmth = WarmCache()  # the nodes' offers, read once per WARM_TTL_S (warmcache.py)
@@ -367,9 +366,10 @@ class DispatchStore:
         marks = ", ".join("?" * len(modules))
         rows = tx.all("SELECT a.module, a.stage, COUNT(DISTINCT a.node_id) AS n FROM attempts a"
                       f" WHERE a.module IN ({marks}) AND a.placement = 'cold' AND a.issued_at >= ?"
-                      " AND a.state = 'running' AND a.node_id <> ? AND NOT EXISTS (SELECT 1 FROM claim_offers o WHERE"
-                      " o.node_id = a.node_id AND o.module = a.module AND o.state IN ('ready',"
-                      " 'starting') AND o.claimed_at >= a.issued_at) GROUP BY a.module, a.stage",
+                      " AND a.state = 'running' AND a.node_id <> ? AND NOT EXISTS (SELECT 1 FROM"
+                      " claim_offers o WHERE o.node_id = a.node_id AND o.module = a.module AND"
+                      " o.state IN ('ready', 'starting') AND o.claimed_at >= a.issued_at) GROUP BY"
+                      " a.module, a.stage",
                       [*modules, since, node_id])
         return {(r["module"], r["stage"]): int(r["n"]) for r in rows}
 
