@@ -141,7 +141,11 @@ def wait_until(cond: Callable[[], Any], timeout: float = 60, what: str = "") -> 
 def test_the_warm_node_gets_the_jobs(tmp_path: Path) -> None:
     with running_portal(tmp_path, "--module", str(EXAMPLE)) as portal:
         sub = submitter_token(portal["db"], "alice")
-        warm = claiming_agent(tmp_path, portal, "warm")
+        # a 5 s load: the 8 jobs' wait on the warm copy (8 x a job's time / 2 tokens) is
+        # shorter, so no second copy is worth starting (the cold node reads the warm node's
+        # measured load; with a 0.3 s one a slow machine's backlog would start a copy)
+        slow_load = {"load_s": 5.0, "slots": 2}
+        warm = claiming_agent(tmp_path, portal, "warm", slow_load)
         cold = None
         try:
             # warm: its model loaded by a local job; its claim says so
@@ -149,13 +153,13 @@ def test_the_warm_node_gets_the_jobs(tmp_path: Path) -> None:
                                 module="modelserver")["state"] == "succeeded"
             wait_until(lambda: [o["state"] for o in offers(portal, "warm")] == ["ready"],
                        what="the warm node's claim saying ready")
-            cold = claiming_agent(tmp_path, portal, "cold")
+            cold = claiming_agent(tmp_path, portal, "cold", slow_load)
             wait_until(lambda: [o["state"] for o in offers(portal, "cold")] == ["stopped"],
                        what="the cold node's claim")
             (w,), (c,) = offers(portal, "warm"), offers(portal, "cold")
             # what the claims carried is each node's real state: the warm node's measured
-            # load (the stand-in model loads in 0.3 s) and job time, its free tokens
-            assert w["tokens"] == 2 and 0.3 <= w["load_s"] < 10 and w["job_s"] > 0, w
+            # load (the stand-in model loads in 5 s) and job time, its free tokens
+            assert w["tokens"] == 2 and 5.0 <= w["load_s"] < 30 and w["job_s"] > 0, w
             assert c["tokens"] == 2 and c["load_s"] is None and c["job_s"] is None, c
             ids = submit(portal, sub, [[f"p{i}"] for i in range(8)])
             jobs = wait_jobs(portal, sub, ids)

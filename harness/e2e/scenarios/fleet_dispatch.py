@@ -28,7 +28,9 @@ from harness.nodes.backends.base import Node
 
 MODS = ("dev.oarbank.e2e.fleet-a", "dev.oarbank.e2e.fleet-b")
 NODES = ("fleet-1", "fleet-2", "fleet-3")
-LOAD_S = 3.0  # longer than the short backlog takes on the warm copy (10 jobs x ~0.5 s / 4 tokens)
+# longer than the short backlog takes on the warm copy (10 jobs x ~0.5 s / 4 tokens; the cold
+# nodes read this load from the warm one's claims: a slow backend's jobs must stay under 2.4 s)
+LOAD_S = 6.0
 WORK_S = 0.3
 MORE = 20  # jobs after the first two
 WAIT_S = 120.0
