@@ -395,6 +395,10 @@ class Agent:
         self.keeping.close()
         await self.broker.aclose()
         containment.current().close()  # every group is ended: what held them is empty
+        forgotten = self.registry.forget_gone()
+        if forgotten:
+            log.warning("stop: forgot the records of %d group(s) already gone that no task "
+                        "retired: %s", len(forgotten), ", ".join(forgotten))
         await self._stop_tether()
         log.info("stopped: every service and job process ended; exiting")
 

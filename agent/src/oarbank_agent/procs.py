@@ -67,6 +67,16 @@ class ProcessRegistry:
         with contextlib.suppress(FileNotFoundError):
             (self.dir / f"{group.key}.json").unlink()
 
+    def forget_gone(self) -> list[str]:
+        """Remove the records of groups no longer alive; their labels. For the agent's last
+        step: a group handed over between two tasks as the agent stops (a service's start op
+        whose daemon said ready on the channel before the op's exit was seen) can miss its
+        retirement; its record must not outlive it."""
+        gone = [r for r in self.records() if not r.group.alive()]
+        for r in gone:
+            self.remove(r.group)
+        return [r.label for r in gone]
+
     def records(self) -> list[GroupRecord]:
         groups = platform.current().groups
         out = []
