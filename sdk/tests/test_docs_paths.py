@@ -233,8 +233,9 @@ def doc_texts(tree: Tree) -> Iterator[tuple[str, str]]:
 
 
 def ignored(paths: set[str]) -> set[str]:
-    """Those of ``paths`` git ignores (output, not source)."""
-    if not paths:
+    """Those of ``paths`` git ignores (output, not source); none without git (Windows'
+    Python under Wine has none: the rules are then checked on a tree of their own)."""
+    if not paths or shutil.which("git") is None:
         return set()
     out = subprocess.run(["git", "check-ignore", "--no-index", "--stdin"], cwd=REPO,
                          input="\n".join(sorted(paths)), capture_output=True, text=True).stdout
