@@ -146,6 +146,17 @@ def test_the_check_can_fail():
                                   {"params": [{"name": "a"}], "keyword_only": ["c"]})
 
 
+def _under_wine() -> bool:
+    if sys.platform != "win32":
+        return False
+    import ctypes
+
+    return hasattr(ctypes.WinDLL("ntdll"), "wine_get_version")  # type: ignore[attr-defined]
+
+
+@pytest.mark.skipif(_under_wine(), reason="under Wine the child's gpu.detect() can hang (seen "
+                    "in CI's windows step); the check is the same on every platform: Linux and "
+                    "the windows-latest workflow run it")
 def test_runner_side_modules_need_only_the_standard_library():
     # A clean interpreter (-I -S: no site-packages at all) with only the SDK's source on the
     # path imports every runner-side module, and nothing outside the standard library loads.
