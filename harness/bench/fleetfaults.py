@@ -21,7 +21,7 @@ agent was down and the job ran again elsewhere: that collected result is one ref
 
 from __future__ import annotations
 
-import json
+import contextlib
 import os
 import random
 import shutil
@@ -31,7 +31,6 @@ import sys
 import tempfile
 import time
 import urllib.error
-import urllib.request
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -39,8 +38,8 @@ from typing import Any
 from harness.modelcopy import ledger_as
 
 from .agentproc import Agent
-from .fleetnodes import issue_token
-from .portal import PortalProcess, pg_cluster
+from .fleetnodes import batch_jobs, call, issue_token, token_file
+from .portal import NO_SERVER, PortalProcess, pg_cluster
 
 __all__ = ["run_fleet_faults"]
 
@@ -83,19 +82,14 @@ class _Run:
     def start_agent(self, node: str) -> None:
         tf = self.folder / f"{node}.token"
         if not tf.exists():
-            tf.touch(mode=0o600)
-            tf.write_text(self.tokens[node] + "\n")
+            token_file(tf, self.tokens[node])
         settings = {m: {"load_s": 0.3, "slots": 4} for m in MODULES}
         self.agents[node] = Agent(self.folder / node, self.mods, settings, extra_args=[
             "--node-id", node, "--portal", self.url, "--portal-token-file", str(tf),
             "--claim", "--claim-wait-s", "2"])
 
     def call(self, method: str, path: str, doc: Any = None) -> Any:
-        data = None if doc is None else json.dumps(doc).encode()
-        req = urllib.request.Request(self.url + path, data=data, method=method, headers={
-            "Authorization": f"Bearer {self.sub}", "Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=30) as r:  # noqa: S310 - loopback
-            return json.loads(r.read())
+        return call(self.url, method, path, self.sub, doc, timeout=30)
 
     def states(self, batch: str) -> dict[str, int]:
         """The batch's jobs by state; {} while the portal is away (killed, or its store)."""
@@ -127,9 +121,9 @@ class _Run:
 
 
 def _one_store(kind: str, folder: Path, mods: list[Path], jobs: int) -> dict[str, Any]:
-    with pg_cluster() if kind == "postgresql" else _no_server() as cluster:
+    with pg_cluster() if kind == "postgresql" else contextlib.nullcontext() as cluster:
         if kind == "postgresql" and cluster is None:
-            return {"error": "no PostgreSQL server (apt-get install postgresql)"}
+            return {"error": NO_SERVER}
         db = cluster.create_database("faults") if cluster is not None else str(
             folder / "portal.db")
         run = _Run(folder, db, mods, jobs)
@@ -137,14 +131,6 @@ def _one_store(kind: str, folder: Path, mods: list[Path], jobs: int) -> dict[str
             return _faults(run, kind, cluster)
         finally:
             run.stop()
-
-
-class _no_server:  # noqa: N801 - the SQLite side of ``with pg_cluster() if ... else ...``
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 def _faults(run: _Run, kind: str, cluster: Any) -> dict[str, Any]:
@@ -213,15 +199,7 @@ def _settle(run: _Run, timeout: float = 60.0) -> None:
 
 
 def _figures(run: _Run, batch: str) -> dict[str, Any]:
-    jobs: list[dict[str, Any]] = []
-    after: str | None = None
-    while True:
-        q = f"/v1/jobs?batch={batch}&limit=1000" + (f"&after={after}" if after else "")
-        page = run.call("GET", q)
-        jobs += page
-        if len(page) < 1000:
-            break
-        after = page[-1]["job_id"]
+    jobs = batch_jobs(run.url, run.sub, batch)
     accepted: Counter[str] = Counter()
     refused: Counter[str] = Counter()
     local_to_portal: dict[tuple[str, str], str] = {}  # (node, local job id) -> portal job

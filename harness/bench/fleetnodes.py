@@ -29,7 +29,8 @@ from harness.modelcopy import modelserver_as
 from .agentproc import Agent
 from .portal import PortalProcess
 
-__all__ = ["NodesParams", "NODES_FULL", "NODES_QUICK", "issue_token", "run_real_nodes"]
+__all__ = ["NodesParams", "NODES_FULL", "NODES_QUICK", "batch_jobs", "call", "issue_token",
+           "run_real_nodes", "token_file"]
 
 MODULES = tuple(f"dev.oarbank.bench.fleet-{c}" for c in "abc")
 RESERVE_GB = 0.5
@@ -47,14 +48,34 @@ NODES_FULL = NodesParams(nodes=4, jobs=240)
 NODES_QUICK = NodesParams(nodes=4, jobs=60)
 
 
-def _call(portal: PortalProcess, method: str, path: str, token: str,
-          doc: Any = None) -> Any:
+def call(url: str, method: str, path: str, token: str, doc: Any = None,
+         timeout: float = 60.0) -> Any:
+    """One JSON call to the portal at ``url`` with ``token``; its answer's document."""
     data = None if doc is None else json.dumps(doc).encode()
-    req = urllib.request.Request(f"http://{portal.host}:{portal.port}{path}", data=data,
-                                 method=method, headers={"Authorization": f"Bearer {token}",
-                                                         "Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=60) as r:  # noqa: S310 - loopback
+    req = urllib.request.Request(url + path, data=data, method=method, headers={
+        "Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:  # noqa: S310 - loopback
         return json.loads(r.read())
+
+
+def batch_jobs(url: str, token: str, batch: str) -> list[dict[str, Any]]:
+    """Every job record of ``batch``, page by page."""
+    jobs: list[dict[str, Any]] = []
+    after: str | None = None
+    while True:
+        q = f"/v1/jobs?batch={batch}&limit=1000" + (f"&after={after}" if after else "")
+        page = call(url, "GET", q, token)
+        jobs += page
+        if len(page) < 1000:
+            return jobs
+        after = page[-1]["job_id"]
+
+
+def token_file(path: Path, token: str) -> Path:
+    """``token`` in a file only its owner reads (what ``--portal-token-file`` takes)."""
+    path.touch(mode=0o600)
+    path.write_text(token + "\n")
+    return path
 
 
 def issue_token(db: str, *args: str) -> str:
@@ -90,36 +111,26 @@ def _one_run(tmp: Path, mode: str, mods: list[Path], order: list[str],
         url = f"http://{portal.host}:{portal.port}"
         settings = {m: {"model_gb": RESERVE_GB, "load_s": LOAD_S} for m in MODULES}
         for node, token in tokens.items():
-            tf = folder / f"{node}.token"
-            tf.touch(mode=0o600)
-            tf.write_text(token + "\n")
+            tf = token_file(folder / f"{node}.token", token)
             agents.append(Agent(folder / node, mods, settings, extra_args=[
                 "--node-id", node, "--portal", url, "--portal-token-file", str(tf),
                 "--claim", "--claim-wait-s", "2", "--memory-budget-gb", f"{BUDGET_GB:g}"]))
         print(f"bench fleet nodes [{mode}]: {p.nodes} agents up; {len(order)} jobs ...",
               file=sys.stderr, flush=True)
-        batch = _call(portal, "POST", "/v1/jobs", sub, {"jobs": [
+        batch = call(url, "POST", "/v1/jobs", sub, {"jobs": [
             {"module": m, "stage": "generate",
              "payload": {"prompts": [f"job {i}"], "hold_s": HOLD_S}}
             for i, m in enumerate(order)]})["batch_id"]
         deadline = time.monotonic() + 600
         while True:
-            counts = _call(portal, "GET", f"/v1/batches/{batch}", sub)
+            counts = call(url, "GET", f"/v1/batches/{batch}", sub)
             st = counts["states"]
             if st["queued"] == 0 and st["running"] == 0:
                 break
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{mode}: jobs not done after 600 s: {st}")
             time.sleep(0.5)
-        jobs: list[dict[str, Any]] = []
-        after: str | None = None
-        while True:
-            q = f"/v1/jobs?batch={batch}&limit=1000" + (f"&after={after}" if after else "")
-            page = _call(portal, "GET", q, sub)
-            jobs += page
-            if len(page) < 1000:
-                break
-            after = page[-1]["job_id"]
+        jobs = batch_jobs(url, sub, batch)
     finally:
         for a in agents:
             a.stop()
