@@ -46,6 +46,21 @@ def test_what_a_doctor_said_in_the_contracts_form() -> None:
         "undetected", "its doctor supports runner protocol [2]; this agent speaks 1")
 
 
+def test_a_long_check_detail_never_hides_the_next_failed_check() -> None:
+    # a node without any GPU runtime: each probe's dlopen error runs long (CI's fresh machine)
+    long = "libcuda.so.1: cannot open shared object file: No such file or directory; " * 5
+    _, why = judge(0, _contract("undetected", [
+        {"name": "gpu api cuda", "ok": False, "detail": long},
+        {"name": "gpu api rocm", "ok": False, "detail": "/dev/kfd missing"},
+        {"name": "gpu api opencl", "ok": False, "detail": "OpenCL not found"}]), "")
+    assert "gpu api rocm: /dev/kfd missing" in why
+    assert why.endswith("gpu api opencl: OpenCL not found")
+    assert "\u2026; gpu api rocm" in why  # the long one is clipped, and says so
+    many = [{"name": f"c{i}", "ok": False} for i in range(12)]
+    _, why = judge(0, _contract("unhealthy", many), "")
+    assert why.startswith("c0; c1") and why.endswith("c7; and 4 more failed checks")
+
+
 def test_what_a_doctor_said() -> None:
     assert judge(0, {"ok": True, "python": "3.11"}, "") == ("healthy", None)
     assert judge(0, {"ok": False, "reason": "no_weights", "detail": "/m missing"}, "") == (

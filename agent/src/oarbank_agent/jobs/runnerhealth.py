@@ -53,7 +53,9 @@ __all__ = ["DOCTOR_TIMEOUT_S", "HEALTHS", "HOLDS_JOBS", "RunnerHealth", "doctor"
 log = logging.getLogger("oarbank_agent.jobs.runnerhealth")
 
 DOCTOR_TIMEOUT_S = doctorform.TIMEOUT_S
-REASON_CHARS = 300
+REASON_CHARS = 300  # a runner's own reason, as written
+CHECK_CHARS = 240  # each failed check: every one is named, however long the others run
+MAX_CHECKS = 8  # failed checks spelled out; the rest are counted
 CONTRACT_HEALTHS = doctorform.HEALTHS  # what a doctor may say
 HEALTHS = (*CONTRACT_HEALTHS, "unknown")  # and the agent's own: the doctor said neither form
 HOLDS_JOBS = ("unhealthy", "undetected")  # no admissions while the runner is so
@@ -87,6 +89,18 @@ def _own_reason(doc: dict[str, Any]) -> str | None:
     return text[:REASON_CHARS] if text else None
 
 
+def _clip(text: str, chars: int) -> str:
+    return text if len(text) <= chars else text[:chars - 1] + "\u2026"
+
+
+def _failed_checks_text(failed: list[str]) -> str:
+    """Each failed check clipped on its own, so a long detail never hides the next check."""
+    text = "; ".join(_clip(check, CHECK_CHARS) for check in failed[:MAX_CHECKS])
+    if len(failed) > MAX_CHECKS:
+        text += f"; and {len(failed) - MAX_CHECKS} more failed checks"
+    return text
+
+
 def _contract_form(rc: int, doc: dict[str, Any]) -> tuple[str, str | None]:
     """The contract's ``{"runner_protocol", "health", "checks"?}`` answer."""
     versions = doctorform.supported(doc)
@@ -94,7 +108,7 @@ def _contract_form(rc: int, doc: dict[str, Any]) -> tuple[str, str | None]:
         return "undetected", (f"its doctor supports runner protocol {versions}; this agent "
                               f"speaks {RUNNER_PROTOCOL}")
     health = doc["health"]
-    why = "; ".join(doctorform.failed_checks(doc))[:REASON_CHARS] or _own_reason(doc)
+    why = _failed_checks_text(doctorform.failed_checks(doc)) or _own_reason(doc)
     if rc != 0:
         return "unhealthy", f"{why or f'doctor --json said {health}'} (exit {rc})"
     if health == "healthy":
