@@ -345,6 +345,44 @@ def test_two_portals_on_one_postgresql_never_grant_a_job_twice(
     assert sum(1 for n in nodes if n.grants) >= 2
 
 
+def test_postgresql_reads_a_queues_head_from_the_queued_rows_alone(
+        start_portal: Any, pg_cluster: Any) -> None:
+    """Jobs leave a queue from its front, so its oldest rows are done ones. PostgreSQL's
+    planner sees no link between age and state: reading the head in seq order through the
+    primary key stepped over every done row on each claim, and right after a large submit (its
+    statistics still saying the table is empty) it sorted every queued row. The portal's
+    claim reads it through the index of queued rows in both cases (migration 0007, and
+    statistics refreshed after a large submit)."""
+    import psycopg
+
+    db = pg_cluster.create_database()
+    p = start_portal(db=db)
+    alice = submitter_token(db, "alice")
+    assert submit(p, alice, [job(f"{i}") for i in range(2000)]).status == 201
+
+    def plan() -> str:  # the claim's read of the stage's oldest queued jobs (dispatch/store.py)
+        with psycopg.connect(db) as conn:
+            return "\n".join(r[0] for r in conn.execute(
+                "EXPLAIN SELECT job_id, payload, generation FROM jobs WHERE state = 'queued'"
+                " AND module = %s AND stage = %s ORDER BY seq + 0 LIMIT 4 FOR UPDATE SKIP"
+                " LOCKED", (MODULE_ID, "generate"), prepare=True))
+
+    with psycopg.connect(db) as conn:  # the portal's own ANALYZE, not autovacuum's
+        assert conn.execute("SELECT last_analyze FROM pg_stat_user_tables WHERE relname ="
+                            " 'jobs'").fetchone()[0] is not None
+    right_after_submit = plan()
+    assert "jobs_queue_head" in right_after_submit, right_after_submit
+    assert "Sort" not in right_after_submit, right_after_submit
+    node = Node(p, "n1")
+    for _ in range(100):  # the first 400 jobs done, at the queue's front
+        for g in node.claim(offer(free=4)):
+            assert node.result(g).status == 200
+    with psycopg.connect(db, autocommit=True) as conn:
+        conn.execute("ANALYZE jobs")  # as autovacuum would, by now
+    drained = plan()
+    assert "jobs_queue_head" in drained and "Sort" not in drained, drained
+
+
 def test_the_jobs_and_attempts_host_queries(start_portal: Any) -> None:
     """What a module page reads (contract 10.8): one row per job and per grant, the module's."""
     p = start_portal(args=("--lease-s", "1"))

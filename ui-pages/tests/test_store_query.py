@@ -153,7 +153,7 @@ def test_sqlite_store_uses_wal_and_is_owner_only(tmp_path: Path) -> None:
     try:
         assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert [r[0] for r in db.execute("SELECT version FROM schema_migrations ORDER BY 1")] \
-            == [1, 2, 3, 4, 5, 6]
+            == [1, 2, 3, 4, 5, 6, 7]
     finally:
         db.close()
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Attempt", "fence"]
+__all__ = ["Attempt", "fence", "refusal_detail"]
 
 
 @dataclass(frozen=True)
@@ -38,3 +38,15 @@ def fence(a: Attempt | None, node_id: str, generation: int, now: float) -> str |
         return None
     # expired (or about to be marked so), released: a later grant makes it stale
     return "stale_generation" if a.job_generation > a.generation else "lease_lost"
+
+
+def refusal_detail(code: str, attempt_id: int) -> str:
+    """The words of a refusal (``fence``'s code) for the node's log."""
+    return {
+        "not_your_attempt": f"attempt {attempt_id} is not this node's",
+        "stale_generation": f"attempt {attempt_id} is of an earlier generation: its job was "
+                            "granted again",
+        "lease_lost": f"the lease of attempt {attempt_id} expired; its job went back to the queue",
+        "cancelled": f"the job of attempt {attempt_id} was cancelled",
+        "job_done": f"attempt {attempt_id} already ended with a result",
+    }.get(code, code)

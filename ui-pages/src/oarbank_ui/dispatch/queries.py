@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..queries.services import QueryError
-from .store import job_view
+from .jobview import job_view
 
 __all__ = ["QUERY_PARAMS", "attempts_rows", "host_query", "jobs_rows"]
 

@@ -25,13 +25,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..store.tokens import new_token, token_hash
-from .leases import Attempt, fence
+from .jobview import job_view
+from .leases import Attempt, fence, refusal_detail
 from .offers import Warmth
 from .placement import Pick
 from .protocol import Claim, Result, Submission
 from .warmcache import Offer, WarmCache
 
-__all__ = ["DispatchStore", "KeyReused", "job_view", "new_id"]
+__all__ = ["DispatchStore", "KeyReused", "new_id"]
 
 FINISHED = ("succeeded", "failed", "cancelled")
 BACKLOG_CAP = 10_000  # a stage's backlog is counted up to this (enough to decide a cold start)
@@ -41,9 +42,7 @@ OFFER_FRESH_S = 90.0  # a node's claim (or renew) this recent tells where a serv
 # one older than this is no start any more (and bounds the rows the query reads)
 COLD_HORIZON_S = 3600.0
 EXPIRE_BATCH = 500
-_JOB_FIELDS = ("job_id", "batch_id", "module", "stage", "state", "submitted_at", "started_at",
-               "finished_at", "node_id", "attempt_id", "generation", "placement",
-               "lease_expiries", "expires_at")
+ANALYZE_JOBS = 1_000  # PostgreSQL: jobs submitted before the planner's statistics are refreshed
 
 
 def new_id(prefix: str) -> str:
@@ -62,32 +61,22 @@ class Submitted:
     replayed: bool
 
 
-def _loads(text: Any) -> Any:
-    return None if text is None else json.loads(text)
-
-
-def job_view(r: dict[str, Any], *, full: bool = True) -> dict[str, Any]:
-    out = {k: r.get(k) for k in _JOB_FIELDS}
-    out["grants"] = r.get("generation")
-    if full:
-        out["payload"] = _loads(r.get("payload"))
-        out["record"] = _loads(r.get("record"))
-        out["result"] = _loads(r.get("result"))
-    return out
-
-
 class DispatchStore:
     def __init__(self, backend: Any) -> None:
         self.backend = backend
         self.pg = backend.kind == "postgresql"
         self._lock = " FOR UPDATE" if self.pg else ""
         self._skip = " FOR UPDATE SKIP LOCKED" if self.pg else ""
+        # A stage's queue is read in this order: on PostgreSQL only the index of queued rows
+        # gives it (migration 0007), never the primary key's walk over the done jobs before them.
+        self._head = "seq + 0" if self.pg else "seq"
         # (module, stage) -> (jobs queued, monotonic time counted): the count only has to be
         # large enough to decide, so this process's claims share one for BACKLOG_TTL_S (less
         # what it granted since). Whether a stage has work is still read each claim.
         self._backlog: dict[tuple[str, str], tuple[int, float]] = {}
         self._backlog_lock = threading.Lock()
         self._warmth = WarmCache()  # the nodes' offers, read once per WARM_TTL_S (warmcache.py)
+        self._unanalyzed = 0  # jobs this process submitted since its last ANALYZE (PostgreSQL)
 
     # -- submitters --------------------------------------------------------------------------
 
@@ -137,7 +126,22 @@ class DispatchStore:
                     [(i, batch, submitter, j.module, j.stage, j.payload, now)
                      for i, j in zip(ids, sub.jobs, strict=True)])
         self._forget_backlog()
+        if self.pg:
+            self._analyze_after(len(ids))
         return Submitted(batch, [{"job_id": i, "state": "queued"} for i in ids], False)
+
+    def _analyze_after(self, submitted: int) -> None:
+        """PostgreSQL plans the queue's reads from its statistics, which a large submit makes
+        stale until autovacuum comes (up to a minute): the head of 60,000 queued jobs was then
+        found by sorting them all (10-20 ms a claim). So ANALYZE after ANALYZE_JOBS."""
+        with self._backlog_lock:
+            self._unanalyzed += submitted
+            due = self._unanalyzed >= ANALYZE_JOBS
+            if due:
+                self._unanalyzed = 0
+        if due:
+            with self.backend.write() as tx:
+                tx.run("ANALYZE jobs")
 
     def job(self, submitter: str, job_id: str) -> dict[str, Any] | None:
         with self.backend.read(snapshot=False) as tx:
@@ -244,7 +248,8 @@ class DispatchStore:
                       " LIMIT 1", (now,)) is not None:
                 return True
             return any(tx.one("SELECT 1 AS x FROM jobs WHERE state = 'queued' AND module = ?"
-                              " AND stage = ? LIMIT 1", p) is not None for p in pairs)
+                              f" AND stage = ? ORDER BY {self._head} LIMIT 1", p) is not None
+                       for p in pairs)
 
     def claim(self, claim: Claim, pairs: list[tuple[str, str]],
               choose: Callable[[dict[tuple[str, str], tuple[int, float]],
@@ -264,7 +269,8 @@ class DispatchStore:
             queue: dict[tuple[str, str], tuple[int, float]] = {}
             for module, stage in pairs:
                 first = tx.one("SELECT submitted_at FROM jobs WHERE state = 'queued' AND module"
-                               " = ? AND stage = ? ORDER BY seq LIMIT 1", (module, stage))
+                               f" = ? AND stage = ? ORDER BY {self._head} LIMIT 1",
+                               (module, stage))
                 if first is None:
                     continue
                 queue[(module, stage)] = (self._count(tx, module, stage),
@@ -277,7 +283,7 @@ class DispatchStore:
             grants = []
             for p in picks:
                 rows = tx.all("SELECT job_id, payload, generation FROM jobs WHERE state ="
-                              " 'queued' AND module = ? AND stage = ? ORDER BY seq LIMIT ?"
+                              f" 'queued' AND module = ? AND stage = ? ORDER BY {self._head} LIMIT ?"
                               + self._skip, (p.module, p.stage, p.count))
                 if not rows:
                     continue
@@ -314,7 +320,7 @@ class DispatchStore:
         if hit is not None and t - hit[1] < BACKLOG_TTL_S:
             return hit[0]
         n = tx.one("SELECT COUNT(*) AS n FROM (SELECT 1 AS x FROM jobs WHERE state ="
-                   " 'queued' AND module = ? AND stage = ? LIMIT ?) q",
+                   f" 'queued' AND module = ? AND stage = ? ORDER BY {self._head} LIMIT ?) q",
                    (module, stage, BACKLOG_CAP))
         count = int(n["n"]) if n else 0
         with self._backlog_lock:
@@ -434,7 +440,7 @@ class DispatchStore:
                 assert row is not None
                 return 200, json.loads(row["answer"]) | {"replayed": True}, expired
             if verdict is not None:
-                return 409, {"error": verdict, "detail": _why(verdict, res.attempt_id)}, expired
+                return 409, {"error": verdict, "detail": refusal_detail(verdict, res.attempt_id)}, expired
             assert row is not None
             answer = {"accepted": True, "job_id": row["job_id"], "state": res.state}
             tx.run("UPDATE attempts SET state = ?, ended_at = ?, answer = ? WHERE attempt_id = ?",
@@ -455,7 +461,7 @@ class DispatchStore:
             verdict = fence(a, node_id, generation, now)
             if verdict is not None:
                 code = "job_done" if verdict == "done" else verdict
-                return 409, {"error": code, "detail": _why(code, attempt_id)}
+                return 409, {"error": code, "detail": refusal_detail(code, attempt_id)}
             assert row is not None
             tx.run("UPDATE attempts SET state = 'released', ended_at = ? WHERE attempt_id = ?",
                    (now, attempt_id))
@@ -488,13 +494,3 @@ class DispatchStore:
                           " ('queued', 'running') GROUP BY module, state")
         return {(r["module"], r["state"]): int(r["n"]) for r in rows}
 
-
-def _why(code: str, attempt_id: int) -> str:
-    return {
-        "not_your_attempt": f"attempt {attempt_id} is not this node's",
-        "stale_generation": f"attempt {attempt_id} is of an earlier generation: its job was "
-                            "granted again",
-        "lease_lost": f"the lease of attempt {attempt_id} expired; its job went back to the queue",
-        "cancelled": f"the job of attempt {attempt_id} was cancelled",
-        "job_done": f"attempt {attempt_id} already ended with a result",
-    }.get(code, code)

@@ -1,0 +1,3 @@
+-- Fleet dispatch: the head of a stage's queue (PostgreSQL's migration 0007 gives its planner
+-- an index only queued rows are in, read in seq order). Nothing here: SQLite's planner already
+-- reads the head through jobs_queue (module, stage, seq) WHERE state = 'queued'.
