@@ -12,6 +12,8 @@ from typing import Any
 
 from portal_helpers import MODULE_ID, heartbeat, service_row
 
+from oarbank_ui.store import migrations
+
 CLI = [sys.executable, "-m", "oarbank_ui.cli"]
 ISO = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ"
 
@@ -91,7 +93,8 @@ def test_healthz_and_metrics(start_portal, store_url) -> None:  # type: ignore[n
     p = start_portal(db=store_url)
     r = p.get("/healthz")
     kind = "postgresql" if store_url.startswith("postgresql") else "sqlite"
-    assert r.status == 200 and r.json() == {"ok": True, "store": kind, "schema": 6}
+    newest = migrations.available(kind)[-1].version  # the schema this package ships
+    assert r.status == 200 and r.json() == {"ok": True, "store": kind, "schema": newest}
     for i in range(3):
         p.post_heartbeat(hb(f"n{i}", running=i != 2, ready=i != 2, disabled=i == 2))
     p.post_heartbeat(hb("n0"), token="oarbank_nope")
