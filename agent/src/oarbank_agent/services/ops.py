@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,9 +39,15 @@ from oarbank_sdk.protocol import last_json_object
 
 __all__ = ["OP_TIMEOUTS", "OpResult", "run_op"]
 
+log = logging.getLogger("oarbank_agent.services.ops")
+
 # Fixed op timeouts (seconds); start and stop use the service's own bounds.
 OP_TIMEOUTS = {"fingerprint": 5.0, "status": 5.0, "ready": 5.0, "list_owned": 5.0,
                "destroy": 60.0}
+
+# An op's process is waited for this long once its group was ended: one that outlives its kill
+# (stuck in the kernel; seen under Wine) must not hold the start, or the agent, for ever.
+REAP_WAIT_S = 5.0
 LOG_COPY_MAX = 1 << 20  # bytes of one op's own stderr file copied into the service log
 
 
@@ -112,8 +119,7 @@ async def run_op(ctx: ModuleCtx, node: NodeInfo, service: str, op: str, *,
         _, rc = await result_within(proc.wait(), timeout_s)
     except asyncio.CancelledError:
         await _end(registry, group)
-        with contextlib.suppress(ProcessLookupError):
-            await proc.wait()
+        await _reaped(proc, label)
         out_path.unlink(missing_ok=True)
         _file_err(err_path, log_path)
         raise
@@ -122,10 +128,11 @@ async def run_op(ctx: ModuleCtx, node: NodeInfo, service: str, op: str, *,
     doc = last_json_object(text) if text is not None else None
     if rc is None:
         await _end(registry, group)
-        await proc.wait()
+        stuck = "" if await _reaped(proc, label) else (
+            f"; its process did not exit within {REAP_WAIT_S:g}s of being killed")
         err_text = _file_err(err_path, log_path, err_start)
         return OpResult(op, False, None, doc, logtail.with_summary(
-            f"{op} timed out after {timeout_s:g}s", err_text), group)
+            f"{op} timed out after {timeout_s:g}s{stuck}", err_text), group)
     if not keep_group:
         await _end(registry, group)  # the op is over: what it left goes too, then its stderr
     # This op's stderr: what it wrote before it exited (a start's daemon may write on).
@@ -175,6 +182,18 @@ def _file_err(err_path: Path, log_path: Path, start: int = 0) -> str:
         pass
     err_path.unlink(missing_ok=True)
     return text
+
+
+async def _reaped(proc: procs.ChildProcess, label: str) -> bool:
+    """Whether the op's process, its group ended, exits within REAP_WAIT_S (logged if not)."""
+    try:
+        reaped, _ = await result_within(proc.wait(), REAP_WAIT_S)
+    except ProcessLookupError:
+        return True
+    if not reaped:
+        log.warning("%s: its process %s did not exit within %gs of being killed; going on "
+                    "without it", label, proc.pid, REAP_WAIT_S)
+    return reaped
 
 
 async def _end(registry: procs.ProcessRegistry, group: Group) -> None:
