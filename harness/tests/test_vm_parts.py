@@ -1,6 +1,6 @@
-"""The VM backend's pure parts: QEMU's command line, the accelerator choice, the unit's
-drop-in, path mapping, exit codes, the disks' cache keys, and the portal port's frames (over
-a real socket pair)."""
+"""The VM backend's pure parts: QEMU's command line, the accelerator choice, a guest kernel's
+lockup read from its console, the unit's drop-in, path mapping, exit codes, the disks' cache
+keys, and the portal port's frames (over a real socket pair)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from harness.nodes.backends import make_backends
 from harness.nodes.backends.vm import drop_in, exec_start, exit_code, node_path
 from harness.nodes.vm import guest
 from harness.nodes.vm.disk import project_key, system_key
+from harness.nodes.vm.machine import kernel_stall
 from harness.nodes.vm.qemu import VmSpec, choose_accel, kernel_cmdline, qemu_argv
 
 
@@ -182,3 +183,14 @@ def test_mux_carries_connections_both_ways(tmp_path: Path) -> None:
         h_end.close()
         server.close()
     assert not served.is_alive() and not any(t.is_alive() for t in runs)
+
+
+def test_a_guest_kernel_that_locked_up_is_read_from_its_console() -> None:
+    # the console of CI's listener-refused boot under TCG (2026-12-07), shortened
+    console = ("[    2.1] systemd[1]: Detected virtualization qemu.\n"
+               "[  509.9] watchdog: BUG: soft lockup - CPU#1 stuck for 480s! [systemd:1]\n"
+               "[  533.9] rcu: INFO: rcu_preempt detected stalls on CPUs/tasks:\n")
+    why = kernel_stall(console)
+    assert why is not None and "soft lockup - CPU#1 stuck for 480s" in why
+    assert kernel_stall("[    2.1] systemd[1]: Detected virtualization qemu.\n"
+                        "[   18.0] oarbank-guest: hello\n") is None

@@ -16,6 +16,7 @@ import json
 import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -87,11 +88,16 @@ class Control:
             slot[1].append(msg)
             slot[0].set()
 
-    def wait_hello(self, timeout_s: float) -> dict[str, Any]:
-        """The helper's first line: the guest is up (its kernel, Landlock ABI)."""
-        for _ in range(int(timeout_s * 10)):
+    def wait_hello(self, timeout_s: float,
+                   stalled: Callable[[], str | None] | None = None) -> dict[str, Any]:
+        """The helper's first line: the guest is up (its kernel, Landlock ABI). ``stalled``,
+        asked every second: why the guest will never get there (ChannelError at once)."""
+        for tick in range(int(timeout_s * 10)):
             if self._hello.wait(0.1) or self._gone.is_set():
                 break
+            why = stalled() if stalled is not None and tick % 10 == 9 else None
+            if why:
+                raise ChannelError(why)
         if self.hello is None:
             raise ChannelError(f"the guest did not say hello within {timeout_s:.0f} s"
                                + (" (its control port closed)" if self._gone.is_set() else ""))
