@@ -72,7 +72,7 @@ class Machine:
                                       memory_mib)
             except _KernelStalled as exc:
                 if attempt == BOOT_TRIES:
-                    raise ChannelError(str(exc)) from exc
+                    raise
                 print(f"harness: {exc}; booting {hostname} again", flush=True)
         raise AssertionError("unreachable")
 

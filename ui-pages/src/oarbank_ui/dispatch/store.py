@@ -69,7 +69,9 @@ class DispatchStore:
         self._skip = " FOR UPDATE SKIP LOCKED" if self.pg else ""
         # A stage's queue is read in this order: on PostgreSQL only the index of queued rows
         # gives it (migration 0007), never the primary key's walk over the done jobs before them.
-        self._head = "seq + 0" if self.pg else "seq"
+        head = "seq + 0" if self.pg else "seq"
+        self._queued = (" FROM jobs WHERE state = 'queued' AND module = ? AND stage = ?"
+                        f" ORDER BY {head}")  # a stage's queued jobs, oldest first
         # (module, stage) -> (jobs queued, monotonic time counted): the count only has to be
         # large enough to decide, so this process's claims share one for BACKLOG_TTL_S (less
         # what it granted since). Whether a stage has work is still read each claim.
@@ -247,8 +249,7 @@ class DispatchStore:
             if tx.one("SELECT 1 AS x FROM attempts WHERE state = 'running' AND expires_at < ?"
                       " LIMIT 1", (now,)) is not None:
                 return True
-            return any(tx.one("SELECT 1 AS x FROM jobs WHERE state = 'queued' AND module = ?"
-                              f" AND stage = ? ORDER BY {self._head} LIMIT 1", p) is not None
+            return any(tx.one(f"SELECT 1 AS x{self._queued} LIMIT 1", p) is not None
                        for p in pairs)
 
     def claim(self, claim: Claim, pairs: list[tuple[str, str]],
@@ -268,9 +269,7 @@ class DispatchStore:
                 self._forget_backlog()
             queue: dict[tuple[str, str], tuple[int, float]] = {}
             for module, stage in pairs:
-                first = tx.one("SELECT submitted_at FROM jobs WHERE state = 'queued' AND module"
-                               f" = ? AND stage = ? ORDER BY {self._head} LIMIT 1",
-                               (module, stage))
+                first = tx.one(f"SELECT submitted_at{self._queued} LIMIT 1", (module, stage))
                 if first is None:
                     continue
                 queue[(module, stage)] = (self._count(tx, module, stage),
@@ -282,8 +281,7 @@ class DispatchStore:
                            self._cold(tx, claim.node_id, modules, now - COLD_HORIZON_S))
             grants = []
             for p in picks:
-                rows = tx.all("SELECT job_id, payload, generation FROM jobs WHERE state ="
-                              f" 'queued' AND module = ? AND stage = ? ORDER BY {self._head} LIMIT ?"
+                rows = tx.all(f"SELECT job_id, payload, generation{self._queued} LIMIT ?"
                               + self._skip, (p.module, p.stage, p.count))
                 if not rows:
                     continue
@@ -319,8 +317,7 @@ class DispatchStore:
             hit = self._backlog.get(key)
         if hit is not None and t - hit[1] < BACKLOG_TTL_S:
             return hit[0]
-        n = tx.one("SELECT COUNT(*) AS n FROM (SELECT 1 AS x FROM jobs WHERE state ="
-                   f" 'queued' AND module = ? AND stage = ? ORDER BY {self._head} LIMIT ?) q",
+        n = tx.one(f"SELECT COUNT(*) AS n FROM (SELECT 1 AS x{self._queued} LIMIT ?) q",
                    (module, stage, BACKLOG_CAP))
         count = int(n["n"]) if n else 0
         with self._backlog_lock:
@@ -440,7 +437,8 @@ class DispatchStore:
                 assert row is not None
                 return 200, json.loads(row["answer"]) | {"replayed": True}, expired
             if verdict is not None:
-                return 409, {"error": verdict, "detail": refusal_detail(verdict, res.attempt_id)}, expired
+                detail = refusal_detail(verdict, res.attempt_id)
+                return 409, {"error": verdict, "detail": detail}, expired
             assert row is not None
             answer = {"accepted": True, "job_id": row["job_id"], "state": res.state}
             tx.run("UPDATE attempts SET state = ?, ended_at = ?, answer = ? WHERE attempt_id = ?",
