@@ -138,6 +138,11 @@ def runner_file(agent: Any, attempt: str, name: str) -> Path:
     return agent.state_dir / "jobs" / job_id / f"a{number}" / name
 
 
+def job_record(agent: Any, job: str) -> dict[str, Any]:
+    """The job's record as the agent keeps it (``<state>/jobs/<job>/job.json``)."""
+    return dict(json.loads((agent.state_dir / "jobs" / job / "job.json").read_text()))
+
+
 def alive(pid: int) -> bool:
     """The process exists and is not a zombie."""
     try:

@@ -9,7 +9,6 @@ finished runs again. Real agents, real runners (``modfiles/fate_runner.py``)."""
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from collections.abc import Iterator
@@ -17,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_helpers import MODFILES, alive, end_leftovers, read_jsonl, write_module
+from agent_helpers import MODFILES, alive, end_leftovers, job_record, read_jsonl, write_module
 
 KEEP = ["--keep-services"]
 GONE_WITHIN_S = 2.0
@@ -47,10 +46,6 @@ def notes(agent: Any, job: str) -> list[dict[str, Any]]:
 
 def said(agent: Any, job: str, event: str) -> list[dict[str, Any]]:
     return [n for n in notes(agent, job) if n["event"] == event]
-
-
-def record(agent: Any, job: str) -> dict[str, Any]:
-    return json.loads((agent.state_dir / "jobs" / job / "job.json").read_text())
 
 
 def wait_gone(pids: list[int], within_s: float) -> float:
@@ -120,7 +115,7 @@ def test_finished_attempts_are_collected_unfinished_ones_run_again(
     assert b["state"] == "failed" and b["reason"] == "told_to_fail: the payload said so", b
     for job in (done, failed):
         assert len(said(second, job, "start")) == 1, notes(second, job)
-        rec = record(second, job)
+        rec = job_record(second, job)
         assert rec["attempts"] == 1 and rec["released"] == 0, rec
         [entry] = rec["history"]
         assert entry["attempt_id"] == f"{job}.1" and entry["collected"], entry
@@ -128,7 +123,7 @@ def test_finished_attempts_are_collected_unfinished_ones_run_again(
     assert c["state"] == "succeeded", second.why(c)
     assert c["result"]["payload"] == {"attempt": f"{working}.2"}
     assert len(said(second, working, "start")) == 2
-    rec = record(second, working)
+    rec = job_record(second, working)
     assert [h["outcome"] for h in rec["history"]] == ["released", "succeeded"], rec
     assert not any(h.get("collected") for h in rec["history"])
     st = second.status()

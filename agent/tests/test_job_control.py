@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_helpers import MODFILES, read_jsonl, write_module
+from agent_helpers import MODFILES, job_record, read_jsonl, write_module
 from test_memory_pressure import GiB, floor_args, hog
 from test_protect_rules import protect
 
@@ -41,10 +41,6 @@ def workdir(agent: Any, job: str, n: int = 1) -> Path:
 
 def chunks(agent: Any, job: str, n: int = 1) -> list[dict[str, Any]]:
     return [r for r in read_jsonl(workdir(agent, job, n) / "work.jsonl") if "chunk" in r]
-
-
-def record(agent: Any, job: str) -> dict[str, Any]:
-    return json.loads((agent.state_dir / "jobs" / job / "job.json").read_text())
 
 
 def doc(agent: Any, job: str, n: int = 1) -> dict[str, Any]:
@@ -80,7 +76,7 @@ def test_memory_pressure_pauses_a_cooperative_job_and_its_end_resumes_it(
         assert state["state"] == "running" and state["released"] == 0, state
     done = agent.wait(job, timeout=60)
     assert done["state"] == "succeeded", agent.why(done)
-    rec = record(agent, job)
+    rec = job_record(agent, job)
     assert (rec["attempts"], rec["released"]) == (1, 0)  # paused, never stopped nor charged
     work = chunks(agent, job)
     assert [r["chunk"] for r in work] == list(range(300))
@@ -96,13 +92,15 @@ def test_memory_pressure_pauses_a_cooperative_job_and_its_end_resumes_it(
     assert hold["held_s"] >= 3.0, holds
     # paused_s: the agent's count (the job record, the attempt's entry) and the runner's own
     # (Control.paused_s, in its result): the agent's from its pause to its resume, the
-    # runner's from its safe point to the nudge, a little less.
+    # runner's from its safe point to the nudge, a little less. Both clocks stop after the
+    # same resume nudge, the runner's once it is scheduled: it may end a few ms later (CI
+    # under the darwin profile: 3.42697 s against the runner's 3.42713 s).
     runner_paused = done["result"]["payload"]["paused_s"]
     assert round(rec["paused_s"], 3) == rec["history"][0]["paused_s"]
     assert abs(runner_paused - sum(h["held_s"] for h in holds)) < 0.01, (runner_paused, holds)
     pauses = agent.log().count(f"job {job} paused (memory pressure")  # the agent's
     assert pauses >= len(holds) >= 1
-    assert 0 <= rec["paused_s"] - runner_paused < 0.5 * pauses, (rec["paused_s"], holds)
+    assert -0.05 <= rec["paused_s"] - runner_paused < 0.5 * pauses, (rec["paused_s"], holds)
     # Bad input: the forged document was never read back nor written through.
     assert victim.read_text() == forged
     final = workdir(agent, job) / "control.json"
@@ -123,7 +121,7 @@ def test_a_drain_stops_the_job_at_a_safe_point_and_the_next_agent_resumes_its_ch
     agent.stop()  # SIGTERM: the drain asks the runner to stop, it checkpoints and says so
     drained = time.monotonic() - t0
     assert drained < 15, drained  # not the 30 s --drain-s: the runner stopped when asked
-    rec = record(agent, job)
+    rec = job_record(agent, job)
     assert (rec["state"], rec["attempts"], rec["released"]) == ("queued", 0, 1), rec
     first = rec["history"][-1]
     assert first["outcome"] == "released" and first["stop"] == "acknowledged", first
@@ -138,7 +136,7 @@ def test_a_drain_stops_the_job_at_a_safe_point_and_the_next_agent_resumes_its_ch
     assert done["attempts"] == 1  # the stopped attempt was not charged
     assert done["result"]["payload"]["resumed_at"] == stopped_at
     assert done["result"]["payload"]["done_here"] == 40 - stopped_at
-    second = record(again, job)["history"][-1]
+    second = job_record(again, job)["history"][-1]
     assert second["resumed_from_attempt"] == 1, second
     assert second["resume_digest"].startswith("sha256:") and len(second["resume_digest"]) == 71
     # Work done counted once: every unit in exactly one of the two attempts.
@@ -172,20 +170,20 @@ def test_a_release_asks_first_and_ends_a_runner_that_never_acknowledges_at_the_g
     # The deaf one worked on through the grace and was ended then, not before.
     deaf_last = chunks(agent, deaf)[-1]["t"]
     assert deaf_last >= asked + grace - 0.3, (deaf_last - asked)
-    deaf_entry = record(agent, deaf)["history"][-1]
+    deaf_entry = job_record(agent, deaf)["history"][-1]
     assert deaf_entry["finished_at"] - asked < grace + 2.0 + 1.0, deaf_entry
     assert deaf_entry["stop"] == "killed at the grace", deaf_entry
     assert deaf_entry["reason"].startswith(
         "preempt_protection; asked to stop at a safe point, it had not within 2s: ended")
-    assert record(agent, polite)["history"][-1]["stop"] == "acknowledged"
+    assert job_record(agent, polite)["history"][-1]["stop"] == "acknowledged"
     protect(agent, "--end-evict")
     done = {j: agent.wait(j, timeout=60) for j in (deaf, polite)}
     assert all(d["state"] == "succeeded" for d in done.values()), done
     # Neither release was charged; the polite one resumed from the checkpoint its stop wrote.
-    assert [(record(agent, j)["attempts"], record(agent, j)["released"])
+    assert [(job_record(agent, j)["attempts"], job_record(agent, j)["released"])
             for j in (deaf, polite)] == [(1, 1), (1, 1)]
-    assert "resumed_from_attempt" not in record(agent, deaf)["history"][-1]
-    assert record(agent, polite)["history"][-1]["resumed_from_attempt"] == 1
+    assert "resumed_from_attempt" not in job_record(agent, deaf)["history"][-1]
+    assert job_record(agent, polite)["history"][-1]["resumed_from_attempt"] == 1
     assert done[deaf]["result"]["payload"]["resumed_at"] == 0
     print(f"\nrelease: acknowledged in {polite_end['t'] - asked_polite:.2f} s; the deaf runner "
           f"ended {deaf_entry['finished_at'] - asked:.2f} s after the stop (grace {grace:g} s)")

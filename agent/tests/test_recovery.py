@@ -5,7 +5,6 @@ twice at once."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
@@ -14,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_helpers import alive, processes_referencing, read_jsonl, write_module
+from agent_helpers import alive, job_record, processes_referencing, read_jsonl, write_module
 
 MOD = "test.agent.echo"
 
@@ -41,10 +40,6 @@ def runs(agent: Any) -> list[dict[str, Any]]:
     return read_jsonl(agent.module_data() / "runs.jsonl")
 
 
-def record(agent: Any, job: str) -> dict[str, Any]:
-    return json.loads((agent.state_dir / "jobs" / job / "job.json").read_text())
-
-
 def test_kill_while_serving_jobs_every_job_finishes_once(start_agent, tmp_path: Path) -> None:
     mod = write_module(tmp_path / "m")
     # linger_after_eof: a daemon that outlives its channel, so the restart has to end it.
@@ -69,7 +64,7 @@ def test_kill_while_serving_jobs_every_job_finishes_once(start_agent, tmp_path: 
           "second agent was launched")
     # Interrupted attempts were given back: no job was charged for the crash.
     for job in jobs:
-        rec = record(second, job)
+        rec = job_record(second, job)
         assert rec["attempts"] == 1, rec
         assert rec["released"] == len([h for h in rec["history"] if h["outcome"] == "released"])
     # None ran twice at once: every attempt of a job started after the previous one ended
