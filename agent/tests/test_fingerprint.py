@@ -58,3 +58,13 @@ def test_a_reserve_it_cannot_account_offers_nothing_and_names_the_key(
         reserve: object, problem: str) -> None:
     fp = parse(dict(GOOD, reserve=reserve))
     assert (fp.health, fp.pools, fp.reserve_gb, fp.problem) == ("unhealthy", {}, 0.0, problem)
+    assert fp.reserve_problem == problem  # at load: its module is refused
+    # a wrong protocol is the problem shown first; the reserve still refuses the module
+    both = parse(dict(GOOD, reserve=reserve, service_protocol={"supported": [2]}))
+    assert "service_protocol.supported is" in (both.problem or "")
+    assert both.reserve_problem == problem
+
+
+def test_a_good_reserve_is_no_problem() -> None:
+    assert parse(GOOD).reserve_problem is None
+    assert parse(dict(GOOD, reserve=None)).reserve_problem is None

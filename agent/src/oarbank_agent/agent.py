@@ -265,6 +265,8 @@ class Agent:
         await asyncio.gather(self.check_runners(),
                              *(self.supervisor.fingerprint(rt)
                                for rt in self.supervisor.services.values()))
+        for ctx in list(self.modules.values()):  # a reserve it cannot account: refused
+            self.table.refuse_unaccountable(ctx)
         readopted = await self.keeping.readopt()  # the kept ones proven the same
         await recovery.adopt_running(self.registry, self.supervisor, kept, readopted=readopted)
         self.queue.recover()

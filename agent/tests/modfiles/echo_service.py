@@ -1,7 +1,8 @@
 """A test endpoint service speaking the channel protocol directly, recording what it sees.
 
 Every event goes to <module data>/events.jsonl as {"event", "t", "pid", ...}. Behaviour comes
-from the node settings (OARBANK_SETTINGS_FILE): slots, load_s, start_fail, never_ready,
+from the node settings (OARBANK_SETTINGS_FILE): slots, reserve_gb (or reserve: the
+fingerprint's whole ``reserve``), load_s, start_fail, never_ready,
 no_hello, die_after_ready_s, die_once_after_ready_s (only the first daemon dies), die_after_ended
 (the daemon exits once it has been told that many attempts ended), stop_hang (the
 stop op never returns), ignore_term (the daemon ignores SIGTERM), linger_after_eof (it does not
@@ -101,7 +102,7 @@ def op(name: str) -> int:
     if name == "fingerprint":
         out = {"service_protocol": {"supported": [1]}, "health": conf.get("health", "healthy"),
                "pools": {"echo": conf.get("slots", 4)},
-               "reserve": {"mem_gb": conf.get("reserve_gb", 0.1)},
+               "reserve": conf.get("reserve", {"mem_gb": conf.get("reserve_gb", 0.1)}),
                "running": alive(read_pid("daemon.pid"))}
     elif name == "start":
         if conf.get("start_fail"):

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from oarbank_agent.services.runtime import ServiceRuntime
     from oarbank_agent.services.supervisor import Supervisor
 
-__all__ = ["Host", "failure_reason", "gone_text", "removing_text", "remove", "settled"]
+__all__ = ["Host", "failure_reason", "gone_text", "removing_text", "remove", "settled", "unload"]
 
 log = logging.getLogger("oarbank_agent.modules.remove")
 
@@ -138,6 +138,20 @@ async def _until_down(sup: Supervisor, rts: list[ServiceRuntime]) -> None:
 
 
 def _forget(agent: Host, ctx: ModuleCtx, rts: list[ServiceRuntime]) -> None:
+    mid = ctx.id
+    unload(agent, ctx, rts)
+    agent.removing.pop(mid, None)
+    text = gone_text(mid, str(ctx.manifest.bundle))
+    agent.gone[mid] = agent.gone[ctx.manifest.short_name] = text
+    # (step 1 kept it removed; a `module add` meanwhile is refused while it is removing)
+    modulestate.write(agent.state_dir, agent.kept)
+    log.info("module %s removed: its services stopped, what it owned destroyed; forgotten "
+             "(its data dir %s is left on disk)", mid, ctx.root)
+
+
+def unload(agent: Host, ctx: ModuleCtx, rts: list[ServiceRuntime]) -> None:
+    """The module and its services ``rts`` (none running) taken out of the agent's tables:
+    services, their rows and pools, its runner's health, the module itself."""
     sup, mid = agent.supervisor, ctx.id
     for rt in rts:
         if rt.timer is not None:
@@ -150,10 +164,3 @@ def _forget(agent: Host, ctx: ModuleCtx, rts: list[ServiceRuntime]) -> None:
     agent.admission.capacity.pop(runnerhealth.pool_key(mid), None)
     agent.runner_health.pop(mid, None)
     del agent.modules[mid]
-    agent.removing.pop(mid, None)
-    text = gone_text(mid, str(ctx.manifest.bundle))
-    agent.gone[mid] = agent.gone[ctx.manifest.short_name] = text
-    # (step 1 kept it removed; a `module add` meanwhile is refused while it is removing)
-    modulestate.write(agent.state_dir, agent.kept)
-    log.info("module %s removed: its services stopped, what it owned destroyed; forgotten "
-             "(its data dir %s is left on disk)", mid, ctx.root)

@@ -79,6 +79,9 @@ class ModuleTable:
         self.runner_health = queue.runner_health
         self.envs = envs.Envs(state_dir, registry)  # module environments (envs.py)
         self._loading: list[ModuleCtx] = []  # modules whose environments are being installed
+        # modules being added (module add) until their services' first fingerprints are read:
+        # a submit meanwhile is refused, so one refused then has no job to leave behind
+        self._adding: set[str] = set()
 
     async def load_added(self) -> None:
         """The modules added at run time before a restart (module add; modules.json), unless
@@ -165,6 +168,25 @@ class ModuleTable:
                     self.supervisor.set_disabled(rt.key, True, live=False)
         return refused
 
+    def refuse_unaccountable(self, ctx: ModuleCtx) -> str | None:
+        """After its services' first fingerprints: a module with a service whose ``reserve``
+        the agent cannot account (an unknown unit, a negative amount: fingerprint.py) is
+        refused, as an invalid manifest is (what it would cost is unknown, so admission could
+        never charge it). It is unloaded (none of its services runs yet); returns the
+        refusal's line, naming the service and the key, or None."""
+        rts = [rt for rt in self.supervisor.services.values() if rt.ctx.id == ctx.id]
+        problems = [f"service {rt.svc.name}: {rt.fp_reserve_problem}" for rt in rts
+                    if rt.fp_reserve_problem is not None]
+        if not problems:
+            return None
+        line = compat.refusal_line(ctx.id, str(ctx.manifest.bundle), problems)
+        moduleremove.unload(self, ctx, rts)
+        self.refused_modules[ctx.id] = line
+        for name in (ctx.id, ctx.manifest.short_name):  # `submit` to it gives this refusal
+            self.refused[name] = line
+        log.warning("module refused: %s", line)
+        return line
+
     async def install_envs(self, ctx: ModuleCtx) -> str | None:
         """Each ``requirements.txt`` its runner and services use, installed (envs.py) and set
         on ``ctx``; the reason it could not be, or None."""
@@ -231,6 +253,9 @@ class ModuleTable:
             raise control.ControlError("unknown_module", self.gone[module])
         if ctx is not None and ctx.id in self.removing:
             raise control.ControlError("module_removed", moduleremove.removing_text(ctx.id))
+        if ctx is not None and ctx.id in self._adding:
+            raise control.ControlError("module_loading", f"module {ctx.id} is being added "
+                                       "(oarbank-agent module add): submit once it answers")
         if ctx is None and module in self.refused:
             raise control.ControlError("unknown_module", f"module {module!r} was refused when "
                                        f"the agent started: {self.refused[module]}")
@@ -310,20 +335,29 @@ class ModuleTable:
             raise control.ControlError("bad_request", "module add: " + "; ".join(
                 "; ".join(m.splitlines()) for m in refused))
         # (by its folder: another add may have loaded a module while this one's env was built)
-        module_id = next(c.id for c in self.modules.values() if c.manifest.bundle == path)
+        ctx = next(c for c in self.modules.values() if c.manifest.bundle == path)
+        module_id = ctx.id
+        rts = [(key, rt) for key, rt in self.supervisor.services.items()
+               if rt.ctx.id == module_id]
+        self._adding.add(module_id)
+        try:
+            for key, rt in rts:  # (it awaits: adds go on)
+                if self.gpu is not None:
+                    self.supervisor.set_gpu_missing(
+                        key, protection.gpu_api_missing(rt.svc.gpu.apis_any, self.gpu.apis))
+                await self.supervisor.fingerprint(rt)  # its pools (capacity callbacks)
+        finally:
+            self._adding.discard(module_id)
+        refusal = self.refuse_unaccountable(ctx)
+        if refusal is not None:
+            raise control.ControlError("bad_request", f"module add: {refusal}")
         if module_id in self.kept.removed:  # removed earlier: added again
             self.kept.removed.discard(module_id)
             self.queue.closed.pop(module_id, None)
             modulestate.write(self.state_dir, self.kept)
-            for name in (module_id, self.modules[module_id].manifest.short_name):
+            for name in (module_id, ctx.manifest.short_name):
                 self.gone.pop(name, None)
-        for key, rt in list(self.supervisor.services.items()):  # (it awaits: adds go on)
-            if rt.ctx.id != module_id:
-                continue
-            if self.gpu is not None:
-                self.supervisor.set_gpu_missing(
-                    key, protection.gpu_api_missing(rt.svc.gpu.apis_any, self.gpu.apis))
-            await self.supervisor.fingerprint(rt)  # its pools (capacity callbacks)
+        for _, rt in rts:
             self.supervisor.poke(rt)  # an `always` one starts now
         await self.check_runners([self.modules[module_id]])
         if keep and str(path) not in self.kept.added:

@@ -8,7 +8,8 @@ reads as ``unhealthy`` with a problem a person can act on. Rules:
 - ``pools`` counts are non-negative integers; only a healthy service offers them;
 - ``reserve`` names only ``mem_gb`` (host memory) and ``gpu_mem_gb`` (GPU memory), each a
   non-negative number (0 when absent); any other key, or a negative or non-number amount,
-  is a problem naming the key (the service offers nothing: what it costs is unknown);
+  is a problem naming the key (the service offers nothing: what it costs is unknown; at
+  load, its module is refused: ``reserve_problem``);
 - ``running`` is true only when it says exactly ``true``.
 """
 
@@ -33,6 +34,7 @@ class Fingerprint:
     reserve_gb: float = 0.0
     problem: str | None = None  # why it offers nothing although the op succeeded
     reserve_gpu_gb: float = 0.0  # reserve.gpu_mem_gb: GPU memory it holds while it runs
+    reserve_problem: str | None = None  # a reserve it cannot account, whatever else is wrong
 
 
 RESERVE_UNITS = ("mem_gb", "gpu_mem_gb")
@@ -66,9 +68,11 @@ def parse(doc: dict[str, Any]) -> Fingerprint:
     reserve_gb, gpu_gb = reserve.get("mem_gb", 0.0), reserve.get("gpu_mem_gb", 0.0)
     wrong_protocol = advice.protocol_problem(doc.get("service_protocol"))  # conform's words
     if wrong_protocol:
-        return Fingerprint("unhealthy", {}, running, reserve_gb, wrong_protocol, gpu_gb)
+        return Fingerprint("unhealthy", {}, running, reserve_gb, wrong_protocol, gpu_gb,
+                           reserve_problem=bad_reserve)
     if bad_reserve:
-        return Fingerprint("unhealthy", {}, running, 0.0, bad_reserve)
+        return Fingerprint("unhealthy", {}, running, 0.0, bad_reserve,
+                           reserve_problem=bad_reserve)
     health = doc.get("health")
     if health not in _HEALTH:
         return Fingerprint("unhealthy", {}, running, reserve_gb,

@@ -40,7 +40,7 @@ class Prober:
             fp = fingerprints.parse(res.doc)
             rt.health, rt.fp_pools, rt.fp_running = fp.health, fp.pools, fp.running
             rt.fp_reserve_gb, rt.fp_error = fp.reserve_gb, fp.problem
-            rt.fp_reserve_gpu_gb = fp.reserve_gpu_gb
+            rt.fp_reserve_gpu_gb, rt.fp_reserve_problem = fp.reserve_gpu_gb, fp.reserve_problem
             if fp.problem:
                 log.warning("%s: %s", rt.key, fp.problem)
         else:

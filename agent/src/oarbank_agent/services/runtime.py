@@ -53,6 +53,8 @@ class ServiceRuntime:
     stop_note: str | None = None  # the last stop escalated (shown as the row's error until READY)
     fp_reserve_gb: float = 0.0  # fingerprint's reserve.mem_gb (charged if reserves_host_memory)
     fp_reserve_gpu_gb: float = 0.0  # fingerprint's reserve.gpu_mem_gb (charged while it runs)
+    # the last fingerprint's reserve it cannot account (at load: its module is refused)
+    fp_reserve_problem: str | None = None
     # A start in flight may be cancelled by a hold only while ``cancellable`` (not once it is
     # tearing down a failed start); ``cancelled_for`` is the hold that did it (its stop reason).
     cancellable: bool = False
