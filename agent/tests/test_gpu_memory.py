@@ -4,6 +4,7 @@ absent; what a GPU would answer is given by a stand-in binding (said where it is
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -85,15 +86,23 @@ def test_an_agent_reports_gpu_memory_unknown_with_the_reason(start_agent, echo_m
     assert all(r["gpu_mem_bytes"] is None for r in st["services"])
 
 
-def test_a_negative_reserve_is_named_and_nothing_is_offered(start_agent, tmp_path: Path) -> None:
+def test_a_reserve_that_turns_negative_is_named_and_nothing_is_offered(
+        start_agent, tmp_path: Path) -> None:
+    """At load a bad reserve refuses the module (test_reserve_refusal.py); one that a later
+    fingerprint reports (here: after a settings change and `reload`) makes the service
+    unhealthy with the key named, and its jobs wait saying so."""
     from agent_helpers import write_module
 
     mod = write_module(tmp_path / "m", service={"reserves_host_memory": True})
-    agent = start_agent([mod], {"test.agent.echo": {"reserve_gb": -1}},
+    agent = start_agent([mod], {"test.agent.echo": {"reserve_gb": 0.1}},
                         extra_args=["--gpu-apis", "none"])
+    assert agent.service_row()["health"] == "healthy"
+    (agent.root / "settings-test.agent.echo.json").write_text(json.dumps({"reserve_gb": -1}))
+    r = agent.cli("reload", "--state-dir", str(agent.state_dir))
+    assert r.returncode == 0, r.stderr
+    agent.wait_for(lambda: agent.service_row()["health"] == "unhealthy", what="the refingerprint")
     row = agent.service_row()
     assert row["error"] == "fingerprint: reserve.mem_gb: must be a number >= 0 (GB), got -1"
-    assert row["health"] == "unhealthy"
     job = agent.submit("echo", {})
     agent.wait_for(lambda: "reserve.mem_gb" in (next(
         j for j in agent.status()["jobs"] if j["job_id"] == job)["reason"] or ""),
