@@ -7,7 +7,8 @@ its Windows wheels (cached under .cache/windows/; the first run downloads ~40 MB
 (sdk/tests/test_windows_pipes.py), the conformance kit on examples/modelserver
 (sdk/tests/test_conform_windows.py) and the agent's Windows backend parts
 (agent/tests/test_windows_backend.py, test_windows_streams.py, test_windows_broker.py,
-test_windows_controlplane.py, test_windows_groups.py) under python.exe.
+test_windows_controlplane.py, test_windows_groups.py, test_windows_agent.py,
+test_windows_token_file.py, test_windows_nudges.py) under python.exe.
 Without Wine they skip naming `wine64` (fail under OARBANK_REQUIRE_SYSTEM_PACKAGES=1).
 
 What Wine cannot show (issue 26), so no test here claims it: Windows serialising I/O on a
@@ -37,7 +38,7 @@ WINDOWS_TESTS = ["sdk/tests/test_windows_pipes.py", "sdk/tests/test_conform_wind
                  "agent/tests/test_windows_streams.py", "agent/tests/test_windows_broker.py",
                  "agent/tests/test_windows_controlplane.py",
                  "agent/tests/test_windows_groups.py", "agent/tests/test_windows_agent.py",
-                 "agent/tests/test_windows_token_file.py"]
+                 "agent/tests/test_windows_token_file.py", "agent/tests/test_windows_nudges.py"]
 
 
 def test_the_windows_tests_pass_under_wine(system_package) -> None:

@@ -21,7 +21,7 @@ ignored, and so is one that is not a JSON object with an integer ``seq``.
 ``<W>/checkpoint/`` and the spec's ``resume`` object.
 
 This project's agent writes the document for a runner that declares ``cancellable``,
-``cooperative_pause`` or ``checkpoint`` (not yet on Windows: docs/interop.md); with no
+``cooperative_pause`` or ``checkpoint``, on every platform it runs on; with no
 document, ``Control`` never stops nor pauses and ``safe_point`` costs one non-blocking read.
 """
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from oarbank_agent.jobs import control
 from oarbank_agent.platform import fileflags
-from oarbank_agent.platform.fateapi import Nudges
+from oarbank_agent.platform.fateapi import Nudges, RunnerNudge
 
 __all__ = ["AttemptControl", "FILE"]
 
@@ -33,6 +33,7 @@ class AttemptControl:
         self.accepts = accepts
         self.doc = control.Doc()
         self._nudges = nudges
+        self.nudge: RunnerNudge | None = None  # this attempt's, from open() to ended()
         self._clock = clock
         self._leader: int | None = None
         self._alive: Callable[[], bool] = lambda: False
@@ -43,9 +44,12 @@ class AttemptControl:
 
     # --- the attempt's life ----------------------------------------------------------------
 
-    def open(self) -> None:
-        """Before the runner starts: ``{"seq": 0, ...}``."""
+    def open(self) -> RunnerNudge:
+        """Before the runner starts: ``{"seq": 0, ...}``, and how its runner is nudged (what
+        its spawn passes it: ``env``, ``inherit``). Raises OSError."""
         self._write(self.doc)
+        self.nudge = self._nudges.for_runner()
+        return self.nudge
 
     def started(self, leader: int, alive: Callable[[], bool]) -> None:
         self._leader, self._alive = leader, alive
@@ -54,6 +58,9 @@ class AttemptControl:
         """The runner is gone: a pause in force ends with it (its time counted)."""
         self._leader, self._alive = None, lambda: False
         self._count_pause()
+        if self.nudge is not None:
+            self.nudge.close()
+            self.nudge = None
 
     @property
     def running(self) -> bool:
@@ -102,8 +109,8 @@ class AttemptControl:
                         exc)
             return False
         self.doc = new
-        assert self._leader is not None
-        if not self._nudges.nudge(self._leader):
+        assert self._leader is not None and self.nudge is not None
+        if not self.nudge.nudge(self._leader):
             log.info("control: the runner %d was gone before its nudge (seq %d)",
                      self._leader, new.seq)
         return True

@@ -103,7 +103,7 @@ class JobRuns:
         self.controls: dict[str, AttemptControl] = {}
         self.release_grace_s = release_grace_s  # a release's stop, then the task is cancelled
         self._graces: dict[str, asyncio.TimerHandle] = {}
-        self._nudges = platform.current().nudges  # None: no control here (Windows, for now)
+        self._nudges = platform.current().nudges  # None: no runner control on this backend
 
     # --- starting, waiting, releasing ------------------------------------------------------
 

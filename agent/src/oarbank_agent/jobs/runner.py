@@ -161,8 +161,6 @@ async def _run(ctx: ModuleCtx, node: NodeInfo, stage: mf.Stage, *, job_id: str,
     spec = {"job_id": job_id, "attempt_id": attempt_id, "stage": stage.name, "payload": payload}
     if resume is not None:
         spec["resume"] = resume
-    if control is not None:
-        control.open()  # {"seq": 0}: present before the runner looks
     (workdir / "spec.json").write_text(json.dumps(spec), encoding="utf-8")  # no indent: C encoder
     argv = ctx.exec_argv(runner.exec) + [
         "run", "--spec", str(workdir / "spec.json"), "--workdir", str(workdir),
@@ -176,6 +174,12 @@ async def _run(ctx: ModuleCtx, node: NodeInfo, stage: mf.Stage, *, job_id: str,
     transport = current_transport()
     proc = None
     try:
+        # {"seq": 0} before the runner looks, and how it is nudged (Windows: the event it
+        # waits on, passed to it); ended() below closes what the nudge holds
+        nudge = control.open() if control is not None else None
+        if nudge is not None:
+            env.update(nudge.env)
+            inherit.extend(nudge.inherit)
         for svc in endpoint_services(ctx, stage):
             fd = broker.open_connector(attempt_id, service_key(ctx.id, svc.name))
             env[svc.env_name] = transport.format(fd)  # the connector's child end
@@ -192,6 +196,8 @@ async def _run(ctx: ModuleCtx, node: NodeInfo, stage: mf.Stage, *, job_id: str,
                                fault="host")
             finally:
                 broker.close_child_ends(attempt_id)  # only the runner holds them now
+                if nudge is not None:
+                    nudge.spawned()
         broker.own(attempt_id, procs.group_of(proc).owns)  # a connect's pid is checked by it
         if control is not None:
             running = proc

@@ -499,4 +499,4 @@ class Backend:
     # connections by duplication (Windows); None: the ends ride along the messages (POSIX)
     handovers: Handovers | None = None
     tether: TetherHost | None = None  # runners die with the agent (fateapi.py); None: Windows
-    nudges: Nudges | None = None  # runners told of control.json changes (fateapi.py); None: Windows
+    nudges: Nudges | None = None  # runners told of control.json changes (fateapi.py); None: none

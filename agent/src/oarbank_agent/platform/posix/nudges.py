@@ -14,11 +14,14 @@ import signal
 __all__ = ["SignalNudges"]
 
 
-class SignalNudges:
-    how = "SIGUSR1"
+class _SignalNudge:
+    """A runner's nudge: nothing to pass it, nothing to close."""
 
-    def prepare(self) -> None:
-        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    env: dict[str, str] = {}
+    inherit: tuple[int, ...] = ()
+
+    def spawned(self) -> None:
+        pass
 
     def nudge(self, leader: int) -> bool:
         try:
@@ -26,3 +29,16 @@ class SignalNudges:
         except ProcessLookupError:
             return False
         return True
+
+    def close(self) -> None:
+        pass
+
+
+class SignalNudges:
+    how = "SIGUSR1"
+
+    def prepare(self) -> None:
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+
+    def for_runner(self) -> _SignalNudge:
+        return _SignalNudge()

@@ -50,6 +50,7 @@ def backend() -> Backend:
     from oarbank_agent.platform.windows.groups import WindowsGroups
     from oarbank_agent.platform.windows.handover import DuplicatingHandovers
     from oarbank_agent.platform.windows.loops import ProactorLoops
+    from oarbank_agent.platform.windows.nudges import EventNudges
     from oarbank_agent.platform.windows.requests import ConsoleRequests
     from oarbank_agent.platform.windows.sandboxhost import WindowsSandboxHost
     from oarbank_agent.platform.windows.sessions import WindowsSessions
@@ -64,4 +65,6 @@ def backend() -> Backend:
                    # job objects: a kill-on-close one per group, nested in the agent's own
                    groups=WindowsGroups(),
                    # connections: each end duplicated into its process (no keeper, no systemd)
-                   handovers=DuplicatingHandovers())
+                   handovers=DuplicatingHandovers(),
+                   # runner control: an inherited auto-reset event per attempt
+                   nudges=EventNudges())
