@@ -116,6 +116,8 @@ def test_portal_jobs_run_on_the_agent_and_their_results_come_back(tmp_path: Path
                                                             for r in by_portal.values()}
             fleet = st["fleet"]
             assert fleet["results"]["accepted"] == 6 and fleet["results"]["owed"] == 0
+            # a job's end frees room: the claim that follows carries its result
+            assert fleet["results"]["carried"] >= 1, fleet["results"]
             assert fleet["leases"]["held"] == 0 and fleet["leases"]["lost"] == 0
             assert loads(agent) == 1  # one warm model served all seven
         finally:
@@ -241,7 +243,8 @@ def test_a_job_its_submitter_cancels_is_ended_on_the_node_and_not_reported(
                 "lost: cancelled")
             st = agent.status()["fleet"]
             assert st["leases"]["lost"] == 1 and st["results"] == {
-                "owed": 0, "accepted": 0, "refused": {}, "retries": 0, "last_error": None}
+                "owed": 0, "accepted": 0, "carried": 0, "refused": {}, "retries": 0,
+                "last_error": None}
             assert job(portal, sub, jid)["state"] == "cancelled"
             assert "long"[::-1] not in json.dumps(job(portal, sub, jid))  # no result came
         finally:

@@ -154,3 +154,45 @@ def test_a_result_is_the_record_and_its_envelope_and_one_over_the_limit_goes_wit
     assert len(body) < MAX_BODY and doc["result"] is None
     assert doc["record"]["result_omitted"].startswith("the result envelope made the report")
     assert doc["record"]["state"] == "succeeded"
+
+
+def test_a_claim_carries_results_as_their_bodies_are() -> None:
+    claim = {"node_id": "n1", "wait_s": 20, "modules": []}
+    assert offer.claim_bytes(claim, []) == json.dumps(claim, separators=(",", ":")).encode()
+    r1, r2 = b'{"attempt_id":1,"generation":1}', b'{"attempt_id":2,"generation":3}'
+    doc = json.loads(offer.claim_bytes(claim, [r1, r2]))
+    assert doc == {**claim, "results": [json.loads(r1), json.loads(r2)]}
+
+
+@pytest.mark.parametrize(("doc", "want"), [
+    # each answered as a post would be, in the order sent
+    ({"grants": [], "results": [
+        {"attempt_id": 1, "status": 200, "accepted": True},
+        {"attempt_id": 2, "status": 409, "error": "stale_generation", "detail": "..."},
+        {"status": 400, "error": "bad_request", "detail": "results[2].generation: ..."},
+        {"attempt_id": 4, "status": 503, "error": "unavailable"}]},
+     [("accepted", ""), ("refused", "stale_generation"),
+      ("refused", "HTTP 400: bad_request: results[2].generation: ..."),
+      ("retry", "HTTP 503: unavailable")]),
+    # an item that is no answer: sent again
+    ({"results": [{"attempt_id": 1, "status": 200}, {"attempt_id": 2}, 7, {"status": True}]},
+     [("accepted", ""), ("retry", None), ("retry", None), ("retry", None)]),
+])
+def test_a_claims_answer_settles_each_result_it_carried(doc: object,
+                                                        want: list[tuple[str, str | None]]
+                                                        ) -> None:
+    got = answers.carried_verdicts(doc, len(want))
+    assert got is not None
+    assert [v.outcome for v in got] == [o for o, _ in want]
+    for v, (_, why) in zip(got, want, strict=True):
+        if why is not None:
+            assert v.why == why
+
+
+@pytest.mark.parametrize("doc", [
+    {"grants": []},  # a portal that does not take results with claims (unknown keys ignored)
+    {"grants": [], "results": [{"status": 200}]},  # not one answer per result
+    {"grants": [], "results": "accepted"}, None, [1, 2, 3],
+])
+def test_a_claims_answer_that_says_nothing_of_its_results_leaves_them_owed(doc: object) -> None:
+    assert answers.carried_verdicts(doc, 3 if isinstance(doc, list) else 2) is None

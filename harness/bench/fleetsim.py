@@ -63,7 +63,7 @@ STAGE = "generate"
 POOL = "model"
 MEM_GB = 1.0  # each model's reserve; a node's budget is one model
 STOP_S = 1.0  # a service's stop, from eviction to the next model's start
-BACKLOG_CAP = 10_000  # the store's (dispatch/store.py): backlog counted up to this
+BACKLOG_CAP = 10_000  # the portal's (dispatch/backlog.py): backlog counted up to this
 TICK_S = 1.0  # batches of submits, and the long poll's look at the store (POLL_S)
 
 

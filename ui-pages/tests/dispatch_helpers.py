@@ -86,15 +86,17 @@ class Node:
         self.grants += got
         return got
 
+    def result_doc(self, grant: dict[str, Any], state: str = "succeeded") -> dict[str, Any]:
+        """A result of ``grant`` as the agent reports it (10.7)."""
+        return {"node_id": self.node_id, "attempt_id": grant["attempt_id"],
+                "generation": grant["generation"],
+                "record": {"job_id": f"local-{grant['attempt_id']}", "state": state,
+                           "module": grant["module"], "stage": grant["stage"], "attempts": 1},
+                "result": {"payload": {"echo": grant["payload"], "by": self.node_id}}}
+
     def result(self, grant: dict[str, Any], state: str = "succeeded", *,
                portal: Any = None) -> Answer:
-        return self.post("/v1/agent/result", {
-            "node_id": self.node_id, "attempt_id": grant["attempt_id"],
-            "generation": grant["generation"],
-            "record": {"job_id": f"local-{grant['attempt_id']}", "state": state,
-                       "module": grant["module"], "stage": grant["stage"], "attempts": 1},
-            "result": {"payload": {"echo": grant["payload"], "by": self.node_id}}},
-            portal=portal)
+        return self.post("/v1/agent/result", self.result_doc(grant, state), portal=portal)
 
     def renew(self, *grants: dict[str, Any]) -> dict[str, Any]:
         r = self.post("/v1/agent/renew", {"node_id": self.node_id, "attempts": [

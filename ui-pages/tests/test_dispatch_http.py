@@ -103,6 +103,53 @@ def test_an_expired_lease_requeues_without_charge_and_a_late_result_is_refused(
     assert "oarbank_portal_dispatch_lease_expiries_total 1.0" in _metrics(p)
 
 
+def test_a_claim_carries_results_each_answered_as_if_sent_alone(start_portal: Any,
+                                                                store_url: str) -> None:
+    p = start_portal(db=store_url)
+    alice = submitter_token(store_url, "alice")
+    ids = [j["job_id"] for j in submit(p, alice, [job(prompt=str(i)) for i in range(5)]).doc[
+        "jobs"]]
+    n1, n2 = Node(p, "n1"), Node(p, "n2")
+    g = n1.claim(offer(free=3))
+    [theirs] = n2.claim(offer(free=1))
+    moved = dict(n1.result_doc(g[1]), node_id="n2")  # n1 cannot report for another node
+    carried = [n1.result_doc(g[0]), n1.result_doc(g[1], "failed"),
+               {"attempt_id": g[2]["attempt_id"]}, n1.result_doc(theirs), moved]
+    del carried[0]["node_id"]  # the claim's node_id stands for a result that leaves it out
+    r = n1.post("/v1/agent/claim", {"node_id": "n1", "wait_s": 0, "modules": [offer(free=2)],
+                                    "results": carried})
+    assert r.status == 200, r.text
+    answers = r.doc["results"]  # in the order sent
+    assert answers[0] == {"attempt_id": g[0]["attempt_id"], "status": 200, "accepted": True,
+                          "job_id": g[0]["job_id"], "state": "succeeded"}
+    assert (answers[1]["status"], answers[1]["state"]) == (200, "failed")
+    assert answers[2]["status"] == 400 and answers[2]["field"] == "results[2].generation"
+    assert (answers[3]["status"], answers[3]["error"]) == (409, "not_your_attempt")
+    assert answers[4]["status"] == 400 and answers[4]["field"] == "results[4].node_id"
+    assert [x["job_id"] for x in r.doc["grants"]] == ids[4:]  # and the claim's own grants
+    # stored as if sent alone: the same result again is a replay, the states are the results'
+    again = n1.result(g[0])
+    assert again.status == 200 and again.doc["replayed"] is True, again.text
+    states = {i: call(p.url, "GET", f"/v1/jobs/{i}", token=alice).doc["state"] for i in ids}
+    assert [states[x["job_id"]] for x in (g[0], g[1], g[2], theirs)] == [
+        "succeeded", "failed", "running", "running"]
+    # nothing to grant: a claim carrying results is answered at once, not held for wait_s
+    started = time.monotonic()
+    r = n1.post("/v1/agent/claim", {"node_id": "n1", "wait_s": 20, "modules": [offer()],
+                                    "results": [n1.result_doc(g[2])]}, timeout=30)
+    assert r.status == 200 and time.monotonic() - started < 10, r.text
+    assert r.doc["grants"] == [] and r.doc["results"][0]["accepted"] is True, r.text
+    # the list itself malformed: the claim is refused whole, naming it; nothing changed
+    for bad, words in (({"x": 1}, "must be a list"), ([{}] * 65, "at most 64 in one claim")):
+        r = n1.post("/v1/agent/claim", {"node_id": "n1", "modules": [offer()],
+                                        "results": bad})
+        assert r.status == 400 and r.doc["field"] == "results" and words in r.doc["detail"]
+    text = _metrics(p)
+    assert 'oarbank_portal_dispatch_results_total{state="succeeded"} 2.0' in text
+    assert 'oarbank_portal_dispatch_results_total{state="failed"} 1.0' in text
+    assert 'oarbank_portal_dispatch_results_refused_total{error="not_your_attempt"} 1.0' in text
+
+
 def test_bad_input_names_the_field_and_stores_nothing(start_portal: Any) -> None:
     p = start_portal()
     alice = submitter_token(p.db, "alice")

@@ -20,8 +20,8 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["BACKOFF_FIRST_S", "BACKOFF_MAX_S", "Grant", "Verdict", "backoff", "error_of",
-           "read_grants", "read_lost", "result_verdict"]
+__all__ = ["BACKOFF_FIRST_S", "BACKOFF_MAX_S", "Grant", "Verdict", "backoff",
+           "carried_verdicts", "error_of", "read_grants", "read_lost", "result_verdict"]
 
 BACKOFF_FIRST_S = 0.5
 BACKOFF_MAX_S = 30.0
@@ -126,6 +126,23 @@ def result_verdict(status: int, body: bytes) -> Verdict:
     if status in (400, 413):
         return Verdict("refused", f"HTTP {status}: {why}")
     return Verdict("retry", f"HTTP {status}: {why}")
+
+
+def carried_verdicts(doc: Any, n: int) -> list[Verdict] | None:
+    """What a claim's answer says of the ``n`` results it carried (``results``, in the order
+    sent, each as ``POST /v1/agent/result`` would answer it); None when it says nothing of
+    them (a portal that does not take results with claims ignores the key)."""
+    items = doc.get("results") if isinstance(doc, dict) else None
+    if not isinstance(items, list) or len(items) != n:
+        return None
+    out = []
+    for item in items:
+        status = item.get("status") if isinstance(item, dict) else None
+        if isinstance(status, int) and not isinstance(status, bool):
+            out.append(result_verdict(status, json.dumps(item).encode()))
+        else:
+            out.append(Verdict("retry", f"the claim's answer for it is not one: {item!r:.100}"))
+    return out
 
 
 def backoff(previous: float | None, rng: random.Random) -> tuple[float, float]:

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from oarbank_agent.agent import Agent
 
     from .leases import Leases
+    from .results import Results
 
 __all__ = ["Claimer"]
 
@@ -47,11 +48,12 @@ _REPLY_PER_GRANT = 80 * 1024  # a grant: its payload (64 KiB at most) and its fi
 
 
 class Claimer:
-    def __init__(self, agent: Agent, client: PortalClient, leases: Leases,
+    def __init__(self, agent: Agent, client: PortalClient, leases: Leases, results: Results,
                  times: offer.JobTimes, *, wait_s: float = 20.0) -> None:
         self.agent = agent
         self.client = client
         self.leases = leases
+        self.results = results  # what a claim carries (results.py: take, settle)
         self.times = times
         self.wait_s = wait_s
         self._changed = asyncio.Event()
@@ -75,14 +77,19 @@ class Claimer:
             if n <= 0:
                 await self._wait(RECHECK_S)
                 continue
-            body = json.dumps(offer.claim_body(view, self.wait_s, n)).encode()
+            carried = self.results.take()
+            body = offer.claim_bytes(offer.claim_body(view, self.wait_s, n),
+                                     [b for _, b in carried])
             try:
                 ans = await self.client.post("/v1/agent/claim", body, self.wait_s + 10.0,
-                                             max_reply=64 * 1024 + n * _REPLY_PER_GRANT)
+                                             max_reply=64 * 1024 + n * _REPLY_PER_GRANT
+                                             + len(carried) * 1024)
             except (OSError, PortalError, asyncio.TimeoutError) as e:
+                self.results.give_back(carried)
                 await self._failed(str(e) or type(e).__name__, None)
                 continue
             if ans.status != 200:
+                self.results.give_back(carried)
                 await self._failed(f"HTTP {ans.status}: {answers.error_of(ans.body)}",
                                    ans.retry_after if ans.status in (429, 503) else None)
                 continue
@@ -92,6 +99,7 @@ class Claimer:
                 doc = json.loads(ans.body)
             except ValueError:
                 doc = None
+            self.results.settle(carried, doc)
             grants, problems, renew_s = answers.read_grants(doc)
             for p in problems:
                 log.warning("claim: the portal's answer held something not a grant, skipped "

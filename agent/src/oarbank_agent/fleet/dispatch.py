@@ -55,7 +55,8 @@ class FleetDispatch:
         self.times = JobTimes()
         self.leases = Leases(agent, self.client)
         self.results = Results(agent, self.client)
-        self.claimer = Claimer(agent, self.client, self.leases, self.times, wait_s=wait_s)
+        self.claimer = Claimer(agent, self.client, self.leases, self.results, self.times,
+                               wait_s=wait_s)
         self._tasks: dict[str, asyncio.Task[None]] = {}
         agent.queue.runs.on_final.append(self._final)
         agent.queue.after_admit.append(self.claimer.poke)

@@ -12,6 +12,13 @@ envelope, posted until the portal acknowledges or refuses it.
   doubling up to 30 s, ``PARALLEL`` posts at a time.
 - A body over the portal's 1 MiB: the result is left out (null) and the record says so
   (``result_omitted``), the job's state stands.
+- Carried by a claim (contract 10.4): a result owed when the claimer sends a claim rides in
+  it (``take``; at most ``CARRY_MAX``, small ones: ``CARRY_BYTES`` in all), and the claim's
+  answer settles it as a post's would (``settle``); a claim that fails, or a portal that
+  answers nothing of them, gives them back to be posted alone. A new result waits
+  ``CARRY_WAIT_S`` before it is posted alone: a job's end frees room, so a claim usually
+  follows at once and carries it (one request, and one write on the portal, where there were
+  two).
 """
 
 from __future__ import annotations
@@ -38,6 +45,9 @@ log = logging.getLogger("oarbank_agent.fleet")
 
 MAX_BODY = 2**20  # the portal's limit on a result (contract 10.7)
 PARALLEL = 8
+CARRY_MAX = 64  # the most results a claim carries (the portal's MAX_CLAIM_RESULTS)
+CARRY_BYTES = 256 * 1024  # in all, so that a claim stays far below the portal's 1 MiB
+CARRY_WAIT_S = 0.05
 TIMEOUT_S = 15.0
 REPORTED = ("succeeded", "failed")
 
@@ -65,6 +75,9 @@ class Results:
         self._owed: dict[str, JobRecord] = {}  # local job id -> a portal job to report
         self._more = asyncio.Event()
         self._sending: dict[str, asyncio.Task[None]] = {}
+        self._carried: set[str] = set()  # local job ids riding in the claim in flight
+        self.carry = True  # off once the portal answers a claim's results with nothing
+        self.carried = 0  # results settled by a claim's answer
         self._rng = random.Random()
         self.accepted = 0
         self.refused: dict[str, int] = {}  # reason -> count
@@ -90,9 +103,12 @@ class Results:
         try:
             while True:
                 await self._more.wait()
+                if self.carry:  # a claim may carry them meanwhile (take)
+                    await asyncio.sleep(CARRY_WAIT_S)
                 self._more.clear()
                 for job_id, rec in list(self._owed.items()):
-                    if job_id not in self._sending and len(self._sending) < PARALLEL:
+                    if (job_id not in self._sending and job_id not in self._carried
+                            and len(self._sending) < PARALLEL):
                         self._sending[job_id] = asyncio.ensure_future(self._report(rec))
                         self._sending[job_id].add_done_callback(functools.partial(
                             self._sent, job_id))
@@ -104,6 +120,54 @@ class Results:
     def _sent(self, job_id: str, _task: object) -> None:
         self._sending.pop(job_id, None)
         self._more.set()
+
+    def take(self) -> list[tuple[JobRecord, bytes]]:
+        """Results owed and not being posted, for the claim about to be sent: each with its
+        body; they are the claim's until ``settle`` or ``give_back``."""
+        if not self.carry:
+            return []
+        out: list[tuple[JobRecord, bytes]] = []
+        size = 0
+        for job_id, rec in self._owed.items():
+            if job_id in self._sending or job_id in self._carried:
+                continue
+            body = result_body(self.agent.node.node_id, rec)
+            if size + len(body) > CARRY_BYTES:
+                continue  # (a large one is posted alone)
+            out.append((rec, body))
+            size += len(body)
+            self._carried.add(job_id)
+            if len(out) == CARRY_MAX:
+                break
+        return out
+
+    def give_back(self, carried: list[tuple[JobRecord, bytes]]) -> None:
+        """The claim did not settle them: posted alone (the same bodies: replays are safe)."""
+        for rec, _ in carried:
+            self._carried.discard(rec.job_id)
+        if carried:
+            self._more.set()
+
+    def settle(self, carried: list[tuple[JobRecord, bytes]], doc: object) -> None:
+        """The claim's answer (its parsed document) for the results it carried."""
+        if not carried:
+            return
+        verdicts = answers.carried_verdicts(doc, len(carried))
+        if verdicts is None:
+            self.carry = False
+            log.warning("fleet: %s answers nothing of the results a claim carries; each is "
+                        "posted alone from now on", self.client.url.text)
+            self.give_back(carried)
+            return
+        again = []
+        for (rec, body), verdict in zip(carried, verdicts, strict=True):
+            if verdict.outcome == "retry":
+                again.append((rec, body))
+            else:
+                self._carried.discard(rec.job_id)
+                self.carried += 1
+                self._settled(rec, verdict)
+        self.give_back(again)
 
     async def _report(self, rec: JobRecord) -> None:
         assert rec.portal is not None
@@ -131,6 +195,11 @@ class Results:
             self.last_error = verdict.why
             await asyncio.sleep(pause)
         self.last_error = None
+        self._settled(rec, verdict)
+
+    def _settled(self, rec: JobRecord, verdict: answers.Verdict) -> None:
+        """Accepted or refused: written into its record; nothing more is owed."""
+        assert rec.portal is not None
         if verdict.outcome == "accepted":
             self.accepted += 1
             rec.portal["report"] = "accepted"
@@ -144,6 +213,6 @@ class Results:
         self.agent.store.save(rec)
 
     def status(self) -> dict[str, object]:
-        return {"owed": len(self._owed), "accepted": self.accepted,
+        return {"owed": len(self._owed), "accepted": self.accepted, "carried": self.carried,
                 "refused": dict(self.refused), "retries": self.retries,
                 "last_error": self.last_error}

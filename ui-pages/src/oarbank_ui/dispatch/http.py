@@ -23,14 +23,23 @@ import json
 import logging
 import sqlite3
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 from urllib.parse import urlencode
 
 from ..store.tokens import bearer_token
 from . import offers, placement
 from .catalogue import Catalogue
-from .protocol import BadRequest, Claim, attempt_refs, read_claim, read_release, read_result, read_submission
+from .protocol import (
+    BadRequest,
+    Claim,
+    Result,
+    attempt_refs,
+    read_claim,
+    read_release,
+    read_result,
+    read_submission,
+)
 from .store import DispatchStore, KeyReused
 
 __all__ = ["DispatchAPI", "Reply", "STORE_ERRORS", "is_dispatch_path"]
@@ -282,7 +291,8 @@ class DispatchAPI:
         try:
             doc = self._json(body, headers)
             reply, claim, pairs = await run(self._claim_once, doc, headers, True)
-            if reply.status != 200 or reply.doc["grants"] or claim is None:
+            # (a claim carrying results is answered at once: the node learns their fate now)
+            if reply.status != 200 or reply.doc["grants"] or claim is None or claim.results:
                 return reply
             deadline = time.monotonic() + claim.wait_s
             while (left := deadline - time.monotonic()) > 0:
@@ -321,21 +331,47 @@ class DispatchAPI:
                                       claim.evictable_mem_gb)
                 return placement.decide(node, cands, mode=self.mode, starve_s=self.starve_s)
 
-            grants, expired = self.store.claim(claim, pairs, choose, now=now,
-                                               lease_s=self.lease_s, record_offer=first)
+            carried = [r for r in claim.results if isinstance(r, Result)] if first else []
+            done = self.store.claim(claim, pairs, choose, now=now, lease_s=self.lease_s,
+                                    record_offer=first, results=carried,
+                                    retention_s=self.retention_s)
         except BadRequest as e:
             return refusal(400, "bad_request", str(e), field=e.field), None, []
         except STORE_ERRORS as e:
             log.warning("dispatch: the store does not answer: %s: %s", type(e).__name__, e)
             return unavailable(), None, []
-        self._count(expired)
-        for g in grants:
+        self._count(done.expired)
+        for g in done.grants:
             self.metrics.grants.labels(g["placement"]).inc()
             if g["placement"] == "cold":
                 self.metrics.cold_starts.inc()
         self._upkeep(now)
-        return Reply(200, {"now": now, "lease_s": self.lease_s, "renew_s": self.lease_s / 3,
-                           "grants": grants}), claim, pairs
+        answer: dict[str, Any] = {"now": now, "lease_s": self.lease_s,
+                                  "renew_s": self.lease_s / 3, "grants": done.grants}
+        if first and claim.results:  # each in the order sent, as 10.7 would answer it alone
+            finished = iter(done.finished)
+            answer["results"] = [self._carried(claim.node_id, r, finished)
+                                 for r in claim.results]
+        return Reply(200, answer), claim, pairs
+
+    def _carried(self, node: str, res: Result | BadRequest,
+                 finished: Iterator[tuple[int, dict[str, Any]]]) -> dict[str, Any]:
+        """The answer to one result a claim carried: its status and body as 10.7's."""
+        if isinstance(res, BadRequest):
+            return {"status": 400, "error": "bad_request", "detail": str(res),
+                    "field": res.field}
+        status, answer = next(finished)
+        self._counted(node, res, status, answer)
+        return {"attempt_id": res.attempt_id, "status": status, **answer}
+
+    def _counted(self, node: str, res: Result, status: int, answer: dict[str, Any]) -> None:
+        """A result's metrics and, when refused, its log line."""
+        if status == 200 and not answer.get("replayed"):
+            self.metrics.results.labels(res.state).inc()
+        elif status != 200:
+            self.metrics.results_refused.labels(answer["error"]).inc()
+            log.warning("dispatch: result of node %s for attempt %s refused: %s", node,
+                        res.attempt_id, answer["detail"])
 
     def _renew(self, doc: Any, headers: Mapping[str, str]) -> Reply:
         node_id, refs = attempt_refs(doc)
@@ -359,12 +395,7 @@ class DispatchAPI:
         status, answer, expired = self.store.finish(res, now=self.clock(),
                                                     retention_s=self.retention_s)
         self._count(expired)
-        if status == 200 and not answer.get("replayed"):
-            self.metrics.results.labels(res.state).inc()
-        elif status != 200:
-            self.metrics.results_refused.labels(answer["error"]).inc()
-            log.warning("dispatch: result of node %s for attempt %s refused: %s", node,
-                        res.attempt_id, answer["detail"])
+        self._counted(node, res, status, answer)
         return Reply(status, answer)
 
     def _release(self, doc: Any, headers: Mapping[str, str]) -> Reply:

@@ -15,7 +15,8 @@ from typing import Any
 
 from .catalogue import Catalogue
 
-__all__ = ["MAX_BATCH", "MAX_CLAIM_WAIT_S", "MAX_GRANTS", "MAX_PAYLOAD", "BadRequest", "Claim",
+__all__ = ["MAX_BATCH", "MAX_CLAIM_RESULTS", "MAX_CLAIM_WAIT_S", "MAX_GRANTS", "MAX_PAYLOAD",
+           "BadRequest", "Claim",
            "JobSpec", "Release", "Result", "ServiceOffer", "Submission", "attempt_refs",
            "read_claim", "read_release", "read_result", "read_submission"]
 
@@ -24,6 +25,7 @@ MAX_PAYLOAD = 64 * 1024  # a job's payload, JSON-encoded
 MAX_KEY = 200
 MAX_CLAIM_WAIT_S = 30.0
 MAX_GRANTS = 1000
+MAX_CLAIM_RESULTS = 64  # results a claim may carry (10.4); the body's 1 MiB bounds them too
 MAX_RENEW = 10_000
 SERVICE_STATES = ("ready", "starting", "stopped")
 END_STATES = ("succeeded", "failed")
@@ -185,6 +187,9 @@ class Claim:
     evictable_mem_gb: float | None
     stages: dict[str, list[str]]  # module id -> the stages the node offers
     services: list[ServiceOffer]
+    # results it carries (10.4), each read on its own: a bad one is refused alone, naming
+    # its field, and the claim and the other results go on
+    results: tuple[Result | BadRequest, ...] = ()
 
 
 def read_claim(doc: Any) -> Claim:
@@ -232,7 +237,28 @@ def read_claim(doc: Any) -> Claim:
                 module, _text(s.get("service"), f"{sf}.service"), state, pools,
                 _number(s.get("load_s"), f"{sf}.load_s"), _number(s.get("job_s"), f"{sf}.job_s"),
                 _number(s.get("mem_gb"), f"{sf}.mem_gb")))
-    return Claim(node, float(wait or 0.0), max_grants, free, evictable, stages, services)
+    carried = doc.get("results", [])
+    if not isinstance(carried, list):
+        raise BadRequest("results", f"must be a list, got {_kind(carried)}")
+    if len(carried) > MAX_CLAIM_RESULTS:
+        raise BadRequest("results", f"at most {MAX_CLAIM_RESULTS} in one claim, got "
+                                    f"{len(carried)}")
+    results = tuple(_carried_result(item, f"results[{i}]", node)
+                    for i, item in enumerate(carried))
+    return Claim(node, float(wait or 0.0), max_grants, free, evictable, stages, services,
+                 results)
+
+
+def _carried_result(item: Any, field: str, node: str) -> Result | BadRequest:
+    """One result a claim carries: a result body (10.7) whose ``node_id`` may be left out."""
+    if not isinstance(item, dict):
+        return BadRequest(field, f"must be an object, got {_kind(item)}")
+    if item.get("node_id", node) != node:
+        return BadRequest(f"{field}.node_id", "must be the claim's node_id (or left out)")
+    try:
+        return read_result({**item, "node_id": node})
+    except BadRequest as e:
+        return BadRequest(f"{field}.{e.field}", e.message)
 
 
 def attempt_refs(doc: Any) -> tuple[str, list[tuple[int, int]]]:

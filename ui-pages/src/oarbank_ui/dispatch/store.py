@@ -20,11 +20,12 @@ import json
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ..store.tokens import new_token, token_hash
+from .backlog import BACKLOG_CAP, BacklogCounts
 from .jobview import job_view
 from .leases import Attempt, fence, refusal_detail
 from .offers import Warmth
@@ -32,11 +33,9 @@ from .placement import Pick
 from .protocol import Claim, Result, Submission
 from .warmcache import Offer, WarmCache
 
-__all__ = ["DispatchStore", "KeyReused", "new_id"]
+__all__ = ["Claimed", "DispatchStore", "KeyReused", "new_id"]
 
 FINISHED = ("succeeded", "failed", "cancelled")
-BACKLOG_CAP = 10_000  # a stage's backlog is counted up to this (enough to decide a cold start)
-BACKLOG_TTL_S = 0.05  # a stage's count is shared by the claims of one process this long
 OFFER_FRESH_S = 90.0  # a node's claim (or renew) this recent tells where a service is warm
 # a cold grant still live counts as a copy starting until its node's claim shows the service;
 # one older than this is no start any more (and bounds the rows the query reads)
@@ -61,6 +60,13 @@ class Submitted:
     replayed: bool
 
 
+@dataclass(frozen=True)
+class Claimed:
+    grants: list[dict[str, Any]]
+    expired: int  # leases this transaction expired
+    finished: list[tuple[int, dict[str, Any]]]  # (status, answer) of each result carried
+
+
 class DispatchStore:
     def __init__(self, backend: Any) -> None:
         self.backend = backend
@@ -72,13 +78,10 @@ class DispatchStore:
         head = "seq + 0" if self.pg else "seq"
         self._queued = (" FROM jobs WHERE state = 'queued' AND module = ? AND stage = ?"
                         f" ORDER BY {head}")  # a stage's queued jobs, oldest first
-        # (module, stage) -> (jobs queued, monotonic time counted): the count only has to be
-        # large enough to decide, so this process's claims share one for BACKLOG_TTL_S (less
-        # what it granted since). Whether a stage has work is still read each claim.
-        self._backlog: dict[tuple[str, str], tuple[int, float]] = {}
-        self._backlog_lock = threading.Lock()
+        self._backlog = BacklogCounts()  # each stage's, shared by this process's claims
         self._warmth = WarmCache()  # the nodes' offers, read once per WARM_TTL_S (warmcache.py)
         self._unanalyzed = 0  # jobs this process submitted since its last ANALYZE (PostgreSQL)
+        self._analyze_lock = threading.Lock()
 
     # -- submitters --------------------------------------------------------------------------
 
@@ -127,7 +130,7 @@ class DispatchStore:
                     " state, submitted_at) VALUES (?, ?, ?, ?, ?, ?, 'queued', ?)",
                     [(i, batch, submitter, j.module, j.stage, j.payload, now)
                      for i, j in zip(ids, sub.jobs, strict=True)])
-        self._forget_backlog()
+        self._backlog.forget()
         if self.pg:
             self._analyze_after(len(ids))
         return Submitted(batch, [{"job_id": i, "state": "queued"} for i in ids], False)
@@ -136,7 +139,7 @@ class DispatchStore:
         """PostgreSQL plans the queue's reads from its statistics, which a large submit makes
         stale until autovacuum comes (up to a minute): the head of 60,000 queued jobs was then
         found by sorting them all (10-20 ms a claim). So ANALYZE after ANALYZE_JOBS."""
-        with self._backlog_lock:
+        with self._analyze_lock:
             self._unanalyzed += submitted
             due = self._unanalyzed >= ANALYZE_JOBS
             if due:
@@ -227,7 +230,7 @@ class DispatchStore:
 
     def _cancel_rows(self, tx: Any, rows: list[dict[str, Any]], now: float,
                      retention_s: float) -> int:
-        self._forget_backlog()
+        self._backlog.forget()
         n = 0
         for r in rows:
             if r["state"] not in ("queued", "running"):
@@ -256,17 +259,19 @@ class DispatchStore:
               choose: Callable[[dict[tuple[str, str], tuple[int, float]],
                                 dict[tuple[str, str], Warmth], dict[tuple[str, str], int]],
                                list[Pick]],
-              *, now: float, lease_s: float, record_offer: bool) -> tuple[list[dict[str, Any]],
-                                                                         int]:
-        """Grants for one claim and the leases this transaction expired. ``choose(queue,
-        warm, cold)`` is the placement decision (``placement.decide`` behind
-        ``offers.candidates``)."""
+              *, now: float, lease_s: float, record_offer: bool,
+              results: Sequence[Result] = (), retention_s: float = 0.0) -> Claimed:
+        """Grants for one claim, the leases this transaction expired, and the (status,
+        answer) of each result it carries (``results``, as ``finish`` would answer them, in
+        the same transaction: one write where there were two). ``choose(queue, warm, cold)``
+        is the placement decision (``placement.decide`` behind ``offers.candidates``)."""
         with self.backend.write() as tx:
             expired = self._expire(tx, now)
+            finished = [self._finish(tx, res, now, retention_s) for res in results]
             if record_offer:
                 self._record_offer(tx, claim, now)
             if expired:
-                self._forget_backlog()
+                self._backlog.forget()
             queue: dict[tuple[str, str], tuple[int, float]] = {}
             for module, stage in pairs:
                 first = tx.one(f"SELECT submitted_at{self._queued} LIMIT 1", (module, stage))
@@ -275,7 +280,7 @@ class DispatchStore:
                 queue[(module, stage)] = (self._count(tx, module, stage),
                                           max(0.0, now - float(first["submitted_at"])))
             if not queue:
-                return [], expired
+                return Claimed([], expired, finished)
             modules = sorted({m for m, _ in queue})
             picks = choose(queue, self._warm(tx, claim.node_id, modules, now),
                            self._cold(tx, claim.node_id, modules, now - COLD_HORIZON_S))
@@ -301,39 +306,23 @@ class DispatchStore:
                        " started_at = COALESCE(jobs.started_at, a.issued_at) FROM attempts a"
                        f" WHERE a.attempt_id IN ({marks}) AND jobs.job_id = a.job_id",
                        list(ids.values()))
-                self._granted(p.module, p.stage, len(rows))
+                self._backlog.granted((p.module, p.stage), len(rows))
                 for r in rows:
                     grants.append({"attempt_id": ids[r["job_id"]], "job_id": r["job_id"],
                                    "generation": int(r["generation"]) + 1, "module": p.module,
                                    "stage": p.stage, "payload": json.loads(r["payload"]),
                                    "placement": p.placement, "issued_at": now,
                                    "expires_at": now + lease_s})
-        return grants, expired
+        return Claimed(grants, expired, finished)
 
     def _count(self, tx: Any, module: str, stage: str) -> int:
-        """Jobs queued for the stage, up to BACKLOG_CAP: this process's count if recent."""
-        key, t = (module, stage), time.monotonic()
-        with self._backlog_lock:
-            hit = self._backlog.get(key)
-        if hit is not None and t - hit[1] < BACKLOG_TTL_S:
-            return hit[0]
-        n = tx.one(f"SELECT COUNT(*) AS n FROM (SELECT 1 AS x{self._queued} LIMIT ?) q",
-                   (module, stage, BACKLOG_CAP))
-        count = int(n["n"]) if n else 0
-        with self._backlog_lock:
-            self._backlog[key] = (count, t)
-        return count
+        """Jobs queued for the stage, up to BACKLOG_CAP (backlog.py)."""
+        def read() -> int:
+            n = tx.one(f"SELECT COUNT(*) AS n FROM (SELECT 1 AS x{self._queued} LIMIT ?) q",
+                       (module, stage, BACKLOG_CAP))
+            return int(n["n"]) if n else 0
 
-    def _granted(self, module: str, stage: str, n: int) -> None:
-        with self._backlog_lock:
-            hit = self._backlog.get((module, stage))
-            if hit is not None:
-                self._backlog[(module, stage)] = (max(1, hit[0] - n), hit[1])
-
-    def _forget_backlog(self) -> None:
-        """Jobs queued again or newly (this process's): the next claim counts afresh."""
-        with self._backlog_lock:
-            self._backlog.clear()
+        return self._backlog.count((module, stage), read)
 
     def _record_offer(self, tx: Any, claim: Claim, now: float) -> None:
         latest = {(s.module, s.service): s for s in claim.services}
@@ -394,7 +383,7 @@ class DispatchStore:
         with self.backend.write() as tx:
             n = self._expire(tx, now)
         if n:
-            self._forget_backlog()
+            self._backlog.forget()
         return n
 
     def _attempt(self, tx: Any, attempt_id: int) -> tuple[dict[str, Any] | None,
@@ -431,23 +420,29 @@ class DispatchStore:
         """A node's result: (status, answer, leases expired by this transaction)."""
         with self.backend.write() as tx:
             expired = self._expire(tx, now)
-            row, a = self._attempt(tx, res.attempt_id)
-            verdict = fence(a, res.node_id, res.generation, now)
-            if verdict == "done":
-                assert row is not None
-                return 200, json.loads(row["answer"]) | {"replayed": True}, expired
-            if verdict is not None:
-                detail = refusal_detail(verdict, res.attempt_id)
-                return 409, {"error": verdict, "detail": detail}, expired
+            status, answer = self._finish(tx, res, now, retention_s)
+        return status, answer, expired
+
+    def _finish(self, tx: Any, res: Result, now: float,
+                retention_s: float) -> tuple[int, dict[str, Any]]:
+        """A result inside ``tx``, fenced (10.7): (status, answer). Leases are expired first
+        by the caller, so a result after its lease ended is refused ``lease_lost``."""
+        row, a = self._attempt(tx, res.attempt_id)
+        verdict = fence(a, res.node_id, res.generation, now)
+        if verdict == "done":
             assert row is not None
-            answer = {"accepted": True, "job_id": row["job_id"], "state": res.state}
-            tx.run("UPDATE attempts SET state = ?, ended_at = ?, answer = ? WHERE attempt_id = ?",
-                   (res.state, now, json.dumps(answer), res.attempt_id))
-            tx.run("UPDATE jobs SET state = ?, finished_at = ?, expires_at = ?, record = ?,"
-                   " result = ? WHERE job_id = ? AND attempt_id = ?",
-                   (res.state, now, now + retention_s, res.record, res.result, row["job_id"],
-                    res.attempt_id))
-        return 200, answer, expired
+            return 200, json.loads(row["answer"]) | {"replayed": True}
+        if verdict is not None:
+            return 409, {"error": verdict, "detail": refusal_detail(verdict, res.attempt_id)}
+        assert row is not None
+        answer = {"accepted": True, "job_id": row["job_id"], "state": res.state}
+        tx.run("UPDATE attempts SET state = ?, ended_at = ?, answer = ? WHERE attempt_id = ?",
+               (res.state, now, json.dumps(answer), res.attempt_id))
+        tx.run("UPDATE jobs SET state = ?, finished_at = ?, expires_at = ?, record = ?,"
+               " result = ? WHERE job_id = ? AND attempt_id = ?",
+               (res.state, now, now + retention_s, res.record, res.result, row["job_id"],
+                res.attempt_id))
+        return 200, answer
 
     def release(self, node_id: str, attempt_id: int, generation: int, *,
                 now: float) -> tuple[int, dict[str, Any]]:
@@ -465,7 +460,7 @@ class DispatchStore:
                    (now, attempt_id))
             tx.run("UPDATE jobs SET state = 'queued' WHERE job_id = ? AND attempt_id = ? AND"
                    " state = 'running'", (row["job_id"], attempt_id))
-        self._forget_backlog()
+        self._backlog.forget()
         return 200, {"released": True}
 
     # -- upkeep and figures ----------------------------------------------------------------------
