@@ -62,6 +62,37 @@ def _ok(value: Any, target: str) -> str:
     return "-" if ok is None else ("met" if ok else "MISSED")
 
 
+def _claim_rows(head: str, runs: dict[str, Any]) -> list[str]:
+    """One store's claim runs: results carried by claims (what the agent does) beside results
+    posted alone (the baseline), with their ratio."""
+    if "error" in runs:
+        return [f"| {head} | error | {runs['error']} | | | | |"]
+    a, b = runs.get("carried", {}), runs.get("alone", {})
+    for name, run in (("carried", a), ("alone", b)):
+        if "error" in run or not run:
+            return [f"| {head} | error ({name}) | {run.get('error', 'not run')} | | | | |"]
+
+    def pair(key: str) -> str:
+        ratio = round(a[key] / b[key], 3) if b[key] else "-"
+        return f"{a[key]} | {b[key]} | {ratio}"
+
+    cpu = " / ".join(f"{a['cpu_ms_per_grant'][k]} vs {b['cpu_ms_per_grant'][k]}"
+                     for k in ("portal", "database_server", "nodes_client"))
+    return [
+        f"| {head} | grants/s | {pair('grants_per_s')} | >= 1000 | "
+        f"{_ok(a['grants_per_s'], '>= 1000')} |",
+        f"| | claim p99 (ms) | {pair('claim_p99_ms')} | <= 100 | "
+        f"{_ok(a['claim_p99_ms'], '<= 100')} |",
+        f"| | claim p50 (ms) | {pair('claim_p50_ms')} | | |",
+        f"| | claims/s (with grants) | {pair('claims_per_s')} | | |",
+        f"| | jobs granted twice (client / store) | {a['granted_twice']} / "
+        f"{a['attempts_beyond_one']} | {b['granted_twice']} / {b['attempts_beyond_one']} | "
+        f"| 0 | {_ok(sum(r[k] for r in (a, b) for k in ('granted_twice', 'attempts_beyond_one')), '== 0')} |",
+        f"| | CPU ms per grant and its result, carried vs alone: portal / database server / "
+        f"nodes' client | {cpu} | | | | |",
+    ]
+
+
 def table(r: dict[str, Any]) -> str:
     rows = ["| part | figure | warm-aware | warm-blind (or baseline) | ratio | target | |",
             "|---|---|---|---|---|---|---|"]
@@ -89,25 +120,9 @@ def table(r: dict[str, Any]) -> str:
         rows.append(f"| sim | error | {sim['error']} | | | | |")
     claims = r.get("claims")
     if claims and "stores" in claims:
-        for kind, s in claims["stores"].items():
-            head = f"claims, {kind} ({claims['nodes']} nodes)"
-            if "error" in s:
-                rows.append(f"| {head} | error | {s['error']} | | | | |")
-                continue
-            rows += [
-                f"| {head} | grants/s | {s['grants_per_s']} | | | >= 1000 | "
-                f"{_ok(s['grants_per_s'], '>= 1000')} |",
-                f"| | claim p99 / p50 (ms) | {s['claim_p99_ms']} / {s['claim_p50_ms']} | | | "
-                f"<= 100 | {_ok(s['claim_p99_ms'], '<= 100')} |",
-                f"| | claims/s (with grants) | {s['claims_per_s']} | | | | |",
-                f"| | jobs granted twice (client / store) | {s['granted_twice']} / "
-                f"{s['attempts_beyond_one']} | | | 0 | "
-                f"{_ok(s['granted_twice'] + s['attempts_beyond_one'], '== 0')} |",
-                f"| | CPU ms per grant and its result: portal / database server / "
-                f"nodes' client | {s['cpu_ms_per_grant']['portal']} / "
-                f"{s['cpu_ms_per_grant']['database_server']} / "
-                f"{s['cpu_ms_per_grant']['nodes_client']} | | | | |",
-            ]
+        for kind, runs in claims["stores"].items():
+            rows += _claim_rows(f"claims, {kind} ({claims['nodes']} nodes; results carried | "
+                                "alone)", runs)
     elif claims:
         rows.append(f"| claims | error | {claims.get('error')} | | | | |")
     nodes = r.get("nodes")

@@ -2,11 +2,15 @@
 then PostgreSQL on a server this bench starts, as ``--portal`` does), jobs submitted to it
 over HTTP (batches of 10,000), then 1,000 nodes claiming at once over real HTTP on loopback,
 each as the agent does: a long-polled claim (``wait_s`` 20) for what its ready service's
-free tokens allow (``max_grants`` 4), then the result of each grant (its job "ran" in no
-time), then the next claim. The nodes are asyncio tasks in this process, one keep-alive
+free tokens allow (``max_grants`` 4); each grant "runs" ``job_s`` (1-3 s), then its result
+goes back and its token is free. The nodes are asyncio tasks in this process, one keep-alive
 connection each (uvloop when installed).
 
-Figures per store, over the window from the first claim until ``seconds`` pass or the queue
+Each store twice, on a fresh database each time, side by side: results ``carried`` by the
+next claim (contract 10.4 ``results``: what the agent does) and results posted ``alone``
+(``POST /v1/agent/result``, one request each: the protocol before claims carried them).
+
+Figures per run, over the window from the first claim until ``seconds`` pass or the queue
 runs dry (work waits throughout): grants per second, claims per second, claim latency (p50,
 p99, from the request's write to its answer) of the claims answered while work waited, the
 results accepted, and the jobs granted twice (a job id in two grants: 0, since no lease
@@ -29,7 +33,10 @@ from typing import Any
 from .portal import NO_SERVER, PortalProcess, _arun, _cpu_s, _read_reply, store_db
 from .stats import percentile
 
-__all__ = ["run_claim_bench"]
+__all__ = ["MODES", "run_claim_bench"]
+
+MODES = ("carried", "alone")  # results in the next claim; each result a request of its own
+CARRY_MAX = 64  # the portal's MAX_CLAIM_RESULTS
 
 MODULE = "dev.example.modelserver"
 SLOTS = 4
@@ -47,15 +54,15 @@ def _claim_body(node: str) -> bytes:
              "load_s": 1.0, "job_s": 0.01, "mem_gb": 0.5}]}]}).encode()
 
 
-def _result_body(node: str, g: dict[str, Any]) -> bytes:
+def _result_doc(node: str, g: dict[str, Any]) -> dict[str, Any]:
     now = time.time()
-    return json.dumps({"node_id": node, "attempt_id": g["attempt_id"],
+    return {"node_id": node, "attempt_id": g["attempt_id"],
                        "generation": g["generation"],
                        "record": {"job_id": f"local-{g['attempt_id']}", "module": MODULE,
                                   "stage": "generate", "state": "succeeded", "attempts": 1,
                                   "exit_code": 0, "reason": None, "started_at": now,
                                   "finished_at": now},
-                       "result": {"envelope": 1, "payload": {"texts": []}}}).encode()
+            "result": {"envelope": 1, "payload": {"texts": []}}}
 
 
 def _request(host: str, port: int, path: str, token: str, body: bytes) -> bytes:
@@ -83,10 +90,11 @@ async def _submit(host: str, port: int, token: str, jobs: int) -> float:
 
 
 async def _nodes(host: str, port: int, tokens: list[tuple[str, str]], seconds: float,
-                 job_s: tuple[float, float], warmup_s: float) -> dict[str, Any]:
+                 job_s: tuple[float, float], warmup_s: float, carry: bool) -> dict[str, Any]:
     """Each node: ``SLOTS`` tokens; a claim for its free ones whenever it has some (one at a
-    time, long-polled); each grant runs ``job_s`` (uniform) and then its result is posted on
-    the node's second connection; the token is free again once the portal answered."""
+    time, long-polled); each grant runs ``job_s`` (uniform), then its result is carried by
+    the next claim (``carry``: its token is free at once, which makes that claim) or posted
+    alone (the token free once the portal answered)."""
     import random
 
     rnd = random.Random(50)
@@ -104,6 +112,7 @@ async def _nodes(host: str, port: int, tokens: list[tuple[str, str]], seconds: f
         free = [SLOTS]
         freed = asyncio.Event()
         jobs: set[asyncio.Task[None]] = set()
+        owed: list[dict[str, Any]] = []  # results for the next claim to carry
 
         async def post(path: str, body: bytes) -> tuple[int, bytes]:
             async with lock:
@@ -118,8 +127,12 @@ async def _nodes(host: str, port: int, tokens: list[tuple[str, str]], seconds: f
 
         async def job(g: dict[str, Any]) -> None:
             await asyncio.sleep(rnd.uniform(*job_s))
-            status, _ = await post("/v1/agent/result", _result_body(name, g))
-            results["accepted" if status == 200 else "refused"] += 1
+            if carry:
+                owed.append(_result_doc(name, g))
+            else:
+                status, _ = await post("/v1/agent/result",
+                                       json.dumps(_result_doc(name, g)).encode())
+                results["accepted" if status == 200 else "refused"] += 1
             free[0] += 1
             freed.set()
 
@@ -132,14 +145,22 @@ async def _nodes(host: str, port: int, tokens: list[tuple[str, str]], seconds: f
                 body = json.loads(_claim_body(name))
                 body["max_grants"] = free[0]
                 body["modules"][0]["services"][0]["pools"]["model"]["free"] = free[0]
+                carried = owed[:CARRY_MAX]
+                del owed[:CARRY_MAX]
+                if carried:
+                    body["results"] = carried
                 sent = time.perf_counter()
                 status, reply = await post("/v1/agent/claim", json.dumps(body).encode())
                 took = time.perf_counter() - sent
                 statuses[str(status)] = statuses.get(str(status), 0) + 1
                 if status != 200:
+                    owed[:0] = carried  # sent again with the next claim
                     await asyncio.sleep(1.0)
                     continue
-                grants = json.loads(reply)["grants"]
+                answer = json.loads(reply)
+                for r in answer.get("results", []):
+                    results["accepted" if r.get("status") == 200 else "refused"] += 1
+                grants = answer["grants"]
                 claims.append((time.perf_counter(), took, len(grants)))
                 free[0] -= len(grants)
                 for g in grants:
@@ -192,8 +213,8 @@ def _attempts_beyond_one(db: str, kind: str) -> int:
 
 
 def _one_store(kind: str, db: str, folder: Path, nodes: int, jobs: int, seconds: float,
-               workers: int, job_s: tuple[float, float], db_pid: int | None = None
-               ) -> dict[str, Any]:
+               workers: int, job_s: tuple[float, float], carry: bool,
+               db_pid: int | None = None) -> dict[str, Any]:
     from oarbank_ui.store.heartbeats import open_store
 
     store = open_store(db)
@@ -204,11 +225,12 @@ def _one_store(kind: str, db: str, folder: Path, nodes: int, jobs: int, seconds:
     portal = PortalProcess(db, folder, workers, ("--max-connections", str(2 * nodes + 100)))
     try:
         submit_s = _arun(_submit(portal.host, portal.port, sub, jobs))
-        print(f"bench fleet [{kind}]: {jobs} jobs submitted in {submit_s:.1f} s; {nodes} nodes "
-              f"claim for up to {seconds:g} s ...", file=sys.stderr, flush=True)
+        print(f"bench fleet [{kind}, results {'carried' if carry else 'alone'}]: {jobs} jobs "
+              f"submitted in {submit_s:.1f} s; {nodes} nodes claim for up to {seconds:g} s ...",
+              file=sys.stderr, flush=True)
         cpu0 = (_cpu_s(portal.proc.pid), _cpu_s(db_pid), time.process_time())
         out = _arun(_nodes(portal.host, portal.port, list(tokens.items()), seconds, job_s,
-                           WARMUP_S))
+                           WARMUP_S, carry))
         cpu1 = (_cpu_s(portal.proc.pid), _cpu_s(db_pid), time.process_time())
     finally:
         portal.stop()
@@ -229,16 +251,20 @@ def run_claim_bench(*, nodes: int = 1000, jobs: int = 60_000, seconds: float = 2
                                "slots": SLOTS, "job_s": list(job_s), "warmup_s": WARMUP_S,
                                "portal_workers": workers, "stores": {}}
     with tempfile.TemporaryDirectory(prefix="oarbank-fleet-claims-") as tmp:
-        folder = Path(tmp)
         for kind in stores:
-            try:
-                with store_db(kind, folder) as target:
-                    if target is None:
-                        results["stores"][kind] = {"error": NO_SERVER}
-                        continue
-                    db, db_pid = target
-                    results["stores"][kind] = _one_store(kind, db, folder, nodes, jobs, seconds,
-                                                         workers, job_s, db_pid=db_pid)
-            except Exception as exc:  # noqa: BLE001 - reported in the table, the next store runs
-                results["stores"][kind] = {"error": f"{type(exc).__name__}: {exc}"}
+            runs: dict[str, Any] = {}
+            results["stores"][kind] = runs
+            for mode in MODES:  # side by side: a fresh database and portal each
+                folder = Path(tmp) / f"{kind}-{mode}"
+                folder.mkdir()
+                try:
+                    with store_db(kind, folder) as target:
+                        if target is None:
+                            results["stores"][kind] = {"error": NO_SERVER}
+                            break
+                        db, db_pid = target
+                        runs[mode] = _one_store(kind, db, folder, nodes, jobs, seconds, workers,
+                                                job_s, mode == "carried", db_pid=db_pid)
+                except Exception as exc:  # noqa: BLE001 - in the table; the next run goes on
+                    runs[mode] = {"error": f"{type(exc).__name__}: {exc}"}
     return results
