@@ -90,6 +90,9 @@ class Claimer:
                 continue
             if ans.status != 200:
                 self.results.give_back(carried)
+                if ans.status == 400 and carried:  # a portal that refuses the key itself
+                    self.results.stop_carrying(f"HTTP 400: {answers.error_of(ans.body)}")
+                    continue  # claimed again at once, without them
                 await self._failed(f"HTTP {ans.status}: {answers.error_of(ans.body)}",
                                    ans.retry_after if ans.status in (429, 503) else None)
                 continue

@@ -148,15 +148,21 @@ class Results:
         if carried:
             self._more.set()
 
+    def stop_carrying(self, why: str) -> None:
+        """A portal that does not take results with claims (one written before they could):
+        each is posted alone from now on."""
+        if self.carry:
+            self.carry = False
+            log.warning("fleet: %s does not take results with claims (%s); each is posted "
+                        "alone from now on", self.client.url.text, why)
+
     def settle(self, carried: list[tuple[JobRecord, bytes]], doc: object) -> None:
         """The claim's answer (its parsed document) for the results it carried."""
         if not carried:
             return
         verdicts = answers.carried_verdicts(doc, len(carried))
         if verdicts is None:
-            self.carry = False
-            log.warning("fleet: %s answers nothing of the results a claim carries; each is "
-                        "posted alone from now on", self.client.url.text)
+            self.stop_carrying("its answer says nothing of them")
             self.give_back(carried)
             return
         again = []
