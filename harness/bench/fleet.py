@@ -121,8 +121,9 @@ def table(r: dict[str, Any]) -> str:
     claims = r.get("claims")
     if claims and "stores" in claims:
         for kind, runs in claims["stores"].items():
-            rows += _claim_rows(f"claims, {kind} ({claims['nodes']} nodes; results carried | "
-                                "alone)", runs)
+            workers = claims.get("portal_workers", {}).get(kind, "?")
+            rows += _claim_rows(f"claims, {kind} ({claims['nodes']} nodes, {workers} portal "
+                                "process(es); results carried | alone)", runs)
     elif claims:
         rows.append(f"| claims | error | {claims.get('error')} | | | | |")
     nodes = r.get("nodes")
