@@ -2,12 +2,15 @@
 [--out DIR]`
 
 One node with the ledger module (`harness/e2e/modules/ledger`: each job sends `start <job>` to the
-model service, works 0.05-2.5 s, sends `done <job>`; the service appends both to its ledger):
+model service, works 0.05-2.5 s, sends `done <job>`, writes its result and sends `recorded
+<job>`; the service appends each to its ledger):
 J jobs flow in while the agent is killed with SIGKILL N times, spread over the flow, each at a
 random moment (seeded; the seed and the moments are printed) while a runner is mid-work (the
 ledger shows a `start` without its `done`), and restarted each time. At the end it prints what
 it counted: jobs lost (submitted and not succeeded), jobs whose work was done twice (two `done`
-lines in the service's ledger: counted by the service, not the agent), jobs started twice,
+lines in the service's ledger: counted by the service, not the agent), split into a finished
+attempt run again (two `recorded`: what the agent must never do) and a runner killed between
+its `done` and its result (a job's effect that its record never saw), jobs started twice,
 attempts collected after a restart and re-run, model loads per kill (the lines of
 `model.loads` minus the first load, divided by the kills); `chaos.json` in the out dir holds
 the same. The figures are counted from the ledger, `model.loads` and the jobs' own records,
@@ -62,6 +65,13 @@ class Figures:
     service_pids: list[int]
     jobs_on_disk: int
     done_twice: list[str] = field(default_factory=list)  # jobs with two `done` in the ledger
+    # ... of which a finished runner's work was run again: more than one attempt left its
+    # result.json (what the agent must never do: issue 44)
+    done_twice_after_result: list[str] = field(default_factory=list)
+    # ... of which an interrupted attempt's `done` reached the service and its runner was
+    # killed before its result.json was whole: the window between a job's effect and its
+    # record, which no agent can see (each job here had an attempt released by a kill)
+    done_twice_unfinished: list[str] = field(default_factory=list)
     started_twice: list[str] = field(default_factory=list)  # ... two `start`: work re-run
     not_done: list[str] = field(default_factory=list)  # succeeded jobs with no `done`
     collected: int = 0  # jobs with an attempt collected after a restart (job records)
@@ -84,7 +94,10 @@ class Figures:
         return (f"chaos {flag}: {self.kills} SIGKILL(s) (seed {self.seed}, at "
                 f"{', '.join(f'{m:.2f}' for m in self.kill_moments_s)} s after a runner was "
                 f"seen mid-work): jobs lost {self.lost}, work done twice {len(self.done_twice)}"
-                f" (ledger), started twice {len(self.started_twice)}, collected after a "
+                f" (ledger; after a finished attempt {len(self.done_twice_after_result)}, by a "
+                f"runner killed between its `done` and its result "
+                f"{len(self.done_twice_unfinished)}), started twice {len(self.started_twice)}, "
+                f"collected after a "
                 f"restart {self.collected}, re-run {self.rerun}; "
                 f"model.loads {len(self.load_lines)} line(s), {self.extra_loads} extra, "
                 f"{self.loads_per_kill:.2f} load(s) per kill; jobs submitted "
@@ -100,8 +113,8 @@ class Figures:
 
 
 def ledger_counts(lines: list[str]) -> dict[str, dict[str, int]]:
-    """`start`/`done` -> job id -> how many times the service was told so."""
-    out: dict[str, dict[str, int]] = {"start": {}, "done": {}}
+    """`start`/`done`/`recorded` -> job id -> how many times the service was told so."""
+    out: dict[str, dict[str, int]] = {"start": {}, "done": {}, "recorded": {}}
     for line in lines:
         what, _, job = line.strip().partition(" ")
         if what in out and job:
@@ -136,9 +149,15 @@ def figures(kills: int, keep: bool, seed: int, moments: list[float], load_lines:
     pids.update(int(p) for p in load_lines if p.strip().isdigit())
     seen = ledger_counts(ledger or [])
     succeeded = [j for j in submitted if records.get(j, {}).get("state") == "succeeded"]
+    twice = sorted(j for j, n in seen["done"].items() if n > 1)
+    # a runner says `recorded` once its result.json is whole: two mean a finished attempt's
+    # work was run again
+    after_result = [j for j in twice if seen["recorded"].get(j, 0) > 1]
     return Figures(kills, keep, seed, moments, load_lines, len(submitted), refused, states,
                    released, sorted(pids), len(records),
-                   done_twice=sorted(j for j, n in seen["done"].items() if n > 1),
+                   done_twice=twice, done_twice_after_result=after_result,
+                   done_twice_unfinished=[j for j in twice if j not in after_result and int(
+                       records.get(j, {}).get("released") or 0) > 0],
                    started_twice=sorted(j for j, n in seen["start"].items() if n > 1),
                    not_done=[j for j in succeeded if not seen["done"].get(j)] if ledger
                    is not None else [],

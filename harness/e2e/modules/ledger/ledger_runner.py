@@ -1,8 +1,10 @@
 """The chaos run's runner: a job's work is a `start <job id>` request to the model service, a
 pause of the payload's `work_s`, then `done <job id>`; right after the `done` it writes
-`result.json` atomically and exits 0. The service's ledger says how often each job's work was
-done. Exit 75 with `failure.json` (fault transient) when the service cannot be reached; 2 for
-a bad payload. Standard library plus `oarbank_sdk.service_endpoint`.
+`result.json` atomically, says `recorded <job id>` (its outcome is whole: an agent started
+again collects it) and exits 0. The service's ledger says how often each job's work was done,
+and whether an attempt whose work was done had recorded its result. Exit 75 with
+`failure.json` (fault transient) when the service cannot be reached; 2 for a bad payload.
+Standard library plus `oarbank_sdk.service_endpoint`.
 """
 
 from __future__ import annotations
@@ -55,6 +57,10 @@ def main(argv: list[str]) -> int:
             "reason": "service_unreachable", "detail": str(exc), "fault": "transient"})
         return 75
     write_json_atomically(out, {"envelope": 1, "payload": {"job": job, "work_s": work_s}})
+    try:
+        say(f"recorded {job}")
+    except (ep.EndpointError, OSError):
+        pass  # the job is done and its result whole: only the ledger misses the line
     return 0
 
 
