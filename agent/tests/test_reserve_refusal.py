@@ -5,8 +5,6 @@ and at ``module add``. Real agents and real fingerprint ops; the other module ru
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 from agent_helpers import write_module
@@ -14,11 +12,6 @@ from agent_helpers import write_module
 from oarbank_agent.operate import control
 
 GOOD, BAD = "test.agent.echo", "test.agent.costly"
-
-
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "oarbank_agent", *args], capture_output=True,
-                          text=True, timeout=120)
 
 
 def test_an_unknown_reserve_unit_refuses_the_module_at_start(start_agent, tmp_path: Path) -> None:
@@ -50,11 +43,11 @@ def test_module_add_refuses_a_negative_reserve_and_keeps_nothing(start_agent,
     (agent.state_dir / "modules" / BAD).mkdir(parents=True)
     (agent.state_dir / "modules" / BAD / "settings.json").write_text(
         json.dumps({"reserve": {"mem_gb": -1}}))
-    r = cli("module", "add", "--state-dir", sd, str(bad))
+    r = agent.cli("module", "add", "--state-dir", sd, str(bad))
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert (f"module add: {BAD} ({bad}): cannot run on this node: service echo: fingerprint: "
             "reserve.mem_gb: must be a number >= 0 (GB), got -1") in r.stderr, r.stderr
-    listed = cli("module", "list", "--state-dir", sd)
+    listed = agent.cli("module", "list", "--state-dir", sd)
     assert listed.returncode == 0, listed.stderr
     assert f"{BAD}  refused  {BAD} ({bad}): cannot run on this node: service echo:" in \
         listed.stdout and f"{BAD}  enabled" not in listed.stdout, listed.stdout
@@ -65,7 +58,7 @@ def test_module_add_refuses_a_negative_reserve_and_keeps_nothing(start_agent,
     # fixed, the same folder is added and runs
     (agent.state_dir / "modules" / BAD / "settings.json").write_text(
         json.dumps({"reserve": {"mem_gb": 0.1}}))
-    r = cli("module", "add", "--state-dir", sd, str(bad))
+    r = agent.cli("module", "add", "--state-dir", sd, str(bad))
     assert r.returncode == 0, r.stderr
     assert BAD not in agent.status()["modules_refused"]
     assert agent.run_job("echo", {"requests": 1}, module=BAD)["state"] == "succeeded"

@@ -172,7 +172,8 @@ class ModuleTable:
         """After its services' first fingerprints: a module with a service whose ``reserve``
         the agent cannot account (an unknown unit, a negative amount: fingerprint.py) is
         refused, as an invalid manifest is (what it would cost is unknown, so admission could
-        never charge it). It is unloaded (none of its services runs yet); returns the
+        never charge it). It is unloaded before this agent starts any of its services (one
+        kept across a restart is then stopped, as a service no longer loaded); returns the
         refusal's line, naming the service and the key, or None."""
         rts = [rt for rt in self.supervisor.services.values() if rt.ctx.id == ctx.id]
         problems = [f"service {rt.svc.name}: {rt.fp_reserve_problem}" for rt in rts
