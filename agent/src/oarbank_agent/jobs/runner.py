@@ -174,8 +174,8 @@ async def _run(ctx: ModuleCtx, node: NodeInfo, stage: mf.Stage, *, job_id: str,
     transport = current_transport()
     proc = None
     try:
-        # {"seq": 0} before the runner looks, and how it is nudged (Windows: the event it
-        # waits on, passed to it); ended() below closes what the nudge holds
+        # {"seq": 0} before the runner looks, and how it is nudged (what the platform's nudge
+        # passes it: variables, inherited handles); ended() below closes what the nudge holds
         nudge = control.open() if control is not None else None
         if nudge is not None:
             env.update(nudge.env)
