@@ -27,7 +27,8 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 from urllib.parse import urlencode
 
-from ..store.tokens import bearer_token
+from ..ingest.group_commit import GroupCommit
+from ..store.tokens import bearer_token, token_hash
 from . import offers, placement
 from .catalogue import Catalogue
 from .protocol import (
@@ -40,7 +41,7 @@ from .protocol import (
     read_result,
     read_submission,
 )
-from .store import DispatchStore, KeyReused
+from .store import Claimed, ClaimWork, DispatchStore, KeyReused
 
 __all__ = ["DispatchAPI", "Reply", "STORE_ERRORS", "is_dispatch_path"]
 
@@ -49,6 +50,9 @@ RETRY_AFTER_S = 5
 PURGE_EVERY_S = 60.0
 POLL_S = 1.0  # a long poll looks at the store this often (other portals' submits)
 MAX_PAGE = 1000
+CLAIM_BATCH = 64  # claims in one transaction, at most
+CLAIM_LINGER_S = 0.0  # a batch is what waited while the last one was written
+CLAIM_BOUND_S = 600.0
 STATES = ("queued", "running", "succeeded", "failed", "cancelled")
 _CHALLENGE = {"WWW-Authenticate": 'Bearer realm="oarbank-portal"'}
 
@@ -137,6 +141,16 @@ class DispatchAPI:
         self.poll_s = poll_s
         self.waker = _Waker()
         self._purged_at = 0.0
+        # claims that come together share a transaction (its thread starts on first use, in
+        # the serving process); a claim is never refused for waiting (bound_s: a long poll's)
+        self._claims: GroupCommit[ClaimWork, Claimed | Exception] = GroupCommit(
+            self._write_claims, key=lambda w: w.claim.node_id, failed=lambda e: e,
+            late=lambda s: TimeoutError(f"claim waited over {s:g} s for the store"),
+            bound_s=CLAIM_BOUND_S, max_batch=CLAIM_BATCH, linger_s=CLAIM_LINGER_S)
+
+    def close(self) -> None:
+        """The claims' writer finishes what it holds and stops."""
+        self._claims.close()
 
     # -- credentials ---------------------------------------------------------------------------
 
@@ -152,14 +166,19 @@ class DispatchAPI:
     def _node(self, headers: Mapping[str, str], claimed: str) -> str | Reply:
         token = bearer_token(headers.get("authorization"))
         node = self.node_for_token(token) if token else None
+        return node if node == claimed else self._wrong_token(node, claimed)
+
+    @staticmethod
+    def _unauthenticated() -> Reply:
+        return refusal(401, "unauthenticated", "no node credential (Authorization: Bearer "
+                       "<token> from `oarbank-portal token issue NODE_ID`)", headers=_CHALLENGE)
+
+    def _wrong_token(self, node: str | None, claimed: str) -> Reply:
+        """The refusal of a token that is no node's, or another node's than the body's."""
         if node is None:
-            return refusal(401, "unauthenticated", "no node credential (Authorization: Bearer "
-                           "<token> from `oarbank-portal token issue NODE_ID`)",
-                           headers=_CHALLENGE)
-        if node != claimed:
-            log.warning("dispatch: node %s sent a body naming node %r: refused", node, claimed)
-            return refusal(403, "wrong_node", f"this token is node {node}'s, not {claimed}'s")
-        return node
+            return self._unauthenticated()
+        log.warning("dispatch: node %s sent a body naming node %r: refused", node, claimed)
+        return refusal(403, "wrong_node", f"this token is node {node}'s, not {claimed}'s")
 
     @staticmethod
     def _json(body: bytes, headers: Mapping[str, str]) -> Any:
@@ -198,7 +217,7 @@ class DispatchAPI:
                                f"{method}")
             doc = self._json(body, headers)
             if rest[1] == "claim":  # in-process callers (the server awaits claim())
-                return self._claim_once(doc, headers, first=True)[0]
+                return self._claim_now(doc, headers)
             return {"renew": self._renew, "result": self._result,
                     "release": self._release}[rest[1]](doc, headers)
         who = self._submitter(headers)
@@ -287,19 +306,26 @@ class DispatchAPI:
 
     async def claim(self, body: bytes, headers: Mapping[str, str],
                     run: Callable[..., Any]) -> Reply:
-        """A long-polled claim: ``run(fn, *args)`` runs blocking work off the event loop."""
+        """A long-polled claim, on the event loop: its store work goes to the claims' group
+        commit (``_claims``), a long poll's look for new work to ``run(fn, *args)`` (the
+        thread pool)."""
         try:
-            doc = self._json(body, headers)
-            reply, claim, pairs = await run(self._claim_once, doc, headers, True)
+            claim = read_claim(self._json(body, headers))
+            token = bearer_token(headers.get("authorization"))
+            if not token:
+                return self._unauthenticated()
+            work = self._work(claim, first=True, token=token)
+            reply = self._answer(claim, await self._committed(work))
             # (a claim carrying results is answered at once: the node learns their fate now)
-            if reply.status != 200 or reply.doc["grants"] or claim is None or claim.results:
+            if reply.status != 200 or reply.doc["grants"] or claim.results:
                 return reply
+            again = self._work(claim, first=False)
             deadline = time.monotonic() + claim.wait_s
             while (left := deadline - time.monotonic()) > 0:
                 await self.waker.wait(min(self.poll_s, left))
-                if not await run(self.store.has_work, pairs, self.clock()):
+                if not await run(self.store.has_work, work.pairs, self.clock()):
                     continue
-                reply, _c, _p = await run(self._claim_once, doc, headers, False, claim)
+                reply = self._answer(claim, await self._committed(again))
                 if reply.status != 200 or reply.doc["grants"]:
                     return reply
             return reply
@@ -310,49 +336,67 @@ class DispatchAPI:
         except STORE_ERRORS as e:
             log.warning("dispatch: the store does not answer: %s: %s", type(e).__name__, e)
             return unavailable()
+        except TimeoutError as e:  # waited past the group commit's bound
+            log.warning("dispatch: %s", e)
+            return unavailable()
 
-    def _claim_once(self, doc: Any, headers: Mapping[str, str], first: bool,
-                    parsed: Claim | None = None
-                    ) -> tuple[Reply, Claim | None, list[tuple[str, str]]]:
-        try:
-            claim = parsed or read_claim(doc)
-            if first:
-                node = self._node(headers, claim.node_id)
-                if isinstance(node, Reply):
-                    return node, None, []
-            pairs = offers.offered_stages(claim, self.catalogue)
-            now = self.clock()
+    async def _committed(self, work: ClaimWork) -> Claimed:
+        """``work`` done by the group commit, with the claims that came with it."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Claimed | Exception] = loop.create_future()
+        self._claims.submit(work, fut, loop)
+        done = await fut
+        if isinstance(done, Exception):
+            raise done
+        return done
 
-            def choose(queue: dict[tuple[str, str], tuple[int, float]],
-                       warm: dict[tuple[str, str], offers.Warmth],
-                       cold: dict[tuple[str, str], int]) -> list[placement.Pick]:
-                cands = offers.candidates(claim, self.catalogue, queue, warm, cold)
-                node = placement.Node(claim.max_grants, claim.free_mem_gb,
-                                      claim.evictable_mem_gb)
-                return placement.decide(node, cands, mode=self.mode, starve_s=self.starve_s)
+    def _write_claims(self, works: list[ClaimWork]) -> list[Claimed | Exception]:
+        """The group commit's batch (its thread): one transaction, then the hourly upkeep."""
+        now = self.clock()
+        done = self.store.claim_batch(works, now=now, lease_s=self.lease_s,
+                                      retention_s=self.retention_s)
+        self._upkeep(now)
+        return list(done)
 
-            carried = [r for r in claim.results if isinstance(r, Result)] if first else []
-            done = self.store.claim(claim, pairs, choose, now=now, lease_s=self.lease_s,
-                                    record_offer=first, results=carried,
-                                    retention_s=self.retention_s)
-        except BadRequest as e:
-            return refusal(400, "bad_request", str(e), field=e.field), None, []
-        except STORE_ERRORS as e:
-            log.warning("dispatch: the store does not answer: %s: %s", type(e).__name__, e)
-            return unavailable(), None, []
+    def _claim_now(self, doc: Any, headers: Mapping[str, str]) -> Reply:
+        """A claim from an in-process caller (``handle``): its own transaction, no long poll."""
+        claim = read_claim(doc)
+        token = bearer_token(headers.get("authorization"))
+        if not token:
+            return self._unauthenticated()
+        [done] = self.store.claim_batch([self._work(claim, first=True, token=token)],
+                                        now=self.clock(), lease_s=self.lease_s,
+                                        retention_s=self.retention_s)
+        return self._answer(claim, done)
+
+    def _work(self, claim: Claim, *, first: bool, token: str | None = None) -> ClaimWork:
+        def choose(queue: dict[tuple[str, str], tuple[int, float]],
+                   warm: dict[tuple[str, str], offers.Warmth],
+                   cold: dict[tuple[str, str], int]) -> list[placement.Pick]:
+            cands = offers.candidates(claim, self.catalogue, queue, warm, cold)
+            node = placement.Node(claim.max_grants, claim.free_mem_gb, claim.evictable_mem_gb)
+            return placement.decide(node, cands, mode=self.mode, starve_s=self.starve_s)
+
+        return ClaimWork(claim, offers.offered_stages(claim, self.catalogue), choose, first,
+                         token_hash(token) if token else None,
+                         [r for r in claim.results if isinstance(r, Result)] if first else [])
+
+    def _answer(self, claim: Claim, done: Claimed) -> Reply:
+        """The claim's answer from what its transaction did (its token refused: nothing)."""
+        if done.node != claim.node_id:
+            return self._wrong_token(done.node, claim.node_id)
         self._count(done.expired)
         for g in done.grants:
             self.metrics.grants.labels(g["placement"]).inc()
             if g["placement"] == "cold":
                 self.metrics.cold_starts.inc()
-        self._upkeep(now)
-        answer: dict[str, Any] = {"now": now, "lease_s": self.lease_s,
+        answer: dict[str, Any] = {"now": done.now, "lease_s": self.lease_s,
                                   "renew_s": self.lease_s / 3, "grants": done.grants}
-        if first and claim.results:  # each in the order sent, as 10.7 would answer it alone
+        if claim.results:  # each in the order sent, as 10.7 would answer it alone
             finished = iter(done.finished)
             answer["results"] = [self._carried(claim.node_id, r, finished)
                                  for r in claim.results]
-        return Reply(200, answer), claim, pairs
+        return Reply(200, answer)
 
     def _carried(self, node: str, res: Result | BadRequest,
                  finished: Iterator[tuple[int, dict[str, Any]]]) -> dict[str, Any]:

@@ -21,7 +21,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..store.tokens import new_token, token_hash
@@ -33,7 +33,7 @@ from .placement import Pick
 from .protocol import Claim, Result, Submission
 from .warmcache import Offer, WarmCache
 
-__all__ = ["Claimed", "DispatchStore", "KeyReused", "new_id"]
+__all__ = ["ClaimWork", "Claimed", "DispatchStore", "KeyReused", "new_id"]
 
 FINISHED = ("succeeded", "failed", "cancelled")
 OFFER_FRESH_S = 90.0  # a node's claim (or renew) this recent tells where a service is warm
@@ -60,11 +60,32 @@ class Submitted:
     replayed: bool
 
 
+Choose = Callable[[dict[tuple[str, str], tuple[int, float]], dict[tuple[str, str], Warmth],
+                   dict[tuple[str, str], int]], list[Pick]]
+
+
+@dataclass(frozen=True)
+class ClaimWork:
+    """One claim as the store takes it. ``choose(queue, warm, cold)`` is the placement
+    decision (``placement.decide`` behind ``offers.candidates``). ``first``: the request's
+    first look (not a long poll's later one): its offer is recorded, its ``results``
+    finished, and ``token_hash`` (when given) checked against the claim's node first."""
+
+    claim: Claim
+    pairs: list[tuple[str, str]]
+    choose: Choose
+    first: bool
+    token_hash: str | None = None
+    results: Sequence[Result] = ()
+
+
 @dataclass(frozen=True)
 class Claimed:
     grants: list[dict[str, Any]]
-    expired: int  # leases this transaction expired
+    expired: int  # leases this transaction expired (counted in its first claim only)
     finished: list[tuple[int, dict[str, Any]]]  # (status, answer) of each result carried
+    now: float  # the transaction's time: the grants' issued_at
+    node: str | None  # the node the token names (another than the claim's: nothing was done)
 
 
 class DispatchStore:
@@ -255,65 +276,82 @@ class DispatchStore:
             return any(tx.one(f"SELECT 1 AS x{self._queued} LIMIT 1", p) is not None
                        for p in pairs)
 
-    def claim(self, claim: Claim, pairs: list[tuple[str, str]],
-              choose: Callable[[dict[tuple[str, str], tuple[int, float]],
-                                dict[tuple[str, str], Warmth], dict[tuple[str, str], int]],
-                               list[Pick]],
-              *, now: float, lease_s: float, record_offer: bool,
-              results: Sequence[Result] = (), retention_s: float = 0.0) -> Claimed:
-        """Grants for one claim, the leases this transaction expired, and the (status,
-        answer) of each result it carries (``results``, as ``finish`` would answer them, in
-        the same transaction: one write where there were two). ``choose(queue, warm, cold)``
-        is the placement decision (``placement.decide`` behind ``offers.candidates``)."""
-        with self.backend.write() as tx:
-            expired = self._expire(tx, now)
-            finished = [self._finish(tx, res, now, retention_s) for res in results]
-            if record_offer:
-                self._record_offer(tx, claim, now)
-            if expired:
-                self._backlog.forget()
-            queue: dict[tuple[str, str], tuple[int, float]] = {}
-            for module, stage in pairs:
-                first = tx.one(f"SELECT submitted_at{self._queued} LIMIT 1", (module, stage))
-                if first is None:
-                    continue
-                queue[(module, stage)] = (self._count(tx, module, stage),
-                                          max(0.0, now - float(first["submitted_at"])))
-            if not queue:
-                return Claimed([], expired, finished)
-            modules = sorted({m for m, _ in queue})
-            picks = choose(queue, self._warm(tx, claim.node_id, modules, now),
-                           self._cold(tx, claim.node_id, modules, now - COLD_HORIZON_S))
-            grants = []
-            for p in picks:
-                rows = tx.all(f"SELECT job_id, payload, generation{self._queued} LIMIT ?"
-                              + self._skip, (p.module, p.stage, p.count))
-                if not rows:
-                    continue
-                # one INSERT for the claim's attempts of this stage, one UPDATE for their jobs
-                values = ", ".join(["(?, ?, ?, ?, ?, ?, 'running', ?, ?)"] * len(rows))
-                args: list[Any] = []
-                for r in rows:
-                    args += [r["job_id"], int(r["generation"]) + 1, claim.node_id, p.module,
-                             p.stage, p.placement, now, now + lease_s]
-                made = tx.all("INSERT INTO attempts (job_id, generation, node_id, module, stage,"
-                              f" placement, state, issued_at, expires_at) VALUES {values}"
-                              " RETURNING attempt_id, job_id", args)
-                ids = {a["job_id"]: int(a["attempt_id"]) for a in made}
-                marks = ", ".join("?" * len(ids))
-                tx.run("UPDATE jobs SET state = 'running', generation = a.generation, attempt_id"
-                       " = a.attempt_id, node_id = a.node_id, placement = a.placement,"
-                       " started_at = COALESCE(jobs.started_at, a.issued_at) FROM attempts a"
-                       f" WHERE a.attempt_id IN ({marks}) AND jobs.job_id = a.job_id",
-                       list(ids.values()))
-                self._backlog.granted((p.module, p.stage), len(rows))
-                for r in rows:
-                    grants.append({"attempt_id": ids[r["job_id"]], "job_id": r["job_id"],
-                                   "generation": int(r["generation"]) + 1, "module": p.module,
-                                   "stage": p.stage, "payload": json.loads(r["payload"]),
-                                   "placement": p.placement, "issued_at": now,
-                                   "expires_at": now + lease_s})
-        return Claimed(grants, expired, finished)
+    def claim_batch(self, works: Sequence[ClaimWork], *, now: float, lease_s: float,
+                    retention_s: float) -> list[Claimed]:
+        """Each claim's grants, in one transaction (the group commit's batch: one commit,
+        one expiry of leases, for the claims that came together). Leases expired here are
+        counted in the first claim's ``Claimed``. A failure rolls all of it back, and what
+        this process keeps of the store (the backlog counts, the warmth read) is read again."""
+        try:
+            with self.backend.write() as tx:
+                expired = self._expire(tx, now)
+                if expired:
+                    self._backlog.forget()
+                out = [self._claim(tx, w, now, lease_s, retention_s) for w in works]
+        except BaseException:
+            self._backlog.forget()
+            self._warmth.forget()
+            raise
+        if out and expired:
+            out[0] = replace(out[0], expired=expired)
+        return out
+
+    def _claim(self, tx: Any, w: ClaimWork, now: float, lease_s: float,
+               retention_s: float) -> Claimed:
+        """One claim inside ``tx``: the token checked (a request's first claim: nothing
+        else is done for a token not the claim's node's), the results it carries finished
+        (as ``finish`` would answer them), its offer recorded, then its grants."""
+        claim = w.claim
+        if w.token_hash is not None:
+            row = tx.one("SELECT node_id FROM node_tokens WHERE token_hash = ?", (w.token_hash,))
+            node = None if row is None else str(row["node_id"])
+            if node != claim.node_id:
+                return Claimed([], 0, [], now, node)
+        finished = [self._finish(tx, res, now, retention_s) for res in w.results]
+        if w.first:
+            self._record_offer(tx, claim, now)
+        queue: dict[tuple[str, str], tuple[int, float]] = {}
+        for module, stage in w.pairs:
+            first = tx.one(f"SELECT submitted_at{self._queued} LIMIT 1", (module, stage))
+            if first is None:
+                continue
+            queue[(module, stage)] = (self._count(tx, module, stage),
+                                      max(0.0, now - float(first["submitted_at"])))
+        if not queue:
+            return Claimed([], 0, finished, now, claim.node_id)
+        modules = sorted({m for m, _ in queue})
+        picks = w.choose(queue, self._warm(tx, claim.node_id, modules, now),
+                         self._cold(tx, claim.node_id, modules, now - COLD_HORIZON_S))
+        grants = []
+        for p in picks:
+            rows = tx.all(f"SELECT job_id, payload, generation{self._queued} LIMIT ?"
+                          + self._skip, (p.module, p.stage, p.count))
+            if not rows:
+                continue
+            # one INSERT for the claim's attempts of this stage, one UPDATE for their jobs
+            values = ", ".join(["(?, ?, ?, ?, ?, ?, 'running', ?, ?)"] * len(rows))
+            args: list[Any] = []
+            for r in rows:
+                args += [r["job_id"], int(r["generation"]) + 1, claim.node_id, p.module,
+                         p.stage, p.placement, now, now + lease_s]
+            made = tx.all("INSERT INTO attempts (job_id, generation, node_id, module, stage,"
+                          f" placement, state, issued_at, expires_at) VALUES {values}"
+                          " RETURNING attempt_id, job_id", args)
+            ids = {a["job_id"]: int(a["attempt_id"]) for a in made}
+            marks = ", ".join("?" * len(ids))
+            tx.run("UPDATE jobs SET state = 'running', generation = a.generation, attempt_id"
+                   " = a.attempt_id, node_id = a.node_id, placement = a.placement,"
+                   " started_at = COALESCE(jobs.started_at, a.issued_at) FROM attempts a"
+                   f" WHERE a.attempt_id IN ({marks}) AND jobs.job_id = a.job_id",
+                   list(ids.values()))
+            self._backlog.granted((p.module, p.stage), len(rows))
+            for r in rows:
+                grants.append({"attempt_id": ids[r["job_id"]], "job_id": r["job_id"],
+                               "generation": int(r["generation"]) + 1, "module": p.module,
+                               "stage": p.stage, "payload": json.loads(r["payload"]),
+                               "placement": p.placement, "issued_at": now,
+                               "expires_at": now + lease_s})
+        return Claimed(grants, 0, finished, now, claim.node_id)
 
     def _count(self, tx: Any, module: str, stage: str) -> int:
         """Jobs queued for the stage, up to BACKLOG_CAP (backlog.py)."""

@@ -1,4 +1,5 @@
-"""Group commit with a queue bounded in time: the portal's one writer of heartbeats.
+"""Group commit with a queue bounded in time: the portal's one writer of heartbeats, and of
+claims (``dispatch/http.py``: the same writer, its items claims and their grants).
 
 Requests hand their checked report to ``GroupCommit.submit``; one thread per portal process
 takes every report waiting (distinct nodes, at most ``max_batch``), stores them in one
@@ -39,8 +40,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-
-from .report import Outcome, Report
+from typing import Generic, TypeVar
 
 __all__ = ["GroupCommit", "admits", "linger_for", "mean_gap", "DEFAULT_LINGER_S"]
 
@@ -48,7 +48,8 @@ log = logging.getLogger("oarbank_ui.ingest")
 
 DEFAULT_LINGER_S = 0.025
 
-Future = asyncio.Future[Outcome] | concurrent.futures.Future[Outcome]
+T = TypeVar("T")  # what a request hands in (a checked report, a claim)
+R = TypeVar("R")  # what it gets back once committed (its Outcome, its grants)
 
 
 def admits(age_s: float, bound_s: float, fraction: float) -> bool:
@@ -71,22 +72,30 @@ def linger_for(mean_gap_s: float | None, linger_s: float) -> float:
 
 
 @dataclass
-class _Pending:
-    report: Report
+class _Pending(Generic[T, R]):
+    item: T
     queued: float  # monotonic
-    future: Future
+    future: asyncio.Future[R] | concurrent.futures.Future[R]
     loop: asyncio.AbstractEventLoop | None  # None: a concurrent future (a blocking caller)
 
 
-class GroupCommit:
-    def __init__(self, write: Callable[[list[Report]], list[Outcome]], *, bound_s: float = 1.0,
-                 max_batch: int = 1000,
+class GroupCommit(Generic[T, R]):
+    """``key``: whose item it is (one per batch: a node's second waits, in order);
+    ``failed``: the answer to an item whose transaction raised; ``late``: to one taken past
+    the drop (given the seconds it may wait)."""
+
+    def __init__(self, write: Callable[[list[T]], list[R]], *, key: Callable[[T], str],
+                 failed: Callable[[Exception], R], late: Callable[[float], R],
+                 bound_s: float = 1.0, max_batch: int = 1000,
                  admit_fraction: float = 0.5, drop_fraction: float = 0.8,
                  linger_s: float = DEFAULT_LINGER_S,
                  on_batch: Callable[[int, float], None] | None = None,
-                 on_settled: Callable[[list[tuple[Report, Outcome]]], None] | None = None,
+                 on_settled: Callable[[list[tuple[T, R]]], None] | None = None,
                  ) -> None:
         self.write = write  # a batch in one transaction: an outcome each, in order
+        self.key = key
+        self.failed = failed
+        self.late = late
         self.bound_s = bound_s
         self.max_batch = max_batch
         self.linger_s = linger_s
@@ -97,7 +106,7 @@ class GroupCommit:
         # (counters folded per batch: one metrics write per figure, not one per report)
         self._on_settled = on_settled
         self._cond = threading.Condition()
-        self._queue: deque[_Pending] = deque()
+        self._queue: deque[_Pending[T, R]] = deque()
         self._writing_since: float | None = None  # the oldest report of the batch being written
         self._last_arrival: float | None = None
         self._mean_gap: float | None = None  # between arrivals (mean_gap), for linger_for
@@ -118,9 +127,9 @@ class GroupCommit:
     def overloaded(self) -> bool:
         return not admits(self.age(), self.bound_s, self.admit_fraction)
 
-    def submit(self, report: Report, future: Future,
+    def submit(self, item: T, future: asyncio.Future[R] | concurrent.futures.Future[R],
                loop: asyncio.AbstractEventLoop | None = None) -> None:
-        """Queue ``report``; ``future`` gets its Outcome (on ``loop`` when given)."""
+        """Queue ``item``; ``future`` gets its outcome (on ``loop`` when given)."""
         with self._cond:
             if self._closing:
                 raise RuntimeError("the portal is stopping")
@@ -132,7 +141,7 @@ class GroupCommit:
             if self._last_arrival is not None:
                 self._mean_gap = mean_gap(self._mean_gap, now - self._last_arrival)
             self._last_arrival = now
-            self._queue.append(_Pending(report, now, future, loop))
+            self._queue.append(_Pending(item, now, future, loop))
             if len(self._queue) == 1 or len(self._queue) >= self.max_batch:
                 self._cond.notify()  # the writer waits for a first report, or lingers
 
@@ -146,8 +155,8 @@ class GroupCommit:
 
     # -- the writer ------------------------------------------------------------------------
 
-    def _take(self) -> tuple[list[_Pending], list[_Pending]] | None:
-        """The next batch (distinct nodes, oldest first) and the reports taken too late."""
+    def _take(self) -> tuple[list[_Pending[T, R]], list[_Pending[T, R]]] | None:
+        """The next batch (distinct keys, oldest first) and the items taken too late."""
         with self._cond:
             while not self._queue and not self._closing:
                 self._cond.wait()
@@ -162,18 +171,18 @@ class GroupCommit:
                     break
                 self._cond.wait(left)
             now = time.monotonic()
-            batch: list[_Pending] = []
-            late: list[_Pending] = []
-            nodes: set[str] = set()
+            batch: list[_Pending[T, R]] = []
+            late: list[_Pending[T, R]] = []
+            keys: set[str] = set()
             while self._queue and len(batch) < self.max_batch:
                 p = self._queue[0]
-                if p.report.node_id in nodes:
-                    break  # a node's second report waits for the next batch: order kept
+                if self.key(p.item) in keys:
+                    break  # a node's second item waits for the next batch: order kept
                 self._queue.popleft()
                 if now - p.queued > self.bound_s * self.drop_fraction:
                     late.append(p)
                     continue
-                nodes.add(p.report.node_id)
+                keys.add(self.key(p.item))
                 batch.append(p)
             self._writing_since = batch[0].queued if batch else None
             return batch, late
@@ -181,8 +190,7 @@ class GroupCommit:
     def _run(self) -> None:
         while (taken := self._take()) is not None:
             batch, late = taken
-            over = Outcome("overloaded", f"waited over {self.bound_s * self.drop_fraction:g} s "
-                                         "for the store")
+            over = self.late(self.bound_s * self.drop_fraction)
             _settle([(p, over) for p in late], self._on_settled)
             if batch:
                 started = time.monotonic()
@@ -192,29 +200,29 @@ class GroupCommit:
                 if self._on_batch is not None:
                     self._on_batch(len(batch), time.monotonic() - started)
 
-    def _write(self, batch: list[_Pending]) -> list[Outcome]:
+    def _write(self, batch: list[_Pending[T, R]]) -> list[R]:
         try:
-            return self.write([p.report for p in batch])
+            return self.write([p.item for p in batch])
         except Exception as e:
-            failed = Outcome("store_error", f"{type(e).__name__}: {e}")
             if len(batch) == 1:
-                log.exception("heartbeat of %s: the store refused it", batch[0].report.node_id)
-                return [failed]
-            log.warning("a batch of %d reports failed (%s: %s); writing them one by one",
+                log.exception("%s: the store refused it", self.key(batch[0].item))
+                return [self.failed(e)]
+            log.warning("a batch of %d failed (%s: %s); writing them one by one",
                         len(batch), type(e).__name__, e)
-        out = [self._write(batch[:1])[0]]
-        if out[0].status == "store_error":  # the store itself is failing: do not try each
-            return out + [failed] * (len(batch) - 1)
+            error = e
+        try:  # the first alone: when it fails too, the store itself is failing
+            out = self.write([batch[0].item])
+        except Exception as e:
+            log.exception("%s: the store refused it", self.key(batch[0].item))
+            return [self.failed(e)] + [self.failed(error)] * (len(batch) - 1)
         return out + [self._write([p])[0] for p in batch[1:]]
 
 
-Settled = Callable[[list[tuple[Report, Outcome]]], None] | None
-
-
-def _settle(done: list[tuple[_Pending, Outcome]], on_settled: Settled) -> None:
-    """Give each report its outcome: one wake-up per event loop, not one per report."""
-    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Pending, Outcome]]] = {}
-    blocking: list[tuple[_Pending, Outcome]] = []
+def _settle(done: list[tuple[_Pending[T, R], R]],
+            on_settled: Callable[[list[tuple[T, R]]], None] | None) -> None:
+    """Give each item its outcome: one wake-up per event loop, not one per item."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Pending[T, R], R]]] = {}
+    blocking: list[tuple[_Pending[T, R], R]] = []
     for p, outcome in done:
         (blocking if p.loop is None else by_loop.setdefault(p.loop, [])).append((p, outcome))
     if blocking:
@@ -226,10 +234,11 @@ def _settle(done: list[tuple[_Pending, Outcome]], on_settled: Settled) -> None:
             pass
 
 
-def _settle_on_loop(items: list[tuple[_Pending, Outcome]], on_settled: Settled) -> None:
+def _settle_on_loop(items: list[tuple[_Pending[T, R], R]],
+                    on_settled: Callable[[list[tuple[T, R]]], None] | None) -> None:
     # a request that gave up (its bound passed, its client went away) is settled already
     live = [(p, outcome) for p, outcome in items if not p.future.done()]
     if on_settled is not None and live:
-        on_settled([(p.report, outcome) for p, outcome in live])
+        on_settled([(p.item, outcome) for p, outcome in live])
     for p, outcome in live:
         p.future.set_result(outcome)

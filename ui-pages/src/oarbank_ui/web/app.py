@@ -131,6 +131,7 @@ class Portal:
         close (SQLite: the last one folds the WAL back into the database file)."""
         if self._ingest is not None:
             self._ingest.close()
+        self.dispatch.close()
         self.store.close()
 
     @property

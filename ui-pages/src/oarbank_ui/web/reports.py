@@ -79,10 +79,13 @@ class HeartbeatIngest:
         self.bound_s = bound_s
         self.retry_after_s = retry_after_s
         m = metrics
-        self.writer = GroupCommit(store.record_batch, bound_s=bound_s, max_batch=max_batch,
-                                  linger_s=linger_s,
-                                  on_batch=lambda n, s: m.batch_done(n, s, self.writer.age()),
-                                  on_settled=self._count)
+        self.writer: GroupCommit[Report, Outcome] = GroupCommit(
+            store.record_batch, key=lambda r: r.node_id,
+            failed=lambda e: Outcome("store_error", f"{type(e).__name__}: {e}"),
+            late=lambda s: Outcome("overloaded", f"waited over {s:g} s for the store"),
+            bound_s=bound_s, max_batch=max_batch, linger_s=linger_s,
+            on_batch=lambda n, s: m.batch_done(n, s, self.writer.age()),
+            on_settled=self._count)
         self._nodes: dict[str, str] = {}  # token hash -> node id
         # node id -> the digest of its report this process last stored: a whole report with
         # that digest again is not validated again (parse_unchanged), only its head
