@@ -4,6 +4,7 @@ fleet's warmth, ``placement.decide`` the answer)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import NamedTuple
 
 from .catalogue import Catalogue
@@ -32,6 +33,17 @@ def offered_stages(claim: Claim, catalogue: Catalogue) -> list[tuple[str, str]]:
             continue
         out.extend((module, s) for s in dict.fromkeys(stages) if s in info.stages)
     return out
+
+
+def needs_fleet(claim: Claim, modules: Iterable[str]) -> bool:
+    """Whether placement reads the other nodes for this claim (their warmth, the copies
+    granted cold): only a service of ``modules`` here that is neither ready nor starting (a
+    cold start is weighed against them) or whose load time this node does not know (the
+    fleet's mean stands in, to judge a wait overdue). A node whose services are all warm
+    and measured is answered from its own offer and the queue."""
+    wanted = set(modules)
+    return any(s.state not in ("ready", "starting") or s.load_s is None
+               for s in claim.services if s.module in wanted)
 
 
 def candidates(claim: Claim, catalogue: Catalogue,

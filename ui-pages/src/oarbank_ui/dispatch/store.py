@@ -28,7 +28,7 @@ from ..store.tokens import new_token, token_hash
 from .backlog import BACKLOG_CAP, BacklogCounts
 from .jobview import job_view
 from .leases import Attempt, fence, refusal_detail
-from .offers import Warmth
+from .offers import Warmth, needs_fleet
 from .placement import Pick
 from .protocol import Claim, Result, Submission
 from .warmcache import Offer, WarmCache
@@ -42,6 +42,11 @@ OFFER_FRESH_S = 90.0  # a node's claim (or renew) this recent tells where a serv
 COLD_HORIZON_S = 3600.0
 EXPIRE_BATCH = 500
 ANALYZE_JOBS = 1_000  # PostgreSQL: jobs submitted before the planner's statistics are refreshed
+
+
+def _accepted(job_id: str, state: str) -> dict[str, Any]:
+    """The answer to a result accepted (and to its replays): everything in it is stored."""
+    return {"accepted": True, "job_id": job_id, "state": state}
 
 
 def new_id(prefix: str) -> str:
@@ -320,8 +325,11 @@ class DispatchStore:
         if not queue:
             return Claimed([], 0, finished, now, claim.node_id)
         modules = sorted({m for m, _ in queue})
-        picks = w.choose(queue, self._warm(tx, claim.node_id, modules, now),
-                         self._cold(tx, claim.node_id, modules, now - COLD_HORIZON_S))
+        if needs_fleet(claim, modules):
+            picks = w.choose(queue, self._warm(tx, claim.node_id, modules, now),
+                             self._cold(tx, claim.node_id, modules, now - COLD_HORIZON_S))
+        else:  # (placement would read neither: two reads fewer for a warm node's claim)
+            picks = w.choose(queue, {}, {})
         grants = []
         for p in picks:
             rows = tx.all(f"SELECT job_id, payload, generation{self._queued} LIMIT ?"
@@ -464,23 +472,31 @@ class DispatchStore:
     def _finish(self, tx: Any, res: Result, now: float,
                 retention_s: float) -> tuple[int, dict[str, Any]]:
         """A result inside ``tx``, fenced (10.7): (status, answer). Leases are expired first
-        by the caller, so a result after its lease ended is refused ``lease_lost``."""
+        by the caller, so a result after its lease ended is refused ``lease_lost``.
+
+        The usual result, the node's live attempt, is one conditional UPDATE that holds what
+        ``fence`` accepts (two statements fewer than reading both rows to judge them); any
+        other reads the attempt and its job for ``fence`` to name the refusal, or the replay."""
+        live = tx.one("UPDATE attempts SET state = ?, ended_at = ? WHERE attempt_id = ? AND"
+                      " node_id = ? AND generation = ? AND state = 'running' AND expires_at >= ?"
+                      " AND generation <= (SELECT j.generation FROM jobs j WHERE j.job_id ="
+                      " attempts.job_id) RETURNING job_id",
+                      (res.state, now, res.attempt_id, res.node_id, res.generation, now))
+        if live is not None:
+            tx.run("UPDATE jobs SET state = ?, finished_at = ?, expires_at = ?, record = ?,"
+                   " result = ? WHERE job_id = ? AND attempt_id = ?",
+                   (res.state, now, now + retention_s, res.record, res.result, live["job_id"],
+                    res.attempt_id))
+            return 200, _accepted(live["job_id"], res.state)
         row, a = self._attempt(tx, res.attempt_id)
         verdict = fence(a, res.node_id, res.generation, now)
         if verdict == "done":
-            assert row is not None
-            return 200, json.loads(row["answer"]) | {"replayed": True}
-        if verdict is not None:
-            return 409, {"error": verdict, "detail": refusal_detail(verdict, res.attempt_id)}
-        assert row is not None
-        answer = {"accepted": True, "job_id": row["job_id"], "state": res.state}
-        tx.run("UPDATE attempts SET state = ?, ended_at = ?, answer = ? WHERE attempt_id = ?",
-               (res.state, now, json.dumps(answer), res.attempt_id))
-        tx.run("UPDATE jobs SET state = ?, finished_at = ?, expires_at = ?, record = ?,"
-               " result = ? WHERE job_id = ? AND attempt_id = ?",
-               (res.state, now, now + retention_s, res.record, res.result, row["job_id"],
-                res.attempt_id))
-        return 200, answer
+            assert row is not None  # (answer: the form before the accepted answer was derived)
+            answer = json.loads(row["answer"]) if row["answer"] else _accepted(row["job_id"],
+                                                                               row["state"])
+            return 200, answer | {"replayed": True}
+        assert verdict is not None, "a live attempt is finished by the UPDATE above"
+        return 409, {"error": verdict, "detail": refusal_detail(verdict, res.attempt_id)}
 
     def release(self, node_id: str, attempt_id: int, generation: int, *,
                 now: float) -> tuple[int, dict[str, Any]]:

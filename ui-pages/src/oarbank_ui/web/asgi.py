@@ -11,11 +11,13 @@ What this layer adds to the request logic (app.py), and why; each check is writt
   away is not a heartbeat. Nobody is left to read an answer.
 - A report's refusals are counted by cause and logged (``Portal.refuse``); another request's
   are plain answers.
-- A report (``POST /v1/heartbeat``), the one request a fleet sends a thousand times a second,
-  takes a short path (``_report_app``): no Starlette ``Request``, ``Response`` or router, the
-  answer sent as two ASGI messages with headers encoded here; past its headers it is
-  ``reports.py``'s (token, parsing, group commit). Every other request goes through Starlette
-  to ``Portal.handle`` in the thread pool (the store is blocking: sqlite3, psycopg's pool).
+- A report (``POST /v1/heartbeat``) and a claim (``POST /v1/agent/claim``), the requests a
+  fleet sends a thousand times a second, take short paths (``_report_app``, ``_claim_app``):
+  no Starlette ``Request``, ``Response`` or router, the answer sent as two ASGI messages with
+  headers encoded here (``_send``); past its headers a report is ``reports.py``'s (token,
+  parsing, group commit), a claim ``dispatch/http.py``'s (its own group commit). Every other
+  request goes through Starlette to ``Portal.handle`` in the thread pool (the store is
+  blocking: sqlite3, psycopg's pool).
 """
 
 from __future__ import annotations
@@ -36,28 +38,37 @@ from .app import MAX_BODY, Portal, reply_response, route_name
 from .responses import Response as PortalResponse
 from .responses import error_response
 
-__all__ = ["Truncated", "build_app", "is_heartbeat_post", "read_body"]
+__all__ = ["Truncated", "build_app", "is_claim_post", "is_heartbeat_post", "read_body"]
 
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 ASGIApp = Callable[[dict[str, Any], Receive, Send], Awaitable[None]]
 
 _METHODS = ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"]
-_REPORT_PATHS = (b"/v1/heartbeat", b"/v1/heartbeat/")
 
 
 class Truncated(Exception):
     """A request's body ended before its Content-Length, or ran past it (the message says)."""
 
 
-def is_heartbeat_post(scope: dict[str, Any]) -> bool:
-    """Whether ``scope`` is a report, judged on the path as sent."""
+def _is_post_to(scope: dict[str, Any], path: bytes) -> bool:
+    """Whether ``scope`` POSTs to ``path`` (trailing slashes aside), judged as sent."""
     if scope["type"] != "http" or scope["method"] != "POST":
         return False
     raw = scope.get("raw_path")
     if raw is None:
         raw = scope["path"].encode("latin-1", "replace")
-    return raw in _REPORT_PATHS or raw.rstrip(b"/") == b"/v1/heartbeat"
+    return raw == path or raw.rstrip(b"/") == path
+
+
+def is_heartbeat_post(scope: dict[str, Any]) -> bool:
+    """Whether ``scope`` is a report."""
+    return _is_post_to(scope, b"/v1/heartbeat")
+
+
+def is_claim_post(scope: dict[str, Any]) -> bool:
+    """Whether ``scope`` is a node's claim (contract 10.4)."""
+    return _is_post_to(scope, b"/v1/agent/claim")
 
 
 def _headers(scope: Mapping[str, Any]) -> dict[str, str]:
@@ -178,19 +189,52 @@ def _report_app(portal: Portal, read_timeout_s: float) -> ASGIApp:
             r, close = await answer(scope, receive)
         finally:  # every report, refused ones too, from its head to its answer
             portal.metrics.observe("heartbeat", started)
-        if r is None:
-            body, head = b"", [(b"content-length", b"0"), (b"connection", b"close")]
-            status = 400
-        else:
-            body, status = r.body, r.status
-            head = [(b"content-type", r.content_type.encode("latin-1")),
-                    (b"content-length", str(len(body)).encode("latin-1"))]
-            for k, v in r.headers.items():
-                head.append((k.lower().encode("latin-1"), v.encode("latin-1")))
-            if close:
-                head.append((b"connection", b"close"))
-        await send({"type": "http.response.start", "status": status, "headers": head})
-        await send({"type": "http.response.body", "body": body})
+        await _send(send, r, close)
+
+    return app
+
+
+async def _send(send: Send, r: PortalResponse | None, close: bool) -> None:
+    """An answer as two ASGI messages (None: a body cut short, nobody to answer: 400, closed)."""
+    if r is None:
+        body, head = b"", [(b"content-length", b"0"), (b"connection", b"close")]
+        status = 400
+    else:
+        body, status = r.body, r.status
+        head = [(b"content-type", r.content_type.encode("latin-1")),
+                (b"content-length", str(len(body)).encode("latin-1"))]
+        for k, v in r.headers.items():
+            head.append((k.lower().encode("latin-1"), v.encode("latin-1")))
+        if close:
+            head.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": head})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _claim_app(portal: Portal, read_timeout_s: float) -> ASGIApp:
+    """The ASGI callable for claims (``is_claim_post`` scopes), the other request a fleet
+    sends a thousand times a second: a long poll that waits on the event loop, its store work
+    in the claims' group commit (``dispatch/http.py``)."""
+
+    async def answer(scope: dict[str, Any], receive: Receive) -> tuple[PortalResponse | None,
+                                                                          bool]:
+        path, headers = _path(scope), _headers(scope)
+        early = portal.admit("POST", path, headers, lookup=False)
+        if isinstance(early, PortalResponse):
+            return early, True  # the body was not read: the connection cannot carry another
+        body = await _body(portal, receive, headers, read_timeout_s, report=False,
+                           limit=portal.body_limit(path))
+        if not isinstance(body, bytes):
+            return body, True
+        return reply_response(await portal.dispatch.claim(body, headers, run_in_threadpool)), False
+
+    async def app(scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        started = time.perf_counter()
+        try:
+            r, close = await answer(scope, receive)
+        finally:
+            portal.metrics.observe(route_name(scope["path"]), started)
+        await _send(send, r, close)
 
     return app
 
@@ -226,10 +270,6 @@ def build_app(portal: Portal, *, read_timeout_s: float = 10.0) -> ASGIApp:
             if isinstance(got, PortalResponse):
                 return _to_starlette(got, close=True)
             body = got
-        if method == "POST" and path.rstrip("/") == "/v1/agent/claim":
-            # a long poll: it waits on the event loop, its store work in the thread pool
-            return _to_starlette(reply_response(await portal.dispatch.claim(
-                body, headers, run_in_threadpool)))
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"),
                          keep_blank_values=True)
         r = await run_in_threadpool(portal.handle, method, path, query, body, headers, None,
@@ -238,11 +278,14 @@ def build_app(portal: Portal, *, read_timeout_s: float = 10.0) -> ASGIApp:
 
     routed = Starlette(routes=[Route("/{path:path}", endpoint, methods=_METHODS)])
     report = _report_app(portal, read_timeout_s)
+    claim = _claim_app(portal, read_timeout_s)
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
         if is_heartbeat_post(scope):
             await report(scope, receive, send)
-            return
-        await routed(scope, receive, send)
+        elif is_claim_post(scope):
+            await claim(scope, receive, send)
+        else:
+            await routed(scope, receive, send)
 
     return app

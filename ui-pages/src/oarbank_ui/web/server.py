@@ -35,7 +35,7 @@ except ImportError:  # pragma: no cover - pure-Python fallback, same behaviour
     _Fast = None  # type: ignore[assignment,misc]
 
 from .app import Portal
-from .asgi import build_app, is_heartbeat_post
+from .asgi import build_app, is_claim_post, is_heartbeat_post
 from .hosts import default_hosts
 
 __all__ = ["ServeOptions", "bind", "serve", "serve_workers"]
@@ -105,7 +105,7 @@ class _HeadDeadline:
 
 
 class _HeldHead:
-    """The transport a report's response cycle writes to: the status line and headers are held
+    """The transport a report's (or claim's) response cycle writes to: the status line and headers are held
     and go out with the body, so the answer is one send (one syscall, one packet), where
     uvicorn writes the head and the body apart. Anything else passes through."""
 
@@ -134,7 +134,8 @@ class _HeldHead:
 
 
 class _OneSend:
-    """Mixed into uvicorn's httptools protocol: a report's cycle writes through ``_HeldHead``.
+    """Mixed into uvicorn's httptools protocol: a report's or a claim's cycle writes through
+    ``_HeldHead``.
     Relies on the cycle keeping its ``transport`` and ``scope`` as attributes (uvicorn's do);
     a request that waits for ``100 Continue`` is left as it is (that line must go alone)."""
 
@@ -146,7 +147,7 @@ class _OneSend:
         cycle = self.cycle
         if (cycle is not None and cycle.scope is self.scope
                 and not getattr(cycle, "waiting_for_100_continue", True)
-                and is_heartbeat_post(cycle.scope)):
+                and (is_heartbeat_post(cycle.scope) or is_claim_post(cycle.scope))):
             cycle.transport = _HeldHead(cycle.transport)
 
 
