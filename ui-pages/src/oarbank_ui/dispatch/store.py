@@ -287,8 +287,8 @@ class DispatchStore:
         one expiry of leases, for the claims that came together). Leases expired here are
         counted in the first claim's ``Claimed``. A failure rolls all of it back, and what
         this process keeps of the store (the backlog counts, the warmth read) is read again."""
-        try:
-            with self.backend.write() as tx:
+        try:  # pipelined (PostgreSQL): a statement whose answer is not read is not waited for
+            with self.backend.write(pipelined=True) as tx:
                 expired = self._expire(tx, now)
                 if expired:
                     self._backlog.forget()
@@ -316,12 +316,19 @@ class DispatchStore:
         if w.first:
             self._record_offer(tx, claim, now)
         queue: dict[tuple[str, str], tuple[int, float]] = {}
+        heads: dict[tuple[str, str], list[dict[str, Any]]] = {}
         for module, stage in w.pairs:
-            first = tx.one(f"SELECT submitted_at{self._queued} LIMIT 1", (module, stage))
-            if first is None:
+            # the stage's head, as many jobs as the claim could take, locked now (PostgreSQL:
+            # those another portal holds are skipped): its oldest's wait for placement, its
+            # rows the grants (one read where there were two; what is not granted stays
+            # queued, its lock gone at the commit)
+            rows = tx.all(f"SELECT job_id, payload, generation, submitted_at{self._queued}"
+                          " LIMIT ?" + self._skip, (module, stage, max(1, claim.max_grants)))
+            if not rows:
                 continue
+            heads[(module, stage)] = rows
             queue[(module, stage)] = (self._count(tx, module, stage),
-                                      max(0.0, now - float(first["submitted_at"])))
+                                      max(0.0, now - float(rows[0]["submitted_at"])))
         if not queue:
             return Claimed([], 0, finished, now, claim.node_id)
         modules = sorted({m for m, _ in queue})
@@ -332,8 +339,7 @@ class DispatchStore:
             picks = w.choose(queue, {}, {})
         grants = []
         for p in picks:
-            rows = tx.all(f"SELECT job_id, payload, generation{self._queued} LIMIT ?"
-                          + self._skip, (p.module, p.stage, p.count))
+            rows = heads[(p.module, p.stage)][:p.count]
             if not rows:
                 continue
             # one INSERT for the claim's attempts of this stage, one UPDATE for their jobs
@@ -412,18 +418,26 @@ class DispatchStore:
         return {(r["module"], r["stage"]): int(r["n"]) for r in rows}
 
     def _expire(self, tx: Any, now: float) -> int:
-        """Leases past ``expires_at``: the attempt expired, its job queued again (no charge)."""
+        """Leases past ``expires_at``: the attempt expired, its job queued again (no charge).
+        Counted from what the statements return (a pipelined transaction has no row counts)."""
         rows = tx.all("SELECT attempt_id, job_id FROM attempts WHERE state = 'running' AND"
                       " expires_at < ? ORDER BY expires_at LIMIT ?" + self._skip,
                       (now, EXPIRE_BATCH))
-        n = 0
-        for r in rows:
-            if tx.run("UPDATE attempts SET state = 'expired', ended_at = ? WHERE attempt_id = ?"
-                      " AND state = 'running'", (now, r["attempt_id"])) == 1:
-                n += tx.run("UPDATE jobs SET state = 'queued', lease_expiries = lease_expiries"
-                            " + 1 WHERE job_id = ? AND attempt_id = ? AND state = 'running'",
-                            (r["job_id"], r["attempt_id"]))
-        return n
+        if not rows:
+            return 0
+        marks = ", ".join("?" * len(rows))
+        ended = tx.all("UPDATE attempts SET state = 'expired', ended_at = ? WHERE attempt_id IN"
+                       f" ({marks}) AND state = 'running' RETURNING attempt_id, job_id",
+                       [now, *(r["attempt_id"] for r in rows)])
+        if not ended:
+            return 0
+        # (a job's attempt_id is one of its own attempts: both lists name the same pairs)
+        marks = ", ".join("?" * len(ended))
+        queued = tx.all("UPDATE jobs SET state = 'queued', lease_expiries = lease_expiries + 1"
+                        f" WHERE job_id IN ({marks}) AND attempt_id IN ({marks}) AND state ="
+                        " 'running' RETURNING job_id",
+                        [*(r["job_id"] for r in ended), *(r["attempt_id"] for r in ended)])
+        return len(queued)
 
     def expire(self, *, now: float) -> int:
         with self.backend.write() as tx:
