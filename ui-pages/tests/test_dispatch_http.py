@@ -196,6 +196,68 @@ def test_credentials_are_separate_and_each_submitter_sees_only_its_own(
     assert "not its own" in p.log.read_text() or "refused" in p.log.read_text()
 
 
+def test_claims_that_come_together_share_transactions_each_answered_as_if_alone(
+        start_portal: Any, store_url: str) -> None:
+    """Thirty nodes claim at the same moment, each carrying a result, with two more whose
+    tokens are refused (one revoked by the real CLI, one naming another node). The claims are
+    written by the portal's group commit, several to a transaction (its counters say how
+    many); each node still gets its own answer: its grants, each job once, its result
+    accepted; the two refused get 401 and 403 and change nothing."""
+    import subprocess
+    import sys
+
+    p = start_portal(db=store_url)
+    alice = submitter_token(store_url, "alice")
+    ids = [j["job_id"] for j in submit(p, alice, [job(f"{i}") for i in range(200)]).doc["jobs"]]
+    nodes = [Node(p, f"n{i:02d}") for i in range(30)]
+    firsts = {n.node_id: n.claim(offer(free=1))[0] for n in nodes}  # one running job each
+    revoked, thief = Node(p, "gone"), Node(p, "thief")
+    subprocess.run([sys.executable, "-m", "oarbank_ui.cli", "token", "revoke", "gone", "--db",
+                    str(store_url)], check=True, capture_output=True, timeout=60)
+    before = _metrics(p)
+    answers: dict[str, Any] = {}
+    start = threading.Barrier(len(nodes) + 2)
+
+    def claim(n: Node, doc: dict[str, Any]) -> None:
+        start.wait()
+        answers[n.node_id] = n.post("/v1/agent/claim", doc)
+
+    threads = [threading.Thread(target=claim, args=(n, {
+        "node_id": n.node_id, "max_grants": 2, "modules": [offer(free=2)],
+        "results": [n.result_doc(firsts[n.node_id])]})) for n in nodes]
+    threads.append(threading.Thread(target=claim, args=(revoked, {
+        "node_id": "gone", "modules": [offer()]})))
+    threads.append(threading.Thread(target=claim, args=(thief, {
+        "node_id": "n01", "modules": [offer()]})))  # its own token, n01's name
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert answers["gone"].status == 401
+    assert answers["thief"].status == 403 and answers["thief"].doc["error"] == "wrong_node"
+    good = {n.node_id: answers[n.node_id] for n in nodes}
+    assert all(a.status == 200 for a in good.values()), [a.doc for a in good.values()]
+    for n in nodes:
+        doc = good[n.node_id].doc
+        assert [r["status"] for r in doc["results"]] == [200], doc
+        assert len(doc["grants"]) == 2
+    granted = [g["job_id"] for a in good.values() for g in a.doc["grants"]]
+    granted += [g["job_id"] for g in firsts.values()]
+    assert len(granted) == len(set(granted)) and set(granted) <= set(ids)
+    after = _metrics(p)
+    claims = _counter(after, "oarbank_portal_dispatch_claims_total") - _counter(
+        before, "oarbank_portal_dispatch_claims_total")
+    transactions = _counter(after, "oarbank_portal_dispatch_claim_transactions_total") - \
+        _counter(before, "oarbank_portal_dispatch_claim_transactions_total")
+    assert claims == len(threads)  # (a token is checked in the claim's own transaction)
+    assert transactions < claims, (transactions, claims)
+
+
+def _counter(text: str, name: str) -> float:
+    return next(float(line.split()[-1]) for line in text.splitlines()
+                if line.startswith(name + " "))
+
+
 def test_a_module_a_node_does_not_offer_gets_none_of_its_jobs(start_portal: Any) -> None:
     p = start_portal()
     alice = submitter_token(p.db, "alice")
@@ -410,7 +472,8 @@ def test_postgresql_reads_a_queues_head_from_the_queued_rows_alone(
     def plan() -> str:  # the claim's read of the stage's oldest queued jobs (dispatch/store.py)
         with psycopg.connect(db) as conn:
             return "\n".join(r[0] for r in conn.execute(
-                "EXPLAIN SELECT job_id, payload, generation FROM jobs WHERE state = 'queued'"
+                "EXPLAIN SELECT job_id, payload, generation, submitted_at FROM jobs WHERE state ="
+                " 'queued'"
                 " AND module = %s AND stage = %s ORDER BY seq + 0 LIMIT 4 FOR UPDATE SKIP"
                 " LOCKED", (MODULE_ID, "generate"), prepare=True))
 

@@ -176,3 +176,56 @@ FENCE = [
 def test_fence(why: str, attempt: Attempt | None, node: str, generation: int, now: float,
                expected: str | None) -> None:
     assert fence(attempt, node, generation, now) == expected, why
+
+
+# -- when a claim needs the fleet's view (offers.needs_fleet) --------------------------------
+
+from oarbank_ui.dispatch.catalogue import Catalogue, ModuleInfo  # noqa: E402
+from oarbank_ui.dispatch.offers import Warmth, candidates, needs_fleet  # noqa: E402
+from oarbank_ui.dispatch.protocol import Claim, ServiceOffer  # noqa: E402
+
+CAT = Catalogue([ModuleInfo("m.a", {"gen": {"model": 1}, "prep": {}}, {"model": "svc"}),
+                 ModuleInfo("m.b", {"gen": {"model": 1}}, {"model": "svc"})])
+
+
+def _claim(*services: tuple[str, str, float | None], free: int = 2) -> Claim:
+    return Claim("n1", 0, 4, 8.0, 0.0, {m: list(CAT.modules[m].stages) for m, _s, _l in services},
+                 [ServiceOffer(m, "svc", state, {"model": (free, 4)}, load, 0.5, 1.0)
+                  for m, state, load in services])
+
+
+@pytest.mark.parametrize("why,claim,modules,expected", [
+    ("every service ready or starting and measured: the node's own word is enough",
+     _claim(("m.a", "ready", 30.0), ("m.b", "starting", 40.0)), ["m.a", "m.b"], False),
+    ("a stopped service weighs a cold start against the other nodes' copies",
+     _claim(("m.a", "ready", 30.0), ("m.b", "stopped", 40.0)), ["m.a", "m.b"], True),
+    ("a load time the node does not know is the fleet's mean",
+     _claim(("m.a", "ready", None)), ["m.a"], True),
+    ("only the modules with queued jobs count",
+     _claim(("m.a", "ready", 30.0), ("m.b", "stopped", None)), ["m.a"], False),
+])
+def test_needs_fleet(why: str, claim: Claim, modules: list[str], expected: bool) -> None:
+    assert needs_fleet(claim, modules) is expected, why
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_a_claim_that_does_not_need_the_fleet_is_placed_the_same_without_it(seed: int) -> None:
+    """What ``needs_fleet`` lets the store skip changes no decision: for random queues, fleet
+    views and warm, measured claims, placement with the fleet's view and without it agree."""
+    import random
+
+    rnd = random.Random(seed)
+    states = ["ready", "starting"]
+    claim = _claim(*[(m, rnd.choice(states), rnd.uniform(1, 120)) for m in ("m.a", "m.b")],
+                   free=rnd.randint(0, 4))
+    queue = {(m, st): (rnd.randint(1, 500), rnd.choice([0.0, 5.0, 59.0, 61.0, 200.0]))
+             for m in ("m.a", "m.b") for st in CAT.modules[m].stages if rnd.random() < 0.8}
+    modules = sorted({m for m, _ in queue})
+    assert not needs_fleet(claim, modules)
+    warm = {(m, "svc"): Warmth(rnd.randint(0, 40), rnd.randint(0, 8), rnd.uniform(0.1, 5),
+                               rnd.uniform(1, 120)) for m in modules}
+    cold = {k: rnd.randint(0, 3) for k in queue}
+    node = Node(claim.max_grants, claim.free_mem_gb, claim.evictable_mem_gb)
+    with_fleet = decide(node, candidates(claim, CAT, queue, warm, cold), starve_s=60.0)
+    without = decide(node, candidates(claim, CAT, queue, {}, {}), starve_s=60.0)
+    assert with_fleet == without

@@ -146,7 +146,8 @@ class DispatchAPI:
         self._claims: GroupCommit[ClaimWork, Claimed | Exception] = GroupCommit(
             self._write_claims, key=lambda w: w.claim.node_id, failed=lambda e: e,
             late=lambda s: TimeoutError(f"claim waited over {s:g} s for the store"),
-            bound_s=CLAIM_BOUND_S, max_batch=CLAIM_BATCH, linger_s=CLAIM_LINGER_S)
+            bound_s=CLAIM_BOUND_S, max_batch=CLAIM_BATCH, linger_s=CLAIM_LINGER_S,
+            on_batch=lambda n, _s: metrics.claims_done(n))
 
     def close(self) -> None:
         """The claims' writer finishes what it holds and stops."""

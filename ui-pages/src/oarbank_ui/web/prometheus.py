@@ -105,6 +105,11 @@ class PortalMetrics:
         self.results_refused = Counter("oarbank_portal_dispatch_results_refused", "Results "
                                        "refused, by error (lease_lost, stale_generation, ...)",
                                        ["error"], registry=own)
+        self.claim_batches = Counter("oarbank_portal_dispatch_claim_transactions", "Transactions"
+                                     " of the claims' group commit", registry=own)
+        self.claims_batched = Counter("oarbank_portal_dispatch_claims", "Claims written by the"
+                                      " group commit (over transactions: claims per"
+                                      " transaction)", registry=own)
         for placement in ("ready", "starting", "cold"):
             self.grants.labels(placement)
         for state in ("succeeded", "failed"):
@@ -118,6 +123,10 @@ class PortalMetrics:
         self.batches.inc()
         self.batched.inc(reports)
         self.queue_age.set(queue_age)
+
+    def claims_done(self, claims: int) -> None:
+        self.claim_batches.inc()
+        self.claims_batched.inc(claims)
 
     def observe(self, route: str, started: float) -> None:
         child = self._routes.get(route)
