@@ -331,7 +331,7 @@ def test_a_database_outage_is_answered_503_at_once_and_outlived(
 
 
 def test_the_linger_waits_only_while_reports_come_that_often() -> None:
-    from oarbank_ui.ingest.group_commit import linger_for, mean_gap
+    from oarbank_ui.store.group_commit import linger_for, mean_gap
 
     linger = 0.010
     assert linger_for(None, linger) == 0.0  # the first report ever: nobody to wait for

@@ -150,3 +150,30 @@ def test_a_batch_stores_every_text_and_number_exactly_as_reported(store: Any) ->
             assert node == {"hostname": d["hostname"], "reported_at": d["time"],
                             "mem_used_bytes": 2**62 + i, "mem_reserved_bytes": None,
                             "mem_total_bytes": 2**63 - 1}, d["node_id"]
+
+
+def test_a_pipelined_write_that_fails_leaves_nothing_and_the_next_one_commits(
+        store: Any) -> None:
+    """The group commits' transactions are pipelined on PostgreSQL (BEGIN and COMMIT sent with
+    the statements): a body that raises, or a statement the server refuses (its later ones
+    skipped), leaves none of the transaction's rows, and the next write on the same
+    connection commits. SQLite runs the same writes as plain transactions."""
+    backend = store.backend
+    with backend.write() as tx:
+        tx.run("CREATE TABLE probe (k INTEGER PRIMARY KEY)")
+        tx.run("INSERT INTO probe VALUES (5)")
+    with pytest.raises(RuntimeError):
+        with backend.write(pipelined=True) as tx:
+            tx.run("INSERT INTO probe VALUES (1)")
+            raise RuntimeError("the body fails")
+    with pytest.raises(Exception) as refused:  # noqa: PT011 - sqlite3's or psycopg's own
+        with backend.write(pipelined=True) as tx:
+            tx.run("INSERT INTO probe VALUES (2)")
+            tx.run("INSERT INTO probe VALUES (5)")  # a duplicate key
+            tx.run("INSERT INTO probe VALUES (3)")
+    assert "unique" in str(refused.value).lower() or "duplicate" in str(refused.value).lower()
+    with backend.write(pipelined=True) as tx:
+        tx.run("INSERT INTO probe VALUES (7)")
+        assert [r["k"] for r in tx.all("SELECT k FROM probe ORDER BY k")] == [5, 7]
+    with backend.read() as tx:
+        assert [r["k"] for r in tx.all("SELECT k FROM probe ORDER BY k")] == [5, 7]

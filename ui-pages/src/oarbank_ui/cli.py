@@ -26,7 +26,7 @@ from typing import Any
 
 from oarbank_sdk.manifest import ManifestError
 
-from .ingest.group_commit import DEFAULT_LINGER_S
+from .store.group_commit import DEFAULT_LINGER_S
 from .store.heartbeats import HeartbeatStore, is_postgres_url, open_store
 from .store.history import History
 

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 from urllib.parse import urlencode
 
-from ..ingest.group_commit import GroupCommit
+from ..store.group_commit import GroupCommit
 from ..store.tokens import bearer_token, token_hash
 from . import offers, placement
 from .catalogue import Catalogue

@@ -37,6 +37,7 @@ __all__ = ["ClaimWork", "Claimed", "DispatchStore", "KeyReused", "new_id"]
 
 FINISHED = ("succeeded", "failed", "cancelled")
 OFFER_FRESH_S = 90.0  # a node's claim (or renew) this recent tells where a service is warm
+OFFER_REWRITE_S = 5.0  # an offer the same as the one this process wrote this recently: kept
 # a cold grant still live counts as a copy starting until its node's claim shows the service;
 # one older than this is no start any more (and bounds the rows the query reads)
 COLD_HORIZON_S = 3600.0
@@ -106,6 +107,9 @@ class DispatchStore:
                         f" ORDER BY {head}")  # a stage's queued jobs, oldest first
         self._backlog = BacklogCounts()  # each stage's, shared by this process's claims
         self._warmth = WarmCache()  # the nodes' offers, read once per WARM_TTL_S (warmcache.py)
+        # node -> (its offer as this process last wrote it, when): a claim saying the same
+        # again soon after is not written again (_record_offer)
+        self._offered: dict[str, tuple[tuple[Any, ...], float]] = {}
         self._unanalyzed = 0  # jobs this process submitted since its last ANALYZE (PostgreSQL)
         self._analyze_lock = threading.Lock()
 
@@ -296,6 +300,7 @@ class DispatchStore:
         except BaseException:
             self._backlog.forget()
             self._warmth.forget()
+            self._offered.clear()  # (what it wrote may be what was rolled back)
             raise
         if out and expired:
             out[0] = replace(out[0], expired=expired)
@@ -377,13 +382,23 @@ class DispatchStore:
         return self._backlog.count((module, stage), read)
 
     def _record_offer(self, tx: Any, claim: Claim, now: float) -> None:
+        """The node's offer, its rows replaced; not when this process wrote the same within
+        ``OFFER_REWRITE_S`` (a node claims about once a job: most claims repeat the last;
+        what reads the rows judges them by their content and by ``OFFER_FRESH_S``, far
+        longer)."""
         latest = {(s.module, s.service): s for s in claim.services}
         tokens = {k: sum(total for _free, total in s.pools.values()) for k, s in latest.items()}
+        said = tuple(sorted((k, s.state, tokens[k], s.load_s, s.job_s)
+                            for k, s in latest.items()))
+        last = self._offered.get(claim.node_id)
+        if last is not None and last[0] == said and 0 <= now - last[1] < OFFER_REWRITE_S:
+            return
         tx.run("DELETE FROM claim_offers WHERE node_id = ?", (claim.node_id,))
         tx.many("INSERT INTO claim_offers (node_id, module, service, state, tokens, load_s,"
                 " job_s, claimed_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 [(claim.node_id, s.module, s.service, s.state, tokens[k], s.load_s, s.job_s,
                   now) for k, s in latest.items()])
+        self._offered[claim.node_id] = (said, now)
         self._warmth.record(claim.node_id, {k: Offer(s.state, tokens[k], s.job_s, s.load_s)
                                             for k, s in latest.items()})
 

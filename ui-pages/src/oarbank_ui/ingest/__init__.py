@@ -1,2 +1,2 @@
-"""What a node reports and how reports become transactions: validation, the report as the
-store takes it, group commit. Free of HTTP and of SQL."""
+"""What a node reports: validation, and the report as the store takes it (the group commit
+that writes it is ``store/group_commit.py``). Free of HTTP and of SQL."""

@@ -168,11 +168,28 @@ class PostgresBackend:
         """One transaction; ``pipelined``: statements go out together (``run`` then answers
         -1: only for callers that do not need its row count)."""
         if pipelined:
-            with self._conn() as conn, conn.pipeline(), conn.transaction():
-                yield _PipelinedTx(conn)
+            with self._conn() as conn:
+                yield from self._pipelined(conn)
             return
         with self._conn() as conn, conn.transaction(), conn.cursor() as cur:
             yield _Tx(cur)
+
+    def _pipelined(self, conn: Any) -> Iterator[_PipelinedTx]:
+        """BEGIN and COMMIT as statements of the pipeline: the one wait is the pipeline's end
+        (psycopg's ``transaction()`` in a pipeline syncs before its COMMIT and after it: two
+        round trips more a transaction). Whatever fails, what is left of it is rolled back."""
+        try:
+            with conn.pipeline():
+                conn.execute("BEGIN")
+                yield _PipelinedTx(conn)
+                conn.execute("COMMIT")
+        except BaseException:
+            try:
+                if conn.info.transaction_status != self._psycopg.pq.TransactionStatus.IDLE:
+                    conn.execute("ROLLBACK")
+            except self._psycopg.Error:
+                pass  # (a broken connection: the pool discards it; the first error is the one)
+            raise
 
     @contextlib.contextmanager
     def read(self, snapshot: bool = True) -> Iterator[_Tx]:

@@ -1,5 +1,5 @@
 """The one writer of reports: many nodes' reports in one transaction (group commit,
-``ingest/group_commit.py``; a report alone, ``HeartbeatStore.record``, is a batch of one),
+``group_commit.py``; a report alone, ``HeartbeatStore.record``, is a batch of one),
 each checked and answered on its own.
 
 A report either says something new or it does not. The node's row keeps a digest of its last

@@ -81,7 +81,7 @@ class PortalMetrics:
         self.latency = Histogram("oarbank_portal_request_seconds", "Time to answer a request, "
                                  "by route", ["route"], registry=own,
                                  buckets=(.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5))
-        # the group commit (ingest/group_commit.py): how old its queue is (the highest of the live
+        # the group commit (store/group_commit.py): how old its queue is (the highest of the live
         # workers'), and how many batches and reports it committed
         self.queue_age = Gauge("oarbank_portal_ingest_queue_age_seconds", "How long the oldest "
                                "report not yet committed has waited (after each batch)",

@@ -27,9 +27,9 @@ from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 
-from ..ingest.group_commit import DEFAULT_LINGER_S, GroupCommit
 from ..ingest.report import Outcome, Report, report_digest
 from ..ingest.validate import Heartbeat, HeartbeatError, StillAlive, parse_report, parse_unchanged
+from ..store.group_commit import DEFAULT_LINGER_S, GroupCommit
 from ..store.heartbeats import HeartbeatStore
 from ..store.tokens import bearer_token, token_hash
 from .prometheus import PortalMetrics
