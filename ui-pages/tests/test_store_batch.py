@@ -162,15 +162,14 @@ def test_a_pipelined_write_that_fails_leaves_nothing_and_the_next_one_commits(
     with backend.write() as tx:
         tx.run("CREATE TABLE probe (k INTEGER PRIMARY KEY)")
         tx.run("INSERT INTO probe VALUES (5)")
-    with pytest.raises(RuntimeError):
-        with backend.write(pipelined=True) as tx:
-            tx.run("INSERT INTO probe VALUES (1)")
-            raise RuntimeError("the body fails")
-    with pytest.raises(Exception) as refused:  # noqa: PT011 - sqlite3's or psycopg's own
-        with backend.write(pipelined=True) as tx:
-            tx.run("INSERT INTO probe VALUES (2)")
-            tx.run("INSERT INTO probe VALUES (5)")  # a duplicate key
-            tx.run("INSERT INTO probe VALUES (3)")
+    with pytest.raises(RuntimeError), backend.write(pipelined=True) as tx:
+        tx.run("INSERT INTO probe VALUES (1)")
+        raise RuntimeError("the body fails")
+    # (sqlite3's or psycopg's own error: the test names neither)
+    with pytest.raises(Exception) as refused, backend.write(pipelined=True) as tx:  # noqa: PT011
+        tx.run("INSERT INTO probe VALUES (2)")
+        tx.run("INSERT INTO probe VALUES (5)")  # a duplicate key
+        tx.run("INSERT INTO probe VALUES (3)")
     assert "unique" in str(refused.value).lower() or "duplicate" in str(refused.value).lower()
     with backend.write(pipelined=True) as tx:
         tx.run("INSERT INTO probe VALUES (7)")

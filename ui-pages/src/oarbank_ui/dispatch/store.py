@@ -296,7 +296,8 @@ class DispatchStore:
                 expired = self._expire(tx, now)
                 if expired:
                     self._backlog.forget()
-                out = [self._claim(tx, w, now, lease_s, retention_s) for w in works]
+                nodes = self._token_nodes(tx, [w.token_hash for w in works if w.token_hash])
+                out = [self._claim(tx, w, nodes, now, lease_s, retention_s) for w in works]
         except BaseException:
             self._backlog.forget()
             self._warmth.forget()
@@ -306,15 +307,25 @@ class DispatchStore:
             out[0] = replace(out[0], expired=expired)
         return out
 
-    def _claim(self, tx: Any, w: ClaimWork, now: float, lease_s: float,
+    @staticmethod
+    def _token_nodes(tx: Any, hashes: list[str]) -> dict[str, str]:
+        """The node each token hash names (one read for the batch's claims)."""
+        if not hashes:
+            return {}
+        marks = ", ".join("?" * len(hashes))
+        return {str(r["token_hash"]): str(r["node_id"]) for r in tx.all(
+            f"SELECT token_hash, node_id FROM node_tokens WHERE token_hash IN ({marks})",
+            hashes)}
+
+    def _claim(self, tx: Any, w: ClaimWork, nodes: dict[str, str], now: float, lease_s: float,
                retention_s: float) -> Claimed:
         """One claim inside ``tx``: the token checked (a request's first claim: nothing
-        else is done for a token not the claim's node's), the results it carries finished
-        (as ``finish`` would answer them), its offer recorded, then its grants."""
+        else is done for a token not the claim's node's; ``nodes``: each token's node, read in
+        this transaction), the results it carries finished (as ``finish`` would answer them),
+        its offer recorded, then its grants."""
         claim = w.claim
         if w.token_hash is not None:
-            row = tx.one("SELECT node_id FROM node_tokens WHERE token_hash = ?", (w.token_hash,))
-            node = None if row is None else str(row["node_id"])
+            node = nodes.get(w.token_hash)
             if node != claim.node_id:
                 return Claimed([], 0, [], now, node)
         finished = [self._finish(tx, res, now, retention_s) for res in w.results]
