@@ -469,7 +469,7 @@ def test_postgresql_reads_a_queues_head_from_the_queued_rows_alone(
     alice = submitter_token(db, "alice")
     assert submit(p, alice, [job(f"{i}") for i in range(2000)]).status == 201
 
-    def plan() -> str:  # the claim's read of the stage's oldest queued jobs (dispatch/store.py)
+    def plan() -> str:  # the claim's read of the stage's oldest queued jobs (dispatch/claims.py)
         with psycopg.connect(db) as conn:
             return "\n".join(r[0] for r in conn.execute(
                 "EXPLAIN SELECT job_id, payload, generation, submitted_at FROM jobs WHERE state ="

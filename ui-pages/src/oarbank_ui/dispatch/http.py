@@ -31,6 +31,7 @@ from ..store.group_commit import GroupCommit
 from ..store.tokens import bearer_token, token_hash
 from . import offers, placement
 from .catalogue import Catalogue
+from .claims import Claimed, Claims, ClaimWork
 from .protocol import (
     BadRequest,
     Claim,
@@ -41,7 +42,7 @@ from .protocol import (
     read_result,
     read_submission,
 )
-from .store import Claimed, ClaimWork, DispatchStore, KeyReused
+from .store import DispatchStore, KeyReused
 
 __all__ = ["DispatchAPI", "Reply", "STORE_ERRORS", "is_dispatch_path"]
 
@@ -130,6 +131,7 @@ class DispatchAPI:
         if mode not in placement.MODES:
             raise ValueError(f"placement must be one of {', '.join(placement.MODES)}")
         self.store = store
+        self.claims = Claims(store)
         self.catalogue = catalogue
         self.node_for_token = node_for_token
         self.metrics = metrics
@@ -354,7 +356,7 @@ class DispatchAPI:
     def _write_claims(self, works: list[ClaimWork]) -> list[Claimed | Exception]:
         """The group commit's batch (its thread): one transaction, then the hourly upkeep."""
         now = self.clock()
-        done = self.store.claim_batch(works, now=now, lease_s=self.lease_s,
+        done = self.claims.batch(works, now=now, lease_s=self.lease_s,
                                       retention_s=self.retention_s)
         self._upkeep(now)
         return list(done)
@@ -365,7 +367,7 @@ class DispatchAPI:
         token = bearer_token(headers.get("authorization"))
         if not token:
             return self._unauthenticated()
-        [done] = self.store.claim_batch([self._work(claim, first=True, token=token)],
+        [done] = self.claims.batch([self._work(claim, first=True, token=token)],
                                         now=self.clock(), lease_s=self.lease_s,
                                         retention_s=self.retention_s)
         return self._answer(claim, done)
@@ -383,10 +385,11 @@ class DispatchAPI:
                          [r for r in claim.results if isinstance(r, Result)] if first else [])
 
     def _answer(self, claim: Claim, done: Claimed) -> Reply:
-        """The claim's answer from what its transaction did (its token refused: nothing)."""
+        """The claim's answer from what its transaction did (its token refused: nothing of
+        its own; the leases the transaction expired are counted all the same)."""
+        self._count(done.expired)
         if done.node != claim.node_id:
             return self._wrong_token(done.node, claim.node_id)
-        self._count(done.expired)
         for g in done.grants:
             self.metrics.grants.labels(g["placement"]).inc()
             if g["placement"] == "cold":

@@ -20,27 +20,18 @@ import json
 import secrets
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from ..store.tokens import new_token, token_hash
-from .backlog import BACKLOG_CAP, BacklogCounts
+from .backlog import BacklogCounts
 from .jobview import job_view
 from .leases import Attempt, fence, refusal_detail
-from .offers import Warmth, needs_fleet
-from .placement import Pick
-from .protocol import Claim, Result, Submission
-from .warmcache import Offer, WarmCache
+from .protocol import Result, Submission
 
-__all__ = ["ClaimWork", "Claimed", "DispatchStore", "KeyReused", "new_id"]
+__all__ = ["DispatchStore", "KeyReused", "new_id"]
 
 FINISHED = ("succeeded", "failed", "cancelled")
-OFFER_FRESH_S = 90.0  # a node's claim (or renew) this recent tells where a service is warm
-OFFER_REWRITE_S = 5.0  # an offer the same as the one this process wrote this recently: kept
-# a cold grant still live counts as a copy starting until its node's claim shows the service;
-# one older than this is no start any more (and bounds the rows the query reads)
-COLD_HORIZON_S = 3600.0
 EXPIRE_BATCH = 500
 ANALYZE_JOBS = 1_000  # PostgreSQL: jobs submitted before the planner's statistics are refreshed
 
@@ -66,50 +57,18 @@ class Submitted:
     replayed: bool
 
 
-Choose = Callable[[dict[tuple[str, str], tuple[int, float]], dict[tuple[str, str], Warmth],
-                   dict[tuple[str, str], int]], list[Pick]]
-
-
-@dataclass(frozen=True)
-class ClaimWork:
-    """One claim as the store takes it. ``choose(queue, warm, cold)`` is the placement
-    decision (``placement.decide`` behind ``offers.candidates``). ``first``: the request's
-    first look (not a long poll's later one): its offer is recorded, its ``results``
-    finished, and ``token_hash`` (when given) checked against the claim's node first."""
-
-    claim: Claim
-    pairs: list[tuple[str, str]]
-    choose: Choose
-    first: bool
-    token_hash: str | None = None
-    results: Sequence[Result] = ()
-
-
-@dataclass(frozen=True)
-class Claimed:
-    grants: list[dict[str, Any]]
-    expired: int  # leases this transaction expired (counted in its first claim only)
-    finished: list[tuple[int, dict[str, Any]]]  # (status, answer) of each result carried
-    now: float  # the transaction's time: the grants' issued_at
-    node: str | None  # the node the token names (another than the claim's: nothing was done)
-
-
 class DispatchStore:
     def __init__(self, backend: Any) -> None:
         self.backend = backend
         self.pg = backend.kind == "postgresql"
         self._lock = " FOR UPDATE" if self.pg else ""
-        self._skip = " FOR UPDATE SKIP LOCKED" if self.pg else ""
+        self.skip = " FOR UPDATE SKIP LOCKED" if self.pg else ""
         # A stage's queue is read in this order: on PostgreSQL only the index of queued rows
         # gives it (migration 0007), never the primary key's walk over the done jobs before them.
         head = "seq + 0" if self.pg else "seq"
-        self._queued = (" FROM jobs WHERE state = 'queued' AND module = ? AND stage = ?"
+        self.queued = (" FROM jobs WHERE state = 'queued' AND module = ? AND stage = ?"
                         f" ORDER BY {head}")  # a stage's queued jobs, oldest first
-        self._backlog = BacklogCounts()  # each stage's, shared by this process's claims
-        self._warmth = WarmCache()  # the nodes' offers, read once per WARM_TTL_S (warmcache.py)
-        # node -> (its offer as this process last wrote it, when): a claim saying the same
-        # again soon after is not written again (_record_offer)
-        self._offered: dict[str, tuple[tuple[Any, ...], float]] = {}
+        self.backlog = BacklogCounts()  # each stage's, shared by this process's claims
         self._unanalyzed = 0  # jobs this process submitted since its last ANALYZE (PostgreSQL)
         self._analyze_lock = threading.Lock()
 
@@ -160,7 +119,7 @@ class DispatchStore:
                     " state, submitted_at) VALUES (?, ?, ?, ?, ?, ?, 'queued', ?)",
                     [(i, batch, submitter, j.module, j.stage, j.payload, now)
                      for i, j in zip(ids, sub.jobs, strict=True)])
-        self._backlog.forget()
+        self.backlog.forget()
         if self.pg:
             self._analyze_after(len(ids))
         return Submitted(batch, [{"job_id": i, "state": "queued"} for i in ids], False)
@@ -260,7 +219,7 @@ class DispatchStore:
 
     def _cancel_rows(self, tx: Any, rows: list[dict[str, Any]], now: float,
                      retention_s: float) -> int:
-        self._backlog.forget()
+        self.backlog.forget()
         n = 0
         for r in rows:
             if r["state"] not in ("queued", "running"):
@@ -282,172 +241,14 @@ class DispatchStore:
             if tx.one("SELECT 1 AS x FROM attempts WHERE state = 'running' AND expires_at < ?"
                       " LIMIT 1", (now,)) is not None:
                 return True
-            return any(tx.one(f"SELECT 1 AS x{self._queued} LIMIT 1", p) is not None
+            return any(tx.one(f"SELECT 1 AS x{self.queued} LIMIT 1", p) is not None
                        for p in pairs)
 
-    def claim_batch(self, works: Sequence[ClaimWork], *, now: float, lease_s: float,
-                    retention_s: float) -> list[Claimed]:
-        """Each claim's grants, in one transaction (the group commit's batch: one commit,
-        one expiry of leases, for the claims that came together). Leases expired here are
-        counted in the first claim's ``Claimed``. A failure rolls all of it back, and what
-        this process keeps of the store (the backlog counts, the warmth read) is read again."""
-        try:  # pipelined (PostgreSQL): a statement whose answer is not read is not waited for
-            with self.backend.write(pipelined=True) as tx:
-                expired = self._expire(tx, now)
-                if expired:
-                    self._backlog.forget()
-                nodes = self._token_nodes(tx, [w.token_hash for w in works if w.token_hash])
-                out = [self._claim(tx, w, nodes, now, lease_s, retention_s) for w in works]
-        except BaseException:
-            self._backlog.forget()
-            self._warmth.forget()
-            self._offered.clear()  # (what it wrote may be what was rolled back)
-            raise
-        if out and expired:
-            out[0] = replace(out[0], expired=expired)
-        return out
-
-    @staticmethod
-    def _token_nodes(tx: Any, hashes: list[str]) -> dict[str, str]:
-        """The node each token hash names (one read for the batch's claims)."""
-        if not hashes:
-            return {}
-        marks = ", ".join("?" * len(hashes))
-        return {str(r["token_hash"]): str(r["node_id"]) for r in tx.all(
-            f"SELECT token_hash, node_id FROM node_tokens WHERE token_hash IN ({marks})",
-            hashes)}
-
-    def _claim(self, tx: Any, w: ClaimWork, nodes: dict[str, str], now: float, lease_s: float,
-               retention_s: float) -> Claimed:
-        """One claim inside ``tx``: the token checked (a request's first claim: nothing
-        else is done for a token not the claim's node's; ``nodes``: each token's node, read in
-        this transaction), the results it carries finished (as ``finish`` would answer them),
-        its offer recorded, then its grants."""
-        claim = w.claim
-        if w.token_hash is not None:
-            node = nodes.get(w.token_hash)
-            if node != claim.node_id:
-                return Claimed([], 0, [], now, node)
-        finished = [self._finish(tx, res, now, retention_s) for res in w.results]
-        if w.first:
-            self._record_offer(tx, claim, now)
-        queue: dict[tuple[str, str], tuple[int, float]] = {}
-        heads: dict[tuple[str, str], list[dict[str, Any]]] = {}
-        for module, stage in w.pairs:
-            # the stage's head, as many jobs as the claim could take, locked now (PostgreSQL:
-            # those another portal holds are skipped): its oldest's wait for placement, its
-            # rows the grants (one read where there were two; what is not granted stays
-            # queued, its lock gone at the commit)
-            rows = tx.all(f"SELECT job_id, payload, generation, submitted_at{self._queued}"
-                          " LIMIT ?" + self._skip, (module, stage, max(1, claim.max_grants)))
-            if not rows:
-                continue
-            heads[(module, stage)] = rows
-            queue[(module, stage)] = (self._count(tx, module, stage),
-                                      max(0.0, now - float(rows[0]["submitted_at"])))
-        if not queue:
-            return Claimed([], 0, finished, now, claim.node_id)
-        modules = sorted({m for m, _ in queue})
-        if needs_fleet(claim, modules):
-            picks = w.choose(queue, self._warm(tx, claim.node_id, modules, now),
-                             self._cold(tx, claim.node_id, modules, now - COLD_HORIZON_S))
-        else:  # (placement would read neither: two reads fewer for a warm node's claim)
-            picks = w.choose(queue, {}, {})
-        grants = []
-        for p in picks:
-            rows = heads[(p.module, p.stage)][:p.count]
-            if not rows:
-                continue
-            # one INSERT for the claim's attempts of this stage, one UPDATE for their jobs
-            values = ", ".join(["(?, ?, ?, ?, ?, ?, 'running', ?, ?)"] * len(rows))
-            args: list[Any] = []
-            for r in rows:
-                args += [r["job_id"], int(r["generation"]) + 1, claim.node_id, p.module,
-                         p.stage, p.placement, now, now + lease_s]
-            made = tx.all("INSERT INTO attempts (job_id, generation, node_id, module, stage,"
-                          f" placement, state, issued_at, expires_at) VALUES {values}"
-                          " RETURNING attempt_id, job_id", args)
-            ids = {a["job_id"]: int(a["attempt_id"]) for a in made}
-            marks = ", ".join("?" * len(ids))
-            tx.run("UPDATE jobs SET state = 'running', generation = a.generation, attempt_id"
-                   " = a.attempt_id, node_id = a.node_id, placement = a.placement,"
-                   " started_at = COALESCE(jobs.started_at, a.issued_at) FROM attempts a"
-                   f" WHERE a.attempt_id IN ({marks}) AND jobs.job_id = a.job_id",
-                   list(ids.values()))
-            self._backlog.granted((p.module, p.stage), len(rows))
-            for r in rows:
-                grants.append({"attempt_id": ids[r["job_id"]], "job_id": r["job_id"],
-                               "generation": int(r["generation"]) + 1, "module": p.module,
-                               "stage": p.stage, "payload": json.loads(r["payload"]),
-                               "placement": p.placement, "issued_at": now,
-                               "expires_at": now + lease_s})
-        return Claimed(grants, 0, finished, now, claim.node_id)
-
-    def _count(self, tx: Any, module: str, stage: str) -> int:
-        """Jobs queued for the stage, up to BACKLOG_CAP (backlog.py)."""
-        def read() -> int:
-            n = tx.one(f"SELECT COUNT(*) AS n FROM (SELECT 1 AS x{self._queued} LIMIT ?) q",
-                       (module, stage, BACKLOG_CAP))
-            return int(n["n"]) if n else 0
-
-        return self._backlog.count((module, stage), read)
-
-    def _record_offer(self, tx: Any, claim: Claim, now: float) -> None:
-        """The node's offer, its rows replaced; not when this process wrote the same within
-        ``OFFER_REWRITE_S`` (a node claims about once a job: most claims repeat the last;
-        what reads the rows judges them by their content and by ``OFFER_FRESH_S``, far
-        longer)."""
-        latest = {(s.module, s.service): s for s in claim.services}
-        tokens = {k: sum(total for _free, total in s.pools.values()) for k, s in latest.items()}
-        said = tuple(sorted((k, s.state, tokens[k], s.load_s, s.job_s)
-                            for k, s in latest.items()))
-        last = self._offered.get(claim.node_id)
-        if last is not None and last[0] == said and 0 <= now - last[1] < OFFER_REWRITE_S:
-            return
-        tx.run("DELETE FROM claim_offers WHERE node_id = ?", (claim.node_id,))
-        tx.many("INSERT INTO claim_offers (node_id, module, service, state, tokens, load_s,"
-                " job_s, claimed_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                [(claim.node_id, s.module, s.service, s.state, tokens[k], s.load_s, s.job_s,
-                  now) for k, s in latest.items()])
-        self._offered[claim.node_id] = (said, now)
-        self._warmth.record(claim.node_id, {k: Offer(s.state, tokens[k], s.job_s, s.load_s)
-                                            for k, s in latest.items()})
-
-    def _warm(self, tx: Any, node_id: str, modules: list[str],
-              now: float) -> dict[tuple[str, str], Warmth]:
-        """Each service on the other nodes whose claims are fresh (``warmcache.py``: this
-        process's read of every node's offer, if it is recent)."""
-        t = time.monotonic()
-        if not self._warmth.covers(modules, t):
-            wanted = sorted(set(modules) | self._warmth.modules)
-            marks = ", ".join("?" * len(wanted))
-            rows = tx.all("SELECT node_id, module, service, state, tokens, job_s, load_s FROM"
-                          f" claim_offers WHERE module IN ({marks}) AND claimed_at >= ?",
-                          [*wanted, now - OFFER_FRESH_S])
-            self._warmth.fill(rows, wanted, t)
-        return self._warmth.warmth(node_id, modules)
-
-    def _cold(self, tx: Any, node_id: str, modules: list[str],
-              since: float) -> dict[tuple[str, str], int]:
-        """(module, stage) -> other nodes holding a live attempt granted it cold (since
-        ``since``) whose claims do not say yet that the service is starting: copies starting
-        that ``_warm`` cannot see (a node claims again only once it has room, after the load;
-        claims answered at the same moment, on any portal, each count the others')."""
-        marks = ", ".join("?" * len(modules))
-        rows = tx.all("SELECT a.module, a.stage, COUNT(DISTINCT a.node_id) AS n FROM attempts a"
-                      f" WHERE a.module IN ({marks}) AND a.placement = 'cold' AND a.issued_at >= ?"
-                      " AND a.state = 'running' AND a.node_id <> ? AND NOT EXISTS (SELECT 1 FROM"
-                      " claim_offers o WHERE o.node_id = a.node_id AND o.module = a.module AND"
-                      " o.state IN ('ready', 'starting') AND o.claimed_at >= a.issued_at) GROUP BY"
-                      " a.module, a.stage",
-                      [*modules, since, node_id])
-        return {(r["module"], r["stage"]): int(r["n"]) for r in rows}
-
-    def _expire(self, tx: Any, now: float) -> int:
+    def expire_in(self, tx: Any, now: float) -> int:
         """Leases past ``expires_at``: the attempt expired, its job queued again (no charge).
         Counted from what the statements return (a pipelined transaction has no row counts)."""
         rows = tx.all("SELECT attempt_id, job_id FROM attempts WHERE state = 'running' AND"
-                      " expires_at < ? ORDER BY expires_at LIMIT ?" + self._skip,
+                      " expires_at < ? ORDER BY expires_at LIMIT ?" + self.skip,
                       (now, EXPIRE_BATCH))
         if not rows:
             return 0
@@ -467,9 +268,9 @@ class DispatchStore:
 
     def expire(self, *, now: float) -> int:
         with self.backend.write() as tx:
-            n = self._expire(tx, now)
+            n = self.expire_in(tx, now)
         if n:
-            self._backlog.forget()
+            self.backlog.forget()
         return n
 
     def _attempt(self, tx: Any, attempt_id: int) -> tuple[dict[str, Any] | None,
@@ -487,7 +288,7 @@ class DispatchStore:
         """(renewed, lost, expired by this transaction) for a node's live attempts."""
         renewed, lost = [], []
         with self.backend.write() as tx:
-            expired = self._expire(tx, now)
+            expired = self.expire_in(tx, now)
             # a node running jobs keeps its claim's warmth fresh (it claims only when it has room)
             tx.run("UPDATE claim_offers SET claimed_at = ? WHERE node_id = ?", (now, node_id))
             for attempt_id, generation in refs:
@@ -505,11 +306,11 @@ class DispatchStore:
                retention_s: float) -> tuple[int, dict[str, Any], int]:
         """A node's result: (status, answer, leases expired by this transaction)."""
         with self.backend.write() as tx:
-            expired = self._expire(tx, now)
-            status, answer = self._finish(tx, res, now, retention_s)
+            expired = self.expire_in(tx, now)
+            status, answer = self.finish_in(tx, res, now, retention_s)
         return status, answer, expired
 
-    def _finish(self, tx: Any, res: Result, now: float,
+    def finish_in(self, tx: Any, res: Result, now: float,
                 retention_s: float) -> tuple[int, dict[str, Any]]:
         """A result inside ``tx``, fenced (10.7): (status, answer). Leases are expired first
         by the caller, so a result after its lease ended is refused ``lease_lost``.
@@ -554,7 +355,7 @@ class DispatchStore:
                    (now, attempt_id))
             tx.run("UPDATE jobs SET state = 'queued' WHERE job_id = ? AND attempt_id = ? AND"
                    " state = 'running'", (row["job_id"], attempt_id))
-        self._backlog.forget()
+        self.backlog.forget()
         return 200, {"released": True}
 
     # -- upkeep and figures ----------------------------------------------------------------------

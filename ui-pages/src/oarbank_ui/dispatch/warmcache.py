@@ -7,7 +7,7 @@ Read per claim, the warmth was a sum over every node's offer (about half of a cl
 exactly; the offers this process records meanwhile replace that node's part at once (so two
 claims of one process never see a node in two states). Another process's claims reach it
 within ``WARM_TTL_S``. Copies granted cold and not yet in any claim are read fresh per claim
-(``DispatchStore._cold``): the count that keeps claims answered together from each starting
+(``claims.Claims._cold``): the count that keeps claims answered together from each starting
 a copy does not wait for this cache.
 """
 
