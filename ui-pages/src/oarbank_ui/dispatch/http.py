@@ -145,15 +145,16 @@ class DispatchAPI:
         self._purged_at = 0.0
         # claims that come together share a transaction (its thread starts on first use, in
         # the serving process); a claim is never refused for waiting (bound_s: a long poll's)
-        self._claims: GroupCommit[ClaimWork, Claimed | Exception] = GroupCommit(
-            self._write_claims, key=lambda w: w.claim.node_id, failed=lambda e: e,
+        self._claim_writer: GroupCommit[ClaimWork, Claimed | Exception] = GroupCommit(
+            lambda works: list(self._write_claims(works)), key=lambda w: w.claim.node_id,
+            failed=lambda e: e,
             late=lambda s: TimeoutError(f"claim waited over {s:g} s for the store"),
             bound_s=CLAIM_BOUND_S, max_batch=CLAIM_BATCH, linger_s=CLAIM_LINGER_S,
             on_batch=lambda n, _s: metrics.claims_done(n))
 
     def close(self) -> None:
         """The claims' writer finishes what it holds and stops."""
-        self._claims.close()
+        self._claim_writer.close()
 
     # -- credentials ---------------------------------------------------------------------------
 
@@ -310,14 +311,10 @@ class DispatchAPI:
     async def claim(self, body: bytes, headers: Mapping[str, str],
                     run: Callable[..., Any]) -> Reply:
         """A long-polled claim, on the event loop: its store work goes to the claims' group
-        commit (``_claims``), a long poll's look for new work to ``run(fn, *args)`` (the
+        commit (``_claim_writer``), a long poll's look for new work to ``run(fn, *args)`` (the
         thread pool)."""
         try:
-            claim = read_claim(self._json(body, headers))
-            token = bearer_token(headers.get("authorization"))
-            if not token:
-                return self._unauthenticated()
-            work = self._work(claim, first=True, token=token)
+            claim, work = self._first_work(self._json(body, headers), headers)
             reply = self._answer(claim, await self._committed(work))
             # (a claim carrying results is answered at once: the node learns their fate now)
             if reply.status != 200 or reply.doc["grants"] or claim.results:
@@ -347,30 +344,34 @@ class DispatchAPI:
         """``work`` done by the group commit, with the claims that came with it."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Claimed | Exception] = loop.create_future()
-        self._claims.submit(work, fut, loop)
+        self._claim_writer.submit(work, fut, loop)
         done = await fut
         if isinstance(done, Exception):
             raise done
         return done
 
-    def _write_claims(self, works: list[ClaimWork]) -> list[Claimed | Exception]:
-        """The group commit's batch (its thread): one transaction, then the hourly upkeep."""
+    def _write_claims(self, works: list[ClaimWork]) -> list[Claimed]:
+        """Claims in one transaction (the group commit's batch, in its thread; or an
+        in-process caller's one), then the hourly upkeep."""
         now = self.clock()
         done = self.claims.batch(works, now=now, lease_s=self.lease_s,
-                                      retention_s=self.retention_s)
+                                 retention_s=self.retention_s)
         self._upkeep(now)
-        return list(done)
+        return done
 
     def _claim_now(self, doc: Any, headers: Mapping[str, str]) -> Reply:
         """A claim from an in-process caller (``handle``): its own transaction, no long poll."""
+        claim, work = self._first_work(doc, headers)
+        return self._answer(claim, self._write_claims([work])[0])
+
+    def _first_work(self, doc: Any, headers: Mapping[str, str]) -> tuple[Claim, ClaimWork]:
+        """The request's claim and its first look, its token to be checked in the
+        transaction (none at all: refused here)."""
         claim = read_claim(doc)
         token = bearer_token(headers.get("authorization"))
         if not token:
-            return self._unauthenticated()
-        [done] = self.claims.batch([self._work(claim, first=True, token=token)],
-                                        now=self.clock(), lease_s=self.lease_s,
-                                        retention_s=self.retention_s)
-        return self._answer(claim, done)
+            raise _Refused(self._unauthenticated())
+        return claim, self._work(claim, first=True, token=token)
 
     def _work(self, claim: Claim, *, first: bool, token: str | None = None) -> ClaimWork:
         def choose(queue: dict[tuple[str, str], tuple[int, float]],

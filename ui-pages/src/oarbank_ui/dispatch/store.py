@@ -3,10 +3,10 @@ migration 0005): submitters, batches, jobs, attempts with their leases, each nod
 claim. Nothing the dispatcher decides lives only in a process: a portal killed and started
 again, or a second portal on the same PostgreSQL, carries on from the tables.
 
-Each call is one transaction. PostgreSQL: a claim takes its jobs with ``FOR UPDATE SKIP
-LOCKED`` (portals claiming at once take different jobs, without waiting on each other); rows
-are locked attempt first, then job, everywhere, so two transactions never wait on each other
-in a circle. SQLite: one writer at a time (``BEGIN IMMEDIATE``).
+Each call is one transaction (a node's claims: ``claims.py``, on these tables). PostgreSQL: a
+claim takes its jobs with ``FOR UPDATE SKIP LOCKED`` (portals claiming at once take different
+jobs, without waiting on each other); rows are locked attempt first, then job, everywhere, so
+two transactions never wait on each other in a circle. SQLite: one writer at a time (``BEGIN IMMEDIATE``).
 
 Job states: queued -> running (granted) -> succeeded | failed; queued | running -> cancelled;
 running -> queued when its lease expires or the node releases it (no charge: the next grant
@@ -67,7 +67,7 @@ class DispatchStore:
         # gives it (migration 0007), never the primary key's walk over the done jobs before them.
         head = "seq + 0" if self.pg else "seq"
         self.queued = (" FROM jobs WHERE state = 'queued' AND module = ? AND stage = ?"
-                        f" ORDER BY {head}")  # a stage's queued jobs, oldest first
+                       f" ORDER BY {head}")  # a stage's queued jobs, oldest first
         self.backlog = BacklogCounts()  # each stage's, shared by this process's claims
         self._unanalyzed = 0  # jobs this process submitted since its last ANALYZE (PostgreSQL)
         self._analyze_lock = threading.Lock()
@@ -311,7 +311,7 @@ class DispatchStore:
         return status, answer, expired
 
     def finish_in(self, tx: Any, res: Result, now: float,
-                retention_s: float) -> tuple[int, dict[str, Any]]:
+                  retention_s: float) -> tuple[int, dict[str, Any]]:
         """A result inside ``tx``, fenced (10.7): (status, answer). Leases are expired first
         by the caller, so a result after its lease ended is refused ``lease_lost``.
 

@@ -12,7 +12,7 @@ What this layer adds to the request logic (app.py), and why; each check is writt
 - A report's refusals are counted by cause and logged (``Portal.refuse``); another request's
   are plain answers.
 - A report (``POST /v1/heartbeat``) and a claim (``POST /v1/agent/claim``), the requests a
-  fleet sends a thousand times a second, take short paths (``_report_app``, ``_claim_app``):
+  fleet sends a thousand times a second, take a short path (``_short_path``):
   no Starlette ``Request``, ``Response`` or router, the answer sent as two ASGI messages with
   headers encoded here (``_send``); past its headers a report is ``reports.py``'s (token,
   parsing, group commit), a claim ``dispatch/http.py``'s (its own group commit). Every other
@@ -166,29 +166,34 @@ async def _body(portal: Portal, receive: Receive, headers: dict[str, str],
         return None
 
 
-def _report_app(portal: Portal, read_timeout_s: float) -> ASGIApp:
-    """The ASGI callable for reports (``is_heartbeat_post`` scopes only)."""
+def _short_path(portal: Portal, read_timeout_s: float,
+                handle: Callable[[dict[str, str], bytes], Awaitable[PortalResponse]], *,
+                report: bool) -> ASGIApp:
+    """The ASGI callable of a POST that skips Starlette (a report, a claim): the checks every
+    request gets, its body read within its bounds, ``handle(headers, body)``'s answer sent in
+    one go, its time observed under its route (refused ones too). ``report``: a refusal is a
+    report's (counted, logged)."""
 
     async def answer(scope: dict[str, Any], receive: Receive) -> tuple[PortalResponse | None,
                                                                           bool]:
         """The answer and whether the connection must close after it (None: nobody to
         answer, the body was cut short)."""
-        headers = _headers(scope)
-        early = portal.admit("POST", _path(scope), headers, lookup=False)
+        path, headers = _path(scope), _headers(scope)
+        early = portal.admit("POST", path, headers, lookup=False)
         if isinstance(early, PortalResponse):
             return early, True  # the body was not read: the connection cannot carry another
-        body = await _body(portal, receive, headers, read_timeout_s, report=True)
+        body = await _body(portal, receive, headers, read_timeout_s, report=report,
+                           limit=portal.body_limit(path))
         if not isinstance(body, bytes):
             return body, True
-        # group commit: parsed here, stored with others, answered after the commit
-        return await portal.ingest.post(headers, body), False
+        return await handle(headers, body), False
 
     async def app(scope: dict[str, Any], receive: Receive, send: Send) -> None:
         started = time.perf_counter()
         try:
             r, close = await answer(scope, receive)
-        finally:  # every report, refused ones too, from its head to its answer
-            portal.metrics.observe("heartbeat", started)
+        finally:  # every request, refused ones too, from its head to its answer
+            portal.metrics.observe(route_name(scope["path"]), started)
         await _send(send, r, close)
 
     return app
@@ -209,34 +214,6 @@ async def _send(send: Send, r: PortalResponse | None, close: bool) -> None:
             head.append((b"connection", b"close"))
     await send({"type": "http.response.start", "status": status, "headers": head})
     await send({"type": "http.response.body", "body": body})
-
-
-def _claim_app(portal: Portal, read_timeout_s: float) -> ASGIApp:
-    """The ASGI callable for claims (``is_claim_post`` scopes), the other request a fleet
-    sends a thousand times a second: a long poll that waits on the event loop, its store work
-    in the claims' group commit (``dispatch/http.py``)."""
-
-    async def answer(scope: dict[str, Any], receive: Receive) -> tuple[PortalResponse | None,
-                                                                          bool]:
-        path, headers = _path(scope), _headers(scope)
-        early = portal.admit("POST", path, headers, lookup=False)
-        if isinstance(early, PortalResponse):
-            return early, True  # the body was not read: the connection cannot carry another
-        body = await _body(portal, receive, headers, read_timeout_s, report=False,
-                           limit=portal.body_limit(path))
-        if not isinstance(body, bytes):
-            return body, True
-        return reply_response(await portal.dispatch.claim(body, headers, run_in_threadpool)), False
-
-    async def app(scope: dict[str, Any], receive: Receive, send: Send) -> None:
-        started = time.perf_counter()
-        try:
-            r, close = await answer(scope, receive)
-        finally:
-            portal.metrics.observe(route_name(scope["path"]), started)
-        await _send(send, r, close)
-
-    return app
 
 
 def _to_starlette(r: PortalResponse, *, close: bool = False) -> Response:
@@ -277,8 +254,17 @@ def build_app(portal: Portal, *, read_timeout_s: float = 10.0) -> ASGIApp:
         return _to_starlette(r)
 
     routed = Starlette(routes=[Route("/{path:path}", endpoint, methods=_METHODS)])
-    report = _report_app(portal, read_timeout_s)
-    claim = _claim_app(portal, read_timeout_s)
+    async def report_answer(headers: dict[str, str], body: bytes) -> PortalResponse:
+        # group commit: parsed here, stored with others, answered after the commit
+        return await portal.ingest.post(headers, body)
+
+    async def claim_answer(headers: dict[str, str], body: bytes) -> PortalResponse:
+        # a long poll that waits on the event loop, its store work in the claims' group
+        # commit (dispatch/http.py)
+        return reply_response(await portal.dispatch.claim(body, headers, run_in_threadpool))
+
+    report = _short_path(portal, read_timeout_s, report_answer, report=True)
+    claim = _short_path(portal, read_timeout_s, claim_answer, report=False)
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
         if is_heartbeat_post(scope):
