@@ -23,13 +23,16 @@ from harness_test_helpers import REPO
 DOC = REPO / "docs" / "interop.md"
 STANDIN = REPO / "sdk" / "tests" / "upstream_standin" / "oarbank_sdk"
 # Appended to the bundled copy: who imported it (a runner writes only its workdir, ops and the
-# daemon the module's data dir).
+# daemon the module's data dir). Written aside and renamed: a process the agent ends while it
+# writes (the runner's `doctor --json` in flight when the agent stops) leaves no empty mark.
 MARK = '''
 import os as _os
 _where = _os.environ.get("OARBANK_WORKDIR") or _os.environ.get("OARBANK_MODULE_DATA")
 if _where:
-    with open(_os.path.join(_where, f"bundled-sdk-{_os.getpid()}"), "w") as _f:
+    _aside = _os.path.join(_where, f"mark-aside-{_os.getpid()}")
+    with open(_aside, "w") as _f:
         _f.write(__file__)
+    _os.replace(_aside, _os.path.join(_where, f"bundled-sdk-{_os.getpid()}"))
 '''
 
 
