@@ -249,3 +249,41 @@ def test_a_job_its_submitter_cancels_is_ended_on_the_node_and_not_reported(
             assert "long"[::-1] not in json.dumps(job(portal, sub, jid))  # no result came
         finally:
             agent.stop()
+
+
+def test_a_stopping_agent_hands_back_what_its_drain_did_not_finish(tmp_path: Path) -> None:
+    # a lease far longer than the test: only the hand-back can queue the job again in time
+    with running_portal(tmp_path, "--module", str(EXAMPLE), "--lease-s", "300") as portal:
+        sub = submitter_token(portal["db"], "alice")
+        stopping = claiming_agent(tmp_path, portal, "s", extra=["--drain-s", "1"])
+        other = again = None
+        try:
+            (jid,) = submit(portal, sub, [["slow"]], hold_s=6)
+            stopping.wait_for(lambda: [j["state"] for j in stopping.status()["jobs"]] == [
+                "running"], what="the attempt running on s")
+            stopping.stop()  # SIGTERM: its 1 s drain does not see the 6 s job to its end
+            # handed back before the agent exited: queued again at once, without charge
+            j = job(portal, sub, jid)
+            assert (j["state"], j["grants"], j["lease_expiries"]) == ("queued", 1, 0), j
+            assert "portal job(s) the drain did not finish handed back" in stopping.log()
+            # another node runs it: its second grant, a lease early
+            other = claiming_agent(tmp_path, portal, "o")
+            (done,) = wait_jobs(portal, sub, [jid])
+            assert (done["state"], done["node_id"], done["generation"], done["grants"],
+                    done["lease_expiries"]) == ("succeeded", "o", 2, 2, 0), done
+            assert done["result"]["payload"]["texts"] == [complete("slow")]
+            # s again, on its state dir: the job it handed back ended there, cancelled; it is
+            # neither run again nor renewed nor reported
+            again = claiming_agent(tmp_path, portal, "s")
+            (row,) = again.status()["jobs"]
+            assert row["state"] == "cancelled" and row["portal"]["report"].startswith(
+                "released: "), row
+            assert row["reason"] == f"portal: {row['portal']['report']}", row
+            fleet = again.status()["fleet"]
+            assert fleet["leases"]["held"] == 0 and fleet["results"]["accepted"] == 0, fleet
+            assert job(portal, sub, jid)["node_id"] == "o"
+        finally:
+            stopping.stop()
+            for a in (other, again):
+                if a is not None:
+                    a.stop()

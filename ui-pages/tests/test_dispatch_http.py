@@ -6,6 +6,8 @@ protocol's, not a stand-in for the portal."""
 
 from __future__ import annotations
 
+import http.client
+import json
 import os
 import signal
 import threading
@@ -13,6 +15,7 @@ import time
 from typing import Any
 
 from dispatch_helpers import MODULE_ID, Node, call, offer, submitter_token
+from portal_helpers import auth
 
 
 def job(prompt: str = "hi", **over: Any) -> dict[str, Any]:
@@ -284,6 +287,26 @@ def test_a_long_poll_answers_as_soon_as_work_arrives(start_portal: Any) -> None:
     assert len(grants) == 1 and 1.0 <= took < 5.0, took
     started = time.monotonic()
     assert n1.claim(wait_s=1.5) == [] and time.monotonic() - started >= 1.4  # held, then empty
+
+
+def test_a_long_poll_whose_node_went_away_grants_nothing(start_portal: Any) -> None:
+    p = start_portal()
+    alice = submitter_token(p.db, "alice")
+    n1 = Node(p, "n1")
+    host, port = p.url[len("http://"):].rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    conn.request("POST", "/v1/agent/claim", body=json.dumps(
+        {"node_id": "n1", "wait_s": 20, "modules": [offer()]}).encode(),
+        headers={"Content-Type": "application/json", **auth(n1.token)})
+    time.sleep(0.5)  # the claim is held: nothing to grant yet
+    conn.close()  # the node goes (stopped, its request timed out) without reading an answer
+    (jid,) = [j["job_id"] for j in submit(p, alice, [job()]).doc["jobs"]]
+    time.sleep(2.5)  # past the held poll's next look (every second), had it still been waiting
+    r = call(p.url, "GET", f"/v1/jobs/{jid}", token=alice)
+    assert (r.doc["state"], r.doc["grants"]) == ("queued", 0), r.text
+    # the next claim gets it: its first grant, not one lost to a lease's expiry
+    (g,) = n1.claim()
+    assert (g["job_id"], g["generation"]) == (jid, 1)
 
 
 def test_warmth_decides_where_a_trickle_goes_and_a_burst_spreads(start_portal: Any,

@@ -8,7 +8,8 @@ what the node does about each: pure, no I/O, no clock.
 - A result's answer: ``accepted`` (200), ``refused`` (409: ``lease_lost``,
   ``stale_generation``, ``cancelled``, ``not_your_attempt``; or 400 / 413: the same body would
   be refused again) or ``retry`` (anything else: 503, a token being fixed, the portal away),
-  with the same body.
+  with the same body. A release's answer reads the same: ``accepted`` is the job queued again
+  on the portal; ``refused``, the attempt no longer this node's (``job_done`` too: it ended).
 - Backoff: doubling from ``BACKOFF_FIRST_S`` to ``BACKOFF_MAX_S``, each wait stretched by up
   to half again at random, so nodes refused together do not come back together.
 """
@@ -25,7 +26,7 @@ __all__ = ["BACKOFF_FIRST_S", "BACKOFF_MAX_S", "Grant", "Verdict", "backoff",
 
 BACKOFF_FIRST_S = 0.5
 BACKOFF_MAX_S = 30.0
-REFUSALS = ("lease_lost", "stale_generation", "cancelled", "not_your_attempt")
+REFUSALS = ("lease_lost", "stale_generation", "cancelled", "not_your_attempt", "job_done")
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,7 @@ class Verdict:
 
 
 def result_verdict(status: int, body: bytes) -> Verdict:
-    """What an answer to ``POST /v1/agent/result`` means for the node."""
+    """What an answer to ``POST /v1/agent/result`` (or ``/release``) means for the node."""
     if status == 200:
         return Verdict("accepted")
     why = error_of(body)

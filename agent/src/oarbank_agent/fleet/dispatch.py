@@ -8,8 +8,9 @@ section 10) beside its local ``submit``. This wires the three loops to the agent
 The agent's events drive them: an admission pass and a service change may give room (a
 claim); a job that became final is reported, leaves the leases, and adds its run time to the
 module's ``job_s``; a stop request ends claiming at once (the drain runs what is held). At
-the end, results still owed get ``FLUSH_S`` to go out; what is left is on disk for the next
-agent on this state dir.
+the end, the portal jobs the drain did not finish are handed back (the portal grants them
+elsewhere at once, not a lease later), and results still owed go out, both within
+``FLUSH_S``; what is left is on disk for the next agent on this state dir.
 """
 
 from __future__ import annotations
@@ -97,9 +98,16 @@ class FleetDispatch:
             task.cancel()  # no more work: a long poll in flight is dropped
 
     async def aclose(self) -> None:
-        """The agent has stopped: results still owed get ``FLUSH_S``, then every loop ends."""
+        """The agent has stopped: the portal jobs it did not finish are handed back, and
+        results still owed go out, within ``FLUSH_S``; then every loop ends."""
+        if "leases" in self._tasks:
+            left = self.leases.hand_back(list(self.leases.live.values()),
+                                         "the agent stopped before running it to the end")
+            if left:
+                log.info("fleet: %d portal job(s) the drain did not finish handed back", left)
         deadline = time.monotonic() + FLUSH_S
-        while self.results.owed and time.monotonic() < deadline and "results" in self._tasks:
+        while ((self.results.owed and "results" in self._tasks) or self.leases.handing_back) \
+                and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         if self.results.owed:
             log.warning("fleet: %d result(s) not acknowledged yet: the next agent on this "

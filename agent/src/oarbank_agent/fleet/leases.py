@@ -13,14 +13,22 @@
   submitter cancelled it. The reason stays in the record (``portal.report``: ``lost: ...``).
 - ``release``: ``POST /v1/agent/release`` for a grant the node will not run; tried a few
   times, then left to expire (the portal queues it again either way).
+- ``hand_back``: the portal jobs a stopping node did not finish (its drain over: queued,
+  or interrupted and requeued) are released, so the portal queues them again at once, not a
+  lease later. Once the portal answers (released, or no longer this node's), the
+  record ends here ``cancelled`` (``portal.report``: ``released: ...`` or ``lost: ...``): no
+  later agent on this state dir runs it. A release that gets no answer leaves the record as
+  it was: the next agent renews and runs it, or the lease expires.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import random
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from oarbank_agent.jobs import machine as jobs
@@ -50,6 +58,7 @@ class Leases:
         self._rng = random.Random()
         self._poked = asyncio.Event()
         self._releases: set[asyncio.Task[None]] = set()
+        self._handing: set[str] = set()  # local job ids being handed back
         self.renews = 0
         self.lost = 0
         self.released = 0
@@ -133,13 +142,17 @@ class Leases:
             if not self.agent.queue.cancel(rec.job_id, f"portal: {why}"):
                 self.agent.store.save(rec)  # (final already: only the report's note)
 
-    def release(self, attempt_id: int, generation: int, reason: str) -> None:
-        """Hand a grant back (in the background, a few tries)."""
-        task = asyncio.ensure_future(self._release(attempt_id, generation, reason))
+    def release(self, attempt_id: int, generation: int, reason: str,
+                answered: Callable[[str], None] | None = None) -> asyncio.Task[None]:
+        """Hand a grant back (in the background, a few tries). ``answered`` hears the portal's
+        word once it gives one: ``released``, or why the attempt is no longer this node's."""
+        task = asyncio.ensure_future(self._release(attempt_id, generation, reason, answered))
         self._releases.add(task)
         task.add_done_callback(self._releases.discard)
+        return task
 
-    async def _release(self, attempt_id: int, generation: int, reason: str) -> None:
+    async def _release(self, attempt_id: int, generation: int, reason: str,
+                       answered: Callable[[str], None] | None) -> None:
         body = json.dumps({"node_id": self.agent.node.node_id, "attempt_id": attempt_id,
                            "generation": generation, "reason": reason[:200]}).encode()
         wait = None
@@ -149,15 +162,50 @@ class Leases:
             except (OSError, PortalError, asyncio.TimeoutError) as e:
                 error = str(e) or type(e).__name__
             else:
-                if ans.status == 200 or ans.status == 409:
-                    self.released += ans.status == 200
+                verdict = answers.result_verdict(ans.status, ans.body)
+                if verdict.outcome != "retry":
+                    self.released += verdict.outcome == "accepted"
+                    if answered is not None:
+                        answered("released" if verdict.outcome == "accepted" else verdict.why)
                     return
-                error = f"HTTP {ans.status}: {answers.error_of(ans.body)}"
+                error = verdict.why
             pause, wait = answers.backoff(wait, self._rng)
             log.debug("fleet: releasing attempt %d failed: %s", attempt_id, error)
             await asyncio.sleep(pause)
         log.warning("fleet: attempt %d could not be handed back (%s); its lease expires on the "
                     "portal instead", attempt_id, error)
+
+    @property
+    def handing_back(self) -> int:
+        return len(self._handing)
+
+    def hand_back(self, recs: Iterable[JobRecord], reason: str) -> int:
+        """The node stops: these portal jobs will not be finished here. Each is released; the
+        portal's answer ends its record here (``_handed_back``). Returns how many went."""
+        n = 0
+        for rec in recs:
+            portal = rec.portal
+            if portal is None or rec.state in jobs.TERMINAL or rec.job_id in self._handing:
+                continue
+            self._handing.add(rec.job_id)
+            task = self.release(portal["attempt_id"], portal["generation"], reason,
+                                functools.partial(self._handed_back, rec, reason))
+            task.add_done_callback(functools.partial(self._handed, rec.job_id))
+            n += 1
+        return n
+
+    def _handed(self, job_id: str, _task: object) -> None:
+        self._handing.discard(job_id)  # answered, or given up (its lease expires instead)
+
+    def _handed_back(self, rec: JobRecord, reason: str, answer: str) -> None:
+        portal = rec.portal
+        if portal is None or rec.state in jobs.TERMINAL:
+            return
+        portal["report"] = f"released: {reason}" if answer == "released" else f"lost: {answer}"
+        self.live.pop(rec.job_id, None)
+        # queued -> cancelled: the portal runs it elsewhere; nothing is reported
+        if not self.agent.queue.cancel(rec.job_id, f"portal: {portal['report']}"):
+            self.agent.store.save(rec)
 
     async def aclose(self) -> None:
         for t in list(self._releases):

@@ -6,7 +6,8 @@
    a runner that accepts a stop (``cancellable``) is asked at once to stop at its next safe
    point (a checkpoint first, if it writes them): released when it does, not charged;
 3. what is still running then is released: its attempt ended and not charged, the job left
-   queued on disk for the next agent on this state dir;
+   queued on disk for the next agent on this state dir (a portal job is handed back to the
+   portal once the agent has stopped: ``fleet/leases.py`` ``hand_back``);
 4. services stop in contract order and the agent exits (``Agent.shutdown``).
 
 Each step is logged at INFO with its figures: a drain is the node working, not a problem.

@@ -308,11 +308,12 @@ class DispatchAPI:
 
     # -- the agent's side ----------------------------------------------------------------------
 
-    async def claim(self, body: bytes, headers: Mapping[str, str],
-                    run: Callable[..., Any]) -> Reply:
+    async def claim(self, body: bytes, headers: Mapping[str, str], run: Callable[..., Any],
+                    gone: Callable[[], bool] = lambda: False) -> Reply:
         """A long-polled claim, on the event loop: its store work goes to the claims' group
         commit (``_claim_writer``), a long poll's look for new work to ``run(fn, *args)`` (the
-        thread pool)."""
+        thread pool). ``gone()``: its node went away (stopped, timed out), so the poll ends
+        granting nothing: a grant nobody reads would wait out its lease."""
         try:
             claim, work = self._first_work(self._json(body, headers), headers)
             reply = self._answer(claim, await self._committed(work))
@@ -321,9 +322,9 @@ class DispatchAPI:
                 return reply
             again = self._work(claim, first=False)
             deadline = time.monotonic() + claim.wait_s
-            while (left := deadline - time.monotonic()) > 0:
+            while (left := deadline - time.monotonic()) > 0 and not gone():
                 await self.waker.wait(min(self.poll_s, left))
-                if not await run(self.store.has_work, work.pairs, self.clock()):
+                if not await run(self.store.has_work, work.pairs, self.clock()) or gone():
                     continue
                 reply = self._answer(claim, await self._committed(again))
                 if reply.status != 200 or reply.doc["grants"]:

@@ -15,7 +15,9 @@ What this layer adds to the request logic (app.py), and why; each check is writt
   fleet sends a thousand times a second, take a short path (``_short_path``):
   no Starlette ``Request``, ``Response`` or router, the answer sent as two ASGI messages with
   headers encoded here (``_send``); past its headers a report is ``reports.py``'s (token,
-  parsing, group commit), a claim ``dispatch/http.py``'s (its own group commit). Every other
+  parsing, group commit), a claim ``dispatch/http.py``'s (its own group commit; a held
+  claim watches for its client's disconnect, ``Disconnect``, and grants nothing after it: a
+  grant nobody reads would wait out its lease). Every other
   request goes through Starlette to ``Portal.handle`` in the thread pool (the store is
   blocking: sqlite3, psycopg's pool).
 """
@@ -115,6 +117,31 @@ async def read_body(receive: Receive, length: int) -> bytes:
     return b"".join(chunks)
 
 
+class Disconnect:
+    """Whether a long poll's client went away (``http.disconnect``): the request's
+    ``receive`` is watched from the first ask on, so a claim that returns at once costs no
+    task. Called as ``gone()``."""
+
+    def __init__(self, receive: Receive) -> None:
+        self._receive = receive
+        self._watch: asyncio.Task[None] | None = None
+        self._gone = False
+
+    def __call__(self) -> bool:
+        if self._watch is None:
+            self._watch = asyncio.ensure_future(self._wait())
+        return self._gone
+
+    async def _wait(self) -> None:
+        while (await self._receive())["type"] != "http.disconnect":
+            pass  # (more of a body already read: none comes)
+        self._gone = True
+
+    def close(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+
+
 async def _within(coro: Awaitable[bytes], seconds: float) -> bytes:
     """``coro``'s result, or TimeoutError after ``seconds``: a timer that cancels this task
     (a third of ``asyncio.timeout``'s cost, and no task of its own as ``wait_for`` makes)."""
@@ -167,10 +194,11 @@ async def _body(portal: Portal, receive: Receive, headers: dict[str, str],
 
 
 def _short_path(portal: Portal, read_timeout_s: float,
-                handle: Callable[[dict[str, str], bytes], Awaitable[PortalResponse]], *,
+                handle: Callable[[dict[str, str], bytes, Receive], Awaitable[PortalResponse]],
+                *,
                 report: bool) -> ASGIApp:
     """The ASGI callable of a POST that skips Starlette (a report, a claim): the checks every
-    request gets, its body read within its bounds, ``handle(headers, body)``'s answer sent in
+    request gets, its body read within its bounds, ``handle(headers, body, receive)``'s answer sent in
     one go, its time observed under its route (refused ones too). ``report``: a refusal is a
     report's (counted, logged)."""
 
@@ -186,7 +214,7 @@ def _short_path(portal: Portal, read_timeout_s: float,
                            limit=portal.body_limit(path))
         if not isinstance(body, bytes):
             return body, True
-        return await handle(headers, body), False
+        return await handle(headers, body, receive), False
 
     async def app(scope: dict[str, Any], receive: Receive, send: Send) -> None:
         started = time.perf_counter()
@@ -254,14 +282,21 @@ def build_app(portal: Portal, *, read_timeout_s: float = 10.0) -> ASGIApp:
         return _to_starlette(r)
 
     routed = Starlette(routes=[Route("/{path:path}", endpoint, methods=_METHODS)])
-    async def report_answer(headers: dict[str, str], body: bytes) -> PortalResponse:
+    async def report_answer(headers: dict[str, str], body: bytes,
+                            _receive: Receive) -> PortalResponse:
         # group commit: parsed here, stored with others, answered after the commit
         return await portal.ingest.post(headers, body)
 
-    async def claim_answer(headers: dict[str, str], body: bytes) -> PortalResponse:
+    async def claim_answer(headers: dict[str, str], body: bytes,
+                           receive: Receive) -> PortalResponse:
         # a long poll that waits on the event loop, its store work in the claims' group
-        # commit (dispatch/http.py)
-        return reply_response(await portal.dispatch.claim(body, headers, run_in_threadpool))
+        # commit (dispatch/http.py); it grants nothing once its node has gone
+        gone = Disconnect(receive)
+        try:
+            return reply_response(await portal.dispatch.claim(body, headers, run_in_threadpool,
+                                                              gone))
+        finally:
+            gone.close()
 
     report = _short_path(portal, read_timeout_s, report_answer, report=True)
     claim = _short_path(portal, read_timeout_s, claim_answer, report=False)
