@@ -133,8 +133,10 @@ class Disconnect:
         return self._gone
 
     async def _wait(self) -> None:
+        # uvicorn's receive() blocks, once the body is read, until the client goes; a server
+        # that answered at once would only slow this loop, never spin it
         while (await self._receive())["type"] != "http.disconnect":
-            pass  # (more of a body already read: none comes)
+            await asyncio.sleep(0.1)
         self._gone = True
 
     def close(self) -> None:
