@@ -169,6 +169,9 @@ def table(r: dict[str, Any]) -> str:
             "| | |",
             f"| | lease expiries; grants (jobs: {f['jobs']}) | {f['lease_expiries']}; "
             f"{f['grants']} | | | | |",
+            f"| | jobs the stopped agent handed back; lease expiries among them | "
+            f"{f.get('handed_back_at_stop', '-')}; "
+            f"{f.get('lease_expiries_of_those_handed_back', '-')} | | | | |",
         ]
     if faults and "error" in faults:
         rows.append(f"| faults | error | {faults['error']} | | | | |")

@@ -6,9 +6,12 @@ agent), a batch of jobs submitted to the portal; while they run, in turn:
 1. an agent is killed with -9 while it holds leases (its runners die with it: fate sharing),
    and started again on its state dir once those leases expired: what it then collects of its
    predecessor's attempts goes to a portal that re-granted them;
-2. the portal is killed with -9 (its workers too) and started again on the same database and
+2. an agent is stopped (SIGTERM, a drain of ``DRAIN_S``) while it holds leases, and started
+   again on its state dir at once: what its drain did not finish it hands back, so the
+   portal grants those jobs again without waiting for a lease to expire;
+3. the portal is killed with -9 (its workers too) and started again on the same database and
    port;
-3. on PostgreSQL, the database server is restarted (a fast shutdown: open sessions ended).
+4. on PostgreSQL, the database server is restarted (a fast shutdown: open sessions ended).
 
 Once on SQLite and once on PostgreSQL. Printed, 0 expected: jobs lost (not succeeded at the
 end) and jobs completed twice (a result accepted more than once for one job, over every node's
@@ -17,6 +20,8 @@ job records). Printed beside them: the results refused as stale (``lease_lost``,
 job in the services' ledgers): a runner that finished just as its agent was killed, not yet
 reported, is collected by the agent started again (issue 44), but its lease expired while the
 agent was down and the job ran again elsewhere: that collected result is one refused as stale.
+Printed too: the jobs the stopped agent handed back, and the lease expiries among them (0
+expected: each was granted again at once).
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ MODULES = tuple(f"dev.oarbank.bench.faults-{c}" for c in "ab")
 STAGE = "work"
 NODES = ("node-0", "node-1", "node-2")
 LEASE_S = 6.0  # short, so that the killed agent's leases expire within the run
+DRAIN_S = 0.2  # a stopped agent's drain: shorter than most jobs, so some are handed back
 WAIT_S = 420.0
 
 
@@ -86,7 +92,7 @@ class _Run:
         settings = {m: {"load_s": 0.3, "slots": 4} for m in MODULES}
         self.agents[node] = Agent(self.folder / node, self.mods, settings, extra_args=[
             "--node-id", node, "--portal", self.url, "--portal-token-file", str(tf),
-            "--claim", "--claim-wait-s", "2"])
+            "--claim", "--claim-wait-s", "2", "--drain-s", f"{DRAIN_S:g}"])
 
     def call(self, method: str, path: str, doc: Any = None) -> Any:
         return call(self.url, method, path, self.sub, doc, timeout=30)
@@ -160,7 +166,18 @@ def _faults(run: _Run, kind: str, cluster: Any) -> dict[str, Any]:
     run.start_agent(victim)
     run.say(f"{victim} started again on its state dir ({LEASE_S * 2:g} s later)")
 
-    # 2. the portal killed -9 and started again on the same database and port
+    # 2. an agent stopped (SIGTERM) while it holds leases; started again at once
+    stopped = NODES[1]
+    run.wait_until(batch, f"{stopped} holding leases after 25% done",
+                   lambda st: st.get("succeeded", 0) >= run.jobs * 0.25
+                   and run.holding(stopped) > 0)
+    held = run.holding(stopped)
+    run.agents.pop(stopped).stop()
+    run.say(f"{stopped} stopped (SIGTERM, a {DRAIN_S:g} s drain) holding {held} leases")
+    run.start_agent(stopped)
+    run.say(f"{stopped} started again on its state dir")
+
+    # 3. the portal killed -9 and started again on the same database and port
     run.wait_until(batch, "half done", lambda st: st.get("succeeded", 0) >= run.jobs * 0.5)
     assert run.portal is not None
     run.portal.kill()
@@ -169,7 +186,7 @@ def _faults(run: _Run, kind: str, cluster: Any) -> dict[str, Any]:
     run.start_portal()
     run.say("portal started again")
 
-    # 3. PostgreSQL restarted
+    # 4. PostgreSQL restarted
     if cluster is not None:
         run.wait_until(batch, "75% done", lambda st: st.get("succeeded", 0) >= run.jobs * 0.75)
         cluster.stop_server()
@@ -202,6 +219,7 @@ def _figures(run: _Run, batch: str) -> dict[str, Any]:
     jobs = batch_jobs(run.url, run.sub, batch)
     accepted: Counter[str] = Counter()
     refused: Counter[str] = Counter()
+    handed_back: set[str] = set()  # portal jobs a stopped agent released (fleet/leases.py)
     local_to_portal: dict[tuple[str, str], str] = {}  # (node, local job id) -> portal job
     for node, agent in run.agents.items():
         for rec in agent.status()["jobs"]:
@@ -214,6 +232,8 @@ def _figures(run: _Run, batch: str) -> dict[str, Any]:
                 accepted[portal["job_id"]] += 1
             elif report.startswith("refused: "):
                 refused[report.removeprefix("refused: ")] += 1
+            elif report.startswith("released: "):
+                handed_back.add(portal["job_id"])
     done: Counter[str] = Counter()  # portal job -> `done` lines in every node's ledgers
     unmapped = 0
     for node in NODES:
@@ -240,6 +260,9 @@ def _figures(run: _Run, batch: str) -> dict[str, Any]:
         "results_refused_as_stale": refused.get("lease_lost", 0)
         + refused.get("stale_generation", 0),
         "lease_expiries": sum(j.get("lease_expiries", 0) for j in jobs),
+        "handed_back_at_stop": len(handed_back),
+        "lease_expiries_of_those_handed_back": sum(j.get("lease_expiries", 0) for j in jobs
+                                                   if j["job_id"] in handed_back),
         "grants": sum(j["grants"] for j in jobs),
         "events": run.events,
     }
