@@ -172,6 +172,9 @@ def table(r: dict[str, Any]) -> str:
             f"| | jobs the stopped agent handed back; lease expiries among them | "
             f"{f.get('handed_back_at_stop', '-')}; "
             f"{f.get('lease_expiries_of_those_handed_back', '-')} | | | | |",
+            f"| | jobs still leased to the stopped agent once it exited | "
+            f"{f.get('leased_to_the_stopped_agent_after_it_exited', '-')} | | | 0 | "
+            f"{_ok(f.get('leased_to_the_stopped_agent_after_it_exited', -1), '== 0')} |",
         ]
     if faults and "error" in faults:
         rows.append(f"| faults | error | {faults['error']} | | | | |")

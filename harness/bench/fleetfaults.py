@@ -6,9 +6,9 @@ agent), a batch of jobs submitted to the portal; while they run, in turn:
 1. an agent is killed with -9 while it holds leases (its runners die with it: fate sharing),
    and started again on its state dir once those leases expired: what it then collects of its
    predecessor's attempts goes to a portal that re-granted them;
-2. an agent is stopped (SIGTERM, a drain of ``DRAIN_S``) while it holds leases, and started
-   again on its state dir at once: what its drain did not finish it hands back, so the
-   portal grants those jobs again without waiting for a lease to expire;
+2. meanwhile another agent is stopped (SIGTERM, a drain of ``DRAIN_S``) while it holds
+   leases, and started again on its state dir at once: what its drain did not finish it
+   hands back, so the portal grants those jobs again without waiting for a lease to expire;
 3. the portal is killed with -9 (its workers too) and started again on the same database and
    port;
 4. on PostgreSQL, the database server is restarted (a fast shutdown: open sessions ended).
@@ -71,6 +71,7 @@ class _Run:
         self.agents: dict[str, Agent] = {}
         self.gone: list[Agent] = []  # killed agents, closed at the end
         self.events: list[str] = []
+        self.leased_to_stopped = -1  # jobs the portal still leased to the stopped agent
         self.t0 = time.monotonic()
 
     def say(self, what: str) -> None:
@@ -162,20 +163,24 @@ def _faults(run: _Run, kind: str, cluster: Any) -> dict[str, Any]:
     dead.proc.wait(10)
     run.gone.append(dead)
     run.say(f"{victim} killed with -9 holding {held} leases")
-    time.sleep(LEASE_S * 2)
-    run.start_agent(victim)
-    run.say(f"{victim} started again on its state dir ({LEASE_S * 2:g} s later)")
 
-    # 2. an agent stopped (SIGTERM) while it holds leases; started again at once
+    # 2. meanwhile, another agent stopped (SIGTERM) while it holds leases; started again at once
     stopped = NODES[1]
-    run.wait_until(batch, f"{stopped} holding leases after 25% done",
-                   lambda st: st.get("succeeded", 0) >= run.jobs * 0.25
-                   and run.holding(stopped) > 0)
+    run.wait_until(batch, f"{stopped} holding leases", lambda st: run.holding(stopped) > 0)
     held = run.holding(stopped)
     run.agents.pop(stopped).stop()
-    run.say(f"{stopped} stopped (SIGTERM, a {DRAIN_S:g} s drain) holding {held} leases")
+    # what the portal still leases to it, read before it starts again: what it did not hand
+    # back would wait for its lease to expire
+    run.leased_to_stopped = sum(1 for j in batch_jobs(run.url, run.sub, batch)
+                                if j["state"] == "running" and j.get("node_id") == stopped)
+    run.say(f"{stopped} stopped (SIGTERM, a {DRAIN_S:g} s drain) holding {held} leases; "
+            f"{run.leased_to_stopped} still leased to it once it exited")
     run.start_agent(stopped)
     run.say(f"{stopped} started again on its state dir")
+
+    time.sleep(LEASE_S * 2)
+    run.start_agent(victim)
+    run.say(f"{victim} started again on its state dir ({LEASE_S * 2:g} s after its kill)")
 
     # 3. the portal killed -9 and started again on the same database and port
     run.wait_until(batch, "half done", lambda st: st.get("succeeded", 0) >= run.jobs * 0.5)
@@ -261,6 +266,7 @@ def _figures(run: _Run, batch: str) -> dict[str, Any]:
         + refused.get("stale_generation", 0),
         "lease_expiries": sum(j.get("lease_expiries", 0) for j in jobs),
         "handed_back_at_stop": len(handed_back),
+        "leased_to_the_stopped_agent_after_it_exited": run.leased_to_stopped,
         "lease_expiries_of_those_handed_back": sum(j.get("lease_expiries", 0) for j in jobs
                                                    if j["job_id"] in handed_back),
         "grants": sum(j["grants"] for j in jobs),

@@ -1,7 +1,9 @@
 """The fleet bench's faults part, run for real (quick, SQLite): a real portal and three real
-agents; an agent killed with -9 holding leases and started again after they expired, the
-portal killed with -9 and started again. What a user of the fleet checks: no job lost, none
-completed twice, and every result the fences refused is one the run's figures account for."""
+agents; an agent killed with -9 holding leases and started again after they expired, another
+stopped (SIGTERM) holding leases and started again at once, the portal killed with -9 and
+started again. What a user of the fleet checks: no job lost, none completed twice, every
+result the fences refused is one the run's figures account for, and a stopped agent leaves
+no job waiting for its lease to expire."""
 
 from __future__ import annotations
 
@@ -22,10 +24,15 @@ def test_faults_lose_no_job_and_complete_none_twice() -> None:
     # the faults happened, in order: the agent's kill and restart, the portal's
     events = " | ".join(f["events"])
     assert "node-0 killed with -9 holding" in events and "portal killed with -9" in events
-    assert events.index("started again on its state dir") < events.index("portal killed")
+    assert events.index("node-1 stopped (SIGTERM") < events.index("node-0 started again") \
+        < events.index("portal killed")
+    # the stopped agent handed back what its drain did not finish: the portal leased it
+    # nothing once it had exited
+    assert f["leased_to_the_stopped_agent_after_it_exited"] == 0, f["events"]
     # work repeated only where a result was refused as stale (finished on the killed node,
     # its lease expired while that node was down): never more than those
     assert f["work_done_twice"] <= f["results_refused_as_stale"], f
     assert f["done_lines_of_no_record"] == 0, f
     rows = table({"faults": out})
     assert "| faults, sqlite (3 agents, 120 jobs) | jobs lost | 0 | | | 0 | met |" in rows
+    assert "| | jobs still leased to the stopped agent once it exited | 0 | | | 0 | met |" in rows

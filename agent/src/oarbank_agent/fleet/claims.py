@@ -11,9 +11,9 @@ only while the node has room (``offer.room``); each grant becomes a local job.
   offers already counts it. A grant the node refuses (its runner undetected, a memory budget
   it can never fit, the module gone since the claim) is handed back at once
   (``Leases.release``).
-- The agent stopping ends the loop (``Fleet`` cancels it, a long poll in flight with it: its
-  grants, if any were on their way, expire on the portal and go back to the queue); a grant
-  that arrives as the drain begins is handed back.
+- The agent stopping ends the loop: a claim in flight gets ``dispatch.STOP_GRACE_S`` to be
+  answered, and the grants it brings are handed back; a long poll still held then is
+  cancelled (its connection closed: the portal grants nothing to it from then on).
 - Memory is not an event: with no room, the node looks again every ``RECHECK_S`` at most.
 """
 

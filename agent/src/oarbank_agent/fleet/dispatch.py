@@ -7,7 +7,9 @@ section 10) beside its local ``submit``. This wires the three loops to the agent
 
 The agent's events drive them: an admission pass and a service change may give room (a
 claim); a job that became final is reported, leaves the leases, and adds its run time to the
-module's ``job_s``; a stop request ends claiming at once (the drain runs what is held). At
+module's ``job_s``; a stop request ends claiming (the drain runs what is held): a claim
+being answered gets ``STOP_GRACE_S`` to bring its grants, which are handed back; a long poll
+still held then is dropped, and the portal grants nothing to it. At
 the end, the portal jobs the drain did not finish are handed back (the portal grants them
 elsewhere at once, not a lease later), and results still owed go out, both within
 ``FLUSH_S``; what is left is on disk for the next agent on this state dir.
@@ -36,6 +38,7 @@ __all__ = ["FleetDispatch"]
 log = logging.getLogger("oarbank_agent.fleet")
 
 FLUSH_S = 5.0
+STOP_GRACE_S = 1.0  # a claim in flight at a stop: its answer may hold grants to hand back
 
 
 def run_seconds(rec: JobRecord) -> float | None:
@@ -59,6 +62,7 @@ class FleetDispatch:
         self.claimer = Claimer(agent, self.client, self.leases, self.results, self.times,
                                wait_s=wait_s)
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._stop_claims_at: float | None = None  # the stop's grace for a claim in flight
         agent.queue.runs.on_final.append(self._final)
         agent.queue.after_admit.append(self.claimer.poke)
         agent.supervisor.on_change.append(self.claimer.poke)
@@ -95,11 +99,17 @@ class FleetDispatch:
     def _stopping(self) -> None:
         task = self._tasks.get("claims")
         if task is not None:
-            task.cancel()  # no more work: a long poll in flight is dropped
+            self._stop_claims_at = time.monotonic() + STOP_GRACE_S
+            self.claimer.poke()  # one waiting for room sees the stop and ends
+            asyncio.get_running_loop().call_later(STOP_GRACE_S, task.cancel)
 
     async def aclose(self) -> None:
         """The agent has stopped: the portal jobs it did not finish are handed back, and
         results still owed go out, within ``FLUSH_S``; then every loop ends."""
+        claims = self._tasks.get("claims")
+        if claims is not None and self._stop_claims_at is not None:
+            await asyncio.wait({claims}, timeout=max(0.0, self._stop_claims_at
+                                                       - time.monotonic()))
         if "leases" in self._tasks:
             left = self.leases.hand_back(list(self.leases.live.values()),
                                          "the agent stopped before running it to the end")
