@@ -164,9 +164,11 @@ def table(r: dict[str, Any]) -> str:
             f"0 | {_ok(f['jobs_completed_twice'], '== 0')} |",
             f"| | results refused as stale (the fences) | {f['results_refused_as_stale']} "
             f"{f['results_refused']} | | | | |",
-            f"| | work done twice (services' ledgers: finished on the killed node, its lease "
-            f"expired while it was down, refused as stale above) | {f['work_done_twice']} | | "
-            "| | |",
+            f"| | work done twice (services' ledgers), of it for jobs whose attempt was not "
+            f"cut short (a lease expired while the killed node was down, a job the stopped one "
+            f"handed back) | {f['work_done_twice']}, "
+            f"{f.get('work_done_twice_of_no_cut_attempt', '-')} | | | 0 | "
+            f"{_ok(f.get('work_done_twice_of_no_cut_attempt', -1), '== 0')} |",
             f"| | lease expiries; grants (jobs: {f['jobs']}) | {f['lease_expiries']}; "
             f"{f['grants']} | | | | |",
             f"| | jobs the stopped agent handed back; lease expiries among them | "

@@ -255,11 +255,16 @@ def _figures(run: _Run, batch: str) -> dict[str, Any]:
                 else:
                     done[pj] += 1
     states = Counter(j["state"] for j in jobs)
+    # work repeats only where an attempt was cut short: its lease expired (the killed agent's)
+    # or it was handed back (the stopped agent's, whose drain ended it)
+    cut_short = {j["job_id"] for j in jobs if j.get("lease_expiries", 0)} | handed_back
     return {
         "jobs": len(jobs), "states": dict(states),
         "jobs_lost": run.jobs - states.get("succeeded", 0),
         "jobs_completed_twice": sum(1 for n in accepted.values() if n > 1),
         "work_done_twice": sum(1 for n in done.values() if n > 1),
+        "work_done_twice_of_no_cut_attempt": sum(1 for pj, n in done.items()
+                                                 if n > 1 and pj not in cut_short),
         "done_lines_of_no_record": unmapped,
         "results_refused": dict(refused),
         "results_refused_as_stale": refused.get("lease_lost", 0)
