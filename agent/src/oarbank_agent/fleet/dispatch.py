@@ -110,14 +110,16 @@ class FleetDispatch:
         if claims is not None and self._stop_claims_at is not None:
             await asyncio.wait({claims}, timeout=max(0.0, self._stop_claims_at
                                                        - time.monotonic()))
+        handing: list[asyncio.Task[None]] = []
         if "leases" in self._tasks:
-            left = self.leases.hand_back(list(self.leases.live.values()),
-                                         "the agent stopped before running it to the end")
-            if left:
-                log.info("fleet: %d portal job(s) the drain did not finish handed back", left)
+            handing = self.leases.hand_back(list(self.leases.live.values()),
+                                            "the agent stopped before running it to the end")
+            if handing:
+                log.info("fleet: %d portal job(s) the drain did not finish handed back",
+                         len(handing))
         deadline = time.monotonic() + FLUSH_S
-        while ((self.results.owed and "results" in self._tasks) or self.leases.handing_back) \
-                and time.monotonic() < deadline:
+        while ((self.results.owed and "results" in self._tasks)
+               or not all(t.done() for t in handing)) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         if self.results.owed:
             log.warning("fleet: %d result(s) not acknowledged yet: the next agent on this "

@@ -58,7 +58,6 @@ class Leases:
         self._rng = random.Random()
         self._poked = asyncio.Event()
         self._releases: set[asyncio.Task[None]] = set()
-        self._handing: set[str] = set()  # local job ids being handed back
         self.renews = 0
         self.lost = 0
         self.released = 0
@@ -175,27 +174,13 @@ class Leases:
         log.warning("fleet: attempt %d could not be handed back (%s); its lease expires on the "
                     "portal instead", attempt_id, error)
 
-    @property
-    def handing_back(self) -> int:
-        return len(self._handing)
-
-    def hand_back(self, recs: Iterable[JobRecord], reason: str) -> int:
+    def hand_back(self, recs: Iterable[JobRecord], reason: str) -> list[asyncio.Task[None]]:
         """The node stops: these portal jobs will not be finished here. Each is released; the
-        portal's answer ends its record here (``_handed_back``). Returns how many went."""
-        n = 0
-        for rec in recs:
-            portal = rec.portal
-            if portal is None or rec.state in jobs.TERMINAL or rec.job_id in self._handing:
-                continue
-            self._handing.add(rec.job_id)
-            task = self.release(portal["attempt_id"], portal["generation"], reason,
-                                functools.partial(self._handed_back, rec, reason))
-            task.add_done_callback(functools.partial(self._handed, rec.job_id))
-            n += 1
-        return n
-
-    def _handed(self, job_id: str, _task: object) -> None:
-        self._handing.discard(job_id)  # answered, or given up (its lease expires instead)
+        portal's answer ends its record here (``_handed_back``). Returns the releases, each
+        done once answered or given up (its lease expires instead)."""
+        return [self.release(rec.portal["attempt_id"], rec.portal["generation"], reason,
+                             functools.partial(self._handed_back, rec, reason))
+                for rec in recs if rec.portal is not None and rec.state not in jobs.TERMINAL]
 
     def _handed_back(self, rec: JobRecord, reason: str, answer: str) -> None:
         portal = rec.portal
