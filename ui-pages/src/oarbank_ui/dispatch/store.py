@@ -6,7 +6,8 @@ again, or a second portal on the same PostgreSQL, carries on from the tables.
 Each call is one transaction (a node's claims: ``claims.py``, on these tables). PostgreSQL: a
 claim takes its jobs with ``FOR UPDATE SKIP LOCKED`` (portals claiming at once take different
 jobs, without waiting on each other); rows are locked attempt first, then job, everywhere, so
-two transactions never wait on each other in a circle. SQLite: one writer at a time (``BEGIN IMMEDIATE``).
+two transactions never wait on each other in a circle. SQLite: one writer at a time
+(``BEGIN IMMEDIATE``).
 
 Job states: queued -> running (granted) -> succeeded | failed; queued | running -> cancelled;
 running -> queued when its lease expires or the node releases it (no charge: the next grant

@@ -12,14 +12,13 @@ What this layer adds to the request logic (app.py), and why; each check is writt
 - A report's refusals are counted by cause and logged (``Portal.refuse``); another request's
   are plain answers.
 - A report (``POST /v1/heartbeat``) and a claim (``POST /v1/agent/claim``), the requests a
-  fleet sends a thousand times a second, take a short path (``_short_path``):
-  no Starlette ``Request``, ``Response`` or router, the answer sent as two ASGI messages with
-  headers encoded here (``_send``); past its headers a report is ``reports.py``'s (token,
-  parsing, group commit), a claim ``dispatch/http.py``'s (its own group commit; a held
-  claim watches for its client's disconnect, ``Disconnect``, and grants nothing after it: a
-  grant nobody reads would wait out its lease). Every other
-  request goes through Starlette to ``Portal.handle`` in the thread pool (the store is
-  blocking: sqlite3, psycopg's pool).
+  fleet sends a thousand times a second, take a short path (``_short_path``): no Starlette
+  ``Request``, ``Response`` or router, the answer sent as two ASGI messages with headers
+  encoded here (``_send``); past its headers a report is ``reports.py``'s (token, parsing,
+  group commit), a claim ``dispatch/http.py``'s (its own group commit; a held claim watches
+  for its client's disconnect, ``Disconnect``, and grants nothing after it: a grant nobody
+  reads would wait out its lease). Every other request goes through Starlette to
+  ``Portal.handle`` in the thread pool (the store is blocking: sqlite3, psycopg's pool).
 """
 
 from __future__ import annotations
@@ -197,12 +196,11 @@ async def _body(portal: Portal, receive: Receive, headers: dict[str, str],
 
 def _short_path(portal: Portal, read_timeout_s: float,
                 handle: Callable[[dict[str, str], bytes, Receive], Awaitable[PortalResponse]],
-                *,
-                report: bool) -> ASGIApp:
+                *, report: bool) -> ASGIApp:
     """The ASGI callable of a POST that skips Starlette (a report, a claim): the checks every
-    request gets, its body read within its bounds, ``handle(headers, body, receive)``'s answer sent in
-    one go, its time observed under its route (refused ones too). ``report``: a refusal is a
-    report's (counted, logged)."""
+    request gets, its body read within its bounds, ``handle(headers, body, receive)``'s
+    answer sent in one go, its time observed under its route (refused ones too). ``report``:
+    a refusal is a report's (counted, logged)."""
 
     async def answer(scope: dict[str, Any], receive: Receive) -> tuple[PortalResponse | None,
                                                                           bool]:
