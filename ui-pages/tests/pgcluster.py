@@ -2,8 +2,10 @@
 dir under /tmp, a unix socket only (no TCP port to collide with a neighbour's), trust auth.
 
 PostgreSQL refuses to run as root: as root the cluster belongs to the ``postgres`` user (the
-Debian package creates it) and its commands run through ``runuser``. fsync is off: a test's
-cluster is thrown away, durability would only cost time (``durable=True`` keeps it on).
+Debian package creates it) and its commands run through ``runuser``, in a folder that user can
+reach (a TMPDIR only root may enter, as the harness tests' own, is passed over for /tmp).
+fsync is off: a test's cluster is thrown away, durability would only cost time
+(``durable=True`` keeps it on).
 """
 
 from __future__ import annotations
@@ -30,14 +32,23 @@ def server_bindir() -> Path | None:
     return Path(found[-1]).parent if found else None
 
 
+def _reachable_tmp() -> str:
+    """The temp folder, if another user may pass through it and every folder above it; else
+    /tmp."""
+    tmp = Path(tempfile.gettempdir()).resolve()
+    return str(tmp) if all(p.stat().st_mode & 0o001 for p in (tmp, *tmp.parents)) else "/tmp"
+
+
 class PgCluster:
     def __init__(self, *, durable: bool = False, extra: list[str] | None = None) -> None:
         bindir = server_bindir()
         if bindir is None:
             raise RuntimeError("no PostgreSQL server (apt-get install postgresql)")
         self._as: list[str] = []
-        self.dir = Path(tempfile.mkdtemp(prefix="oarbank-pg-"))
-        if hasattr(os, "geteuid") and os.geteuid() == 0:
+        as_root = hasattr(os, "geteuid") and os.geteuid() == 0
+        self.dir = Path(tempfile.mkdtemp(prefix="oarbank-pg-",
+                                         dir=_reachable_tmp() if as_root else None))
+        if as_root:
             import pwd  # POSIX only; this module is imported on every platform (conftest)
 
             pw = pwd.getpwnam("postgres")
